@@ -1,0 +1,158 @@
+"""`Dataset`: open a zarrfeed or L5Kit dataset, describe it (`info`) and check it (`validate`)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import zarr
+
+from writer import format
+from writer.format import FormatError
+from writer.links import IntervalChecker, Violation
+from writer.schema import Schema
+
+
+@dataclass
+class ValidationReport:
+    """Every violation found (the first `limit` listed, all counted)."""
+
+    violations: list[Violation] = field(default_factory=list)
+    count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.count == 0
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "valid"
+        lines = [f"{self.count} violation{'s' * (self.count != 1)}:"] + [f"  {v}" for v in self.violations]
+        if self.count > len(self.violations):
+            lines.append(f"  ... and {self.count - len(self.violations)} more")
+        return "\n".join(lines)
+
+
+class Dataset:
+    """A dataset's tables as zarr arrays, the committed row count of each, and its schema.
+
+    `rows[name]` is what readers may read: the count the zarrfeed writer committed, or for datasets written
+    by other tools, the array's length.
+    """
+
+    def __init__(self, location: str, group: zarr.Group, tables: dict[str, zarr.Array],
+                 rows: dict[str, int], schema: Schema) -> None:
+        self.location, self.group, self.tables, self.rows, self.schema = location, group, tables, rows, schema
+
+    @classmethod
+    def open(cls, path_or_url: str | os.PathLike, mode: str = "r") -> "Dataset":
+        """Open a directory store, a `.zip` store (read-only) or an fsspec URL; `FormatError` if unreadable."""
+        location = os.fspath(path_or_url)
+        group = format.open_group(location, mode)
+        arrays = {name: format.open_table(group.store, name, mode="r" if mode == "r" else "r+")
+                  for name in sorted(group.array_keys())}
+        schema = format.detect_schema(group, arrays)
+        tables = {name: arrays[name] if name in arrays else format.empty_table(table)
+                  for name, table in schema.tables.items()}
+        doc = format.read_manifest(group.store)
+        rows = {name: (doc["committed"].get(name, 0) if doc else arr.shape[0]) for name, arr in tables.items()}
+        for name, n in rows.items():
+            if n > tables[name].shape[0]:
+                raise FormatError(f"table '{name}': {n} rows committed but the array holds {tables[name].shape[0]}")
+        return cls(location, group, tables, rows, schema)
+
+    def __getitem__(self, table: str) -> zarr.Array:
+        return self.tables[table]
+
+    def __repr__(self) -> str:
+        rows = ", ".join(f"{name}={n}" for name, n in self.rows.items())
+        return f"Dataset({self.location!r}, schema={self.schema.name!r}, rows: {rows})"
+
+    def close(self) -> None:
+        close = getattr(self.group.store, "close", None)
+        if close:
+            close()
+
+    def __enter__(self) -> "Dataset":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def info(self) -> dict[str, dict[str, Any]]:
+        """Per table: rows, dtype, chunk rows, chunks initialised, bytes, bytes stored and their ratio."""
+        out = {}
+        for name, arr in self.tables.items():
+            nbytes = self.rows[name] * arr.dtype.itemsize
+            stored = arr.nbytes_stored
+            out[name] = {
+                "rows": self.rows[name],
+                "dtype": [list(map(str, f)) if len(f) == 2 else [f[0], f[1], list(f[2])] for f in arr.dtype.descr],
+                "chunk_rows": arr.chunks[0],
+                "chunks_initialized": arr.nchunks_initialized,
+                "bytes": nbytes,
+                "bytes_stored": stored,
+                "ratio": round(nbytes / stored, 3) if stored else None,
+            }
+        return out
+
+    def chunks(self, table: str) -> "ChunkReader":
+        return ChunkReader(self, table)
+
+    def validate(self, limit: int = 20, progress: Callable[[int], None] | None = None) -> ValidationReport:
+        """Check every link's intervals (L5Kit semantics) and that every chunk below the committed rows exists.
+
+        Every chunk of every table is decoded once, so a truncated or corrupt chunk raises `FormatError`
+        naming table and chunk key. `progress(rows)` is called after each chunk.
+        """
+        report = ValidationReport()
+        checkers = {name: [IntervalChecker(link, self.rows[link.child], limit) for link in self.schema.links_from(name)]
+                    for name in self.tables}
+
+        def add(v: Violation) -> None:
+            report.count += 1
+            if len(report.violations) < limit:
+                report.violations.append(v)
+
+        for name in self.tables:
+            for start, block in self.chunks(name):
+                if block is None:
+                    end = min(start + self.tables[name].chunks[0], self.rows[name])
+                    add(Violation(name, None, start, f"chunk '{self.chunk_key(name, start)}' (rows {start}-{end}) "
+                                                     "is missing: it would read as fill values"))
+                else:
+                    for checker in checkers[name]:
+                        checker.feed(block[checker.link.field])
+                if progress:
+                    progress(len(block) if block is not None else 0)
+            for checker in checkers[name]:
+                checker.finish()
+                report.count += checker.count
+                report.violations.extend(checker.violations[: max(0, limit - len(report.violations))])
+        return report
+
+    def chunk_key(self, table: str, row: int) -> str:
+        arr = self.tables[table]
+        return arr._chunk_key((row // arr.chunks[0],))
+
+
+class ChunkReader:
+    """Iterates (start row, records) over a table's committed rows, one chunk at a time; None for a missing chunk."""
+
+    def __init__(self, dataset: Dataset, table: str) -> None:
+        self.dataset, self.table = dataset, table
+        self.array = dataset.tables[table]
+
+    def __iter__(self):
+        arr, n, step = self.array, self.dataset.rows[self.table], self.array.chunks[0]
+        for start in range(0, n, step):
+            key = self.dataset.chunk_key(self.table, start)
+            if key not in arr.chunk_store:
+                yield start, None
+                continue
+            try:
+                yield start, arr[start:min(start + step, n)]
+            except Exception as exc:
+                raise FormatError(f"table '{self.table}': chunk '{key}' cannot be decoded "
+                                  f"({type(exc).__name__}: {exc}); the file is truncated or corrupt") from None

@@ -1,0 +1,28 @@
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+REAL_SCENE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "l5kit_single_scene.zarr"
+
+
+@pytest.fixture(scope="session")
+def real_scene() -> Path:
+    """The real L5Kit scene in ../shared/data (read-only); skipped outside CI when absent, required under CI."""
+    if not REAL_SCENE.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"the real L5Kit scene is missing at {REAL_SCENE} (required under CI)")
+        pytest.skip(f"the real L5Kit scene is not at {REAL_SCENE}")
+    return REAL_SCENE
+
+
+@pytest.fixture
+def real_copy(real_scene, tmp_path) -> Path:
+    """A writable copy of the real scene, for tests that break it."""
+    out = tmp_path / "scene.zarr"
+    shutil.copytree(real_scene, out)
+    for p in [out, *out.rglob("*")]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    return out

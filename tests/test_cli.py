@@ -1,0 +1,60 @@
+"""The `zarrfeed` command, run as a real process."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import zarr
+
+
+def zarrfeed(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "loader.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def test_info_table_and_json(real_scene):
+    out = zarrfeed("info", real_scene)
+    assert out.returncode == 0, out.stderr
+    assert "agents" in out.stdout and "20,802" in out.stdout and "centroid <f8(2,)" in out.stdout
+    doc = json.loads(zarrfeed("info", real_scene, "--json").stdout)
+    assert doc["frames"]["rows"] == 248 and doc["traffic_light_faces"]["rows"] == 3216
+
+
+def test_validate_exit_codes(real_copy, tmp_path):
+    ok = zarrfeed("validate", "-q", real_copy)
+    assert ok.returncode == 0 and "valid" in ok.stdout
+    frames = zarr.open_array(str(real_copy / "frames"), mode="r+")
+    row = frames[10]
+    row["agent_index_interval"][0] -= 1
+    frames[10] = row
+    bad = zarrfeed("validate", "-q", real_copy)
+    assert bad.returncode == 1
+    assert "INVALID" in bad.stdout and "frames.agent_index_interval row 10" in bad.stdout
+
+
+@pytest.mark.parametrize("breakage", ["missing", "not_zarr", "wrong_dtype", "truncated"])
+def test_unreadable_input_exits_2_with_one_line_and_no_traceback(real_copy, tmp_path, breakage):
+    path = real_copy
+    if breakage == "missing":
+        path = tmp_path / "nope"
+    elif breakage == "not_zarr":
+        path = tmp_path
+    elif breakage == "wrong_dtype":
+        shutil.rmtree(real_copy / "frames")
+        shutil.copytree(real_copy / "scenes", real_copy / "frames")
+    else:
+        chunk = real_copy / "agents" / "0"
+        chunk.write_bytes(chunk.read_bytes()[:100])
+    for cmd in (["validate", "-q"], ["info"]) if breakage != "truncated" else (["validate", "-q"],):
+        out = zarrfeed(*cmd, path)
+        assert out.returncode == 2, out
+        assert out.stderr.startswith("zarrfeed: error: ") and out.stderr.count("\n") == 1
+        assert "Traceback" not in out.stderr
+
+
+def test_demo_writes_describes_and_validates(tmp_path):
+    out = zarrfeed("demo", "--scenes", "3", "--out", tmp_path / "demo.zarr")
+    assert out.returncode == 0, out.stderr
+    assert "wrote 3 episodes" in out.stdout and "valid (3 scenes, 744 frames" in out.stdout
+    assert zarr.open_group(str(tmp_path / "demo.zarr"), "r")["scenes"].shape == (3,)

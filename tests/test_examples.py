@@ -1,0 +1,13 @@
+"""Examples in examples/ run as documented."""
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_quickstart(tmp_path):
+    out = subprocess.run([sys.executable, EXAMPLES / "quickstart.py", tmp_path], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "valid: True" in out.stdout and "[[0, 10], [10, 30], [30, 35]]" in out.stdout

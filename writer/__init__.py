@@ -1,0 +1,12 @@
+"""zarrfeed's writing side: the dataset format, schemas, episodes and writers."""
+from . import synthetic
+from .episode import check_episode, relocate
+from .format import FormatError
+from .links import Violation
+from .schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE,
+                     Link, Schema, Table)
+from .write import write_dataset
+
+__all__ = ["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE", "TL_FACE_DTYPE",
+           "FormatError", "Link", "Schema", "Table", "Violation", "check_episode", "relocate", "synthetic",
+           "write_dataset"]

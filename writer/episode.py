@@ -1,0 +1,60 @@
+"""Episodes: one unit of input (e.g. a scene with its frames, agents and faces), intervals local to it.
+
+`check_episode` refuses bad input before anything is written; `relocate` shifts local intervals to global rows.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from .links import check_link
+from .schema import Schema, dtype_difference
+
+Episode = Mapping[str, np.ndarray]
+
+
+def check_episode(episode: Any, schema: Schema) -> dict[str, np.ndarray]:
+    """The episode's tables if they fit `schema`; else `ValueError` naming table, field and row."""
+    if not isinstance(episode, Mapping):
+        raise ValueError(f"expected a dict of table name -> structured ndarray, got {type(episode).__name__}")
+    missing = [n for n in schema.tables if n not in episode]
+    extra = [n for n in episode if n not in schema.tables]
+    if missing:
+        raise ValueError(f"table '{missing[0]}': missing from the episode")
+    if extra:
+        raise ValueError(f"table '{extra[0]}': not in schema '{schema.name}' (tables: {', '.join(schema.tables)})")
+    tables = {}
+    for name, table in schema.tables.items():
+        arr = episode[name]
+        if not isinstance(arr, np.ndarray) or arr.dtype.names is None:
+            raise ValueError(f"table '{name}': expected a structured ndarray, got "
+                             f"{type(arr).__name__}{' of ' + str(arr.dtype) if isinstance(arr, np.ndarray) else ''}")
+        if arr.ndim != 1:
+            raise ValueError(f"table '{name}': expected 1-D records, got shape {arr.shape}")
+        diff = dtype_difference(arr.dtype, table.dtype)
+        if diff:
+            raise ValueError(f"table '{name}': wrong dtype, it {diff}")
+        tables[name] = arr
+    for link in schema.links:
+        violations, _ = check_link(link, tables[link.parent][link.field], len(tables[link.child]), limit=1)
+        if violations:
+            raise ValueError(str(violations[0]))
+    return tables
+
+
+def rows_of(episode: Episode) -> dict[str, int]:
+    return {name: len(arr) for name, arr in episode.items()}
+
+
+def relocate(episode: Episode, schema: Schema, offsets: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """A copy of the episode whose interval fields point at global rows (child table's offset added).
+
+    Only parent tables are copied; child-only tables (agents, faces) are passed through untouched.
+    """
+    out = dict(episode)
+    for link in schema.links:
+        if out[link.parent] is episode[link.parent]:
+            out[link.parent] = episode[link.parent].copy()
+        out[link.parent][link.field] += offsets[link.child]
+    return out

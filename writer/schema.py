@@ -1,0 +1,221 @@
+"""Table schemas: which tables a dataset has, their record dtypes, and the interval links between them.
+
+L5Kit's format (version 2) is the built-in schema; `Schema` declares any other set of tables the same way.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numcodecs
+import numpy as np
+
+SCENE_DTYPE = np.dtype([
+    ("frame_index_interval", np.int64, (2,)),
+    ("host", "<U16"),
+    ("start_time", np.int64),
+    ("end_time", np.int64),
+])
+FRAME_DTYPE = np.dtype([
+    ("timestamp", np.int64),
+    ("agent_index_interval", np.int64, (2,)),
+    ("traffic_light_faces_index_interval", np.int64, (2,)),
+    ("ego_translation", np.float64, (3,)),
+    ("ego_rotation", np.float64, (3, 3)),
+])
+AGENT_DTYPE = np.dtype([
+    ("centroid", np.float64, (2,)),
+    ("extent", np.float32, (3,)),
+    ("yaw", np.float32),
+    ("velocity", np.float32, (2,)),
+    ("track_id", np.uint64),
+    ("label_probabilities", np.float32, (17,)),
+])
+TL_FACE_DTYPE = np.dtype([
+    ("face_id", "<U16"),
+    ("traffic_light_id", "<U16"),
+    ("traffic_light_face_status", np.float32, (3,)),
+])
+
+PERCEPTION_LABELS = [
+    "PERCEPTION_LABEL_NOT_SET",
+    "PERCEPTION_LABEL_UNKNOWN",
+    "PERCEPTION_LABEL_DONTCARE",
+    "PERCEPTION_LABEL_CAR",
+    "PERCEPTION_LABEL_VAN",
+    "PERCEPTION_LABEL_TRAM",
+    "PERCEPTION_LABEL_BUS",
+    "PERCEPTION_LABEL_TRUCK",
+    "PERCEPTION_LABEL_EMERGENCY_VEHICLE",
+    "PERCEPTION_LABEL_OTHER_VEHICLE",
+    "PERCEPTION_LABEL_BICYCLE",
+    "PERCEPTION_LABEL_MOTORCYCLE",
+    "PERCEPTION_LABEL_CYCLIST",
+    "PERCEPTION_LABEL_MOTORCYCLIST",
+    "PERCEPTION_LABEL_PEDESTRIAN",
+    "PERCEPTION_LABEL_ANIMAL",
+    "AVRESEARCH_LABEL_DONTCARE",
+]
+
+
+def default_compressor() -> numcodecs.abc.Codec:
+    """L5Kit's compressor: Blosc lz4, level 5, byte shuffle."""
+    return numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+
+
+@dataclass(frozen=True)
+class Table:
+    """One 1-D array of structured records, stored in chunks of `chunk_rows` rows."""
+
+    name: str
+    dtype: np.dtype
+    chunk_rows: int
+
+
+@dataclass(frozen=True)
+class Link:
+    """`parent.field` holds `[start, end)` row intervals into table `child`."""
+
+    parent: str
+    field: str
+    child: str
+
+    def __str__(self) -> str:
+        return f"{self.parent}.{self.field} -> {self.child}"
+
+
+class Schema:
+    """A set of tables (parents listed before their children) and the links between them.
+
+    Example::
+
+        Schema(tables={"runs": (RUN_DTYPE, 1000), "steps": (STEP_DTYPE, 50_000)},
+               links={"runs.step_index_interval": "steps"})
+    """
+
+    def __init__(self, tables: Mapping[str, Table | tuple[Any, int]],
+                 links: Mapping[str, str] | tuple[Link, ...] = (),
+                 attrs: Mapping[str, Any] | None = None,
+                 compressor: numcodecs.abc.Codec | None = None,
+                 name: str = "custom") -> None:
+        self.tables: dict[str, Table] = {
+            tname: spec if isinstance(spec, Table) else Table(tname, np.dtype(spec[0]), int(spec[1]))
+            for tname, spec in tables.items()
+        }
+        if isinstance(links, Mapping):
+            links = tuple(Link(*key.split(".", 1), child) for key, child in links.items())
+        self.links: tuple[Link, ...] = tuple(links)
+        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.compressor = compressor or default_compressor()
+        self.name = name
+        self._check()
+
+    def __repr__(self) -> str:
+        return f"Schema({self.name!r}, tables={list(self.tables)}, links={[str(x) for x in self.links]})"
+
+    def _check(self) -> None:
+        order = list(self.tables)
+        parents: dict[str, Link] = {}
+        for t in self.tables.values():
+            if t.dtype.names is None:
+                raise ValueError(f"table '{t.name}': dtype {t.dtype} is not a structured dtype")
+            if t.chunk_rows < 1:
+                raise ValueError(f"table '{t.name}': chunk_rows must be >= 1, got {t.chunk_rows}")
+        for link in self.links:
+            for name in (link.parent, link.child):
+                if name not in self.tables:
+                    raise ValueError(f"link {link}: no table '{name}' in the schema")
+            dtype = self.tables[link.parent].dtype
+            if link.field not in dtype.names:
+                raise ValueError(f"link {link}: table '{link.parent}' has no field '{link.field}'")
+            sub = dtype.fields[link.field][0]
+            if sub.shape != (2,) or sub.base.kind not in "iu":
+                raise ValueError(f"link {link}: field must be an integer (2,) interval, got {sub.base}{sub.shape}")
+            if link.child in parents:
+                raise ValueError(f"link {link}: table '{link.child}' already has parent link {parents[link.child]}")
+            if order.index(link.parent) >= order.index(link.child):
+                raise ValueError(f"link {link}: list parent table '{link.parent}' before '{link.child}'")
+            parents[link.child] = link
+
+    def links_from(self, table: str) -> list[Link]:
+        """Links whose parent is `table`."""
+        return [link for link in self.links if link.parent == table]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_json(), sort_keys=True))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able description, stored in each dataset's manifest."""
+        return {
+            "name": self.name,
+            "tables": {t.name: {"dtype": t.dtype.descr, "chunk_rows": t.chunk_rows} for t in self.tables.values()},
+            "links": [[link.parent, link.field, link.child] for link in self.links],
+            "attrs": dict(self.attrs),
+            "compressor": self.compressor.get_config(),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Schema":
+        return cls(
+            tables={name: (dtype_from_descr(t["dtype"]), t["chunk_rows"]) for name, t in doc["tables"].items()},
+            links=tuple(Link(*link) for link in doc["links"]),
+            attrs=doc.get("attrs", {}),
+            compressor=numcodecs.get_codec(doc["compressor"]),
+            name=doc.get("name", "custom"),
+        )
+
+
+def dtype_from_descr(descr: Any) -> np.dtype:
+    """Inverse of `np.dtype.descr` after a JSON round trip (lists back to tuples)."""
+    if isinstance(descr, str):
+        return np.dtype(descr)
+    fields = []
+    for item in descr:
+        name, sub, *shape = item
+        sub = dtype_from_descr(sub) if isinstance(sub, list) else sub
+        fields.append((name, sub, tuple(shape[0])) if shape else (name, sub))
+    return np.dtype(fields)
+
+
+L5KIT_SCHEMA = Schema(
+    tables={
+        "scenes": (SCENE_DTYPE, 10_000),
+        "frames": (FRAME_DTYPE, 10_000),
+        "agents": (AGENT_DTYPE, 20_000),
+        "traffic_light_faces": (TL_FACE_DTYPE, 10_000),
+    },
+    links={
+        "scenes.frame_index_interval": "frames",
+        "frames.agent_index_interval": "agents",
+        "frames.traffic_light_faces_index_interval": "traffic_light_faces",
+    },
+    attrs={"format_version": 2, "labels": PERCEPTION_LABELS},
+    name="l5kit",
+)
+
+
+def dtype_difference(actual: np.dtype, expected: np.dtype) -> str | None:
+    """None if the dtypes are equal, else one phrase naming the first differing field."""
+    if actual == expected:
+        return None
+    if actual.names is None:
+        return f"is {actual}, not a structured dtype"
+    for name in expected.names:
+        if name not in actual.names:
+            return f"has no field '{name}'"
+    for name in actual.names:
+        if name not in expected.names:
+            return f"has an unexpected field '{name}'"
+    if actual.names != expected.names:
+        return f"has fields in order {list(actual.names)}, expected {list(expected.names)}"
+    for name in expected.names:
+        a, e = actual.fields[name][0], expected.fields[name][0]
+        if a.shape != e.shape:
+            return f"field '{name}' has shape {a.shape}, expected {e.shape}"
+        if a.base != e.base:
+            return f"field '{name}' is {a.base.str}, expected {e.base.str}"
+    return f"is {actual}, expected {expected}"
