@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-REAL_SCENE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "l5kit_single_scene.zarr"
+REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
+                  or Path(__file__).resolve().parents[2] / "shared" / "data" / "l5kit_single_scene.zarr")
 
 
 @pytest.fixture(scope="session")
