@@ -1,0 +1,124 @@
+"""Writer benchmark: zarrfeed with 1 and 2 workers against zarr's bulk write and `Array.append` per episode.
+
+    python bench/bench_writer.py [--scenes 100] [--repeat 3] [--out DIR]
+
+Each variant runs in its own process (so peak RSS is its own) on the same synthetic episodes, generated in
+memory before the clock starts (100 scenes = 2.1 M agents, 290 MB). Targets on 2 cores: 2 workers >= 1.5x
+bulk and >= 10x append; 1 worker >= 0.8x bulk. Medians of --repeat runs; ratios printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from writer import L5KIT_SCHEMA, synthetic
+from writer.dataset_writer import DatasetWriter
+
+VARIANTS = ["zarrfeed-1", "zarrfeed-2", "zarr-bulk", "zarr-append"]
+
+
+def relocated_tables(episodes: list[dict]) -> dict[str, np.ndarray]:
+    out, offsets = {t: [] for t in L5KIT_SCHEMA.tables}, {t: 0 for t in L5KIT_SCHEMA.tables}
+    for ep in episodes:
+        for t, arr in ep.items():
+            arr = arr.copy()
+            for link in L5KIT_SCHEMA.links_from(t):
+                arr[link.field] += offsets[link.child]
+            out[t].append(arr)
+        for t, arr in ep.items():
+            offsets[t] += len(arr)
+    return {t: np.concatenate(parts) for t, parts in out.items()}
+
+
+def create_arrays(path: Path, rows: dict[str, int]) -> zarr.Group:
+    group = zarr.open_group(str(path), mode="w")
+    for t in L5KIT_SCHEMA.tables.values():
+        group.create_dataset(t.name, shape=(rows.get(t.name, 0),), chunks=(t.chunk_rows,), dtype=t.dtype,
+                             compressor=L5KIT_SCHEMA.compressor, fill_value=np.zeros(1, t.dtype)[0])
+    return group
+
+
+def run_variant(variant: str, scenes: int, out: Path) -> dict:
+    episodes = list(synthetic.episodes(scenes))
+    tables = relocated_tables(episodes) if variant == "zarr-bulk" else None
+    nbytes = sum(a.nbytes for ep in episodes for a in ep.values())
+    rows = sum(len(a) for ep in episodes for a in ep.values())
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    if variant.startswith("zarrfeed"):
+        with DatasetWriter(out, workers=int(variant[-1])) as w:
+            w.ingest(episodes)
+    elif variant == "zarr-bulk":
+        group = create_arrays(out, {t: len(a) for t, a in tables.items()})
+        for t, arr in tables.items():
+            group[t][:] = arr
+    else:
+        group = create_arrays(out, {})
+        offsets = {t: 0 for t in L5KIT_SCHEMA.tables}
+        for ep in episodes:
+            for t, arr in ep.items():
+                if L5KIT_SCHEMA.links_from(t):
+                    arr = arr.copy()
+                    for link in L5KIT_SCHEMA.links_from(t):
+                        arr[link.field] += offsets[link.child]
+                group[t].append(arr)
+            for t, arr in ep.items():
+                offsets[t] += len(arr)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"variant": variant, "seconds": seconds, "rows": rows, "bytes": nbytes,
+            "rss_data_mb": rss0 / 1024, "rss_peak_mb": peak / 1024, "worker_rss_peak_mb": child / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenes", type=int, default=100)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="zarrfeed-bench-"))
+    if args.variant:  # one measurement, in this process
+        target = out / f"{args.variant}.zarr"
+        shutil.rmtree(target, ignore_errors=True)
+        print(json.dumps(run_variant(args.variant, args.scenes, target)))
+        shutil.rmtree(target, ignore_errors=True)
+        return
+    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for r in range(args.repeat):
+        for v in VARIANTS:  # interleaved, so machine noise spreads over all variants
+            cmd = [sys.executable, __file__, "--variant", v, "--scenes", str(args.scenes), "--out", str(out)]
+            results[v].append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+    med = {v: statistics.median(x["seconds"] for x in rs) for v, rs in results.items()}
+    first = results[VARIANTS[0]][0]
+    print(f"{args.scenes} scenes: {first['rows']:,} rows, {first['bytes'] / 1e6:.0f} MB in memory; "
+          f"median of {args.repeat} runs, each variant in its own process\n")
+    print(f"{'variant':<14}{'seconds':>9}{'M rows/s':>10}{'MB/s':>8}{'RSS MB':>9}{'+data':>7}{'worker RSS':>12}")
+    for v, rs in results.items():
+        x = rs[0]
+        print(f"{v:<14}{med[v]:>9.3f}{x['rows'] / med[v] / 1e6:>10.2f}{x['bytes'] / med[v] / 1e6:>8.0f}"
+              f"{max(r['rss_peak_mb'] for r in rs):>9.0f}{x['rss_data_mb']:>7.0f}"
+              f"{max(r['worker_rss_peak_mb'] for r in rs):>12.0f}")
+    print("\nratios (speed, higher is faster):")
+    for a, b, target in [("zarrfeed-2", "zarr-bulk", 1.5), ("zarrfeed-2", "zarr-append", 10),
+                         ("zarrfeed-1", "zarr-bulk", 0.8), ("zarrfeed-2", "zarrfeed-1", None)]:
+        ratio = med[b] / med[a]
+        goal = f"  (target >= {target}x: {'met' if ratio >= target else 'NOT met'})" if target else ""
+        print(f"  {a} / {b}: {ratio:.2f}x{goal}")
+    shutil.rmtree(out, ignore_errors=True) if args.out is None else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Writing rows to a table at a global row offset.
+
+Whole chunks have one writer (the rows were reserved for it), so they are encoded here and stored directly,
+with no lock and no read: exactly the bytes zarr would store (the array's filters, then its compressor).
+A chunk that the rows only partly cover is shared with another reservation, so it is read, merged and
+written back through zarr under the synchronizer's per-chunk lock. The store writes every chunk file to a
+temporary name and renames it, so a chunk is never torn.
+"""
+from __future__ import annotations
+
+import numpy as np
+import zarr
+
+
+def chunk_key(array: zarr.Array, index: int) -> str:
+    """Store key of a 1-D array's chunk `index` (the dimension separator only joins dimensions)."""
+    return f"{array.path}/{index}" if array.path else str(index)
+
+
+def encode_chunk(array: zarr.Array, rows: np.ndarray) -> bytes:
+    """One full chunk of rows encoded as zarr does: filters in order, then the compressor."""
+    data = np.ascontiguousarray(rows)
+    for f in array.filters or ():
+        data = f.encode(data)
+    return array.compressor.encode(data) if array.compressor else data.tobytes()
+
+
+def write_rows(array: zarr.Array, locked: zarr.Array, start: int, rows: np.ndarray) -> int:
+    """Write `rows` at `start`; `locked` is the same array opened with a synchronizer and
+    `cache_metadata=False`. Returns how many chunks needed the lock."""
+    c = array.chunks[0]
+    end = start + len(rows)
+    first_whole = -(-start // c) * c
+    last_whole = end // c * c
+    if first_whole >= last_whole:  # no whole chunk: one or two partial chunks
+        locked[start:end] = rows
+        return len({start // c, (end - 1) // c}) if len(rows) else 0
+    shared = 0
+    if start < first_whole:
+        locked[start:first_whole] = rows[: first_whole - start]
+        shared += 1
+    store = array.chunk_store
+    for lo in range(first_whole, last_whole, c):
+        store[chunk_key(array, lo // c)] = encode_chunk(array, rows[lo - start: lo - start + c])
+    if last_whole < end:
+        locked[last_whole:end] = rows[last_whole - start:]
+        shared += 1
+    return shared
