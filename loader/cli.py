@@ -1,4 +1,4 @@
-"""The `zarrfeed` command: demo, info, validate.
+"""The `zarrfeed` command: demo, ingest, info, validate.
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback).
 """
@@ -15,7 +15,10 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 import writer
+from writer.dataset_writer import DatasetWriter
 from writer.format import FormatError
+from writer.pool import WorkerError
+from writer.source import DatasetSource
 
 from .dataset import Dataset
 
@@ -67,15 +70,65 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _validate(ds, progress=not args.quiet)
 
 
+def _print_summary(summary: dict, committed: dict[str, int]) -> None:
+    rate = summary["bytes"] / max(summary["seconds"], 1e-9) / 1e6
+    rows = ", ".join(f"{n:,} {t}" for t, n in summary["rows"].items())
+    print(f"wrote {summary['episodes']:,} episodes ({rows}), {summary['bytes'] / 1e6:.0f} MB in "
+          f"{summary['seconds']:.2f} s ({rate:.0f} MB/s); committed: {', '.join(f'{n:,} {t}' for t, n in committed.items())}")
+
+
+def _parse_chunks(text: str | None) -> dict[str, int] | None:
+    if not text:
+        return None
+    try:
+        return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise ValueError(f"--chunks: expected TABLE=ROWS[,TABLE=ROWS...], got {text!r}") from None
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    if args.from_path:
+        episodes = DatasetSource(args.from_path)
+        schema = episodes.schema
+    else:
+        episodes = _Sized(writer.synthetic.episodes(args.synthetic, seed=args.seed), args.synthetic)
+        schema = writer.L5KIT_SCHEMA
+    mode = "a" if (args.append or args.resume) else "w"
+    with DatasetWriter(args.out, schema, workers=args.workers, mode=mode, chunks=_parse_chunks(args.chunks),
+                       overwrite=args.overwrite, progress=not args.quiet) as w:
+        try:
+            summary = w.ingest(episodes, resume=args.resume)
+        except KeyboardInterrupt:
+            w.abort()
+            print(f"zarrfeed: interrupted; committed {w.committed}. Run again with --resume to finish.",
+                  file=sys.stderr)
+            return 130
+    _print_summary(summary, w.committed)
+    return 0
+
+
+class _Sized:
+    """An iterator with a known length, for the progress bar's total."""
+
+    def __init__(self, it, n: int) -> None:
+        self.it, self.n = it, n
+
+    def __iter__(self):
+        return iter(self.it)
+
+    def __len__(self) -> int:
+        return self.n
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
-    print(f"writing {args.scenes} synthetic L5Kit scenes to {out}")
-    summary = writer.write_dataset(out, writer.synthetic.episodes(args.scenes, seed=args.seed), progress=True)
-    rate = summary["bytes"] / summary["seconds"] / 1e6
-    print(f"wrote {summary['episodes']} episodes, {summary['rows']['agents']:,} agents, "
-          f"{summary['bytes'] / 1e6:.0f} MB in {summary['seconds']:.2f} s ({rate:.0f} MB/s)\n")
+    print(f"ingesting {args.scenes} synthetic L5Kit scenes into {out} with {args.workers} writer processes")
+    with DatasetWriter(out, workers=args.workers, progress=True) as w:
+        summary = w.ingest(_Sized(writer.synthetic.episodes(args.scenes, seed=args.seed), args.scenes))
+    _print_summary(summary, w.committed)
+    print()
     with Dataset.open(out) as ds:
         print(format_info(ds.info()) + "\n")
         return _validate(ds, progress=True)
@@ -89,7 +142,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (replaced if it exists)")
     p.add_argument("--scenes", type=int, default=50, help="synthetic scenes (about 21,000 agents each)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="writer processes")
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("ingest", help="write episodes to a dataset with a pool of writer processes")
+    p.add_argument("out", help="dataset directory to write")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--synthetic", type=int, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
+    src.add_argument("--from", dest="from_path", metavar="PATH", help="copy another dataset, episode by episode "
+                     "(re-chunk or re-compress it)")
+    p.add_argument("--workers", type=int, default=2, help="writer processes (0: write in this process)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
+    p.add_argument("--chunks", metavar="TABLE=ROWS,...", help="chunk rows per table, e.g. agents=20000")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    how.add_argument("--append", action="store_true", help="add the episodes to an existing dataset")
+    how.add_argument("--resume", action="store_true", help="finish an interrupted ingest of the same input")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_ingest)
     p = sub.add_parser("info", help="rows, chunks, bytes and compression per table")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -108,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("always")
             warnings.showwarning = lambda msg, *a, **k: print(f"zarrfeed: warning: {msg}", file=sys.stderr)
             return args.func(args)
-    except (FormatError, ValueError) as exc:
+    except (FormatError, ValueError, WorkerError, OSError) as exc:
         print(f"zarrfeed: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

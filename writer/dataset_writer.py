@@ -277,6 +277,10 @@ class DatasetWriter:
         else:
             self._fail(exc)
 
+    def abort(self) -> None:
+        """Stop at once (for example on Ctrl+C): kill the workers and commit what is already written."""
+        self._fail(KeyboardInterrupt("aborted"))
+
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):  # never closed: stop the workers and free memory, commit nothing
             if self._pool:
@@ -370,9 +374,10 @@ class DatasetWriter:
         wid, pid, code = self._pool.dead()[0]
         lost = sorted({i for seg in self._inflight.values() if seg.worker == wid
                        for i in self._tracker.episodes_touching(seg.table, seg.start, seg.start + seg.n)})
-        what = f"episodes {lost[0]}-{lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "no episode"
-        return (f"{describe_exit(wid, pid, code)}; {what} not written. Committed: {self._tracker.committed}. "
-                f"Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).")
+        what = f"episodes {lost[0]}-{lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "nothing"
+        rows = ", ".join(f"{n:,} {t}" for t, n in self._tracker.committed.items())
+        return (f"{describe_exit(wid, pid, code)} while writing {what}; {len(self._journal)} episodes are "
+                f"committed ({rows}). Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).")
 
     # ---------------------------------------------------------------- commit
     def _commit(self, force: bool = False) -> None:

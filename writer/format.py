@@ -122,7 +122,8 @@ def create(root: str | os.PathLike, schema: Schema, *, chunks: dict[str, int] | 
     )
     root = Path(root)
     if root.exists() and any(root.iterdir()) and not overwrite:
-        raise FormatError(f"{root}: already exists and is not empty (use mode='a' to append or overwrite=True)")
+        raise FormatError(f"{root}: already exists and is not empty; append to it, resume an interrupted "
+                          "ingest into it, or overwrite it")
     group = zarr.open_group(zarr.storage.DirectoryStore(str(root)), mode="w")
     for t in schema.tables.values():
         group.create_dataset(t.name, shape=(0,), chunks=(t.chunk_rows,), dtype=t.dtype,

@@ -106,7 +106,7 @@ class WorkerPool:
                 out.append(self.results.get_nowait())
         except queue.Empty:
             pass
-        if not out:
+        if not any(kind == "error" for kind, *_ in out):  # a failing worker's own report says more
             self.check_alive()
         return out
 

@@ -47,7 +47,7 @@ def episode(index: int, seed: int = 0, frames: int = 248, agents_per_frame: floa
 
     # Ego: smooth drive, yaw rate and speed varying slowly; timestamps 100 ms apart with jitter.
     timestamps = _BASE_NS + index * 30_000_000_000 + np.cumsum(_DT_NS + rng.integers(-300_000, 300_000, frames))
-    yaw = rng.uniform(-np.pi, np.pi) + np.cumsum(np.convolve(rng.normal(0, 0.01, frames), np.ones(20) / 20, "same"))
+    yaw = rng.uniform(-np.pi, np.pi) + np.cumsum(np.convolve(rng.normal(0, 0.01, frames), np.ones(min(20, frames)) / 20, "same"))
     speed = np.clip(8 + np.cumsum(rng.normal(0, 0.15, frames)), 0, 20)
     xy = rng.uniform(-2000, 2000, 2) + np.cumsum(np.stack([np.cos(yaw), np.sin(yaw)], -1) * speed[:, None] * 0.1, 0)
     z = 271 + 0.4 * np.sin(t / 60 + rng.uniform(0, 6))
@@ -57,16 +57,18 @@ def episode(index: int, seed: int = 0, frames: int = 248, agents_per_frame: floa
     life, birth = np.zeros(0, np.int64), np.zeros(0, np.int64)
     while life.sum() < agents_per_frame * frames:
         n = 64
-        more = np.where(rng.random(n) < 0.06, rng.integers(50, frames + 1, n), 1 + rng.geometric(0.13, n))
+        more = np.where(rng.random(n) < 0.06, rng.integers(min(50, frames), frames + 1, n), 1 + rng.geometric(0.13, n))
         start = rng.integers(0, frames, n)
         life, birth = np.concatenate([life, np.minimum(more, frames - start)]), np.concatenate([birth, start])
+    keep = int(np.searchsorted(np.cumsum(life), agents_per_frame * frames)) + 1  # just enough tracks
+    life, birth = life[:keep] if agents_per_frame else life[:0], birth[:keep] if agents_per_frame else birth[:0]
     order = np.argsort(birth, kind="stable")
     life, birth = life[order], birth[order]
     long_lived = life >= 50
     codes = np.array(list(_LABELS))
     label = np.where(long_lived, rng.choice(codes, len(life), p=[v[1] for v in _LABELS.values()]),
                      rng.choice(codes, len(life), p=[v[2] for v in _LABELS.values()]))
-    extent = np.array([_LABELS[c][0] for c in label]) * rng.lognormal(0, 0.12, (len(life), 3))
+    extent = np.array([_LABELS[c][0] for c in label]).reshape(-1, 3) * rng.lognormal(0, 0.12, (len(life), 3))
     moving = rng.random(len(life)) < 0.27
     heading = rng.uniform(-np.pi, np.pi, len(life))
     v = np.where(moving, rng.uniform(1, 12, len(life)), 0.0)
@@ -98,7 +100,7 @@ def episode(index: int, seed: int = 0, frames: int = 248, agents_per_frame: floa
     face_ids = ["".join(rng.choice(_ALPHABET, 4)) for _ in range(3 * n_lights)]
     light_ids = ["".join(rng.choice(_ALPHABET, 4)) for _ in range(n_lights)]
     first_seen = np.sort(rng.integers(0, frames, n_lights))
-    last_seen = np.minimum(first_seen + rng.integers(30, frames, n_lights), frames)
+    last_seen = np.minimum(first_seen + rng.integers(min(30, frames), frames + 1, n_lights), frames)
     state = rng.random(n_lights) < 0.5
     faces_per_frame = []
     for f in range(frames):

@@ -1,0 +1,247 @@
+"""The parallel writer: identical output for any worker count, relocation, commits, bad input, crashes."""
+import json
+import logging
+import re
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from loader import Dataset
+from writer import L5KIT_SCHEMA, synthetic
+from writer.dataset_writer import DatasetWriter
+from writer.format import MANIFEST_KEY
+from writer.pool import WorkerError
+
+HERE = Path(__file__).parent
+SMALL_CHUNKS = {"agents": 3000, "frames": 200, "scenes": 5, "traffic_light_faces": 700}
+
+
+def expected_tables(episodes):
+    """Independent relocation: concatenate, shifting each link's intervals by the child rows before it."""
+    out = {name: [] for name in L5KIT_SCHEMA.tables}
+    offsets = {name: 0 for name in L5KIT_SCHEMA.tables}
+    for ep in episodes:
+        for name, arr in ep.items():
+            arr = arr.copy()
+            for link in L5KIT_SCHEMA.links_from(name):
+                arr[link.field] += offsets[link.child]
+            out[name].append(arr)
+        for name, arr in ep.items():
+            offsets[name] += len(arr)
+    return {name: np.concatenate(parts) for name, parts in out.items()}
+
+
+def mixed_episodes():
+    """Many small episodes (one frame, few or no agents) and a few huge ones (larger than a segment)."""
+    eps = []
+    for i in range(30):
+        if i in (7, 21):
+            eps.append(synthetic.episode(i, seed=2, frames=60, agents_per_frame=2500))  # ~150k agents
+        else:
+            eps.append(synthetic.episode(i, seed=2, frames=1 + i % 3, agents_per_frame=i % 4))
+    return eps
+
+
+def decoded_chunks(path: Path) -> dict[str, bytes]:
+    """Every chunk file of every table, decoded to raw bytes (padding included)."""
+    group = zarr.open_group(str(path), mode="r")
+    out = {}
+    for name in L5KIT_SCHEMA.tables:
+        arr = group[name]
+        for key in sorted(k for k in os.listdir(path / name) if not k.startswith(".")):
+            out[f"{name}/{key}"] = bytes(arr.compressor.decode(arr.chunk_store[f"{name}/{key}"]))
+    return out
+
+
+def test_ordered_output_is_identical_for_any_worker_count(tmp_path):
+    eps = mixed_episodes()
+    chunks = {}
+    for workers in (0, 1, 2, 3):
+        out = tmp_path / f"w{workers}.zarr"
+        # commit_interval=0 sends partial segments after every episode: most chunks are shared and locked
+        with DatasetWriter(out, workers=workers, chunks=SMALL_CHUNKS, commit_interval=0, segment_bytes=1 << 20) as w:
+            summary = w.ingest(eps)
+        assert summary["episodes"] == 30
+        chunks[workers] = decoded_chunks(out)
+    assert w._shared_chunks > 20
+    for workers in (1, 2, 3):
+        assert chunks[workers].keys() == chunks[0].keys()
+        assert chunks[workers] == chunks[0], f"{workers} workers differ from a single-process write"
+
+
+def test_intervals_are_relocated_globally(tmp_path):
+    eps = mixed_episodes()
+    want = expected_tables(eps)
+    with DatasetWriter(tmp_path / "d.zarr", workers=2, chunks=SMALL_CHUNKS, segment_bytes=1 << 20) as w:
+        w.ingest(eps)
+    assert w.committed == {n: len(a) for n, a in want.items()}
+    ds = Dataset.open(tmp_path / "d.zarr")
+    assert ds.validate().ok
+    for name, arr in want.items():
+        np.testing.assert_array_equal(ds[name][:], arr)
+    assert (tmp_path / "d.zarr" / ".zmetadata").exists()
+    assert not (tmp_path / "d.zarr" / ".zarrfeed-locks").exists()
+    doc = json.loads((tmp_path / "d.zarr" / MANIFEST_KEY).read_text())
+    assert doc["journal"] == {"committed": [[0, 30]], "skipped": []}
+
+
+def test_append_to_a_dataset_written_elsewhere(real_copy):
+    eps = list(synthetic.episodes(3, seed=9))
+    with DatasetWriter(real_copy, workers=2, mode="a") as w:
+        w.ingest(eps)
+    ds = Dataset.open(real_copy)
+    assert ds.rows["scenes"] == 4 and ds["scenes"][0]["host"] == "host-a101"
+    assert ds["scenes"][1]["frame_index_interval"].tolist() == [248, 248 + 248]
+    assert ds.validate().ok
+
+
+def bad_episodes():
+    def ep():
+        return synthetic.episode(0, frames=5, agents_per_frame=4)
+    cases = []
+    e = ep(); del e["agents"]; cases.append((e, "table 'agents': missing"))
+    e = ep(); e["lidar"] = e["agents"]; cases.append((e, "table 'lidar': not in schema"))
+    e = ep(); e["agents"] = e["agents"].astype([(n, "<f8" if n == "yaw" else e["agents"].dtype.fields[n][0])
+                                               for n in e["agents"].dtype.names])
+    cases.append((e, "table 'agents': wrong dtype, it field 'yaw' is <f8, expected <f4"))
+    e = ep(); e["agents"] = np.zeros(3, [("centroid", "<f8", (3,))]); cases.append((e, "table 'agents': wrong dtype"))
+    e = ep(); d = e["frames"].dtype.descr; d[3] = ("ego_translation", "<f8", (2,))
+    e["frames"] = np.zeros(5, d); cases.append((e, "field 'ego_translation' has shape (2,), expected (3,)"))
+    e = ep(); e["frames"]["agent_index_interval"][2] = [e["frames"]["agent_index_interval"][2, 0], 10**6]
+    cases.append((e, "frames.agent_index_interval row 2: interval .* is outside the rows of agents"))
+    e = ep(); e["frames"]["agent_index_interval"][0, 0] = -1
+    cases.append((e, "frames.agent_index_interval row 0: .*-1"))
+    e = ep(); iv = e["frames"]["agent_index_interval"]; iv[3] = iv[3, ::-1] if iv[3, 0] != iv[3, 1] else [iv[3, 0] + 1, iv[3, 0]]
+    cases.append((e, "frames.agent_index_interval row 3: .*start > end"))
+    e = ep(); e["frames"]["agent_index_interval"][-1, 1] -= 1
+    cases.append((e, "frames.agent_index_interval row 4: last interval ends at"))
+    e = ep(); e["scenes"] = e["scenes"][:0]; cases.append((e, "scenes.frame_index_interval: no scenes rows, but frames has 5"))
+    e = ep(); e["agents"] = np.zeros(4); cases.append((e, "table 'agents': expected a structured ndarray, got ndarray of float64"))
+    e = ep(); e["agents"] = e["agents"].tolist(); cases.append((e, "table 'agents': expected a structured ndarray, got list"))
+    cases.append(([ep()], "expected a dict"))
+    return cases
+
+
+@pytest.mark.parametrize("episode, message", bad_episodes(), ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, episode, message):
+    good = synthetic.episodes(2, seed=1)
+    with pytest.raises(ValueError, match=message if ".*" in message else re.escape(message)):
+        with DatasetWriter(tmp_path / "d.zarr", workers=1, chunks=SMALL_CHUNKS) as w:
+            w.ingest(good)
+            w.submit(episode)
+    ds = Dataset.open(tmp_path / "d.zarr")  # the good episodes are committed, nothing of the bad one
+    assert ds.rows["scenes"] == 2 and ds.validate().ok
+    np.testing.assert_array_equal(ds["agents"][: ds.rows["agents"]],
+                                  expected_tables(list(synthetic.episodes(2, seed=1)))["agents"])
+
+
+def test_on_error_skip_logs_and_commits_the_rest(tmp_path, caplog):
+    eps = list(synthetic.episodes(4, seed=3))
+    bad = {k: v.copy() for k, v in eps[2].items()}
+    bad["frames"]["agent_index_interval"][10, 0] += 1
+    with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"):
+        with DatasetWriter(tmp_path / "d.zarr", workers=2, on_error="skip") as w:
+            summary = w.ingest([eps[0], eps[1], bad, eps[3]])
+    assert summary["episodes"] == 3 and "skipping episode 2: frames.agent_index_interval row 10" in caplog.text
+    ds = Dataset.open(tmp_path / "d.zarr")
+    np.testing.assert_array_equal(ds["agents"][:], expected_tables([eps[0], eps[1], eps[3]])["agents"])
+    doc = json.loads((tmp_path / "d.zarr" / MANIFEST_KEY).read_text())
+    assert doc["journal"] == {"committed": [[0, 2], [3, 4]], "skipped": [[2, 3]]}
+
+
+def shm_entries():
+    return sorted(p for p in os.listdir("/dev/shm") if p.startswith("zarrfeed-"))
+
+
+def test_killed_worker_raises_within_seconds_then_resume_completes(tmp_path):
+    eps = list(synthetic.episodes(40, seed=4, frames=40, agents_per_frame=300))
+    out = tmp_path / "d.zarr"
+    w = DatasetWriter(out, workers=2, chunks=SMALL_CHUNKS, commit_interval=0.01)
+    victim = w._pool.procs[1]
+    for ep in eps[:10]:
+        w.submit(ep)
+    os.kill(victim.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as err:
+        for ep in eps[10:]:
+            w.submit(ep)
+        w.close()
+    assert time.monotonic() - t0 < 5
+    assert f"writer worker 1 (pid {victim.pid}) killed by SIGKILL" in str(err.value)
+    assert "mode='a'" in str(err.value)
+    assert shm_entries() == []
+    committed = Dataset.open(out)
+    assert committed.validate().ok  # whatever was committed is whole
+
+    with DatasetWriter(out, workers=2, mode="a") as w2:
+        missing = w2.missing()
+        assert missing and set(missing) <= set(range(40))
+        w2.ingest(eps, resume=True)
+    ds = Dataset.open(out)
+    assert ds.validate().ok
+    want = expected_tables(eps)
+    for name, arr in want.items():
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)  # every episode exactly once, in order
+
+
+def test_killed_parent_then_resume_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "d.zarr"
+    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "60", "2", "0.03"],
+                             stdout=subprocess.PIPE, text=True)
+    workers = [int(x) for x in child.stdout.readline().split()[1:]]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait for a few commits, then kill the parent mid-ingest
+        try:
+            if json.loads((out / MANIFEST_KEY).read_text())["committed"]["scenes"] >= 8:
+                break
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    time.sleep(1.5)  # workers notice within half a second that their parent is gone
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]
+    assert shm_entries() == []
+
+    ds = Dataset.open(out)
+    assert 8 <= ds.rows["scenes"] < 60 and ds.validate().ok
+    eps = list(synthetic.episodes(60, seed=5, frames=40, agents_per_frame=300))
+    with DatasetWriter(out, workers=0, mode="a") as w:
+        missing = w.missing()
+    assert missing and missing[0] == ds.rows["scenes"]
+
+    resumed = subprocess.run([sys.executable, str(HERE / "writer_child.py"), str(out), "60", "2", "0", "--resume"],
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    ds = Dataset.open(out)
+    assert ds.validate().ok
+    for name, arr in expected_tables(eps).items():
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+
+
+def test_readers_see_only_committed_rows_during_ingest(tmp_path):
+    out = tmp_path / "d.zarr"
+    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.01"],
+                             stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()
+    want = expected_tables(list(synthetic.episodes(40, seed=5, frames=40, agents_per_frame=300)))
+    reads = 0
+    while child.poll() is None:
+        try:
+            ds = Dataset.open(out)
+        except Exception:  # the dataset is being created
+            continue
+        n = ds.rows
+        frames = ds["frames"][: n["frames"]]
+        assert frames["agent_index_interval"].max(initial=0) <= n["agents"]
+        np.testing.assert_array_equal(ds["agents"][: n["agents"]], want["agents"][: n["agents"]])
+        reads += n["agents"] > 0
+    assert child.returncode == 0 and reads > 3

@@ -1,0 +1,60 @@
+"""Reading an existing dataset back as episodes: one row of the root table with everything it links to.
+
+For L5Kit, one scene with its frames, their agents and their traffic-light faces, intervals made local
+again. This is how `zarrfeed ingest --from` re-chunks or re-compresses a dataset through the writer.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import numpy as np
+
+from . import format
+from .schema import Schema
+
+
+def root_table(schema: Schema) -> str:
+    """The one table no link points into; episodes are its rows."""
+    children = {link.child for link in schema.links}
+    roots = [t for t in schema.tables if t not in children]
+    if len(roots) != 1:
+        raise format.FormatError(f"schema '{schema.name}' has {len(roots)} root tables ({', '.join(roots)}); "
+                                 "splitting into episodes needs exactly one")
+    return roots[0]
+
+
+class DatasetSource:
+    """The episodes of the dataset at `location` (any store `format.open_group` reads), in row order."""
+
+    def __init__(self, location: str | os.PathLike) -> None:
+        group = format.open_group(location)
+        arrays = {n: format.open_table(group.store, n) for n in group.array_keys()}
+        self.schema = format.detect_schema(group, arrays)
+        self.tables = {n: arrays[n] if n in arrays else format.empty_table(t) for n, t in self.schema.tables.items()}
+        doc = format.read_manifest(group.store)
+        self.rows = {n: doc["committed"].get(n, 0) if doc else a.shape[0] for n, a in self.tables.items()}
+        self.root = root_table(self.schema)
+
+    def __len__(self) -> int:
+        return self.rows[self.root]
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        # Read the root table and each parent's link field once; children are sliced per episode.
+        root = self.tables[self.root][: len(self)]
+        for i in range(len(self)):
+            yield self._episode(root[i:i + 1])
+
+    def _episode(self, root_rows: np.ndarray) -> dict[str, np.ndarray]:
+        out = {self.root: root_rows.copy()}
+        todo = [self.root]
+        while todo:
+            parent = todo.pop(0)
+            for link in self.schema.links_from(parent):
+                iv = out[parent][link.field]
+                start, end = (int(iv[0, 0]), int(iv[-1, 1])) if len(iv) else (0, 0)
+                out[link.child] = self.tables[link.child][start:end] if end > start else \
+                    np.zeros(0, self.schema.tables[link.child].dtype)
+                out[parent][link.field] -= start
+                todo.append(link.child)
+        return {t: out[t] for t in self.schema.tables}
