@@ -11,3 +11,10 @@ def test_quickstart(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "valid: True" in out.stdout and "[[0, 10], [10, 30], [30, 35]]" in out.stdout
+
+
+def test_parallel_ingest(tmp_path):
+    out = subprocess.run([sys.executable, EXAMPLES / "parallel_ingest.py", tmp_path], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'scenes': 5," in out.stdout and "resumed: 7 episodes written" in out.stdout and "valid: True" in out.stdout

@@ -1,12 +1,15 @@
 """zarrfeed's writing side: the dataset format, schemas, episodes and writers."""
 from . import synthetic
+from .coordinator import Coordinator, LocalCoordinator
+from .dataset_writer import DatasetWriter
 from .episode import check_episode, relocate
 from .format import FormatError
 from .links import Violation
+from .pool import WorkerError
 from .schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE,
                      Link, Schema, Table)
 from .write import write_dataset
 
 __all__ = ["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE", "TL_FACE_DTYPE",
-           "FormatError", "Link", "Schema", "Table", "Violation", "check_episode", "relocate", "synthetic",
-           "write_dataset"]
+           "Coordinator", "DatasetWriter", "FormatError", "Link", "LocalCoordinator", "Schema", "Table", "Violation",
+           "WorkerError", "check_episode", "relocate", "synthetic", "write_dataset"]
