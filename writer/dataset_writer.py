@@ -100,7 +100,7 @@ class DatasetWriter:
         self._block_bytes = max(segment_bytes, 2 * max(chunk_bytes))
         n_blocks = len(self.schema.tables) + 2 * max(workers, 1)
         check_room(n_blocks * self._block_bytes, f"the writer's {n_blocks} segment buffers")
-        self._blocks = [SharedBlock.create(self._block_bytes) for _ in range(n_blocks)]
+        self._blocks = [SharedBlock(self._block_bytes) for _ in range(n_blocks)]
         self._block_bytes_view = [np.frombuffer(b.buf, np.uint8) for b in self._blocks]
         self._free = list(range(n_blocks))[::-1]
         self._open: dict[str, _Segment | None] = {t: None for t in self.schema.tables}
@@ -116,8 +116,6 @@ class DatasetWriter:
         except BaseException:
             self._release_blocks()
             raise
-        for b in self._blocks:  # every worker has mapped them: nothing can be left in /dev/shm now
-            b.unlink()
         self._closed = False
         self._last_flush = self._last_commit = time.monotonic()
         self._t0 = time.perf_counter()

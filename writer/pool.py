@@ -1,4 +1,4 @@
-"""Writer worker processes: each maps the shared blocks, then writes the segments it is sent.
+"""Writer worker processes: each inherits the shared blocks, then writes the segments it is sent.
 
 Only small messages cross processes: (segment id, table, first row, row count, block) in, (segment id) out.
 A worker exits when told to, or by itself within half a second once its parent is gone.
@@ -24,8 +24,8 @@ class WorkerError(RuntimeError):
     """A writer worker died or failed; the message names it and the episodes whose rows it held."""
 
 
-def _worker_main(wid: int, root: str, dtypes: dict[str, np.dtype], synchronizer: Any, block_names: list[str],
-                 block_size: int, tasks: Any, results: Any, parent_pid: int, blosc_threads: int) -> None:
+def _worker_main(wid: int, root: str, dtypes: dict[str, np.dtype], synchronizer: Any, blocks: list[SharedBlock],
+                 tasks: Any, results: Any, parent_pid: int, blosc_threads: int) -> None:
     import numcodecs.blosc
     import zarr
 
@@ -35,7 +35,6 @@ def _worker_main(wid: int, root: str, dtypes: dict[str, np.dtype], synchronizer:
     numcodecs.blosc.set_nthreads(blosc_threads)
     numcodecs.blosc.use_threads = blosc_threads > 1
     try:
-        blocks = [SharedBlock.attach(name, block_size) for name in block_names]
         store = zarr.storage.DirectoryStore(root)
         arrays = {t: zarr.open_array(store, mode="r+", path=t) for t in dtypes}
         locked = {t: zarr.open_array(store, mode="r+", path=t, synchronizer=synchronizer, cache_metadata=False)
@@ -73,10 +72,8 @@ class WorkerPool:
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(n)]
         threads = max(1, (os.cpu_count() or 1) // max(n, 1))
-        names = [b.name for b in blocks]
-        size = blocks[0].size if blocks else 0
         self.procs = [ctx.Process(target=_worker_main, name=f"zarrfeed-writer-{i}", daemon=True,
-                                  args=(i, root, dtypes, synchronizer, names, size, self.tasks[i], self.results,
+                                  args=(i, root, dtypes, synchronizer, blocks, self.tasks[i], self.results,
                                         os.getpid(), threads))
                       for i in range(n)]
         for p in self.procs:

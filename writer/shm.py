@@ -1,94 +1,74 @@
-"""Shared-memory blocks that never outlive their owner in /dev/shm.
+"""Shared memory that never appears in /dev/shm and is freed when the last process using it exits.
 
-A block is a file in /dev/shm mapped by the owner and by its worker processes. The owner unlinks the name as
-soon as every worker has mapped it: the memory stays shared through the mappings, and nothing is left in
-/dev/shm if any process is killed afterwards. We use mmap directly rather than
-`multiprocessing.shared_memory` because that module's resource tracker (Python 3.11) unlinks blocks that
-workers merely attach to and warns of "leaked" segments at their exit.
+A block is an anonymous memory file (`memfd_create`) mapped by its owner; worker processes started with
+`fork` inherit the mapping, and those started with `spawn` or `forkserver` receive a duplicate of its file
+descriptor when the block is pickled into their arguments. There is no name to unlink, so a crash of any
+process, even SIGKILL, leaks nothing, and /dev/shm's size (64 MiB in a default Docker container, the usual
+cause of "Bus error" in other loaders) does not limit it. We do not use `multiprocessing.shared_memory`:
+its blocks are named files in /dev/shm, and its resource tracker (Python 3.11) unlinks blocks that workers
+merely attach to.
 """
 from __future__ import annotations
 
 import mmap
 import os
-import secrets
-from pathlib import Path
-
-SHM_DIR = Path("/dev/shm")
-PREFIX = "zarrfeed-"
+from typing import Any
 
 
-class ShmSpaceError(OSError):
-    """/dev/shm cannot hold what is asked for (instead of a later "Bus error")."""
+class ShmSpaceError(MemoryError):
+    """Not enough memory for the shared buffers asked for."""
+
+
+def available_memory() -> int:
+    """Bytes of memory available for new allocations (MemAvailable), or a large number if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
 
 
 def check_room(nbytes: int, what: str) -> None:
-    """Raise `ShmSpaceError` saying how much is needed if /dev/shm has less than `nbytes` free."""
-    st = os.statvfs(SHM_DIR)
-    free = st.f_bavail * st.f_frsize
+    """Raise `ShmSpaceError` saying how much is needed if less than `nbytes` of memory is available."""
+    free = available_memory()
     if free < nbytes:
-        raise ShmSpaceError(f"{what} needs {nbytes / 2**20:.0f} MiB of shared memory but /dev/shm has "
-                            f"{free / 2**20:.0f} MiB free; enlarge /dev/shm (docker: --shm-size) or use fewer "
-                            "or smaller buffers")
+        raise ShmSpaceError(f"{what} needs {nbytes / 2**20:.0f} MiB of shared memory but only "
+                            f"{free / 2**20:.0f} MiB is available; use fewer or smaller buffers")
 
 
 class SharedBlock:
     """`size` bytes of shared memory, as `buf` (a writable memoryview)."""
 
-    def __init__(self, name: str, size: int, create: bool) -> None:
-        self.name, self.size = name, size
-        path = SHM_DIR / name
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, size)
-            # MAP_POPULATE maps every page now, in one go, instead of one page fault per 4 KiB on first touch
-            self._mmap = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
-        except BaseException:
-            if create:
-                path.unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(fd)
+    def __init__(self, size: int, fd: int | None = None) -> None:
+        self.size = max(int(size), 1)
+        if fd is None:
+            fd = os.memfd_create("zarrfeed", os.MFD_CLOEXEC)
+            os.ftruncate(fd, self.size)
+        self._fd = fd
+        # MAP_POPULATE maps every page now, in one go, instead of one page fault per 4 KiB on first touch
+        self._mmap = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         self.buf = memoryview(self._mmap)
-        self.linked = create
 
-    @classmethod
-    def create(cls, size: int) -> "SharedBlock":
-        """A new block named after this process, so stale blocks of dead owners can be found."""
-        return cls(f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}", max(size, 1), create=True)
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocess.reduction import DupFd  # valid while a worker is being started
 
-    @classmethod
-    def attach(cls, name: str, size: int) -> "SharedBlock":
-        return cls(name, size, create=False)
-
-    def unlink(self) -> None:
-        """Remove the name; mappings stay valid until closed."""
-        if self.linked:
-            (SHM_DIR / self.name).unlink(missing_ok=True)
-            self.linked = False
+        return _attach, (DupFd(self._fd), self.size)
 
     def close(self) -> None:
-        self.unlink()
+        """Unmap and close; the memory is freed once no process maps it."""
+        if self._fd < 0:
+            return
         self.buf.release()
         try:
             self._mmap.close()
         except BufferError:  # a numpy view still exports the buffer; the mapping goes with the last view
             pass
+        os.close(self._fd)
+        self._fd = -1
 
 
-def reap_stale() -> list[str]:
-    """Unlink zarrfeed blocks whose owner process no longer exists; return their names."""
-    reaped = []
-    for path in SHM_DIR.glob(f"{PREFIX}*"):
-        try:
-            pid = int(path.name[len(PREFIX):].split("-", 1)[0])
-        except ValueError:
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            path.unlink(missing_ok=True)
-            reaped.append(path.name)
-        except PermissionError:
-            pass
-    return reaped
+def _attach(dup: Any, size: int) -> SharedBlock:
+    return SharedBlock(size, fd=dup.detach())
