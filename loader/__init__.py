@@ -1,5 +1,7 @@
-"""zarrfeed's reading side: open, describe and check datasets."""
-from .dataset import Dataset, ValidationReport
+"""zarrfeed's reading side: open, describe and check datasets; load shuffled batches."""
 from writer.format import FormatError
 
-__all__ = ["Dataset", "ValidationReport", "FormatError"]
+from .dataset import Dataset, ValidationReport
+from .loader import Loader, LoaderError
+
+__all__ = ["Dataset", "FormatError", "Loader", "LoaderError", "ValidationReport"]

@@ -30,6 +30,7 @@ from .commit import CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
 from .episode import check_episode, relocate
 from .journal import IndexRanges
+from . import worker
 from .pool import WorkerError, WorkerPool, describe_exit
 from .schema import L5KIT_SCHEMA, Schema
 from .shm import SharedBlock, check_room
@@ -111,7 +112,8 @@ class DatasetWriter:
         try:
             if workers > 0:
                 dtypes = {n: t.dtype for n, t in self.schema.tables.items()}
-                self._pool = WorkerPool(workers, self._root, dtypes, self._sync, self._blocks, start_method)
+                self._pool = WorkerPool(workers, worker.setup, (self._root, dtypes, self._sync, self._blocks),
+                                        "writer worker", start_method)
             self._load = [0] * max(workers, 1)
         except BaseException:
             self._release_blocks()
@@ -354,28 +356,27 @@ class DatasetWriter:
     def _collect(self, timeout: float) -> None:
         """Take finished segments from the workers; commit when it is time. Raises `WorkerError`."""
         if self._pool is not None:
-            try:
-                messages = self._pool.poll(timeout)
-            except WorkerError as exc:
-                raise WorkerError(self._lost(exc)) from None
-            for kind, wid, seg_id, detail in messages:
+            for kind, wid, seg_id, detail in self._pool.poll(timeout):
                 if kind == "error":
-                    seg = self._inflight.get(seg_id)
+                    seg = self._inflight.get(seg_id[0]) if seg_id else None
                     where = f" writing {seg.table} rows [{seg.start}, {seg.start + seg.n})" if seg else ""
                     raise WorkerError(f"writer worker {wid} failed{where}:\n{detail}")
                 self._shared_chunks += detail
                 self._done(seg_id)
+            if self._pool.dead():
+                raise WorkerError(self._lost())
         self._commit()
 
-    def _lost(self, exc: WorkerError) -> str:
+    def _lost(self) -> str:
         """The message for a dead worker: who, and which episodes' rows it held."""
         wid, pid, code = self._pool.dead()[0]
         lost = sorted({i for seg in self._inflight.values() if seg.worker == wid
                        for i in self._tracker.episodes_touching(seg.table, seg.start, seg.start + seg.n)})
         what = f"episodes {lost[0]}-{lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "nothing"
         rows = ", ".join(f"{n:,} {t}" for t, n in self._tracker.committed.items())
-        return (f"{describe_exit(wid, pid, code)} while writing {what}; {len(self._journal)} episodes are "
-                f"committed ({rows}). Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).")
+        return (f"{describe_exit('writer worker', wid, pid, code)} while writing {what}; "
+                f"{len(self._journal)} episodes are committed ({rows}). "
+                "Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).")
 
     # ---------------------------------------------------------------- commit
     def _commit(self, force: bool = False) -> None:

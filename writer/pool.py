@@ -1,124 +1,160 @@
-"""Writer worker processes: each inherits the shared blocks, then writes the segments it is sent.
+"""A pool of worker processes that talk through small messages, and notice when the other side dies.
 
-Only small messages cross processes: (segment id, table, first row, row count, block) in, (segment id) out.
-A worker exits when told to, or by itself within half a second once its parent is gone.
+Each worker runs `setup(wid, *args)` once, which returns `handle(msg) -> reply`, then answers the messages
+of its own pipe on the same pipe. A worker exits when sent None, after a failed message (reporting it with
+its traceback), or by itself within half a second once its parent is gone. The parent waits on the pipes and
+the processes' sentinels together, so it learns of a dead worker at once, with its index, pid and signal.
+Pipes rather than queues, and the standard library's C pickler rather than the pure-Python one
+`multiprocess` uses for its connections: a small message must cost microseconds, not the work it asks for.
 """
 from __future__ import annotations
 
 import os
-import queue
+import pickle
+import select
 import signal
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import multiprocess as mp
-import numpy as np
 
-from .shm import SharedBlock
-
-_POLL = 0.1
+_READY_TIMEOUT = 120.0
 
 
 class WorkerError(RuntimeError):
-    """A writer worker died or failed; the message names it and the episodes whose rows it held."""
+    """A worker died or failed; the message says which and what was lost."""
 
 
-def _worker_main(wid: int, root: str, dtypes: dict[str, np.dtype], synchronizer: Any, blocks: list[SharedBlock],
-                 tasks: Any, results: Any, parent_pid: int, blosc_threads: int) -> None:
+def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
+           setup: Callable[..., Callable[[Any], tuple]], args: tuple) -> None:
     import numcodecs.blosc
-    import zarr
-
-    from .chunkio import write_rows
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
     numcodecs.blosc.set_nthreads(blosc_threads)
     numcodecs.blosc.use_threads = blosc_threads > 1
+    def send(reply: tuple) -> None:
+        conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
+
     try:
-        store = zarr.storage.DirectoryStore(root)
-        arrays = {t: zarr.open_array(store, mode="r+", path=t) for t in dtypes}
-        locked = {t: zarr.open_array(store, mode="r+", path=t, synchronizer=synchronizer, cache_metadata=False)
-                  for t in dtypes}
+        handle = setup(wid, *args)
     except BaseException:
-        results.put(("error", wid, None, traceback.format_exc()))
+        send(("error", wid, None, traceback.format_exc()))
         return
-    results.put(("ready", wid, None, None))
+    send(("ready", wid, None, None))
     while True:
-        try:
-            msg = tasks.get(timeout=0.5)
-        except queue.Empty:
+        if not conn.poll(0.5):
             if os.getppid() != parent_pid:
                 return
             continue
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
         if msg is None:
             return
-        seg_id, table, start, n, block = msg
         try:
-            rows = np.frombuffer(blocks[block].buf, dtypes[table], count=n)
-            shared = write_rows(arrays[table], locked[table], start, rows)
-            del rows
+            reply = handle(msg)
         except BaseException:
-            results.put(("error", wid, seg_id, traceback.format_exc()))
+            send(("error", wid, msg, traceback.format_exc()))
             return
-        results.put(("done", wid, seg_id, shared))
+        send(reply)
 
 
 class WorkerPool:
-    """`n` writer processes fed through one task queue each, answering on one result queue."""
+    """`n` processes named `{name}-{i}`, each answering the messages of its own pipe."""
 
-    def __init__(self, n: int, root: str, dtypes: dict[str, np.dtype], synchronizer: Any,
-                 blocks: list[SharedBlock], start_method: str | None = None) -> None:
-        ctx = mp.get_context(start_method)
-        self.results = ctx.Queue()
-        self.tasks = [ctx.Queue() for _ in range(n)]
-        threads = max(1, (os.cpu_count() or 1) // max(n, 1))
-        self.procs = [ctx.Process(target=_worker_main, name=f"zarrfeed-writer-{i}", daemon=True,
-                                  args=(i, root, dtypes, synchronizer, blocks, self.tasks[i], self.results,
-                                        os.getpid(), threads))
-                      for i in range(n)]
-        for p in self.procs:
-            p.start()
-        ready = 0
-        deadline = time.monotonic() + 120
-        while ready < n:
-            for kind, wid, _, detail in self.poll(timeout=_POLL):
-                if kind == "error":
+    def __init__(self, n: int, setup: Callable[..., Callable[[Any], tuple]], args: tuple, name: str,
+                 start_method: str | None = None) -> None:
+        self._ctx = mp.get_context(start_method)
+        self.name, self._setup, self._args = name, setup, args
+        self.conns: list[Any] = [None] * n
+        self.procs: list[Any] = [None] * n
+        self._poller: Any = None
+        self._pending: list[tuple] = []
+        self._threads = max(1, (os.cpu_count() or 1) // max(n, 1))
+        for i in range(n):
+            self._start(i)
+        self._wait_ready(set(range(n)))
+
+    def _start(self, wid: int) -> None:
+        mine, theirs = self._ctx.Pipe()
+        self.conns[wid] = mine
+        self.procs[wid] = self._ctx.Process(
+            target=_serve, name=f"{self.name}-{wid}", daemon=True,
+            args=(wid, theirs, os.getpid(), self._threads, self._setup, self._args))
+        self.procs[wid].start()
+        theirs.close()
+        self._poller = None  # register the new pipe and sentinel at the next receive
+
+    def _wait_ready(self, waiting: set[int]) -> None:
+        deadline = time.monotonic() + _READY_TIMEOUT
+        while waiting:
+            for msg in self._receive(0.1):
+                if msg[0] == "ready" and msg[1] in waiting:
+                    waiting.discard(msg[1])
+                elif msg[0] == "error" and msg[2] is None:
                     self.kill()
-                    raise WorkerError(f"writer worker {wid} failed to start:\n{detail}")
-                ready += 1
+                    raise WorkerError(f"{self.name} {msg[1]} failed to start:\n{msg[3]}")
+                else:
+                    self._pending.append(msg)
+            dead = [d for d in self.dead() if d[0] in waiting]
+            if dead:
+                self.kill()
+                raise WorkerError(describe_exit(self.name, *dead[0]) + " while starting")
             if time.monotonic() > deadline:
                 self.kill()
-                raise WorkerError(f"writer workers did not start within 120 s ({ready} of {n} ready)")
+                raise WorkerError(f"{self.name}s did not start within {_READY_TIMEOUT:.0f} s")
 
-    def send(self, wid: int, msg: tuple) -> None:
-        self.tasks[wid].put(msg)
+    def restart(self, wid: int) -> None:
+        """Start a new process in place of dead worker `wid` (its unanswered messages must be sent again)."""
+        self.procs[wid].join(1)
+        self.conns[wid].close()
+        self._start(wid)
+        self._wait_ready({wid})
+
+    def send(self, wid: int, msg: Any) -> None:
+        """Send `msg` to worker `wid`; if it has died, `poll` and `dead` report it."""
+        try:
+            self.conns[wid].send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+        except OSError:  # BrokenPipeError: the worker is gone
+            pass
+
+    def _receive(self, timeout: float) -> list[tuple]:
+        if self._poller is None:  # one poll object for all pipes and process sentinels, kept between calls
+            self._poller, self._by_fd = select.poll(), {}
+            for wid, (c, p) in enumerate(zip(self.conns, self.procs)):
+                if c is not None and not c.closed and p.exitcode is None:
+                    self._by_fd[c.fileno()] = c
+                    self._poller.register(c.fileno(), select.POLLIN)
+                    self._poller.register(p.sentinel, select.POLLIN)
+        out = []
+        for fd, _ in self._poller.poll(max(0, int(timeout * 1000))):
+            conn = self._by_fd.get(fd)
+            if conn is None:  # a process sentinel: that worker has exited
+                self._poller.unregister(fd)
+                continue
+            try:
+                while conn.poll():
+                    out.append(pickle.loads(conn.recv_bytes()))
+            except (EOFError, OSError):  # the worker is gone; `dead()` says how
+                self._poller.unregister(fd)
+                del self._by_fd[fd]
+        return out
 
     def poll(self, timeout: float) -> list[tuple]:
-        """Messages that arrived within `timeout` (all that are waiting, at least one if any comes);
-        raises `WorkerError` for a worker that has died."""
-        out = []
-        try:
-            out.append(self.results.get(timeout=timeout))
-            while True:
-                out.append(self.results.get_nowait())
-        except queue.Empty:
-            pass
-        if not any(kind == "error" for kind, *_ in out):  # a failing worker's own report says more
-            self.check_alive()
-        return out
+        """Replies that arrived within `timeout` (all that are waiting); returns early if a worker dies."""
+        out, self._pending = self._pending, []
+        return out + self._receive(0 if out else timeout)
 
     def dead(self) -> list[tuple[int, int, int | None]]:
         """(worker index, pid, exit code) of workers that have exited."""
         return [(i, p.pid, p.exitcode) for i, p in enumerate(self.procs) if p.exitcode is not None]
 
-    def check_alive(self) -> None:
-        dead = self.dead()
-        if dead:
-            raise WorkerError(describe_exit(*dead[0]))
-
-    def stop(self, timeout: float = 10.0) -> None:
-        for q in self.tasks:
-            q.put(None)
+    def stop(self, timeout: float = 2.0) -> None:
+        """Ask every worker to finish, then kill those still running after `timeout` seconds."""
+        for wid in range(len(self.conns)):
+            self.send(wid, None)
         deadline = time.monotonic() + timeout
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -126,16 +162,17 @@ class WorkerPool:
 
     def kill(self) -> None:
         for p in self.procs:
-            if p.exitcode is None:
+            if p is not None and p.exitcode is None:
                 p.kill()
         for p in self.procs:
-            p.join(5)
-        for q in [*self.tasks, self.results]:
-            q.close()
-            q.cancel_join_thread()
+            if p is not None:
+                p.join(5)
+        for c in self.conns:
+            if c is not None:
+                c.close()
 
 
-def describe_exit(wid: int, pid: int, code: int | None) -> str:
+def describe_exit(name: str, wid: int, pid: int, code: int | None) -> str:
     if code is not None and code < 0:
         try:
             how = f"killed by {signal.Signals(-code).name}"
@@ -143,4 +180,4 @@ def describe_exit(wid: int, pid: int, code: int | None) -> str:
             how = f"killed by signal {-code}"
     else:
         how = f"exited with code {code}"
-    return f"writer worker {wid} (pid {pid}) {how}"
+    return f"{name} {wid} (pid {pid}) {how}"

@@ -1,0 +1,356 @@
+"""`Loader`: shuffled, sharded, resumable batches of one table, decoded by worker processes.
+
+How a batch is made. Before a group of batches can be made, the windows of chunks they read must be
+resident in the shared chunk cache. Making a window resident takes a free window slot (or one whose batches
+are all made) and sends the least busy workers one "window" message (write the window's shuffled row order
+into the shared index) and one "decode" message per chunk. When a window is ready, groups of batches that
+read it go to the least busy worker as one "gather" message (a group holds about 4,096 rows, so small batches
+cost one message per group, not per batch). The next window is made resident ahead of time, so decoding
+overlaps gathering. Only these small messages cross processes; the records stay in shared memory, each chunk
+is decoded once per epoch, and the batch order depends on the plan alone, never on workers or timing.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+import weakref
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from writer.pool import WorkerPool, describe_exit
+
+from . import worker
+from .dataset import Dataset
+from .layout import Layout
+from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+
+_POLL = 0.05
+_GROUP_ROWS = 4096
+
+
+class LoaderError(RuntimeError):
+    """A worker died, a chunk could not be read, or a transform failed; the message says which."""
+
+
+class _InlinePool:
+    """The worker protocol run in this process (num_workers=0): each message is handled when sent."""
+
+    def __init__(self, handle: Callable[[tuple], tuple]) -> None:
+        self._handle, self._replies = handle, []
+
+    def send(self, wid: int, msg: tuple) -> None:
+        try:
+            self._replies.append(self._handle(msg))
+        except Exception:
+            self._replies.append(("error", 0, msg, traceback.format_exc()))
+
+    def poll(self, timeout: float) -> list[tuple]:
+        out, self._replies = self._replies, []
+        return out
+
+    def dead(self) -> list:
+        return []
+
+    def stop(self) -> None:
+        pass
+
+
+class _Run:
+    """Shared memory, its views and the workers: made at the first iteration, kept until `close()`."""
+
+    def __init__(self, loader: "Loader", outputs: Layout | None) -> None:
+        cfg = loader._config
+        self.layout = outputs or loader._records
+        self.group = max(1, _GROUP_ROWS // cfg.batch_size)
+        self.n_slots = max(loader.prefetch, 2 * max(loader.num_workers, 1) * self.group) + self.group
+        self.shared = worker.Shared(cfg, loader._itemsize, loader._window_slots(), self.layout.slot_bytes,
+                                    self.n_slots)
+        try:
+            self.views = [self.layout.views(self.shared.slot(s), cfg.batch_size) for s in range(self.n_slots)]
+            args = (loader._location, loader.table, self.shared, loader._selection, loader._records, outputs,
+                    loader.transform)
+            if loader.num_workers == 0:
+                self.pool: Any = _InlinePool(worker.setup(0, *args))
+            else:
+                self.pool = WorkerPool(loader.num_workers, worker.setup, args, "loader worker",
+                                       loader.start_method)
+        except BaseException:
+            self.free()
+            raise
+        self.n_workers = max(loader.num_workers, 1)
+
+    def free(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.stop()
+        self.views = []
+        self.shared.close()
+
+
+class _Epoch:
+    """The scheduler of one epoch's batches (see the module docstring)."""
+
+    def __init__(self, loader: "Loader", run: _Run, plan: EpochPlan, first: int) -> None:
+        self.loader, self.run, self.plan = loader, run, plan
+        self.windows = plan.window_batches()  # window -> (first batch, last batch), in order of first use
+        self.order = [w for w, (_, last) in self.windows.items() if last >= first]
+        self.resident: dict[int, int] = {}  # window -> window slot
+        self.free = list(range(run.shared.window_slots))[::-1]
+        self.pending: dict[int, int] = {}  # window -> messages (index, chunks) not yet answered
+        self.cache_window: dict[int, int] = {}  # cache chunk -> window
+        self.k_next = self.k_issue = self.oldest = first
+        self.done = np.zeros(plan.num_batches + 1, bool)
+        self.load = [0] * run.n_workers
+        self.sent: list[dict[tuple, tuple]] = [{} for _ in range(run.n_workers)]  # unanswered, for restarts
+        self.checked = 0.0
+
+    # ------------------------------------------------------------ windows
+    def _evict(self) -> None:
+        while self.oldest < self.k_issue and self.done[self.oldest]:
+            self.oldest += 1
+        for w in [w for w in self.resident if self.windows[w][1] < self.oldest]:
+            self.free.append(self.resident.pop(w))
+
+    def _make_resident(self, w: int) -> bool:
+        if w in self.resident:
+            return True
+        if not self.free:
+            self._evict()
+        if not self.free:
+            return False
+        wslot = self.free.pop()
+        self.resident[w] = wslot
+        self.pending[w] = len(self.plan.windows[w]) + 1
+        self._send(("window", self.plan.epoch, w, wslot), ("window", w))
+        base = wslot * self.run.shared.config.shuffle_window
+        for j, chunk in enumerate(self.plan.windows[w]):
+            self.cache_window[base + j] = w
+            self._send(("decode", int(chunk), base + j), ("decoded", base + j))
+        return True
+
+    # ------------------------------------------------------------ messages
+    def _send(self, msg: tuple, key: tuple) -> None:
+        wid = min(range(len(self.load)), key=self.load.__getitem__)
+        self.load[wid] += 1
+        self.sent[wid][key] = msg
+        self.run.pool.send(wid, msg)
+
+    def _issue(self) -> None:
+        g = self.run.group
+        limit = min(self.plan.num_batches, self.k_next + self.run.n_slots)
+        while self.k_issue < limit:
+            count = min(g, limit - self.k_issue)
+            if count < g and self.k_issue + count < self.plan.num_batches and self.k_issue > self.k_next:
+                break  # wait for room for a whole group, unless the consumer is waiting for this one
+            windows = self.plan.group_windows(self.k_issue, count)
+            if not all(self._make_resident(w) for w in windows) or any(self.pending[w] for w in windows):
+                break
+            k = self.k_issue
+            self._send(("gather", self.plan.epoch, k, count, {w: self.resident[w] for w in windows}),
+                       ("gathered", k))
+            self.k_issue += count
+        for w in self.order:  # read ahead: the next window not yet resident
+            if w not in self.resident and self.windows[w][0] >= self.k_issue:
+                self._make_resident(w)
+                break
+
+    def _receive(self, timeout: float) -> None:
+        for reply in self.run.pool.poll(timeout):
+            kind, wid = reply[0], reply[1]
+            if kind == "error":
+                raise LoaderError(self._describe_error(wid, reply[2], reply[3]))
+            if kind == "failed":
+                raise LoaderError(self._describe_failure(wid, reply[3], reply[4]))
+            self.load[wid] -= 1
+            self.sent[wid].pop((kind, reply[2]), None)
+            if kind == "decoded":
+                self.pending[self.cache_window[reply[2]]] -= 1
+            elif kind == "window":
+                self.pending[reply[2]] -= 1
+            else:
+                self.done[reply[2]:reply[2] + reply[3]] = True
+        now = time.monotonic()
+        if now - self.checked < 0.2:  # dead workers are noticed within 0.2 s (the pool's poll also wakes up)
+            return
+        self.checked = now
+        for wid, pid, code in self.run.pool.dead():
+            what = describe_exit("loader worker", wid, pid, code)
+            if not self.loader.restart_workers:
+                raise LoaderError(f"{what} during epoch {self.plan.epoch} (batch {self.k_next}); "
+                                  "pass restart_workers=True to restart it and produce its batches again")
+            self.run.pool.restart(wid)
+            for msg in self.sent[wid].values():
+                self.run.pool.send(wid, msg)
+
+    def _describe_error(self, wid: int, msg: tuple | None, tb: str) -> str:
+        last = tb.strip().splitlines()[-1] if tb else "unknown error"
+        if msg is None:
+            return f"loader worker {wid} failed to start: {last}\n{tb}"
+        if msg[0] == "decode" and last.startswith("writer.chunkio.ChunkError: "):
+            return last[len("writer.chunkio.ChunkError: "):]
+        return f"loader worker {wid} failed on {msg[:3]} of table '{self.loader.table}': {last}\n{tb}"
+
+    def _describe_failure(self, wid: int, k: int, tb: str) -> str:
+        last = tb.strip().splitlines()[-1]
+        chunks = sorted({int(c) for w in self.plan.batch_windows(k) for c in self.plan.windows[w]})
+        return (f"transform failed on batch {k} of epoch {self.plan.epoch} (table '{self.loader.table}', "
+                f"chunks {chunks}) in loader worker {wid}: {last}\nworker traceback:\n{tb}")
+
+    # ------------------------------------------------------------ the consumer's side
+    def get(self, k: int) -> dict[str, np.ndarray]:
+        """Batch k as views into its ring slot (the previous batch's slot is free again)."""
+        self.k_next = k
+        if not self.done[k] or self.k_issue < k + self.run.group:
+            self._receive(0)
+            self._issue()
+        while not self.done[k]:
+            self._receive(_POLL)
+            self._issue()
+        views = self.run.views[k % self.run.n_slots]
+        n = self.plan.batch_rows(k)
+        return dict(views) if n == self.plan.config.batch_size else {f: v[:n] for f, v in views.items()}
+
+    def drain(self) -> None:
+        """Wait for every message sent (so no worker writes into memory the next epoch reuses)."""
+        while any(self.load):
+            self._receive(_POLL)
+
+
+class Loader:
+    """Batches of `table`'s committed rows as dicts of columns (field -> array of shape (rows, *subshape)).
+
+    The order depends only on (seed, epoch, rank, world_size) and the table: the same for any `num_workers`
+    (0 runs everything in this process) and `prefetch`. With `copy=False` (default) a batch's arrays are
+    views into shared memory, VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED; pass `copy=True` to keep them.
+    Iterating continues where the previous iteration stopped; after a complete epoch the epoch advances.
+    """
+
+    def __init__(self, dataset_or_path: Dataset | str | os.PathLike, table: str = "agents", batch_size: int = 256,
+                 fields: list[str] | None = None, shuffle: bool = True, seed: int = 0, shuffle_window: int = 8,
+                 num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
+                 world_size: int = 1, rows: np.ndarray | None = None,
+                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False) -> None:
+        ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else Dataset.open(dataset_or_path)
+        if table not in ds.tables:
+            raise ValueError(f"table {table!r} is not in the dataset (tables: {', '.join(ds.tables)})")
+        if prefetch < 1 or num_workers < 0:
+            raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
+        array = ds[table]
+        self.dataset, self.table = ds, table
+        self._location = ds.location
+        self._itemsize = array.dtype.itemsize
+        self._config = PlanConfig(ds.rows[table], array.chunks[0], batch_size, shuffle, seed, shuffle_window,
+                                  rank, world_size, drop_last)
+        self._selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
+        self._records = Layout.of_records(array.dtype, fields, batch_size)
+        self.fields = [c.name for c in self._records.columns]
+        self.batch_size, self.num_workers, self.prefetch = batch_size, num_workers, prefetch
+        self.transform, self.copy, self.start_method = transform, copy, start_method
+        self.restart_workers = restart_workers
+        self.epoch, self._position = 0, 0
+        self._plan: EpochPlan | None = None
+        self._run: _Run | None = None
+        self._finalizer = weakref.finalize(self, lambda: None)
+
+    # ------------------------------------------------------------ plan and state
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The plan of `epoch` (default: the current one): which rows form which batch."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = EpochPlan(self._config, epoch, self._selection)
+        return self._plan
+
+    def __len__(self) -> int:
+        """Batches in the current epoch for this rank."""
+        return len(self.plan())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch `epoch` from its first batch at the next iteration."""
+        self.epoch, self._position = int(epoch), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where iteration stands: a few numbers (`load_state_dict` on a new Loader continues from here)."""
+        return {"epoch": self.epoch, "batch": self._position, "config": self._fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("config") != self._fingerprint():
+            raise ValueError("state_dict was saved by a Loader with other settings (table, rows, batch size, "
+                             f"seed, ranks...): {state.get('config')} != {self._fingerprint()}")
+        self.epoch, self._position = int(state["epoch"]), int(state["batch"])
+
+    def _fingerprint(self) -> list:
+        c = self._config
+        sel = None if self._selection is None else int(sum(int(s.sum()) + 7 * len(s) for s in self._selection))
+        return [self.table, c.n_rows, c.chunk_rows, c.batch_size, c.shuffle, c.seed, c.shuffle_window, c.rank,
+                c.world_size, c.drop_last, sel]
+
+    # ------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if self._position >= len(self.plan()):  # a finished epoch: go on with the next
+            self.epoch, self._position = self.epoch + 1, 0
+        return self._iterate(self.plan(), self._position)
+
+    def _iterate(self, plan: EpochPlan, first: int) -> Iterator[dict[str, np.ndarray]]:
+        if first >= len(plan):
+            return
+        if self._run is None:
+            outputs = self._output_layout(plan, first) if self.transform else None
+            self._run = _Run(self, outputs)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _Run.free, self._run)
+        sched = _Epoch(self, self._run, plan, first)
+        finished = False
+        try:
+            for k in range(first, len(plan)):
+                batch = sched.get(k)
+                self._position = k + 1
+                yield {n: a.copy() for n, a in batch.items()} if self.copy else batch
+            sched.drain()
+            finished = True
+            self.epoch, self._position = self.epoch + 1, 0
+        finally:
+            if not finished:  # broken out of, an exception, or garbage collected: stop the workers now
+                self.close()
+
+    def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
+        """Run the transform on batch k, read here with plain zarr, to size the ring slots."""
+        rows, c = [], self._config.chunk_rows
+        for w, first, count in plan.segments(k):
+            local = plan.window_order(w)[first:first + count]
+            rows.append(plan.windows[w][local // c] * c + local % c)
+        records = self.dataset[self.table].get_coordinate_selection(np.concatenate(rows))
+        batch = {n: np.ascontiguousarray(records[n]) for n in self.fields}
+        out = self.transform(batch)
+        if not isinstance(out, dict) or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in out.values()):
+            raise TypeError("transform must return a dict of numpy arrays whose first axis is the batch's rows")
+        layout = Layout.of_arrays(out, self.batch_size)
+        layout.check(out, k, len(batch[self.fields[0]]))
+        return layout
+
+    def _window_slots(self) -> int:
+        """Window slots the cache needs: every window that the batches in flight can read, plus one read
+        ahead, but never more than there are windows."""
+        c, sel = self._config, self._selection
+        per_chunk = [len(s) for s in sel if len(s)] if sel is not None else [min(c.chunk_rows, c.n_rows)]
+        fewest = max(1, min(per_chunk, default=1))  # rows of the smallest window, at least one chunk's worth
+        group = max(1, _GROUP_ROWS // c.batch_size)
+        span = (max(self.prefetch, 2 * max(self.num_workers, 1) * group) + 2 * group) * c.batch_size
+        n_chunks = len(per_chunk) if sel is not None else -(-c.n_rows // c.chunk_rows)
+        n_windows = max(1, -(-n_chunks // c.shuffle_window))
+        return min(n_windows, -(-span // fewest) + 2)
+
+    def close(self) -> None:
+        """Stop the workers (within 2 s) and free the shared memory."""
+        run, self._run = self._run, None
+        self._finalizer.detach()
+        if run is not None:
+            run.free()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,164 @@
+"""The epoch plan: which rows form which batch, from (seed, epoch, rank) alone.
+
+Chunks are put in a random order (the same for every rank), grouped into windows of `shuffle_window`
+chunks, and the rows of each window are shuffled. Concatenated, the windows give the epoch's row sequence.
+Rank r takes the r-th of `world_size` equal, contiguous parts of it, so it reads only about 1/world_size of
+the chunks; parts are made equal by repeating rows from the start of the sequence (or, with `drop_last`, by
+dropping the tail). Each part is cut into batches of `batch_size`. Everything here is a pure function of
+small numbers, so the consumer and a resumed run compute the same plan without reading any data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    n_rows: int                # committed rows of the table
+    chunk_rows: int
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    shuffle_window: int = 8
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.shuffle_window < 1:
+            raise ValueError(f"shuffle_window must be >= 1, got {self.shuffle_window}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+
+
+def selected_rows_per_chunk(n_rows: int, chunk_rows: int, rows: np.ndarray | None) -> list[np.ndarray] | None:
+    """For a row selection (index array or boolean mask), the selected rows of each chunk, chunk-relative;
+    None when every row is selected."""
+    if rows is None:
+        return None
+    rows = np.asarray(rows)
+    if rows.dtype == bool:
+        if rows.shape != (n_rows,):
+            raise ValueError(f"rows: a boolean mask must have one entry per committed row ({n_rows}), "
+                             f"got shape {rows.shape}")
+        idx = np.flatnonzero(rows)
+    else:
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise ValueError(f"rows: expected a 1-D integer index array or a boolean mask, got {rows.dtype}{rows.shape}")
+        idx = np.unique(rows)
+        if len(idx) != len(rows):
+            raise ValueError("rows: the index array has repeated rows")
+        if len(idx) and (idx[0] < 0 or idx[-1] >= n_rows):
+            raise ValueError(f"rows: indices must be in [0, {n_rows}), got [{idx[0]}, {idx[-1]}]")
+    n_chunks = -(-n_rows // chunk_rows)
+    bounds = np.searchsorted(idx, np.arange(n_chunks + 1) * chunk_rows)
+    return [idx[bounds[c]:bounds[c + 1]] - c * chunk_rows for c in range(n_chunks)]
+
+
+class EpochPlan:
+    """The plan of one epoch for one rank."""
+
+    def __init__(self, config: PlanConfig, epoch: int, selection: list[np.ndarray] | None = None) -> None:
+        self.config, self.epoch, self.selection = config, epoch, selection
+        c = config
+        n_chunks = -(-c.n_rows // c.chunk_rows)
+        sizes = np.array([len(s) for s in selection] if selection is not None else
+                         [min(c.chunk_rows, c.n_rows - i * c.chunk_rows) for i in range(n_chunks)], np.int64)
+        chunks = np.flatnonzero(sizes)  # chunks with nothing selected are never read
+        if c.shuffle:
+            chunks = np.random.default_rng([c.seed, epoch]).permutation(chunks)
+        self.windows = [chunks[i:i + c.shuffle_window] for i in range(0, len(chunks), c.shuffle_window)]
+        window_rows = np.array([sizes[w].sum() for w in self.windows], np.int64)
+        self.window_starts = np.concatenate([[0], np.cumsum(window_rows)])
+        self.total = int(self.window_starts[-1])
+        n, b = self.total, c.batch_size
+        self.per_rank = n // c.world_size if c.drop_last else -(-n // c.world_size)
+        self.num_batches = self.per_rank // b if c.drop_last else -(-self.per_rank // b)
+        self._sizes = sizes
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def batch_rows(self, k: int) -> int:
+        """Rows in batch k."""
+        b = self.config.batch_size
+        return min(b, self.per_rank - k * b)
+
+    def segments(self, k: int) -> list[tuple[int, int, int]]:
+        """Batch k as (window, first position in the window's shuffled rows, count), in batch order."""
+        if not 0 <= k < self.num_batches:
+            raise IndexError(f"batch {k} of an epoch of {self.num_batches}")
+        b = self.config.batch_size
+        start = self.config.rank * self.per_rank + k * b
+        pos, end = start, start + self.batch_rows(k)
+        out = []
+        while pos < end:
+            q = pos % self.total  # past the end: the repeated rows that even out the ranks
+            w = int(np.searchsorted(self.window_starts, q, side="right")) - 1
+            take = min(end - pos, int(self.window_starts[w + 1]) - q)
+            out.append((w, q - int(self.window_starts[w]), take))
+            pos += take
+        return out
+
+    def batch_windows(self, k: int) -> list[int]:
+        return sorted({w for w, _, _ in self.segments(k)})
+
+    def group_pieces(self, k0: int, count: int) -> np.ndarray:
+        """Batches k0..k0+count-1 cut where batches or windows end, as rows of
+        (batch - k0, row in the batch, window, first position in the window, rows): the vectorised
+        `segments` of many batches at once, for small batches."""
+        b, m, n = self.config.batch_size, self.per_rank, self.total
+        base = self.config.rank * m
+        p0, p1 = base + k0 * b, base + min((k0 + count) * b, m)
+        if p1 <= p0:
+            return np.zeros((0, 5), np.int64)
+        cuts = [np.arange(p0, p1, b)]
+        for wrap in range((p0 // n) * n, p1, n):  # window starts inside [p0, p1), in every repetition
+            starts = self.window_starts[:-1] + wrap
+            cuts.append(starts[(starts > p0) & (starts < p1)])
+        cuts = np.unique(np.concatenate(cuts + [np.array([p1])]))
+        lo, hi = cuts[:-1], cuts[1:]
+        q = lo % n
+        w = np.searchsorted(self.window_starts, q, side="right") - 1
+        batch = (lo - base) // b - k0
+        return np.stack([batch, (lo - base) % b, w, q - self.window_starts[w], hi - lo], 1)
+
+    def group_windows(self, k0: int, count: int) -> list[int]:
+        """The windows batches k0..k0+count-1 read, in the order they read them."""
+        return list(dict.fromkeys(self.group_pieces(k0, count)[:, 2].tolist()))
+
+    def window_order(self, w: int) -> np.ndarray:
+        """Window w's rows in their shuffled order, as rows of the window's chunks laid end to end
+        (row r of the window's j-th chunk is j * chunk_rows + r)."""
+        c, chunks = self.config.chunk_rows, self.windows[w]
+        rng = np.random.default_rng([self.config.seed, self.epoch, w])
+        if self.selection is None and (self._sizes[chunks[:-1]] == c).all():  # no gap: rows 0..n-1
+            n = int(self._sizes[chunks].sum())
+            return rng.permutation(n) if self.config.shuffle else np.arange(n)
+        parts = []
+        for j, ch in enumerate(chunks):
+            rows = self.selection[ch] if self.selection is not None else None
+            parts.append(j * c + rows if rows is not None else np.arange(j * c, j * c + self._sizes[ch]))
+        order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if self.config.shuffle:
+            rng.shuffle(order)
+        return order
+
+    def window_batches(self) -> dict[int, tuple[int, int]]:
+        """For each window this rank reads: (first batch, last batch) reading it, in order of first batch."""
+        b, m, n = self.config.batch_size, self.per_rank, self.total
+        p0 = self.config.rank * m
+        out: dict[int, tuple[int, int]] = {}
+        for wrap in range(0, p0 + m, max(n, 1)):  # positions past n repeat the sequence from its start
+            for w in range(len(self.windows)):
+                a = max(p0, int(self.window_starts[w]) + wrap)
+                z = min(p0 + m, int(self.window_starts[w + 1]) + wrap)
+                if a < z and (a - p0) // b < self.num_batches:
+                    first, last = (a - p0) // b, min((z - 1 - p0) // b, self.num_batches - 1)
+                    old = out.get(w, (first, last))
+                    out[w] = (min(old[0], first), max(old[1], last))
+        return dict(sorted(out.items(), key=lambda item: item[1]))

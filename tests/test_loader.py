@@ -1,0 +1,321 @@
+"""The Loader against plain zarr and plain numpy: order, contents, ranks, resume, transforms, faults, leaks."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from loader import Dataset, Loader, LoaderError
+from writer import synthetic, write_dataset
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A small dataset with small chunks: many chunks and windows, a partial last chunk."""
+    path = tmp_path_factory.mktemp("loader") / "d.zarr"
+    write_dataset(path, synthetic.episodes(3, seed=11, frames=60, agents_per_frame=40),
+                  chunks={"agents": 700, "frames": 50})
+    return path
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """Enough rows that an epoch is still under way when a worker is killed."""
+    path = tmp_path_factory.mktemp("loader") / "big.zarr"
+    write_dataset(path, synthetic.episodes(12, seed=12), chunks={"agents": 5000})
+    return path
+
+
+def expected_rows(loader: Loader, epoch: int) -> list[np.ndarray]:
+    """Global row indices of each batch, from the plan (itself checked against its contract in test_plan)."""
+    plan, c = loader.plan(epoch), loader._config.chunk_rows
+    out = []
+    for k in range(len(plan)):
+        rows = []
+        for w, first, count in plan.segments(k):
+            local = plan.window_order(w)[first:first + count]
+            rows.append(plan.windows[w][local // c] * c + local % c)
+        out.append(np.concatenate(rows))
+    return out
+
+
+def collect(loader, key="track_id"):
+    return [b[key].copy() for b in loader]
+
+
+def assert_batches_match_zarr(loader: Loader, batches: list[dict], epoch: int):
+    table = zarr.open_array(str(Path(loader._location) / loader.table), mode="r")[:]
+    for b, rows in zip(batches, expected_rows(loader, epoch), strict=True):
+        for name, col in b.items():
+            np.testing.assert_array_equal(col, table[name][rows])
+
+
+@pytest.mark.parametrize("batch_size, window, workers", [(64, 1, 2), (256, 3, 1), (1000, 8, 3), (7, 2, 2)])
+def test_every_row_once_and_contents_match_zarr(data, batch_size, window, workers):
+    with Loader(data, batch_size=batch_size, shuffle_window=window, num_workers=workers, copy=True) as loader:
+        batches = list(loader)
+    n = Dataset.open(data).rows["agents"]
+    assert len(batches) == -(-n // batch_size) and sum(len(b["yaw"]) for b in batches) == n
+    assert_batches_match_zarr(loader, batches, epoch=0)
+    ids = np.concatenate(expected_rows(loader, 0))
+    assert sorted(ids.tolist()) == list(range(n))
+
+
+def test_same_batches_for_any_number_of_workers_and_prefetch(data):
+    runs = []
+    for workers, prefetch in [(0, 1), (1, 4), (2, 2), (3, 8)]:
+        with Loader(data, batch_size=100, num_workers=workers, prefetch=prefetch, seed=5) as loader:
+            runs.append([b["centroid"].copy() for b in loader])
+    for other in runs[1:]:
+        assert len(other) == len(runs[0])
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_batches_are_columnar_contiguous_views(data):
+    with Loader(data, batch_size=128, fields=["centroid", "label_probabilities", "yaw"], num_workers=1) as loader:
+        batch = next(iter(loader))
+        assert list(batch) == ["centroid", "label_probabilities", "yaw"]
+        assert batch["centroid"].shape == (128, 2) and batch["centroid"].dtype == np.float64
+        assert batch["label_probabilities"].shape == (128, 17) and batch["yaw"].shape == (128,)
+        for col in batch.values():
+            assert col.flags.c_contiguous and not col.flags.owndata  # a view into shared memory
+            np.from_dlpack(col)  # zero-copy consumers accept it
+
+
+def test_no_shuffle_reads_in_row_order_and_epochs_differ(data):
+    table = zarr.open_array(str(data / "agents"), mode="r")[:]
+    with Loader(data, batch_size=500, shuffle=False, num_workers=2) as loader:
+        got = np.concatenate([b["track_id"].copy() for b in loader])
+    np.testing.assert_array_equal(got, table["track_id"])
+    with Loader(data, batch_size=500, num_workers=2, copy=True) as loader:
+        e0, e1 = list(loader), list(loader)  # the second iteration is epoch 1
+        assert loader.epoch == 2
+        assert_batches_match_zarr(loader, e1, epoch=1)
+    assert not np.array_equal(e0[0]["track_id"], e1[0]["track_id"])
+
+
+def test_ranks_are_disjoint_equal_and_complete(data):
+    n = Dataset.open(data).rows["agents"]
+    for drop_last in (False, True):
+        per_rank = []
+        for rank in range(3):
+            with Loader(data, batch_size=50, rank=rank, world_size=3, drop_last=drop_last, num_workers=1) as loader:
+                rows = np.concatenate(expected_rows(loader, 0))
+                got = [b["track_id"].copy() for b in loader]
+                assert len(got) == len(loader)
+                per_rank.append((rows, len(got)))
+        assert len({count for _, count in per_rank}) == 1  # equal batch counts: no rank waits forever
+        everything = np.concatenate([rows for rows, _ in per_rank])
+        if drop_last:
+            assert len(set(everything.tolist())) == len(everything)
+        else:
+            assert set(everything.tolist()) == set(range(n))
+            assert len(everything) - n == 3 * -(-n // 3) - n  # only the padding repeats rows
+
+
+def test_resume_mid_epoch_equals_the_uninterrupted_run(data):
+    with Loader(data, batch_size=90, num_workers=2, seed=3) as loader:
+        full = collect(loader)
+    with Loader(data, batch_size=90, num_workers=2, seed=3) as loader:
+        it = iter(loader)
+        head = [next(it)["track_id"].copy() for _ in range(7)]
+        state = loader.state_dict()
+    assert state["batch"] == 7 and state["epoch"] == 0
+    with Loader(data, batch_size=90, num_workers=1, seed=3) as resumed:
+        resumed.load_state_dict(state)
+        tail = collect(resumed)
+    for a, b in zip(head + tail, full, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="other settings"):
+        Loader(data, batch_size=91).load_state_dict(state)
+
+
+def test_resume_does_not_read_skipped_batches(data, tmp_path):
+    copy = tmp_path / "d.zarr"
+    import shutil
+    shutil.copytree(data, copy)
+    (copy / "agents" / "0").write_bytes(b"garbage")  # rows 0-699: batches 0-6 with batch 100, no shuffle
+    with Loader(copy, batch_size=100, shuffle=False, shuffle_window=1, num_workers=1) as loader:
+        with pytest.raises(LoaderError, match="table 'agents': chunk 'agents/0' cannot be decoded"):
+            next(iter(loader))
+    with Loader(copy, batch_size=100, shuffle=False, shuffle_window=1, num_workers=1) as loader:
+        loader.load_state_dict({**loader.state_dict(), "batch": 7})
+        assert len(collect(loader)) == len(loader) - 7
+
+
+def test_rows_selection(data):
+    table = zarr.open_array(str(data / "agents"), mode="r")[:]
+    mask = table["label_probabilities"][:, 3] == 1  # cars only, as L5Kit's agents mask
+    with Loader(data, batch_size=64, rows=mask, num_workers=2) as loader:
+        got = np.concatenate([b["label_probabilities"].copy() for b in loader])
+    assert len(got) == mask.sum() and (got[:, 3] == 1).all()
+
+
+def test_transform_runs_in_workers_with_closures(data):
+    scale = 2.0
+
+    def features(batch):
+        return {"xy": (batch["centroid"] * scale).astype(np.float32), "pid": np.full(len(batch["yaw"]), os.getpid())}
+
+    with Loader(data, batch_size=100, transform=features, num_workers=2, copy=True) as loader:
+        out = list(loader)
+        raw = Loader(data, batch_size=100, num_workers=0, copy=True)
+        for a, b in zip(out, raw):
+            np.testing.assert_allclose(a["xy"], (b["centroid"] * 2).astype(np.float32))
+    assert {int(b["pid"][0]) for b in out} - {os.getpid()}  # ran in other processes
+    assert out[-1]["xy"].shape[0] == len(out[-1]["pid"])
+
+
+def test_transform_errors_name_the_batch_and_carry_the_traceback(data):
+    def bad(batch):
+        if batch["track_id"].max() > 150:
+            raise ZeroDivisionError("boom")
+        return {"x": batch["yaw"]}
+
+    with pytest.raises(LoaderError, match=r"transform failed on batch \d+ of epoch 0 \(table 'agents', chunks"
+                                          r"(.|\n)*ZeroDivisionError: boom(.|\n)*worker traceback"):
+        with Loader(data, batch_size=100, shuffle=False, transform=bad, num_workers=2) as loader:
+            list(loader)
+
+    def changing(batch):
+        return {"x": batch["yaw"] if batch["track_id"].max() < 150 else batch["yaw"].astype(np.float64)}
+
+    with pytest.raises(LoaderError, match=r"transform output 'x' of batch \d+ is float64"):
+        with Loader(data, batch_size=100, shuffle=False, transform=changing, num_workers=1) as loader:
+            list(loader)
+
+
+def worker_pids(loader):
+    return [p.pid for p in loader._run.pool.procs]
+
+
+def alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except FileNotFoundError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def test_killed_worker_is_reported_within_seconds(big):
+    with Loader(big, batch_size=256, num_workers=2) as loader:
+        it = iter(loader)
+        next(it)
+        os.kill(worker_pids(loader)[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(LoaderError, match=r"loader worker 1 \(pid \d+\) killed by SIGKILL"):
+            for _ in it:  # batches made before the kill may still arrive; the next epoch needs the worker
+                pass
+            list(loader)
+        assert time.monotonic() - t0 < 5
+
+
+def test_killed_worker_is_restarted_and_the_epoch_completes(big):
+    with Loader(big, batch_size=256, num_workers=2, seed=9, copy=True) as loader:
+        want = collect(loader)
+    with Loader(big, batch_size=256, num_workers=2, seed=9, restart_workers=True) as loader:
+        got = []
+        for i, b in enumerate(loader):
+            got.append(b["track_id"].copy())
+            if i == 3:
+                old = worker_pids(loader)
+                os.kill(old[0], signal.SIGKILL)
+        assert worker_pids(loader)[0] != old[0]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("how", ["break", "close", "exception", "gc"])
+def test_workers_stop_within_two_seconds(data, how):
+    loader = Loader(data, batch_size=50, num_workers=2)
+    it = iter(loader)
+    next(it)
+    pids = worker_pids(loader)
+    if how == "break":
+        for _ in it:
+            break
+        del it
+    elif how == "close":
+        loader.close()
+    elif how == "exception":
+        def consume():
+            for _ in loader:
+                raise KeyError("consumer failed")
+        with pytest.raises(KeyError):
+            consume()
+        del it
+    else:
+        del it, loader
+        gc.collect()
+    deadline = time.monotonic() + 2
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pids)
+
+
+def test_no_descriptors_accumulate_over_epochs(data):
+    with Loader(data, batch_size=200, num_workers=2) as loader:
+        list(loader)
+        pids = worker_pids(loader)
+        before = [len(os.listdir(f"/proc/{p}/fd")) for p in pids], len(os.listdir("/proc/self/fd"))
+        for _ in range(4):
+            list(loader)
+        after = [len(os.listdir(f"/proc/{p}/fd")) for p in pids], len(os.listdir("/proc/self/fd"))
+    assert before == after
+
+
+def shm_entries():
+    return sorted(os.listdir("/dev/shm"))
+
+
+def test_nothing_left_when_the_consumer_is_killed(data):
+    before = shm_entries()
+    code = ("import sys, time; from loader import Loader\n"
+            f"loader = Loader({str(data)!r}, batch_size=50, num_workers=2)\n"
+            "it = iter(loader); next(it)\n"
+            "print(*[p.pid for p in loader._run.pool.procs], flush=True)\n"
+            "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids = [int(x) for x in child.stdout.readline().split()]
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 3
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pids)  # workers notice their consumer is gone
+    assert shm_entries() == before
+
+
+def test_reads_only_committed_rows_while_a_writer_ingests(tmp_path):
+    out = tmp_path / "d.zarr"
+    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.01"],
+                             stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()
+    want = np.concatenate([e["agents"] for e in synthetic.episodes(40, seed=5, frames=40, agents_per_frame=300)])
+    reads = 0
+    while child.poll() is None:
+        try:
+            ds = Dataset.open(out)
+        except Exception:
+            continue
+        if ds.rows["agents"] == 0:
+            continue
+        with Loader(ds, batch_size=1000, shuffle=False, num_workers=1) as loader:
+            got = np.concatenate([b["centroid"].copy() for b in loader])
+        assert len(got) == ds.rows["agents"]
+        np.testing.assert_array_equal(got, want["centroid"][: len(got)])
+        reads += 1
+    assert child.returncode == 0 and reads >= 2
