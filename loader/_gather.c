@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#define PREFETCH 12
+
 static inline void copy_field(char *dst, const char *src, Py_ssize_t n) {
     if ((n & 7) == 0) { uint64_t *d = (uint64_t *)dst; const uint64_t *s = (const uint64_t *)src;
         for (Py_ssize_t k = 0; k < (n >> 3); k++) { uint64_t v; memcpy(&v, s + k, 8); memcpy(d + k, &v, 8); } }
@@ -42,7 +44,11 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + 4 < n) __builtin_prefetch(s + r[i + 4] * row_bytes);
+        if (i + PREFETCH < n) {  /* every cache line of a row some rows ahead: rows are random, in DRAM */
+            const char *ahead = s + r[i + PREFETCH] * row_bytes;
+            for (Py_ssize_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+            __builtin_prefetch(ahead + row_bytes - 1);
+        }
         const char *row = s + r[i] * row_bytes;
         for (Py_ssize_t k = 0; k < nf; k++) {
             int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];

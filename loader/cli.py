@@ -1,4 +1,4 @@
-"""The `zarrfeed` command: demo, ingest, info, validate.
+"""The `zarrfeed` command: demo, ingest, load, info, validate.
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback).
 """
@@ -8,6 +8,7 @@ import argparse
 import json
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +22,7 @@ from writer.pool import WorkerError
 from writer.source import DatasetSource
 
 from .dataset import Dataset
+from .loader import Loader, LoaderError
 
 
 def _size(n: float) -> str:
@@ -120,6 +122,39 @@ class _Sized:
         return self.n
 
 
+def _load(ds: Dataset, table: str, batch_size: int, workers: int, epochs: int, progress: bool) -> dict:
+    """Iterate `epochs` epochs of shuffled batches with a progress bar; return rows, bytes, seconds."""
+    with Loader(ds, table, batch_size=batch_size, num_workers=workers) as loader:
+        itemsize = ds[table].dtype.itemsize
+        total = sum(loader.plan(e).per_rank for e in range(epochs))
+        t0 = time.perf_counter()
+        first = None
+        with tqdm(total=total * itemsize, unit="B", unit_scale=True, desc=f"loading {table}",
+                  disable=not progress, smoothing=0.1) as bar:
+            rows = 0
+            for _ in range(epochs):
+                for batch in loader:
+                    n = len(next(iter(batch.values())))
+                    rows += n
+                    first = first or time.perf_counter() - t0
+                    bar.update(n * itemsize)
+        seconds = time.perf_counter() - t0
+    return {"rows": rows, "bytes": rows * itemsize, "seconds": seconds, "first_batch": first or seconds,
+            "batches": len(loader) * epochs}
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    with Dataset.open(args.path) as ds:
+        if args.table not in ds.tables:
+            raise ValueError(f"table {args.table!r} is not in {args.path} (tables: {', '.join(ds.tables)})")
+        r = _load(ds, args.table, args.batch_size, args.workers, args.epochs, not args.quiet)
+    print(f"loaded {r['rows']:,} rows of {args.table} in {r['batches']:,} shuffled batches of {args.batch_size} "
+          f"over {args.epochs} epoch{'s' * (args.epochs != 1)}: {r['seconds']:.2f} s, "
+          f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.1f} MB/s; "
+          f"first batch after {r['first_batch'] * 1000:.0f} ms")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists():
@@ -131,7 +166,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print()
     with Dataset.open(out) as ds:
         print(format_info(ds.info()) + "\n")
-        return _validate(ds, progress=True)
+        status = _validate(ds, progress=True)
+        if status:
+            return status
+        print()
+        r = _load(ds, "agents", 4096, args.workers, 1, progress=True)
+        print(f"loaded {r['rows']:,} agents in shuffled batches of 4096 with {args.workers} loader workers: "
+              f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.0f} MB/s")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--resume", action="store_true", help="finish an interrupted ingest of the same input")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
+    p = sub.add_parser("load", help="iterate shuffled batches of a table with loader workers (a speed check)")
+    p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
+    p.add_argument("--table", default="agents")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--workers", type=int, default=2, help="loader processes (0: load in this process)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_load)
     p = sub.add_parser("info", help="rows, chunks, bytes and compression per table")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -177,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("always")
             warnings.showwarning = lambda msg, *a, **k: print(f"zarrfeed: warning: {msg}", file=sys.stderr)
             return args.func(args)
-    except (FormatError, ValueError, WorkerError, OSError) as exc:
+    except (FormatError, ValueError, WorkerError, LoaderError, OSError) as exc:
         print(f"zarrfeed: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -57,4 +57,33 @@ def test_demo_writes_describes_and_validates(tmp_path):
     out = zarrfeed("demo", "--scenes", "3", "--out", tmp_path / "demo.zarr")
     assert out.returncode == 0, out.stderr
     assert "wrote 3 episodes" in out.stdout and "valid (3 scenes, 744 frames" in out.stdout
+    assert "with 2 writer processes" in out.stdout and "ingest: 100%" in out.stderr  # the progress bar
+    assert "in shuffled batches of 4096 with 2 loader workers" in out.stdout
     assert zarr.open_group(str(tmp_path / "demo.zarr"), "r")["scenes"].shape == (3,)
+
+
+def test_ingest_from_real_scene_reproduces_it(real_scene, tmp_path):
+    out = zarrfeed("ingest", tmp_path / "copy.zarr", "--from", real_scene, "--workers", "2", "--chunks",
+                   "agents=5000")
+    assert out.returncode == 0, out.stderr
+    a, b = zarr.open_group(str(real_scene), "r"), zarr.open_group(str(tmp_path / "copy.zarr"), "r")
+    assert b["agents"].chunks == (5000,)
+    for name in a.array_keys():
+        assert (a[name][:] == b[name][:]).all()
+    assert zarrfeed("validate", "-q", tmp_path / "copy.zarr").returncode == 0
+
+
+def test_ingest_refuses_to_overwrite_and_resumes(tmp_path):
+    assert zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "2", "-q").returncode == 0
+    again = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "2", "-q")
+    assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    resumed = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "3", "--resume", "-q")
+    assert resumed.returncode == 0 and "wrote 1 episodes" in resumed.stdout
+
+
+def test_load_prints_a_summary(real_scene):
+    out = zarrfeed("load", real_scene, "--table", "agents", "--batch-size", "1000", "--epochs", "2", "-q")
+    assert out.returncode == 0, out.stderr
+    assert "loaded 41,604 rows of agents in 42 shuffled batches of 1000 over 2 epochs" in out.stdout
+    bad = zarrfeed("load", real_scene, "--table", "lidar")
+    assert bad.returncode == 2 and "table 'lidar' is not in" in bad.stderr

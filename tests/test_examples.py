@@ -18,3 +18,9 @@ def test_parallel_ingest(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "'scenes': 5," in out.stdout and "resumed: 7 episodes written" in out.stdout and "valid: True" in out.stdout
+
+
+def test_training_loop(tmp_path):
+    out = subprocess.run([sys.executable, EXAMPLES / "training_loop.py"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'batch': 3" in out.stdout and "epoch done" in out.stdout and "batches per rank:" in out.stdout
