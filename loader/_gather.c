@@ -19,16 +19,20 @@ static inline void copy_field(char *dst, const char *src, Py_ssize_t n) {
     else memcpy(dst, src, n);
 }
 
-/* gather(src, row_bytes, rows, out, fields, first): for each i, record rows[i] of src (records of row_bytes
-   bytes) is split into fields; field k = (offset, size, base) goes to out[base + (first + i) * size]. */
+/* gather(src, row_bytes, rows, out, fields, first, scale): for each i, the record of row_bytes bytes at
+   src + rows[i] * scale is split into fields; field k = (offset, size, base) goes to
+   out[base + (first + i) * size]. scale is row_bytes when rows are row numbers, 1 when they are byte offsets. */
 static PyObject *gather(PyObject *self, PyObject *args) {
     Py_buffer src, rows, out, fields;
-    Py_ssize_t row_bytes, first;
-    if (!PyArg_ParseTuple(args, "y*ny*w*y*n", &src, &row_bytes, &rows, &out, &fields, &first)) return NULL;
+    Py_ssize_t row_bytes, first, scale;
+    if (!PyArg_ParseTuple(args, "y*ny*w*y*nn", &src, &row_bytes, &rows, &out, &fields, &first, &scale)) return NULL;
     const int64_t *r = rows.buf; Py_ssize_t n = rows.len / 8;
     const int64_t *f = fields.buf; Py_ssize_t nf = fields.len / 24;
     const char *s = src.buf; char *o = out.buf;
-    Py_ssize_t n_src = src.len / row_bytes;
+    if (row_bytes <= 0 || scale <= 0 || first < 0) {
+        PyErr_SetString(PyExc_ValueError, "gather: row_bytes and scale must be positive, first >= 0");
+        goto fail;
+    }
     for (Py_ssize_t k = 0; k < nf; k++) {  /* check every bound once, so the loop below cannot write astray */
         if (f[3 * k] < 0 || f[3 * k + 1] < 0 || f[3 * k] + f[3 * k + 1] > row_bytes
             || f[3 * k + 2] < 0 || f[3 * k + 2] + (first + n) * f[3 * k + 1] > out.len) {
@@ -37,19 +41,19 @@ static PyObject *gather(PyObject *self, PyObject *args) {
         }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (r[i] < 0 || r[i] >= n_src) {
-            PyErr_Format(PyExc_IndexError, "gather: row %lld is outside the source's %zd rows", (long long)r[i], n_src);
+        if (r[i] < 0 || r[i] > (src.len - row_bytes) / scale) {
+            PyErr_Format(PyExc_IndexError, "gather: row %lld is outside the source", (long long)r[i]);
             goto fail;
         }
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH < n) {  /* every cache line of a row some rows ahead: rows are random, in DRAM */
-            const char *ahead = s + r[i + PREFETCH] * row_bytes;
+            const char *ahead = s + r[i + PREFETCH] * scale;
             for (Py_ssize_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
             __builtin_prefetch(ahead + row_bytes - 1);
         }
-        const char *row = s + r[i] * row_bytes;
+        const char *row = s + r[i] * scale;
         for (Py_ssize_t k = 0; k < nf; k++) {
             int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
             copy_field(o + base + (first + i) * size, row + off, size);
@@ -63,6 +67,6 @@ fail:
     return NULL;
 }
 
-static PyMethodDef methods[] = {{"gather", gather, METH_VARARGS, "gather(src, row_bytes, rows, out, fields, first): rows to columns"}, {NULL, NULL, 0, NULL}};
+static PyMethodDef methods[] = {{"gather", gather, METH_VARARGS, "gather(src, row_bytes, rows, out, fields, first, scale): rows to columns"}, {NULL, NULL, 0, NULL}};
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_gather", NULL, -1, methods};
 PyMODINIT_FUNC PyInit__gather(void) { return PyModule_Create(&mod); }

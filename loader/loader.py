@@ -62,20 +62,17 @@ class _Run:
 
     def __init__(self, loader: "Loader", outputs: Layout | None) -> None:
         cfg = loader._config
-        self.layout = outputs or loader._records
-        self.group = max(1, _GROUP_ROWS // cfg.batch_size)
+        self.layout = outputs or loader._batch_layout()
+        self.group = max(1, _GROUP_ROWS // loader._group_divisor())
         self.n_slots = max(loader.prefetch, 2 * max(loader.num_workers, 1) * self.group) + self.group
-        self.shared = worker.Shared(cfg, loader._itemsize, loader._window_slots(), self.layout.slot_bytes,
-                                    self.n_slots)
+        self.shared = loader._shared(self.layout.slot_bytes, self.n_slots)
         try:
             self.views = [self.layout.views(self.shared.slot(s), cfg.batch_size) for s in range(self.n_slots)]
-            args = (loader._location, loader.table, self.shared, loader._selection, loader._records, outputs,
-                    loader.transform)
+            setup, args = loader._worker(self.shared, outputs)
             if loader.num_workers == 0:
-                self.pool: Any = _InlinePool(worker.setup(0, *args))
+                self.pool: Any = _InlinePool(setup(0, *args))
             else:
-                self.pool = WorkerPool(loader.num_workers, worker.setup, args, "loader worker",
-                                       loader.start_method)
+                self.pool = WorkerPool(loader.num_workers, setup, args, "loader worker", loader.start_method)
         except BaseException:
             self.free()
             raise
@@ -90,16 +87,24 @@ class _Run:
 
 
 class _Epoch:
-    """The scheduler of one epoch's batches (see the module docstring)."""
+    """The scheduler of one epoch's batches (see the module docstring).
+
+    A window is resident while its chunks are in cache slots (shared with other resident windows that need
+    the same chunk) and, for row batches, its shuffled order is in an index region."""
 
     def __init__(self, loader: "Loader", run: _Run, plan: EpochPlan, first: int) -> None:
         self.loader, self.run, self.plan = loader, run, plan
         self.windows = plan.window_batches()  # window -> (first batch, last batch), in order of first use
         self.order = [w for w, (_, last) in self.windows.items() if last >= first]
-        self.resident: dict[int, int] = {}  # window -> window slot
-        self.free = list(range(run.shared.window_slots))[::-1]
-        self.pending: dict[int, int] = {}  # window -> messages (index, chunks) not yet answered
-        self.cache_window: dict[int, int] = {}  # cache chunk -> window
+        self.resident: dict[int, list[tuple[str, int]]] = {}  # window -> the chunks it holds
+        self.slots: dict[tuple[str, int], int] = {}  # (table, chunk) -> cache slot
+        self.users: dict[tuple[str, int], set[int]] = {}  # (table, chunk) -> resident windows using it
+        self.decoded: set[int] = set()
+        self.free_slots = list(range(run.shared.chunk_slots))[::-1]
+        self.regions: dict[int, int] = {}  # window -> index region
+        self.free_regions = list(range(loader._index_regions()))[::-1]
+        self.pending: dict[int, int] = {}  # window -> messages (decodes, index) not yet answered
+        self.waiting: dict[int, list[int]] = {}  # cache slot -> windows waiting for its decode
         self.k_next = self.k_issue = self.oldest = first
         self.done = np.zeros(plan.num_batches + 1, bool)
         self.load = [0] * run.n_workers
@@ -111,23 +116,40 @@ class _Epoch:
         while self.oldest < self.k_issue and self.done[self.oldest]:
             self.oldest += 1
         for w in [w for w in self.resident if self.windows[w][1] < self.oldest]:
-            self.free.append(self.resident.pop(w))
+            for key in self.resident.pop(w):
+                self.users[key].discard(w)
+                if not self.users[key]:
+                    slot = self.slots.pop(key)
+                    self.decoded.discard(slot)
+                    self.free_slots.append(slot)
+            if w in self.regions:
+                self.free_regions.append(self.regions.pop(w))
 
     def _make_resident(self, w: int) -> bool:
         if w in self.resident:
             return True
-        if not self.free:
+        needs = self.loader._chunks_of(self.plan, w)
+        new = [key for key in needs if key not in self.slots]
+        wants_region = self.loader._index_regions() > 0
+        if len(new) > len(self.free_slots) or (wants_region and not self.free_regions):
             self._evict()
-        if not self.free:
+        if len(new) > len(self.free_slots) or (wants_region and not self.free_regions):
             return False
-        wslot = self.free.pop()
-        self.resident[w] = wslot
-        self.pending[w] = len(self.plan.windows[w]) + 1
-        self._send(("window", self.plan.epoch, w, wslot), ("window", w))
-        base = wslot * self.run.shared.config.shuffle_window
-        for j, chunk in enumerate(self.plan.windows[w]):
-            self.cache_window[base + j] = w
-            self._send(("decode", int(chunk), base + j), ("decoded", base + j))
+        self.resident[w] = needs
+        self.pending[w] = 0
+        for key in needs:
+            if key not in self.slots:
+                self.slots[key] = slot = self.free_slots.pop()
+                self.users[key] = set()
+                self._send(("decode", key[0], int(key[1]), slot), ("decoded", slot))
+            self.users[key].add(w)
+            if self.slots[key] not in self.decoded:
+                self.pending[w] += 1
+                self.waiting.setdefault(self.slots[key], []).append(w)
+        if wants_region:
+            self.regions[w] = region = self.free_regions.pop()
+            self.pending[w] += 1
+            self._send(("window", self.plan.epoch, w, region, [self.slots[key] for key in needs]), ("window", w))
         return True
 
     # ------------------------------------------------------------ messages
@@ -148,8 +170,7 @@ class _Epoch:
             if not all(self._make_resident(w) for w in windows) or any(self.pending[w] for w in windows):
                 break
             k = self.k_issue
-            self._send(("gather", self.plan.epoch, k, count, {w: self.resident[w] for w in windows}),
-                       ("gathered", k))
+            self._send(self.loader._gather_msg(self, k, count, windows), ("gathered", k))
             self.k_issue += count
         for w in self.order:  # read ahead: the next window not yet resident
             if w not in self.resident and self.windows[w][0] >= self.k_issue:
@@ -166,7 +187,9 @@ class _Epoch:
             self.load[wid] -= 1
             self.sent[wid].pop((kind, reply[2]), None)
             if kind == "decoded":
-                self.pending[self.cache_window[reply[2]]] -= 1
+                self.decoded.add(reply[2])
+                for w in self.waiting.pop(reply[2], []):
+                    self.pending[w] -= 1
             elif kind == "window":
                 self.pending[reply[2]] -= 1
             else:
@@ -330,9 +353,10 @@ class Loader:
         layout.check(out, k, len(batch[self.fields[0]]))
         return layout
 
+    # ------------------------------------------------------------ what a row loader asks of the scheduler
     def _window_slots(self) -> int:
-        """Window slots the cache needs: every window that the batches in flight can read, plus one read
-        ahead, but never more than there are windows."""
+        """Windows the cache holds: every window that the batches in flight can read, plus one read ahead,
+        but never more than there are windows."""
         c, sel = self._config, self._selection
         per_chunk = [len(s) for s in sel if len(s)] if sel is not None else [min(c.chunk_rows, c.n_rows)]
         fewest = max(1, min(per_chunk, default=1))  # rows of the smallest window, at least one chunk's worth
@@ -341,6 +365,31 @@ class Loader:
         n_chunks = len(per_chunk) if sel is not None else -(-c.n_rows // c.chunk_rows)
         n_windows = max(1, -(-n_chunks // c.shuffle_window))
         return min(n_windows, -(-span // fewest) + 2)
+
+    def _batch_layout(self) -> Layout:
+        return self._records
+
+    def _group_divisor(self) -> int:
+        """Rows per batch, for sizing groups of batches (about 4,096 rows a message)."""
+        return self._config.batch_size
+
+    def _index_regions(self) -> int:
+        return self._window_slots()
+
+    def _shared(self, batch_bytes: int, n_slots: int) -> worker.Shared:
+        c = self._config
+        return worker.Shared(c.chunk_rows * self._itemsize, self._window_slots() * c.shuffle_window,
+                             c.shuffle_window * c.chunk_rows, self._index_regions(), batch_bytes, n_slots)
+
+    def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
+        return worker.setup, (self._location, self.table, shared, self._config, self._itemsize, self._selection,
+                              self._records, outputs, self.transform)
+
+    def _chunks_of(self, plan: EpochPlan, w: int) -> list[tuple[str, int]]:
+        return [(self.table, int(c)) for c in plan.windows[w]]
+
+    def _gather_msg(self, epoch: "_Epoch", k: int, count: int, windows: list[int]) -> tuple:
+        return ("gather", epoch.plan.epoch, k, count, {w: epoch.regions[w] for w in windows})
 
     def close(self) -> None:
         """Stop the workers (within 2 s) and free the shared memory."""

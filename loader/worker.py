@@ -1,10 +1,11 @@
 """The reader worker: prepares windows (shuffled row order + decoded chunks) and gathers batches.
 
 Messages (all small; the worker computes the plan itself from the settings it was started with):
-  ("window", epoch, window, window slot)   -> ("window", worker, window)      the window's shuffled rows,
+  ("decode", table, chunk, cache slot)     -> ("decoded", worker, cache slot)  the chunk into the cache
+  ("window", epoch, window, index region, [cache slot of each chunk of the window])
+                                           -> ("window", worker, window)      the window's shuffled rows,
                                                                               as cache rows, into the index
-  ("decode", chunk, cache chunk)           -> ("decoded", worker, cache chunk) the chunk into the cache
-  ("gather", epoch, first batch, count, {window: window slot}) -> ("gathered", worker, first batch, count)
+  ("gather", epoch, first batch, count, {window: index region}) -> ("gathered", worker, first batch, count)
                                                   or, if the transform fails, ("failed", worker, first batch,
                                                   failed batch, traceback)
 A gather copies, for each batch row, the cache row the index names into the batch's ring slot, one column
@@ -28,39 +29,53 @@ from .plan import EpochPlan, PlanConfig
 
 
 class Shared:
-    """The shared memory of one Loader: chunk cache, index of cache rows, ring of batch slots."""
+    """The shared memory of one loader: a cache of decoded chunks (`chunk_slots` slots of `slot_bytes`), an
+    index of cache rows (`index_regions` regions of `region_rows`), and a ring of `n_slots` batch slots."""
 
-    def __init__(self, config: PlanConfig, itemsize: int, window_slots: int, slot_bytes: int, n_slots: int) -> None:
-        self.config, self.itemsize = config, itemsize
-        self.window_slots, self.slot_bytes, self.n_slots = window_slots, slot_bytes, n_slots
-        self.window_rows = config.shuffle_window * config.chunk_rows
-        cache_rows = window_slots * self.window_rows
-        check_room(cache_rows * (itemsize + 8) + n_slots * slot_bytes,
-                   f"the loader's chunk cache ({window_slots} windows of {config.shuffle_window} chunks) and "
-                   f"ring ({n_slots} batch slots)")
-        self.cache = SharedBlock(cache_rows * itemsize)
-        self.index = SharedBlock(cache_rows * 8)
-        self.ring = SharedBlock(n_slots * slot_bytes)
+    def __init__(self, slot_bytes: int, chunk_slots: int, region_rows: int, index_regions: int,
+                 batch_bytes: int, n_slots: int) -> None:
+        self.slot_bytes, self.chunk_slots = slot_bytes, chunk_slots
+        self.region_rows, self.batch_bytes, self.n_slots = region_rows, batch_bytes, n_slots
+        check_room(slot_bytes * chunk_slots + 8 * region_rows * index_regions + batch_bytes * n_slots,
+                   f"the loader's chunk cache ({chunk_slots} chunks) and ring ({n_slots} batch slots)")
+        self.cache = SharedBlock(slot_bytes * chunk_slots)
+        self.index = SharedBlock(8 * region_rows * index_regions)
+        self.ring = SharedBlock(batch_bytes * n_slots)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return np.frombuffer(self.cache.buf, np.uint8), np.frombuffer(self.index.buf, np.int64)
 
     def slot(self, k: int) -> memoryview:
+        """The ring slot of batch k."""
         s = k % self.n_slots
-        return self.ring.buf[s * self.slot_bytes:(s + 1) * self.slot_bytes]
+        return self.ring.buf[s * self.batch_bytes:(s + 1) * self.batch_bytes]
 
     def close(self) -> None:
         for block in (self.cache, self.index, self.ring):
             block.close()
 
 
-def setup(wid: int, location: str, table: str, shared: Shared, selection: list[np.ndarray] | None,
-          records: Layout, outputs: Layout | None, transform: Callable | None) -> Callable[[tuple], tuple]:
-    """Open the dataset in this process (no zarr handle is inherited); return the message handler."""
+def chunk_decoder(location: str, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:
+    """Handles ("decode", table, chunk, cache slot) -> ("decoded", worker, cache slot)."""
     group = format.open_group(location)
-    array = format.open_table(group.store, table)
-    chunk_bytes = shared.config.chunk_rows * shared.itemsize
+    arrays = {t: format.open_table(group.store, t) for t in tables}
+    cache, _ = shared.arrays()
+
+    def decode(msg: tuple) -> None:
+        _, table, chunk, slot = msg
+        nbytes = arrays[table].chunks[0] * arrays[table].dtype.itemsize
+        read_chunk_into(arrays[table], chunk, cache[slot * shared.slot_bytes:slot * shared.slot_bytes + nbytes])
+
+    return decode
+
+
+def setup(wid: int, location: str, table: str, shared: Shared, config: PlanConfig, itemsize: int,
+          selection: list[np.ndarray] | None, records: Layout, outputs: Layout | None,
+          transform: Callable | None) -> Callable[[tuple], tuple]:
+    """Open the dataset in this process (no zarr handle is inherited); return the message handler."""
+    decode = chunk_decoder(location, [table], shared)
     cache, index = shared.arrays()
+    chunk_rows = config.chunk_rows
     spec = records.gather_spec()
     scratch = np.empty(records.slot_bytes, np.uint8) if transform else None
     plans: dict[int, EpochPlan] = {}
@@ -68,30 +83,30 @@ def setup(wid: int, location: str, table: str, shared: Shared, selection: list[n
     def plan(epoch: int) -> EpochPlan:
         if epoch not in plans:
             plans.clear()
-            plans[epoch] = EpochPlan(shared.config, epoch, selection)
+            plans[epoch] = EpochPlan(config, epoch, selection)
         return plans[epoch]
 
     def handle(msg: tuple) -> tuple:
         kind = msg[0]
         if kind == "decode":
-            _, chunk, cache_chunk = msg
-            read_chunk_into(array, chunk, cache[cache_chunk * chunk_bytes:(cache_chunk + 1) * chunk_bytes])
-            return ("decoded", wid, cache_chunk)
-        if kind == "window":
-            _, epoch, w, wslot = msg
-            order = plan(epoch).window_order(w)
-            start = wslot * shared.window_rows
-            np.add(order, start, out=index[start:start + len(order)])
+            decode(msg)
+            return ("decoded", wid, msg[3])
+        if kind == "window":  # local row j * chunk_rows + r -> cache row slots[j] * chunk_rows + r
+            _, epoch, w, region, slots = msg
+            local = plan(epoch).window_order(w)
+            start = region * shared.region_rows
+            cache_row = np.asarray(slots, np.int64)[local // chunk_rows] * chunk_rows + local % chunk_rows
+            index[start:start + len(local)] = cache_row
             return ("window", wid, w)
-        _, epoch, k0, count, wslots = msg
+        _, epoch, k0, count, regions = msg
         p = plan(epoch)
         pieces = p.group_pieces(k0, count)
         for i in range(count):
             k = k0 + i
             dst = scratch if transform else shared.slot(k)
             for _, first, w, pos, n in pieces[pieces[:, 0] == i] if count > 1 else pieces:
-                start = wslots[w] * shared.window_rows + pos
-                gather(cache, shared.itemsize, index[start:start + n], dst, spec, first)
+                start = regions[w] * shared.region_rows + pos
+                gather(cache, itemsize, index[start:start + n], dst, spec, first, itemsize)
             if transform:
                 try:
                     rows = p.batch_rows(k)
