@@ -3,5 +3,6 @@ from writer.format import FormatError
 
 from .dataset import Dataset, ValidationReport
 from .loader import Loader, LoaderError
+from .windows import WindowLoader
 
-__all__ = ["Dataset", "FormatError", "Loader", "LoaderError", "ValidationReport"]
+__all__ = ["Dataset", "FormatError", "Loader", "LoaderError", "ValidationReport", "WindowLoader"]

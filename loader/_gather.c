@@ -67,6 +67,53 @@ fail:
     return NULL;
 }
 
-static PyMethodDef methods[] = {{"gather", gather, METH_VARARGS, "gather(src, row_bytes, rows, out, fields, first, scale): rows to columns"}, {NULL, NULL, 0, NULL}};
+/* gather_runs(src, row_bytes, runs, out, fields, first): like gather, for runs of consecutive records:
+   runs holds (byte offset in src, records) pairs, copied one after the other from output row `first` on.
+   Sequential reads, no index per row: what WindowLoader needs for each sample's agents. */
+static PyObject *gather_runs(PyObject *self, PyObject *args) {
+    Py_buffer src, runs, out, fields;
+    Py_ssize_t row_bytes, first;
+    if (!PyArg_ParseTuple(args, "y*ny*w*y*n", &src, &row_bytes, &runs, &out, &fields, &first)) return NULL;
+    const int64_t *r = runs.buf; Py_ssize_t nr = runs.len / 16;
+    const int64_t *f = fields.buf; Py_ssize_t nf = fields.len / 24;
+    const char *s = src.buf; char *o = out.buf;
+    Py_ssize_t total = 0;
+    if (row_bytes <= 0 || first < 0) { PyErr_SetString(PyExc_ValueError, "gather_runs: bad row_bytes or first"); goto fail; }
+    for (Py_ssize_t j = 0; j < nr; j++) {
+        if (r[2 * j] < 0 || r[2 * j + 1] < 0 || r[2 * j] + r[2 * j + 1] * row_bytes > src.len) {
+            PyErr_SetString(PyExc_IndexError, "gather_runs: a run is outside the source");
+            goto fail;
+        }
+        total += r[2 * j + 1];
+    }
+    for (Py_ssize_t k = 0; k < nf; k++) {
+        if (f[3 * k] < 0 || f[3 * k + 1] < 0 || f[3 * k] + f[3 * k + 1] > row_bytes
+            || f[3 * k + 2] < 0 || f[3 * k + 2] + (first + total) * f[3 * k + 1] > out.len) {
+            PyErr_SetString(PyExc_ValueError, "gather_runs: a field does not fit the source row or the output");
+            goto fail;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t i = first;
+    for (Py_ssize_t j = 0; j < nr; j++) {
+        const char *row = s + r[2 * j];
+        for (int64_t m = 0; m < r[2 * j + 1]; m++, i++, row += row_bytes) {
+            for (Py_ssize_t k = 0; k < nf; k++) {
+                int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
+                copy_field(o + base + i * size, row + off, size);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src); PyBuffer_Release(&runs); PyBuffer_Release(&out); PyBuffer_Release(&fields);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&src); PyBuffer_Release(&runs); PyBuffer_Release(&out); PyBuffer_Release(&fields);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {{"gather", gather, METH_VARARGS, "gather(src, row_bytes, rows, out, fields, first, scale): rows to columns"},
+    {"gather_runs", gather_runs, METH_VARARGS,
+     "gather_runs(src, row_bytes, runs, out, fields, first): runs of consecutive rows to columns"}, {NULL, NULL, 0, NULL}};
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_gather", NULL, -1, methods};
 PyMODINIT_FUNC PyInit__gather(void) { return PyModule_Create(&mod); }

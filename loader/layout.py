@@ -20,19 +20,22 @@ class Column:
     offset: int  # in the source record; -1 for transform outputs
     size: int  # bytes per row
     base: int  # in the slot
+    capacity: int  # rows
 
 
 class Layout:
     """Columns of `capacity` rows laid out one after the other."""
 
-    def __init__(self, columns: list[tuple[str, np.dtype, tuple[int, ...], int]], capacity: int) -> None:
+    def __init__(self, columns: list[tuple], capacity: int) -> None:
+        """`columns`: (name, dtype, shape per row, offset in the source record[, rows if not `capacity`])."""
         self.capacity = capacity
         self.columns: list[Column] = []
         base = 0
-        for name, dtype, shape, offset in columns:
+        for name, dtype, shape, offset, *rows in columns:
             size = int(np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
-            self.columns.append(Column(name, np.dtype(dtype), tuple(shape), offset, size, base))
-            base += -(-size * capacity // 64) * 64
+            cap = rows[0] if rows else capacity
+            self.columns.append(Column(name, np.dtype(dtype), tuple(shape), offset, size, base, cap))
+            base += -(-size * cap // 64) * 64
         self.slot_bytes = max(base, 64)
 
     @classmethod
@@ -57,12 +60,13 @@ class Layout:
         """(source offset, bytes per row, slot base) per column, for `loader._gather.gather`."""
         return np.array([(c.offset, c.size, c.base) for c in self.columns], np.int64).reshape(-1)
 
-    def views(self, buf: memoryview | np.ndarray, n: int) -> dict[str, np.ndarray]:
-        """The first n rows of every column of the slot in `buf`."""
+    def views(self, buf: memoryview | np.ndarray, n: int, rows: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+        """The first n rows of every column of the slot in `buf` (`rows[name]` rows for columns named there)."""
         out = {}
         for c in self.columns:
-            count = n * (c.size // c.dtype.itemsize if c.dtype.itemsize else 0)
-            out[c.name] = np.frombuffer(buf, c.dtype, count=count, offset=c.base).reshape((n, *c.shape))
+            m = rows.get(c.name, n) if rows else n
+            count = m * (c.size // c.dtype.itemsize if c.dtype.itemsize else 0)
+            out[c.name] = np.frombuffer(buf, c.dtype, count=count, offset=c.base).reshape((m, *c.shape))
         return out
 
     def check(self, arrays: dict[str, np.ndarray], batch: int, rows: int) -> None:

@@ -60,12 +60,13 @@ class _InlinePool:
 class _Run:
     """Shared memory, its views and the workers: made at the first iteration, kept until `close()`."""
 
-    def __init__(self, loader: "Loader", outputs: Layout | None) -> None:
+    def __init__(self, loader: "Loader", outputs: Layout | None, plan: EpochPlan) -> None:
         cfg = loader._config
         self.layout = outputs or loader._batch_layout()
-        self.group = max(1, _GROUP_ROWS // loader._group_divisor())
-        self.n_slots = max(loader.prefetch, 2 * max(loader.num_workers, 1) * self.group) + self.group
-        self.shared = loader._shared(self.layout.slot_bytes, self.n_slots)
+        self.group = loader._group()
+        self.n_slots = loader._ring_slots()
+        self.chunk_slots, self.regions = loader._cache_need(plan)
+        self.shared = loader._shared(self.layout.slot_bytes, self.n_slots, self.chunk_slots, self.regions)
         try:
             self.views = [self.layout.views(self.shared.slot(s), cfg.batch_size) for s in range(self.n_slots)]
             setup, args = loader._worker(self.shared, outputs)
@@ -102,13 +103,14 @@ class _Epoch:
         self.decoded: set[int] = set()
         self.free_slots = list(range(run.shared.chunk_slots))[::-1]
         self.regions: dict[int, int] = {}  # window -> index region
-        self.free_regions = list(range(loader._index_regions()))[::-1]
+        self.free_regions = list(range(run.regions))[::-1]
         self.pending: dict[int, int] = {}  # window -> messages (decodes, index) not yet answered
         self.waiting: dict[int, list[int]] = {}  # cache slot -> windows waiting for its decode
         self.k_next = self.k_issue = self.oldest = first
         self.done = np.zeros(plan.num_batches + 1, bool)
         self.load = [0] * run.n_workers
         self.sent: list[dict[tuple, tuple]] = [{} for _ in range(run.n_workers)]  # unanswered, for restarts
+        self.counts: dict[int, dict[str, int]] = {}
         self.checked = 0.0
 
     # ------------------------------------------------------------ windows
@@ -129,12 +131,16 @@ class _Epoch:
         if w in self.resident:
             return True
         needs = self.loader._chunks_of(self.plan, w)
-        new = [key for key in needs if key not in self.slots]
-        wants_region = self.loader._index_regions() > 0
-        if len(new) > len(self.free_slots) or (wants_region and not self.free_regions):
+        wants_region = self.run.regions > 0
+
+        def fits() -> bool:
+            new = sum(key not in self.slots for key in needs)
+            return new <= len(self.free_slots) and (self.free_regions or not wants_region)
+
+        if not fits():
             self._evict()
-        if len(new) > len(self.free_slots) or (wants_region and not self.free_regions):
-            return False
+            if not fits():
+                return False
         self.resident[w] = needs
         self.pending[w] = 0
         for key in needs:
@@ -194,6 +200,10 @@ class _Epoch:
                 self.pending[reply[2]] -= 1
             else:
                 self.done[reply[2]:reply[2] + reply[3]] = True
+                if len(reply) > 4:  # rows of the ragged columns of each batch
+                    for i, counts in enumerate(reply[4]):
+                        if counts:
+                            self.counts[reply[2] + i] = counts
         now = time.monotonic()
         if now - self.checked < 0.2:  # dead workers are noticed within 0.2 s (the pool's poll also wakes up)
             return
@@ -231,8 +241,11 @@ class _Epoch:
         while not self.done[k]:
             self._receive(_POLL)
             self._issue()
-        views = self.run.views[k % self.run.n_slots]
         n = self.plan.batch_rows(k)
+        counts = self.counts.pop(k, None)
+        if counts:
+            return self.run.layout.views(self.run.shared.slot(k), n, counts)
+        views = self.run.views[k % self.run.n_slots]
         return dict(views) if n == self.plan.config.batch_size else {f: v[:n] for f, v in views.items()}
 
     def drain(self) -> None:
@@ -319,9 +332,12 @@ class Loader:
     def _iterate(self, plan: EpochPlan, first: int) -> Iterator[dict[str, np.ndarray]]:
         if first >= len(plan):
             return
+        need = self._cache_need(plan)
+        if self._run is not None and (need[0] > self._run.chunk_slots or need[1] > self._run.regions):
+            self.close()  # this epoch's windows need a larger cache than the last one's: start anew
         if self._run is None:
             outputs = self._output_layout(plan, first) if self.transform else None
-            self._run = _Run(self, outputs)
+            self._run = _Run(self, outputs, plan)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _Run.free, self._run)
         sched = _Epoch(self, self._run, plan, first)
@@ -354,17 +370,33 @@ class Loader:
         return layout
 
     # ------------------------------------------------------------ what a row loader asks of the scheduler
-    def _window_slots(self) -> int:
-        """Windows the cache holds: every window that the batches in flight can read, plus one read ahead,
-        but never more than there are windows."""
-        c, sel = self._config, self._selection
-        per_chunk = [len(s) for s in sel if len(s)] if sel is not None else [min(c.chunk_rows, c.n_rows)]
-        fewest = max(1, min(per_chunk, default=1))  # rows of the smallest window, at least one chunk's worth
-        group = max(1, _GROUP_ROWS // c.batch_size)
-        span = (max(self.prefetch, 2 * max(self.num_workers, 1) * group) + 2 * group) * c.batch_size
-        n_chunks = len(per_chunk) if sel is not None else -(-c.n_rows // c.chunk_rows)
-        n_windows = max(1, -(-n_chunks // c.shuffle_window))
-        return min(n_windows, -(-span // fewest) + 2)
+    def _group(self) -> int:
+        """Batches per gather message: about 4,096 rows' worth."""
+        return max(1, _GROUP_ROWS // self._group_divisor())
+
+    def _ring_slots(self) -> int:
+        g = self._group()
+        return max(self.prefetch, 2 * max(self.num_workers, 1) * g) + g
+
+    def _cache_need(self, plan: EpochPlan) -> tuple[int, int]:
+        """Cache slots and index regions that `plan` needs: the most that the windows read by any
+        `_ring_slots()` consecutive batches hold at once, plus one window read ahead."""
+        span = self._ring_slots()
+        events: dict[int, list[int]] = {}
+        biggest = 1
+        for w, (first, last) in plan.window_batches().items():
+            n = len(self._chunks_of(plan, w))
+            biggest = max(biggest, n)
+            for at, delta in ((max(0, first - span + 1), (n, 1)), (last + 1, (-n, -1))):
+                e = events.setdefault(at, [0, 0])
+                e[0] += delta[0]
+                e[1] += delta[1]
+        chunks = windows = most_chunks = most_windows = 0
+        for at in sorted(events):
+            chunks, windows = chunks + events[at][0], windows + events[at][1]
+            most_chunks, most_windows = max(most_chunks, chunks), max(most_windows, windows)
+        regions = most_windows + 1 if self._uses_index() else 0
+        return most_chunks + biggest, regions
 
     def _batch_layout(self) -> Layout:
         return self._records
@@ -373,13 +405,13 @@ class Loader:
         """Rows per batch, for sizing groups of batches (about 4,096 rows a message)."""
         return self._config.batch_size
 
-    def _index_regions(self) -> int:
-        return self._window_slots()
+    def _uses_index(self) -> bool:
+        return True
 
-    def _shared(self, batch_bytes: int, n_slots: int) -> worker.Shared:
+    def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> worker.Shared:
         c = self._config
-        return worker.Shared(c.chunk_rows * self._itemsize, self._window_slots() * c.shuffle_window,
-                             c.shuffle_window * c.chunk_rows, self._index_regions(), batch_bytes, n_slots)
+        return worker.Shared(c.chunk_rows * self._itemsize, chunk_slots, c.shuffle_window * c.chunk_rows, regions,
+                             batch_bytes, n_slots)
 
     def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
         return worker.setup, (self._location, self.table, shared, self._config, self._itemsize, self._selection,

@@ -43,7 +43,7 @@ class SharedBlock:
     """`size` bytes of shared memory, as `buf` (a writable memoryview)."""
 
     def __init__(self, size: int, fd: int | None = None) -> None:
-        self.size = max(int(size), 1)
+        self.size = max(int(size), 64)
         if fd is None:
             fd = os.memfd_create("zarrfeed", os.MFD_CLOEXEC)
             os.ftruncate(fd, self.size)

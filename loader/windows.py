@@ -1,0 +1,279 @@
+"""`WindowLoader`: L5Kit's access pattern, one sample per frame t with its history and future.
+
+A sample is frame t whose window [t - history, t + future] lies inside its scene. It holds those frames
+(shape (T,) per sample, T = history + 1 + future), plus the agents and traffic-light faces they reference as
+ragged columns: the values of every sample laid end to end, and per sample `T + 1` offsets into them.
+
+Samples are grouped by the agents chunk their frame's agents start in; the epoch plan shuffles these groups
+as it shuffles chunks (windows of `shuffle_window` groups) and the samples within each window. So the agents,
+frames and faces chunks a window of samples reads are decoded once into the shared cache, and every sample of
+the window is gathered from there, instead of decoding a whole chunk for every sample.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from . import worker
+from ._gather import gather_runs
+from .dataset import Dataset
+from .layout import Layout
+from .loader import Loader, _Epoch
+from .plan import EpochPlan, PlanConfig
+
+TABLES = ("frames", "agents", "traffic_light_faces")
+LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light_faces_index_interval"}
+
+
+class Samples:
+    """The valid samples of a dataset, grouped by agents chunk, and what each group reads."""
+
+    def __init__(self, ds: Dataset, history: int, future: int) -> None:
+        if history < 0 or future < 0:
+            raise ValueError(f"history and future must be >= 0, got {history} and {future}")
+        self.history, self.future, self.T = history, future, history + 1 + future
+        scenes = ds["scenes"][: ds.rows["scenes"]]["frame_index_interval"]
+        frames = ds["frames"].get_basic_selection(slice(0, ds.rows["frames"]), fields=list(LINKS.values()))
+        self.chunk_rows = {t: ds[t].chunks[0] for t in TABLES}
+        t = [np.arange(s + history, e - future) for s, e in scenes.tolist() if e - s >= self.T]
+        self.t = np.concatenate(t) if t else np.zeros(0, np.int64)
+        if len(self.t):
+            ivs = {table: frames[field] for table, field in LINKS.items()}
+            first, last = self.t - history, self.t + future
+            self.max_rows = {table: int((iv[last, 1] - iv[first, 0]).max()) for table, iv in ivs.items()}
+            key = ivs["agents"][self.t, 0] // self.chunk_rows["agents"]
+            cuts = np.flatnonzero(np.diff(key)) + 1
+            self.group_start = np.concatenate([[0], cuts])
+            ends = np.concatenate([cuts, [len(self.t)]])
+            tf, tl = self.t[self.group_start] - history, self.t[ends - 1] + future
+            self.reads: list[list[tuple[str, int]]] = []
+            for a, b in zip(tf.tolist(), tl.tolist()):
+                need = [("frames", c) for c in range(a // self.chunk_rows["frames"], b // self.chunk_rows["frames"] + 1)]
+                for table, iv in ivs.items():
+                    lo, hi = int(iv[a, 0]), int(iv[b, 1])
+                    need += [(table, c) for c in range(lo // self.chunk_rows[table],
+                                                       (hi - 1) // self.chunk_rows[table] + 1)] if hi > lo else []
+                self.reads.append(need)
+            self.sizes = ends - self.group_start
+        else:
+            self.max_rows = {table: 0 for table in LINKS}
+            self.group_start = self.sizes = np.zeros(0, np.int64)
+            self.reads = []
+        self.group_rows = int(self.sizes.max(initial=1))
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def selection(self) -> list[np.ndarray]:
+        """The plan's view: group g is a 'chunk' of `group_rows` rows whose first `sizes[g]` are samples."""
+        return [np.arange(n) for n in self.sizes.tolist()]
+
+    def sample_ids(self, plan: EpochPlan, pieces: np.ndarray, orders: dict[int, np.ndarray]) -> np.ndarray:
+        """Sample indices of plan pieces (window, first, count), in batch order."""
+        out = []
+        for w, pos, n in pieces.tolist():
+            if w not in orders:
+                orders[w] = plan.window_order(w)
+            local = orders[w][pos:pos + n]
+            groups = plan.windows[w][local // self.group_rows]
+            out.append(self.group_start[groups] + local % self.group_rows)
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _window_layout(ds: Dataset, samples: Samples, batch_size: int) -> Layout:
+    cols: list[tuple] = [("frame_index", np.dtype(np.int64), (), -1)]
+    fdt = ds["frames"].dtype
+    for name in fdt.names:
+        sub = fdt.fields[name][0]
+        cols.append((f"frames/{name}", sub.base, (samples.T, *sub.shape), fdt.fields[name][1]))
+    for table in LINKS:
+        dt = ds[table].dtype
+        cap = max(1, samples.max_rows[table] * batch_size)
+        for name in dt.names:
+            sub = dt.fields[name][0]
+            cols.append((f"{table}/{name}", sub.base, sub.shape, dt.fields[name][1], cap))
+        cols.append((f"{table}_offsets", np.dtype(np.int64), (samples.T + 1,), -1))
+    return Layout(cols, batch_size)
+
+
+def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
+    """The gather spec of one table's columns: (offset in the record, bytes per record, base in the slot)."""
+    cols = [c for c in layout.columns if c.name.startswith(prefix + "/")]
+    return np.array([(c.offset, dtype.fields[c.name.split("/", 1)[1]][0].itemsize, c.base) for c in cols],
+                    np.int64).reshape(-1)
+
+
+def setup(wid: int, location: str, shared: worker.Shared, config: PlanConfig, samples: Samples,
+          dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
+          transform: Callable | None) -> Callable[[tuple], tuple]:
+    """The WindowLoader worker's message handler (see `loader.worker` for decode)."""
+    decode = worker.chunk_decoder(location, list(TABLES), shared)
+    cache, _ = shared.arrays()
+    S = shared.slot_bytes
+    h, T = samples.history, samples.T
+    specs = {t: _spec(layout, t, dtypes[t]) for t in TABLES}
+    by_name = {c.name: c for c in layout.columns}
+    scratch = np.empty(layout.slot_bytes, np.uint8) if transform else None
+    plans: dict[int, tuple[EpochPlan, dict]] = {}
+
+    def plan(epoch: int) -> tuple[EpochPlan, dict]:
+        if epoch not in plans:
+            plans.clear()
+            plans[epoch] = (EpochPlan(config, epoch, samples.selection()), {})
+        return plans[epoch]
+
+    def runs(table: str, lo: np.ndarray, hi: np.ndarray, slots: dict[int, int]) -> np.ndarray:
+        """Rows [lo_i, hi_i) of `table`, in order, as (byte offset in the cache, rows) runs within chunks."""
+        c, size = samples.chunk_rows[table], dtypes[table].itemsize
+        out = []
+        for a, b in zip(lo.tolist(), hi.tolist()):
+            while a < b:
+                chunk, r = divmod(a, c)
+                n = min(b, (chunk + 1) * c) - a
+                out.append((slots[chunk] * S + r * size, n))
+                a += n
+        return np.array(out, np.int64).reshape(-1, 2)
+
+    def one_batch(dst, p: EpochPlan, orders: dict, k: int, slots: dict) -> dict[str, int]:
+        pieces = p.group_pieces(k, 1)[:, 2:]
+        ids = samples.sample_ids(p, pieces, orders)
+        t = samples.t[ids]
+        b = len(t)
+        np.frombuffer(dst, np.int64, count=b, offset=by_name["frame_index"].base)[:] = t
+        gather_runs(cache, dtypes["frames"].itemsize, runs("frames", t - h, t - h + T, slots["frames"]), dst,
+                    specs["frames"], 0)
+        counts = {}
+        for table, field in LINKS.items():
+            col = by_name[f"frames/{field}"]
+            iv = np.frombuffer(dst, np.int64, count=b * T * 2, offset=col.base).reshape(b, T, 2)
+            lo, hi = iv[:, 0, 0], iv[:, -1, 1]
+            n = hi - lo
+            base = np.concatenate([[0], np.cumsum(n)])
+            total = int(base[-1])
+            if total:
+                gather_runs(cache, dtypes[table].itemsize, runs(table, lo, hi, slots[table]), dst, specs[table], 0)
+            off = np.frombuffer(dst, np.int64, count=b * (T + 1), offset=by_name[f"{table}_offsets"].base)
+            off = off.reshape(b, T + 1)
+            off[:, :T] = iv[:, :, 0] - lo[:, None] + base[:-1, None]
+            off[:, T] = base[1:]
+            counts.update({c.name: total for c in layout.columns if c.name.startswith(table + "/")})
+        return counts
+
+    def handle(msg: tuple) -> tuple:
+        if msg[0] == "decode":
+            decode(msg)
+            return ("decoded", wid, msg[3])
+        _, epoch, k0, count, slots = msg
+        p, orders = plan(epoch)
+        all_counts = []
+        for k in range(k0, k0 + count):
+            if not transform:
+                all_counts.append(one_batch(shared.slot(k), p, orders, k, slots))
+                continue
+            rows = one_batch(scratch, p, orders, k, slots)
+            views = layout.views(scratch, p.batch_rows(k), rows)
+            try:
+                out = transform(views)
+                outputs.check(out, k, p.batch_rows(k))
+            except Exception:
+                return ("failed", wid, k0, k, traceback.format_exc())
+            for name, view in outputs.views(shared.slot(k), p.batch_rows(k)).items():
+                view[...] = out[name]
+            all_counts.append(None)
+        return ("gathered", wid, k0, count, all_counts)
+
+    return handle
+
+
+class WindowLoader(Loader):
+    """Batches of L5Kit-style samples: frame t with `history` frames before and `future` after, inside its
+    scene, and the agents and traffic-light faces of those frames (ragged: values + per-frame offsets).
+
+    A batch holds `frame_index` (B,), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
+    `agents_offsets` (B, T + 1): sample i's frame j has agents[agents_offsets[i, j]:agents_offsets[i, j + 1]],
+    and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. Options as `Loader`
+    (`shuffle_window` counts groups of samples, one per agents chunk: default 4). A `transform` receives the
+    whole batch and returns fixed-shape arrays whose first axis is the batch's samples.
+    """
+
+    def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50,
+                 batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int = 4,
+                 num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
+                 world_size: int = 1, transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False) -> None:
+        ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else Dataset.open(dataset_or_path)
+        missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
+        if missing:
+            raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
+        if prefetch < 1 or num_workers < 0:
+            raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
+        self.dataset, self.table, self._location = ds, "frames", ds.location
+        self.samples = Samples(ds, history, future)
+        self.history, self.future = history, future
+        self._selection = self.samples.selection()
+        g = self.samples.group_rows
+        self._config = PlanConfig(len(self._selection) * g, g, batch_size, shuffle, seed, shuffle_window, rank,
+                                  world_size, drop_last)
+        self._layout = _window_layout(ds, self.samples, batch_size)
+        self._records = self._layout
+        self.fields = [c.name for c in self._layout.columns]
+        self._dtypes = {t: ds[t].dtype for t in TABLES}
+        self._chunk_bytes = max(ds[t].chunks[0] * ds[t].dtype.itemsize for t in TABLES)
+        self.batch_size, self.num_workers, self.prefetch = batch_size, num_workers, prefetch
+        self.transform, self.copy, self.start_method = transform, copy, start_method
+        self.restart_workers = restart_workers
+        self.epoch, self._position = 0, 0
+        self._plan = None
+        self._run = None
+        import weakref
+        self._finalizer = weakref.finalize(self, lambda: None)
+
+    def _fingerprint(self) -> list:
+        c = self._config
+        return ["windows", len(self.samples), self.history, self.future, c.chunk_rows, c.batch_size, c.shuffle,
+                c.seed, c.shuffle_window, c.rank, c.world_size, c.drop_last]
+
+    # ------------------------------------------------------------ what the scheduler asks
+    def _group_divisor(self) -> int:
+        per_sample = self.samples.T + self.samples.max_rows["agents"]
+        return self._config.batch_size * max(per_sample, 1)
+
+    def _uses_index(self) -> bool:
+        return False
+
+    def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> worker.Shared:
+        return worker.Shared(self._chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
+
+    def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
+        return setup, (self._location, shared, self._config, self.samples, self._dtypes, self._layout,
+                       outputs, self.transform)
+
+    def _chunks_of(self, plan: EpochPlan, w: int) -> list[tuple[str, int]]:
+        return list(dict.fromkeys(key for g in plan.windows[w] for key in self.samples.reads[g]))
+
+    def _gather_msg(self, epoch: _Epoch, k: int, count: int, windows: list[int]) -> tuple:
+        slots: dict[str, dict[int, int]] = {t: {} for t in TABLES}
+        for w in windows:
+            for table, chunk in epoch.resident[w]:
+                slots[table][chunk] = epoch.slots[(table, chunk)]
+        return ("wgather", epoch.plan.epoch, k, count, slots)
+
+    def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
+        """Run the transform on batch k, made here with a one-process run, to size the ring slots."""
+        probe = WindowLoader(self.dataset, self.history, self.future, self.batch_size, self._config.shuffle,
+                             self._config.seed, self._config.shuffle_window, 0, 1, self._config.drop_last,
+                             self._config.rank, self._config.world_size)
+        probe.epoch, probe._position = plan.epoch, k
+        try:
+            batch = next(iter(probe))
+            out = self.transform(batch)
+        finally:
+            probe.close()
+        if not isinstance(out, dict) or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in out.values()):
+            raise TypeError("transform must return a dict of numpy arrays whose first axis is the batch's samples")
+        layout = Layout.of_arrays(out, self.batch_size)
+        layout.check(out, k, len(batch["frame_index"]))
+        return layout
