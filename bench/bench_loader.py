@@ -8,11 +8,17 @@ On a synthetic L5Kit dataset (100 scenes = 2.1 M agents, chunks of 20,000 rows),
               shuffled order, the batch pickled back (a PyTorch DataLoader over a slicing Dataset)
   (b) zarr    `arr[s:s+chunk]` chunk by chunk in order, one process, no shuffle
   (c) bound   chunk files read and Blosc-decoded into one reused buffer, one process
-Targets on 2 cores: batch 4096 >= 0.7x (c); batch 256 >= 100x (a). Medians of --repeat runs.
+and L5Kit-style windows (history 10, future 50) from the frames, agents and faces tables:
+  zarrfeed    WindowLoader, batch 32, 2 workers (one epoch after a warm-up epoch)
+  (l) L5Kit   per sample, the way L5Kit reads it: bisect the scene, read its frames, one agents slice and
+              one faces slice with zarr (one process; L5Kit's DataLoader workers each do the same)
+  memcpy      the agent rows/s a plain memory copy of 116-byte rows reaches, the bound for gathering them
+Targets on 2 cores: batch 4096 >= 0.7x (c); batch 256 >= 100x (a); windows >= 20x (l). Medians of --repeat.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import resource
 import shutil
@@ -27,7 +33,7 @@ import numcodecs
 import numpy as np
 import zarr
 
-from loader import Dataset, Loader
+from loader import Dataset, Loader, WindowLoader
 from writer import synthetic, write_dataset
 from writer.chunkio import chunk_key
 
@@ -91,6 +97,46 @@ def zarrfeed(ds: Dataset, batch: int) -> dict:
     return {"seconds": seconds, "rows": rows, "ttfb": ttfb}
 
 
+def windows_zarrfeed(ds: Dataset) -> tuple[float, int, int]:
+    with WindowLoader(ds, history=10, future=50, batch_size=32, num_workers=2, seed=0) as loader:
+        for _ in loader:  # warm-up epoch
+            pass
+        t = time.perf_counter()
+        samples = agents = 0
+        for b in loader:
+            samples += len(b["frame_index"])
+            agents += len(b["agents/centroid"])
+        return time.perf_counter() - t, samples, agents
+
+
+def windows_l5kit(path: Path, n: int) -> tuple[float, int, int]:
+    g = zarr.open_group(str(path), mode="r")
+    bounds = g["scenes"][:]["frame_index_interval"]
+    starts = bounds[:, 0].tolist()
+    valid = np.concatenate([np.arange(s + 10, e - 50) for s, e in bounds.tolist()])
+    frames, agents, faces = g["frames"], g["agents"], g["traffic_light_faces"]
+    t0 = time.perf_counter()
+    rows = 0
+    for t in np.random.default_rng(0).choice(valid, n, replace=False).tolist():
+        scene = bisect.bisect_right(starts, t) - 1
+        s, e = bounds[scene]
+        f = frames[max(s, t - 10):min(e, t + 51)]
+        a = agents[f["agent_index_interval"][0, 0]:f["agent_index_interval"][-1, 1]]
+        faces[f["traffic_light_faces_index_interval"][0, 0]:f["traffic_light_faces_index_interval"][-1, 1]]
+        rows += len(a)
+    return time.perf_counter() - t0, n, rows
+
+
+def memcpy_rows_per_s(itemsize: int) -> float:
+    src = np.ones(64 << 20, np.uint8)
+    dst = np.ones_like(src)  # touched: no page faults in the timing
+    np.copyto(dst, src)
+    t = time.perf_counter()
+    for _ in range(5):
+        np.copyto(dst, src)
+    return 5 * len(src) / (time.perf_counter() - t) / itemsize
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenes", type=int, default=100)
@@ -114,12 +160,24 @@ def main() -> None:
             runs.setdefault("(a) pool batch 256", []).append(pool_baseline(apath, 256, n, args.pool_items))
             runs.setdefault("(b) zarr in order", []).append(zarr_in_order(apath))
             runs.setdefault("(c) decode bound", []).append(decode_bound(apath))
+            s, samples, agents = windows_zarrfeed(ds)
+            runs.setdefault("zarrfeed windows", []).append((s, samples))
+            runs.setdefault("zarrfeed window agents", []).append((s, agents))
+            s, samples, agents = windows_l5kit(path, 300)
+            runs.setdefault("(l) L5Kit windows", []).append((s, samples))
         rate = {k: statistics.median(r / s for s, r in v) for k, v in runs.items()}
         print(f"agents: {n:,} rows of {itemsize} bytes, chunks of {ds['agents'].chunks[0]:,}; "
               f"median of {args.repeat} runs\n")
-        print(f"{'':<22}{'M rows/s':>10}{'MB/s':>8}")
+        print(f"{'':<24}{'M rows/s':>10}{'MB/s':>8}")
         for k, v in rate.items():
-            print(f"{k:<22}{v / 1e6:>10.2f}{v * itemsize / 1e6:>8.0f}")
+            if "window" not in k:
+                print(f"{k:<24}{v / 1e6:>10.2f}{v * itemsize / 1e6:>8.0f}")
+        copy_rate = memcpy_rows_per_s(itemsize)
+        print(f"{'memcpy bound':<24}{copy_rate / 1e6:>10.2f}{copy_rate * itemsize / 1e6:>8.0f}")
+        print(f"\nwindows (history 10, future 50, batch 32): zarrfeed {rate['zarrfeed windows']:,.0f} samples/s "
+              f"({rate['zarrfeed window agents'] / 1e6:.1f} M agent rows/s, "
+              f"{rate['zarrfeed window agents'] / copy_rate:.2f}x the memcpy bound); "
+              f"L5Kit-style {rate['(l) L5Kit windows']:,.0f} samples/s")
         self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(f"\ntime to first batch: {statistics.median(ttfb[256]):.3f} s (batch 256), "
@@ -128,6 +186,7 @@ def main() -> None:
         print("\nratios:")
         for a, b, target in [("zarrfeed batch 4096", "(c) decode bound", 0.7),
                              ("zarrfeed batch 256", "(a) pool batch 256", 100),
+                             ("zarrfeed windows", "(l) L5Kit windows", 20),
                              ("zarrfeed batch 4096", "(b) zarr in order", None)]:
             ratio = rate[a] / rate[b]
             goal = f"  (target >= {target}x: {'met' if ratio >= target else 'NOT met'})" if target else ""
