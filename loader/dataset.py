@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import zarr
@@ -12,6 +12,11 @@ from writer import format
 from writer.format import FormatError
 from writer.links import IntervalChecker, Violation
 from writer.schema import Schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .arrow import ArrowStream
 
 
 @dataclass
@@ -131,6 +136,18 @@ class Dataset:
                 report.count += checker.count
                 report.violations.extend(checker.violations[: max(0, limit - len(report.violations))])
         return report
+
+    def to_batches(self, table: str, batch_size: int = 65_536, fields: list[str] | None = None,
+                   join: dict[str, str] | None = None, row_index: str | None = None) -> "ArrowStream":
+        """`table` in row order as an Arrow stream (see `loader.arrow.table_batches`): iterate it for
+        RecordBatches, or pass it to polars, DuckDB or pyarrow, which read its Arrow C stream."""
+        from .arrow import table_batches
+
+        return table_batches(self, table, batch_size, fields, join, row_index)
+
+    def to_arrow(self, table: str, fields: list[str] | None = None) -> "pa.Table":
+        """All committed rows of `table` as one Arrow table."""
+        return self.to_batches(table, fields=fields).read_all()
 
     def chunk_key(self, table: str, row: int) -> str:
         arr = self.tables[table]

@@ -23,6 +23,7 @@ from writer.pool import WorkerPool, describe_exit
 
 from . import worker
 from .dataset import Dataset
+from .arrow import to_arrow
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
@@ -260,6 +261,7 @@ class Loader:
     The order depends only on (seed, epoch, rank, world_size) and the table: the same for any `num_workers`
     (0 runs everything in this process) and `prefetch`. With `copy=False` (default) a batch's arrays are
     views into shared memory, VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED; pass `copy=True` to keep them.
+    `output="arrow"` yields RecordBatches sharing the batch's memory (same validity).
     Iterating continues where the previous iteration stopped; after a complete epoch the epoch advances.
     """
 
@@ -268,8 +270,12 @@ class Loader:
                  num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False) -> None:
+                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 output: str = "numpy") -> None:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else Dataset.open(dataset_or_path)
+        if output not in ("numpy", "arrow"):
+            raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
+        self.output = output
         if table not in ds.tables:
             raise ValueError(f"table {table!r} is not in the dataset (tables: {', '.join(ds.tables)})")
         if prefetch < 1 or num_workers < 0:
@@ -346,7 +352,9 @@ class Loader:
             for k in range(first, len(plan)):
                 batch = sched.get(k)
                 self._position = k + 1
-                yield {n: a.copy() for n, a in batch.items()} if self.copy else batch
+                if self.copy:
+                    batch = {n: a.copy() for n, a in batch.items()}
+                yield to_arrow(batch) if self.output == "arrow" else batch
             sched.drain()
             finished = True
             self.epoch, self._position = self.epoch + 1, 0

@@ -225,6 +225,7 @@ class WindowLoader(Loader):
         self.batch_size, self.num_workers, self.prefetch = batch_size, num_workers, prefetch
         self.transform, self.copy, self.start_method = transform, copy, start_method
         self.restart_workers = restart_workers
+        self.output = "numpy"  # ragged columns of different lengths make no single RecordBatch
         self.epoch, self._position = 0, 0
         self._plan = None
         self._run = None

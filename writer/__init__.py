@@ -5,6 +5,7 @@ from .dataset_writer import DatasetWriter
 from .episode import check_episode, relocate
 from .format import FormatError
 from .links import Violation
+from .parquet import ingest_parquet
 from .pool import WorkerError
 from .schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE,
                      Link, Schema, Table)
@@ -12,4 +13,4 @@ from .write import write_dataset
 
 __all__ = ["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE", "TL_FACE_DTYPE",
            "Coordinator", "DatasetWriter", "FormatError", "Link", "LocalCoordinator", "Schema", "Table", "Violation",
-           "WorkerError", "check_episode", "relocate", "synthetic", "write_dataset"]
+           "WorkerError", "check_episode", "ingest_parquet", "relocate", "synthetic", "write_dataset"]

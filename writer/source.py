@@ -24,17 +24,12 @@ def root_table(schema: Schema) -> str:
     return roots[0]
 
 
-class DatasetSource:
-    """The episodes of the dataset at `location` (any store `format.open_group` reads), in row order."""
+class Episodes:
+    """The episodes of linked tables (zarr or numpy arrays, anything sliceable), in row order."""
 
-    def __init__(self, location: str | os.PathLike) -> None:
-        group = format.open_group(location)
-        arrays = {n: format.open_table(group.store, n) for n in group.array_keys()}
-        self.schema = format.detect_schema(group, arrays)
-        self.tables = {n: arrays[n] if n in arrays else format.empty_table(t) for n, t in self.schema.tables.items()}
-        doc = format.read_manifest(group.store)
-        self.rows = {n: doc["committed"].get(n, 0) if doc else a.shape[0] for n, a in self.tables.items()}
-        self.root = root_table(self.schema)
+    def __init__(self, schema: Schema, tables: dict, rows: dict[str, int]) -> None:
+        self.schema, self.tables, self.rows = schema, tables, rows
+        self.root = root_table(schema)
 
     def __len__(self) -> int:
         return self.rows[self.root]
@@ -58,3 +53,16 @@ class DatasetSource:
                 out[parent][link.field] -= start
                 todo.append(link.child)
         return {t: out[t] for t in self.schema.tables}
+
+
+class DatasetSource(Episodes):
+    """The episodes of the dataset at `location` (any store `format.open_group` reads), in row order."""
+
+    def __init__(self, location: str | os.PathLike) -> None:
+        group = format.open_group(location)
+        arrays = {n: format.open_table(group.store, n) for n in group.array_keys()}
+        schema = format.detect_schema(group, arrays)
+        tables = {n: arrays[n] if n in arrays else format.empty_table(t) for n, t in schema.tables.items()}
+        doc = format.read_manifest(group.store)
+        super().__init__(schema, tables, {n: doc["committed"].get(n, 0) if doc else a.shape[0]
+                                          for n, a in tables.items()})

@@ -1,0 +1,174 @@
+"""The Arrow bridge: batches and tables as Arrow record batches, streams and Parquet files.
+
+`to_arrow` of a columnar batch (what `Loader` yields) shares its memory: numeric columns and fixed-size
+lists of them are not copied (bools and strings are converted). A structured array's fields are copied out
+of the interleaved records once. Every stream here implements the Arrow PyCapsule stream interface
+(`__arrow_c_stream__`), so polars, DuckDB, pyarrow and pandas read it directly. See `writer.arrow` for the
+type mapping; the numpy dtype travels in the schema metadata, so `from_arrow` restores records exactly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from writer.arrow import arrow_schema, column_to_arrow, from_arrow, records_to_arrow, schema_metadata
+
+from .dataset import Dataset
+
+__all__ = ["ArrowStream", "arrow_schema", "export_parquet", "from_arrow", "to_arrow"]
+
+
+def to_arrow(batch: Mapping[str, np.ndarray] | np.ndarray) -> pa.RecordBatch:
+    """A batch (dict of columns) or a structured array as a RecordBatch; no copy of numeric columns of a
+    columnar batch, so the RecordBatch is valid as long as the batch is (for a Loader batch with
+    `copy=False`: until the next batch)."""
+    if isinstance(batch, np.ndarray):
+        return records_to_arrow(batch)
+    dtype = np.dtype([(n, c.dtype, c.shape[1:]) for n, c in batch.items()])
+    schema = arrow_schema(dtype)
+    return pa.RecordBatch.from_arrays([column_to_arrow(n, c) for n, c in batch.items()], schema=schema)
+
+
+class ArrowStream:
+    """Record batches made on demand; iterate it, `read_all()` it, or hand it to anything that takes an Arrow
+    C stream (`polars.DataFrame(s)`, `duckdb.sql("SELECT ... FROM s")`, `pa.RecordBatchReader.from_stream(s)`).
+    Each consumer of the C stream gets a fresh pass over the data."""
+
+    def __init__(self, schema: pa.Schema, make: Callable[[], Iterable[pa.RecordBatch]]) -> None:
+        self.schema, self._make = schema, make
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return iter(self._make())
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.schema, iter(self))
+
+    def read_all(self) -> pa.Table:
+        return self.reader().read_all()
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self.reader().__arrow_c_stream__(requested_schema)
+
+
+def table_batches(ds: Dataset, table: str, batch_size: int = 65_536, fields: list[str] | None = None,
+                  join: Mapping[str, str] | None = None, row_index: str | None = None) -> ArrowStream:
+    """`table`'s committed rows in row order, `batch_size` rows a batch.
+
+    `join={"agents": "agent_index_interval"}` adds a column `agents` of type list<struct>: each row's child
+    rows, following the interval field. `row_index="_row"` adds each row's global row number (for joining
+    interval fields in SQL)."""
+    arr, n = ds[table], ds.rows[table]
+    joins = dict(join or {})
+    for child, field in joins.items():
+        if child not in ds.tables or field not in arr.dtype.names:
+            raise ValueError(f"join: no table {child!r} or no field {field!r} in table {table!r}")
+    base = arrow_schema(arr.dtype, fields)
+    extra = [pa.field(row_index, pa.int64(), nullable=False)] if row_index else []
+    for child in joins:
+        extra.append(pa.field(child, pa.list_(pa.struct(list(arrow_schema(ds[child].dtype)))), nullable=False))
+    schema = pa.schema(list(base) + extra, metadata=base.metadata)
+
+    def make() -> Iterator[pa.RecordBatch]:
+        for start in range(0, n, batch_size):
+            rows = arr[start:min(start + batch_size, n)]
+            cols = list(records_to_arrow(rows, fields).columns)
+            if row_index:
+                cols.append(pa.array(np.arange(start, start + len(rows), dtype=np.int64)))
+            for child, field in joins.items():
+                iv = rows[field]
+                lo, hi = int(iv[0, 0]), int(iv[-1, 1])
+                if (iv[1:, 0] != iv[:-1, 1]).any():
+                    raise ValueError(f"join: {table}.{field} intervals in rows [{start}, {start + len(rows)}) are "
+                                     "not contiguous; run `zarrfeed validate`")
+                children = records_to_arrow(ds[child][lo:hi]) if hi > lo else \
+                    records_to_arrow(np.zeros(0, ds[child].dtype))
+                offsets = pa.array(np.concatenate([iv[:, 0], [hi]]) - lo, pa.int32())
+                structs = pa.StructArray.from_arrays(children.columns, fields=list(children.schema))
+                cols.append(pa.ListArray.from_arrays(offsets, structs))
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+
+    return ArrowStream(schema, make)
+
+
+# ---------------------------------------------------------------- Parquet export
+def _pieces(ds: Dataset, table: str, file_rows: int) -> list[tuple[int, int]]:
+    c = ds[table].chunks[0]
+    step = max(c, file_rows // c * c)  # files end on chunk boundaries: each chunk is decoded once
+    n = ds.rows[table]
+    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
+
+
+def _write_piece(location: str, table: str, a: int, b: int, path: str, row_group_rows: int, compression: str,
+                 meta: dict[bytes, bytes], row_index: str | None) -> int:
+    ds = Dataset.open(location)
+    rows = ds[table][a:b] if b > a else np.zeros(0, ds[table].dtype)
+    rb = records_to_arrow(rows)
+    if row_index:
+        rb = rb.append_column(pa.field(row_index, pa.int64(), nullable=False),
+                              pa.array(np.arange(a, b, dtype=np.int64)))
+    data = pa.Table.from_batches([rb]).replace_schema_metadata({**(rb.schema.metadata or {}), **meta})
+    tmp = f"{path}.tmp-{os.getpid()}"
+    pq.write_table(data, tmp, row_group_size=row_group_rows, compression=compression)
+    os.replace(tmp, path)  # a file is complete or absent
+    return (b - a) * ds[table].dtype.itemsize
+
+
+def _piece_task(args: tuple) -> int:
+    return _write_piece(*args)
+
+
+def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathLike,
+                   tables: list[str] | None = None, row_group_rows: int = 100_000, compression: str = "zstd",
+                   workers: int = 2, file_rows: int = 1_000_000, row_index: str | None = "_row",
+                   progress: bool = False) -> dict[str, Any]:
+    """Write one Parquet dataset per table, `out_dir/<table>/part-NNNNN.parquet`, files split on chunk
+    boundaries and written by `workers` processes (0: this one). Each file's metadata holds the numpy dtype,
+    the zarrfeed schema, the dataset attrs and its first row; `row_index` adds each row's global row number
+    (None: no such column). Returns rows and bytes per table, and seconds."""
+    ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+    names = list(ds.tables) if tables is None else list(tables)
+    unknown = [t for t in names if t not in ds.tables]
+    if unknown:
+        raise ValueError(f"tables: no table {unknown[0]!r} (tables: {', '.join(ds.tables)})")
+    out = Path(out_dir)
+    tasks = []
+    for t in names:
+        (out / t).mkdir(parents=True, exist_ok=True)
+        for old in (out / t).glob("part-*.parquet"):
+            old.unlink()
+        for i, (a, b) in enumerate(_pieces(ds, t, file_rows)):
+            meta = schema_metadata({"schema": ds.schema.to_json(), "attrs": dict(ds.group.attrs), "table": t,
+                                    "first_row": a})
+            tasks.append((ds.location, t, a, b, str(out / t / f"part-{i:05d}.parquet"), row_group_rows,
+                          compression, meta, row_index))
+    t0 = time.perf_counter()
+    total = sum((b - a) * ds[t].dtype.itemsize for _, t, a, b, *_ in tasks)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
+        if workers == 0:
+            for task in tasks:
+                bar.update(_piece_task(task))
+        else:
+            import multiprocess as mp
+
+            with mp.get_context().Pool(workers) as pool:
+                for done in pool.imap_unordered(_piece_task, tasks):
+                    bar.update(done)
+    return {"rows": {t: ds.rows[t] for t in names}, "bytes": total, "seconds": time.perf_counter() - t0}
+
+
+def write_ipc_stream(stream: ArrowStream, sink: Any) -> int:
+    """Write `stream` as an Arrow IPC stream to `sink` (a path or a binary file object); return rows."""
+    rows = 0
+    with pa.ipc.new_stream(sink, stream.schema) as writer:
+        for batch in stream:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    return rows

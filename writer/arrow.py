@@ -1,0 +1,138 @@
+"""Structured numpy records <-> Arrow, exactly.
+
+| numpy field                   | Arrow type                                   | copy?                       |
+|-------------------------------|----------------------------------------------|-----------------------------|
+| int, uint, float (any order)  | the primitive (little-endian)                | none if columnar and native |
+| bool                          | bool (bit-packed)                            | converted                   |
+| subarray (k,) / (k, m) / ...  | fixed_size_list<k> / of fixed_size_list<m>   | none (the list's values)    |
+| `<U n`                        | string (trailing NULs stripped)              | converted                   |
+| `S n`                         | binary (trailing NULs stripped)              | converted                   |
+| object, structured, datetime, timedelta, complex, void | TypeError naming the field                |
+The numpy dtype is kept in the schema metadata (`zarrfeed.dtype`), so `from_arrow` restores it exactly:
+field order, byte order, subarray shapes and string widths.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .schema import dtype_from_descr
+
+DTYPE_KEY = b"zarrfeed.dtype"
+
+
+def _field_type(name: str, sub: np.dtype) -> pa.DataType:
+    base = sub.base
+    if base.names is not None:
+        raise TypeError(f"field {name!r}: nested structured fields have no Arrow mapping")
+    if base.kind == "b":
+        t = pa.bool_()
+    elif base.kind in "iuf":
+        t = pa.from_numpy_dtype(base.newbyteorder("<"))
+    elif base.kind == "U":
+        t = pa.string()
+    elif base.kind == "S":
+        t = pa.binary()
+    else:
+        raise TypeError(f"field {name!r}: {base} ({base.kind!r} kind) has no Arrow mapping")
+    for size in reversed(sub.shape):
+        t = pa.list_(t, size)
+    return t
+
+
+def arrow_schema(dtype: np.dtype, fields: list[str] | None = None) -> pa.Schema:
+    """The Arrow schema of records of `dtype` (only `fields`, if given), with the dtype in its metadata."""
+    dtype = np.dtype(dtype)
+    if dtype.names is None:
+        raise TypeError(f"{dtype} is not a structured dtype")
+    names = list(dtype.names) if fields is None else list(fields)
+    kept = np.dtype([(n, dtype.fields[n][0]) for n in names])
+    return pa.schema([pa.field(n, _field_type(n, dtype.fields[n][0]), nullable=False) for n in names],
+                     metadata={DTYPE_KEY: json.dumps(kept.descr).encode()})
+
+
+def column_to_arrow(name: str, col: np.ndarray, sub: np.dtype | None = None) -> pa.Array:
+    """One column (rows, *subarray shape) as an Arrow array; no copy for native numeric C-contiguous data."""
+    base = col.dtype
+    t = _field_type(name, np.dtype((base, col.shape[1:])) if sub is None else sub)
+    flat = col.reshape(-1) if col.flags.c_contiguous else np.ascontiguousarray(col).reshape(-1)
+    if base.kind in "iuf":
+        if not base.isnative:
+            flat = flat.astype(base.newbyteorder("="))
+        values = pa.Array.from_buffers(pa.from_numpy_dtype(flat.dtype), len(flat), [None, pa.py_buffer(flat)])
+    else:
+        values = pa.array(flat, type=t if not col.shape[1:] else _leaf(t))
+    for size in reversed(col.shape[1:]):
+        values = pa.FixedSizeListArray.from_arrays(values, size)
+    return values
+
+
+def _leaf(t: pa.DataType) -> pa.DataType:
+    while pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return t
+
+
+def records_to_arrow(records: np.ndarray, fields: list[str] | None = None) -> pa.RecordBatch:
+    """A structured array as a RecordBatch (each field is copied out of the interleaved records once)."""
+    schema = arrow_schema(records.dtype, fields)
+    cols = [column_to_arrow(f.name, np.ascontiguousarray(records[f.name]), records.dtype.fields[f.name][0])
+            for f in schema]
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def dtype_of(schema: pa.Schema) -> np.dtype | None:
+    """The numpy dtype recorded in an Arrow schema's metadata, if any."""
+    raw = (schema.metadata or {}).get(DTYPE_KEY)
+    return dtype_from_descr(json.loads(raw)) if raw else None
+
+
+def from_arrow(data: pa.Table | pa.RecordBatch, dtype: np.dtype | None = None, where: str = "") -> np.ndarray:
+    """Arrow data back to structured records of `dtype` (default: the one in its metadata), bit-exact.
+
+    `ValueError` names the column (and `where`, e.g. a file) for a missing column, a type that does not
+    match the dtype, a list of the wrong length, nulls, or a string longer than its numpy width."""
+    at = f" in {where}" if where else ""
+    dtype = np.dtype(dtype) if dtype is not None else dtype_of(data.schema)
+    if dtype is None:
+        raise ValueError(f"no numpy dtype given and none in the Arrow metadata{at}")
+    out = np.zeros(data.num_rows, dtype)
+    for name in dtype.names:
+        sub = dtype.fields[name][0]
+        if name not in data.schema.names:
+            raise ValueError(f"column {name!r}{at}: missing")
+        want = _field_type(name, sub)
+        col = data.column(name)
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if not col.type.equals(want):
+            raise ValueError(f"column {name!r}{at}: Arrow type {col.type}, expected {want} for numpy {sub}")
+        if col.null_count:
+            raise ValueError(f"column {name!r}{at}: {col.null_count} nulls; records have no nulls")
+        values = col
+        for _ in sub.shape:
+            values = values.flatten()
+        base = sub.base
+        if base.kind in "iuf":
+            flat = values.to_numpy(zero_copy_only=False)
+        elif base.kind == "b":
+            flat = values.to_numpy(zero_copy_only=False).astype(bool)
+        else:
+            objs = values.to_numpy(zero_copy_only=False)
+            width = base.itemsize // (4 if base.kind == "U" else 1)
+            lengths = pc.utf8_length(values) if base.kind == "U" else pc.binary_length(values)
+            too_long = np.flatnonzero(lengths.to_numpy(zero_copy_only=False) > width)
+            if len(too_long):
+                raise ValueError(f"column {name!r}{at}: row {too_long[0] // max(1, int(np.prod(sub.shape)))} "
+                                 f"holds a value longer than {width}, the width of {base}")
+            flat = np.array(objs, dtype=base) if len(objs) else np.zeros(0, base)
+        out[name] = flat.reshape((data.num_rows, *sub.shape))
+    return out
+
+
+def schema_metadata(extra: Mapping[str, Any]) -> dict[bytes, bytes]:
+    """Metadata entries `zarrfeed.<key>` holding JSON values."""
+    return {f"zarrfeed.{k}".encode(): json.dumps(v).encode() for k, v in extra.items()}

@@ -1,0 +1,87 @@
+"""Reading a Parquet export (`loader.arrow.export_parquet`, or any Parquet with the same columns) back into a
+dataset through the writer, so every interval is checked and relocated as for any other input.
+
+Every file is checked before anything is written: a file that is not Parquet, a missing column, a column whose
+type does not match the table's dtype, or a list of the wrong length is refused with one line naming the file
+and the column.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .arrow import _field_type, from_arrow
+from .dataset_writer import DatasetWriter
+from .schema import L5KIT_SCHEMA, Schema
+from .source import Episodes
+
+
+def _fix_lists(data: pa.Table, dtype: np.dtype, where: str) -> pa.Table:
+    """Variable-length list columns (as other tools write them) cast to the fixed-size lists of `dtype`, after
+    checking every list has the right length."""
+    for name in dtype.names:
+        if name not in data.schema.names:
+            raise ValueError(f"column {name!r} in {where}: missing")
+        want = _field_type(name, dtype.fields[name][0])
+        col = data.column(name)
+        if pa.types.is_fixed_size_list(want) and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+            lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+            bad = np.flatnonzero(lengths != want.list_size)
+            if len(bad):
+                raise ValueError(f"column {name!r} in {where}: row {bad[0]} holds a list of {lengths[bad[0]]} "
+                                 f"values, expected {want.list_size}")
+            try:
+                data = data.set_column(data.schema.get_field_index(name), name, col.cast(want))
+            except pa.ArrowInvalid as exc:
+                raise ValueError(f"column {name!r} in {where}: cannot be read as {want} ({exc})") from None
+    return data
+
+
+def read_table_dir(folder: Path, dtype: np.dtype) -> np.ndarray:
+    """All Parquet files of one table, in name order, as records of `dtype` (checked file by file)."""
+    files = sorted(folder.glob("*.parquet"))
+    parts = []
+    for f in files:
+        try:
+            data = pq.read_table(f)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ValueError(f"{f}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+        parts.append(from_arrow(_fix_lists(data, dtype, str(f)), dtype, where=str(f)))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def _schema_of(in_dir: Path) -> Schema:
+    for f in sorted(in_dir.glob("*/*.parquet")):
+        try:
+            meta = pq.read_schema(f).metadata or {}
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ValueError(f"{f}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+        if b"zarrfeed.schema" in meta:
+            return Schema.from_json(json.loads(meta[b"zarrfeed.schema"]))
+    return L5KIT_SCHEMA
+
+
+def ingest_parquet(in_dir: str | os.PathLike, out: str | os.PathLike, workers: int = 2,
+                   schema: Schema | None = None, **options: Any) -> dict[str, Any]:
+    """Write the Parquet export in `in_dir` (one folder per table) to a new dataset at `out`; return the
+    writer's summary. The schema comes from the files' metadata (else `schema`, else L5Kit's)."""
+    in_dir = Path(in_dir)
+    if not in_dir.is_dir():
+        raise ValueError(f"{in_dir}: no such folder")
+    schema = schema or _schema_of(in_dir)
+    tables = {}
+    for name, table in schema.tables.items():
+        folder = in_dir / name
+        if not folder.is_dir():
+            raise ValueError(f"{folder}: missing (schema '{schema.name}' has table {name!r})")
+        tables[name] = read_table_dir(folder, table.dtype)
+    episodes = Episodes(schema, tables, {n: len(a) for n, a in tables.items()})
+    with DatasetWriter(out, schema, workers=workers, **options) as w:
+        return w.ingest(episodes)
