@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import multiprocess as mp
-import numcodecs
 import numpy as np
 import zarr
 

@@ -110,10 +110,12 @@ def main() -> None:
     print("seconds: from opening the writer to closing it; steady: zarrfeed's ingest() alone (no process start-up "
           "or close)\nRSS: the variant's process at its peak, +data: of which the episodes in memory before writing; "
           "worker RSS: the largest worker (shared memory counted)\n")
-    print(f"{'variant':<14}{'seconds':>9}{'steady':>8}{'M rows/s':>10}{'MB/s':>8}{'RSS MB':>9}{'+data':>7}{'worker RSS':>12}")
+    print(f"{'variant':<14}{'seconds':>9}{'steady':>8}{'M rows/s':>10}{'MB/s':>8}{'RSS MB':>9}{'+data':>7}"
+          f"{'worker RSS':>12}")
     for v, rs in results.items():
         x = rs[0]
-        print(f"{v:<14}{med[v]:>9.3f}{steady[v]:>8.3f}{x['rows'] / med[v] / 1e6:>10.2f}{x['bytes'] / med[v] / 1e6:>8.0f}"
+        print(f"{v:<14}{med[v]:>9.3f}{steady[v]:>8.3f}{x['rows'] / med[v] / 1e6:>10.2f}"
+              f"{x['bytes'] / med[v] / 1e6:>8.0f}"
               f"{max(r['rss_peak_mb'] for r in rs):>9.0f}{x['rss_data_mb']:>7.0f}"
               f"{max(r['worker_rss_peak_mb'] for r in rs):>12.0f}")
     print("\nratios (speed, higher is faster):")

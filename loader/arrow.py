@@ -8,7 +8,7 @@ type mapping; the numpy dtype travels in the schema metadata, so `from_arrow` re
 """
 from __future__ import annotations
 
-import json
+import functools
 import os
 import time
 from pathlib import Path
@@ -26,15 +26,35 @@ from .dataset import Dataset
 __all__ = ["ArrowStream", "arrow_schema", "export_parquet", "from_arrow", "to_arrow"]
 
 
+@functools.lru_cache(maxsize=64)
+def _batch_schema(key: tuple) -> tuple[pa.Schema, list[tuple[pa.DataType | None, tuple[int, ...]]]]:
+    """Schema of a batch's columns, and per column the leaf type to wrap zero-copy (None: convert)."""
+    dtype = np.dtype([(n, np.dtype(d), shape) for n, d, shape in key])
+    schema = arrow_schema(dtype)
+    plans = []
+    for _, d, shape in key:
+        base = np.dtype(d)
+        plans.append((pa.from_numpy_dtype(base) if base.kind in "iuf" and base.isnative else None, shape))
+    return schema, plans
+
+
 def to_arrow(batch: Mapping[str, np.ndarray] | np.ndarray) -> pa.RecordBatch:
     """A batch (dict of columns) or a structured array as a RecordBatch; no copy of numeric columns of a
     columnar batch, so the RecordBatch is valid as long as the batch is (for a Loader batch with
-    `copy=False`: until the next batch)."""
+    `copy=False`: until the next batch). The schema is built once per kind of batch."""
     if isinstance(batch, np.ndarray):
         return records_to_arrow(batch)
-    dtype = np.dtype([(n, c.dtype, c.shape[1:]) for n, c in batch.items()])
-    schema = arrow_schema(dtype)
-    return pa.RecordBatch.from_arrays([column_to_arrow(n, c) for n, c in batch.items()], schema=schema)
+    schema, plans = _batch_schema(tuple((n, c.dtype.str, c.shape[1:]) for n, c in batch.items()))
+    arrays = []
+    for (name, col), (leaf, shape) in zip(batch.items(), plans):
+        if leaf is None or not col.flags.c_contiguous:
+            arrays.append(column_to_arrow(name, col))
+            continue
+        values = pa.Array.from_buffers(leaf, col.size, [None, pa.py_buffer(col)])
+        for size in reversed(shape):
+            values = pa.FixedSizeListArray.from_arrays(values, size)
+        arrays.append(values)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 class ArrowStream:

@@ -76,7 +76,8 @@ def _print_summary(summary: dict, committed: dict[str, int]) -> None:
     rate = summary["bytes"] / max(summary["seconds"], 1e-9) / 1e6
     rows = ", ".join(f"{n:,} {t}" for t, n in summary["rows"].items())
     print(f"wrote {summary['episodes']:,} episodes ({rows}), {summary['bytes'] / 1e6:.0f} MB in "
-          f"{summary['seconds']:.2f} s ({rate:.0f} MB/s); committed: {', '.join(f'{n:,} {t}' for t, n in committed.items())}")
+          f"{summary['seconds']:.2f} s ({rate:.0f} MB/s); "
+          f"committed: {', '.join(f'{n:,} {t}' for t, n in committed.items())}")
 
 
 def _parse_chunks(text: str | None) -> dict[str, int] | None:

@@ -5,7 +5,6 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 import zarr
 
 from writer import format

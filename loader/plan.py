@@ -48,7 +48,8 @@ def selected_rows_per_chunk(n_rows: int, chunk_rows: int, rows: np.ndarray | Non
         idx = np.flatnonzero(rows)
     else:
         if rows.ndim != 1 or rows.dtype.kind not in "iu":
-            raise ValueError(f"rows: expected a 1-D integer index array or a boolean mask, got {rows.dtype}{rows.shape}")
+            raise ValueError("rows: expected a 1-D integer index array or a boolean mask, "
+                             f"got {rows.dtype}{rows.shape}")
         idx = np.unique(rows)
         if len(idx) != len(rows):
             raise ValueError("rows: the index array has repeated rows")

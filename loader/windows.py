@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -51,7 +51,8 @@ class Samples:
             tf, tl = self.t[self.group_start] - history, self.t[ends - 1] + future
             self.reads: list[list[tuple[str, int]]] = []
             for a, b in zip(tf.tolist(), tl.tolist()):
-                need = [("frames", c) for c in range(a // self.chunk_rows["frames"], b // self.chunk_rows["frames"] + 1)]
+                cf = self.chunk_rows["frames"]
+                need = [("frames", c) for c in range(a // cf, b // cf + 1)]
                 for table, iv in ivs.items():
                     lo, hi = int(iv[a, 0]), int(iv[b, 1])
                     need += [(table, c) for c in range(lo // self.chunk_rows[table],

@@ -102,30 +102,43 @@ def test_append_to_a_dataset_written_elsewhere(real_copy):
     assert ds.validate().ok
 
 
+def _retype(arr, field, new):
+    return arr.astype([(n, new if n == field else arr.dtype.fields[n][0]) for n in arr.dtype.names])
+
+
+def _reverse_interval(ep):
+    iv = ep["frames"]["agent_index_interval"]
+    iv[3] = [iv[3, 1] + 1, iv[3, 1]]
+
+
+BAD_INPUTS = [  # (how to break a good episode, the message)
+    (lambda e: e.pop("agents"), "table 'agents': missing"),
+    (lambda e: e.update(lidar=e["agents"]), "table 'lidar': not in schema"),
+    (lambda e: e.update(agents=_retype(e["agents"], "yaw", "<f8")),
+     "table 'agents': wrong dtype, it field 'yaw' is <f8, expected <f4"),
+    (lambda e: e.update(agents=np.zeros(3, [("centroid", "<f8", (3,))])), "table 'agents': wrong dtype"),
+    (lambda e: e.update(frames=_retype(e["frames"], "ego_translation", ("<f8", (2,)))),
+     "field 'ego_translation' has shape (2,), expected (3,)"),
+    (lambda e: e["frames"]["agent_index_interval"].__setitem__((2, 1), 10**6),
+     "frames.agent_index_interval row 2: interval .* is outside the rows of agents"),
+    (lambda e: e["frames"]["agent_index_interval"].__setitem__((0, 0), -1),
+     "frames.agent_index_interval row 0: .*-1"),
+    (_reverse_interval, "frames.agent_index_interval row 3: .*start > end"),
+    (lambda e: e["frames"]["agent_index_interval"].__setitem__((-1, 1), e["frames"]["agent_index_interval"][-1, 1] - 1),
+     "frames.agent_index_interval row 4: last interval ends at"),
+    (lambda e: e.update(scenes=e["scenes"][:0]), "scenes.frame_index_interval: no scenes rows, but frames has 5"),
+    (lambda e: e.update(agents=np.zeros(4)), "table 'agents': expected a structured ndarray, got ndarray of float64"),
+    (lambda e: e.update(agents=e["agents"].tolist()), "table 'agents': expected a structured ndarray, got list"),
+]
+
+
 def bad_episodes():
-    def ep():
-        return synthetic.episode(0, frames=5, agents_per_frame=4)
     cases = []
-    e = ep(); del e["agents"]; cases.append((e, "table 'agents': missing"))
-    e = ep(); e["lidar"] = e["agents"]; cases.append((e, "table 'lidar': not in schema"))
-    e = ep(); e["agents"] = e["agents"].astype([(n, "<f8" if n == "yaw" else e["agents"].dtype.fields[n][0])
-                                               for n in e["agents"].dtype.names])
-    cases.append((e, "table 'agents': wrong dtype, it field 'yaw' is <f8, expected <f4"))
-    e = ep(); e["agents"] = np.zeros(3, [("centroid", "<f8", (3,))]); cases.append((e, "table 'agents': wrong dtype"))
-    e = ep(); d = e["frames"].dtype.descr; d[3] = ("ego_translation", "<f8", (2,))
-    e["frames"] = np.zeros(5, d); cases.append((e, "field 'ego_translation' has shape (2,), expected (3,)"))
-    e = ep(); e["frames"]["agent_index_interval"][2] = [e["frames"]["agent_index_interval"][2, 0], 10**6]
-    cases.append((e, "frames.agent_index_interval row 2: interval .* is outside the rows of agents"))
-    e = ep(); e["frames"]["agent_index_interval"][0, 0] = -1
-    cases.append((e, "frames.agent_index_interval row 0: .*-1"))
-    e = ep(); iv = e["frames"]["agent_index_interval"]; iv[3] = iv[3, ::-1] if iv[3, 0] != iv[3, 1] else [iv[3, 0] + 1, iv[3, 0]]
-    cases.append((e, "frames.agent_index_interval row 3: .*start > end"))
-    e = ep(); e["frames"]["agent_index_interval"][-1, 1] -= 1
-    cases.append((e, "frames.agent_index_interval row 4: last interval ends at"))
-    e = ep(); e["scenes"] = e["scenes"][:0]; cases.append((e, "scenes.frame_index_interval: no scenes rows, but frames has 5"))
-    e = ep(); e["agents"] = np.zeros(4); cases.append((e, "table 'agents': expected a structured ndarray, got ndarray of float64"))
-    e = ep(); e["agents"] = e["agents"].tolist(); cases.append((e, "table 'agents': expected a structured ndarray, got list"))
-    cases.append(([ep()], "expected a dict"))
+    for breaks, message in BAD_INPUTS:
+        episode = synthetic.episode(0, frames=5, agents_per_frame=4)
+        breaks(episode)
+        cases.append((episode, message))
+    cases.append(([synthetic.episode(0, frames=5)], "expected a dict"))
     return cases
 
 

@@ -24,3 +24,9 @@ def test_training_loop(tmp_path):
     out = subprocess.run([sys.executable, EXAMPLES / "training_loop.py"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "'batch': 3" in out.stdout and "epoch done" in out.stdout and "batches per rank:" in out.stdout
+
+
+def test_arrow_interop():
+    out = subprocess.run([sys.executable, EXAMPLES / "arrow_interop.py"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mean agent speed per scene: [(0," in out.stdout and "agents per label: [(1," in out.stdout
