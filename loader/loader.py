@@ -388,7 +388,7 @@ class Loader:
 
     def _cache_need(self, plan: EpochPlan) -> tuple[int, int]:
         """Cache slots and index regions that `plan` needs: the most that the windows read by any
-        `_ring_slots()` consecutive batches hold at once, plus one window read ahead."""
+        `_ring_slots()` consecutive batches hold at once, plus room to read ahead."""
         span = self._ring_slots()
         events: dict[int, list[int]] = {}
         biggest = 1
@@ -403,8 +403,9 @@ class Loader:
         for at in sorted(events):
             chunks, windows = chunks + events[at][0], windows + events[at][1]
             most_chunks, most_windows = max(most_chunks, chunks), max(most_windows, windows)
-        regions = most_windows + 1 if self._uses_index() else 0
-        return most_chunks + biggest, regions
+        # room to read ahead: the next window can be decoded before the oldest one is freed
+        regions = most_windows + 2 if self._uses_index() else 0
+        return most_chunks + 2 * biggest, regions
 
     def _batch_layout(self) -> Layout:
         return self._records

@@ -132,19 +132,23 @@ class EpochPlan:
         """The windows batches k0..k0+count-1 read, in the order they read them."""
         return list(dict.fromkeys(self.group_pieces(k0, count)[:, 2].tolist()))
 
-    def window_order(self, w: int) -> np.ndarray:
-        """Window w's rows in their shuffled order, as rows of the window's chunks laid end to end
-        (row r of the window's j-th chunk is j * chunk_rows + r)."""
+    def window_order(self, w: int, chunk_base: np.ndarray | None = None) -> np.ndarray:
+        """Window w's rows in their shuffled order, as row r of the window's j-th chunk -> chunk_base[j] + r
+        (default chunk_base[j] = j * chunk_rows: the window's chunks laid end to end). The order of rows does
+        not depend on chunk_base, so a reader can ask for its own addresses directly."""
         c, chunks = self.config.chunk_rows, self.windows[w]
+        base = np.arange(len(chunks)) * c if chunk_base is None else np.asarray(chunk_base)
         rng = np.random.default_rng([self.config.seed, self.epoch, w])
-        if self.selection is None and (self._sizes[chunks[:-1]] == c).all():  # no gap: rows 0..n-1
+        contiguous = (np.diff(base) == c).all() and (self._sizes[chunks[:-1]] == c).all()
+        if self.selection is None and contiguous:  # no gap: one range, shuffled
             n = int(self._sizes[chunks].sum())
-            return rng.permutation(n) if self.config.shuffle else np.arange(n)
-        parts = []
-        for j, ch in enumerate(chunks):
-            rows = self.selection[ch] if self.selection is not None else None
-            parts.append(j * c + rows if rows is not None else np.arange(j * c, j * c + self._sizes[ch]))
-        order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            order = np.arange(base[0] if len(base) else 0, (base[0] if len(base) else 0) + n)
+        else:
+            parts = []
+            for j, ch in enumerate(chunks):
+                rows = self.selection[ch] if self.selection is not None else np.arange(self._sizes[ch])
+                parts.append(base[j] + rows)
+            order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         if self.config.shuffle:
             rng.shuffle(order)
         return order

@@ -91,12 +91,11 @@ def setup(wid: int, location: str, table: str, shared: Shared, config: PlanConfi
         if kind == "decode":
             decode(msg)
             return ("decoded", wid, msg[3])
-        if kind == "window":  # local row j * chunk_rows + r -> cache row slots[j] * chunk_rows + r
+        if kind == "window":  # the shuffled rows of the window, as cache rows: slots[j] * chunk_rows + r
             _, epoch, w, region, slots = msg
-            local = plan(epoch).window_order(w)
+            order = plan(epoch).window_order(w, np.asarray(slots, np.int64) * chunk_rows)
             start = region * shared.region_rows
-            cache_row = np.asarray(slots, np.int64)[local // chunk_rows] * chunk_rows + local % chunk_rows
-            index[start:start + len(local)] = cache_row
+            index[start:start + len(order)] = order
             return ("window", wid, w)
         _, epoch, k0, count, regions = msg
         p = plan(epoch)
