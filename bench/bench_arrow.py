@@ -26,6 +26,8 @@ from loader.arrow import export_parquet, to_arrow
 from writer import synthetic, write_dataset
 from writer.arrow import records_to_arrow
 
+from ratios import print_ratios
+
 
 def timed(fn) -> float:
     t = time.perf_counter()
@@ -78,12 +80,9 @@ def main() -> None:
                       f"  (target < 50 us: {'met' if t_arrow < 50e-6 else 'NOT met'})")
                 loader.close()
 
-        print("\nratios (speed, higher is faster):")
-        for a, b, target in [("zarrfeed-2", "(a) pyarrow", 1.2), ("zarrfeed-2", "(b) pandas", 3),
-                             ("zarrfeed-2", "zarrfeed-1", None)]:
-            ratio = med[b] / med[a]
-            goal = f"  (target >= {target}x: {'met' if ratio >= target else 'NOT met'})" if target else ""
-            print(f"  {a} / {b}: {ratio:.2f}x{goal}")
+        print_ratios({k: 1 / v for k, v in med.items()}, [("zarrfeed-2", "(a) pyarrow", 1.2),
+                                                           ("zarrfeed-2", "(b) pandas", 3),
+                                                           ("zarrfeed-2", "zarrfeed-1", None)])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -36,6 +36,8 @@ from loader import Dataset, Loader, WindowLoader
 from writer import synthetic, write_dataset
 from writer.chunkio import chunk_key
 
+from ratios import print_ratios
+
 
 def _slice_reader(path: str):
     arr = zarr.open_array(path, mode="r")
@@ -182,14 +184,10 @@ def main() -> None:
         print(f"\ntime to first batch: {statistics.median(ttfb[256]):.3f} s (batch 256), "
               f"{statistics.median(ttfb[4096]):.3f} s (batch 4096)")
         print(f"peak RSS: this process {self_rss:.0f} MB, largest worker {child_rss:.0f} MB")
-        print("\nratios:")
-        for a, b, target in [("zarrfeed batch 4096", "(c) decode bound", 0.7),
-                             ("zarrfeed batch 256", "(a) pool batch 256", 100),
-                             ("zarrfeed windows", "(l) L5Kit windows", 20),
-                             ("zarrfeed batch 4096", "(b) zarr in order", None)]:
-            ratio = rate[a] / rate[b]
-            goal = f"  (target >= {target}x: {'met' if ratio >= target else 'NOT met'})" if target else ""
-            print(f"  {a} / {b}: {ratio:.2f}x{goal}")
+        print_ratios(rate, [("zarrfeed batch 4096", "(c) decode bound", 0.7),
+                            ("zarrfeed batch 256", "(a) pool batch 256", 100),
+                            ("zarrfeed windows", "(l) L5Kit windows", 20),
+                            ("zarrfeed batch 4096", "(b) zarr in order", None)])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -14,6 +14,7 @@ import pytest
 import zarr
 
 from loader import Dataset
+from expected import expected_tables
 from writer import L5KIT_SCHEMA, synthetic
 from writer.dataset_writer import DatasetWriter
 from writer.format import MANIFEST_KEY
@@ -21,21 +22,6 @@ from writer.pool import WorkerError
 
 HERE = Path(__file__).parent
 SMALL_CHUNKS = {"agents": 3000, "frames": 200, "scenes": 5, "traffic_light_faces": 700}
-
-
-def expected_tables(episodes):
-    """Independent relocation: concatenate, shifting each link's intervals by the child rows before it."""
-    out = {name: [] for name in L5KIT_SCHEMA.tables}
-    offsets = {name: 0 for name in L5KIT_SCHEMA.tables}
-    for ep in episodes:
-        for name, arr in ep.items():
-            arr = arr.copy()
-            for link in L5KIT_SCHEMA.links_from(name):
-                arr[link.field] += offsets[link.child]
-            out[name].append(arr)
-        for name, arr in ep.items():
-            offsets[name] += len(arr)
-    return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
 def mixed_episodes():

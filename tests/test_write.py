@@ -3,22 +3,8 @@ import pytest
 import zarr
 
 from loader import Dataset
+from expected import expected_tables
 from writer import L5KIT_SCHEMA, Schema, synthetic, write_dataset
-
-
-def expected_tables(episodes):
-    """Independent relocation: concatenate, shifting each link's intervals by the child rows before it."""
-    out = {name: [] for name in L5KIT_SCHEMA.tables}
-    offsets = {name: 0 for name in L5KIT_SCHEMA.tables}
-    for ep in episodes:
-        for name, arr in ep.items():
-            arr = arr.copy()
-            for link in L5KIT_SCHEMA.links_from(name):
-                arr[link.field] += offsets[link.child]
-            out[name].append(arr)
-        for name, arr in ep.items():
-            offsets[name] += len(arr)
-    return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
 def test_written_dataset_is_plain_l5kit_zarr(tmp_path):
