@@ -87,3 +87,29 @@ def test_load_prints_a_summary(real_scene):
     assert "loaded 41,604 rows of agents in 42 shuffled batches of 1000 over 2 epochs" in out.stdout
     bad = zarrfeed("load", real_scene, "--table", "lidar")
     assert bad.returncode == 2 and "table 'lidar' is not in" in bad.stderr
+
+
+def test_ctrl_c_keeps_what_is_committed_and_resume_finishes(tmp_path):
+    import os
+    import signal
+    import time
+    out = tmp_path / "d.zarr"
+    child = subprocess.Popen([sys.executable, "-m", "loader.cli", "ingest", str(out), "--synthetic", "400", "-q"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # interrupt once something is committed
+        try:
+            if json.loads((out / "zarrfeed.json").read_text())["committed"]["scenes"] > 0:
+                break
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 130 and "interrupted; committed" in err and "--resume" in err
+    assert "Traceback" not in err
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith("zarrfeed")]
+    done = zarrfeed("ingest", out, "--synthetic", "400", "--resume", "-q")
+    assert done.returncode == 0, done.stderr
+    ok = zarrfeed("validate", "-q", out)
+    assert ok.returncode == 0 and "400 scenes" in ok.stdout
