@@ -19,6 +19,7 @@ import writer
 from writer.dataset_writer import DatasetWriter
 from writer.format import FormatError
 from writer.pool import WorkerError
+from writer.shm import ShmSpaceError
 from writer.source import DatasetSource
 
 from .dataset import Dataset
@@ -278,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("always")
             warnings.showwarning = lambda msg, *a, **k: print(f"zarrfeed: warning: {msg}", file=sys.stderr)
             return args.func(args)
-    except (FormatError, ValueError, WorkerError, LoaderError, OSError) as exc:
+    except (FormatError, ValueError, WorkerError, LoaderError, ShmSpaceError, OSError) as exc:
         print(f"zarrfeed: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

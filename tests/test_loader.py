@@ -319,3 +319,10 @@ def test_reads_only_committed_rows_while_a_writer_ingests(tmp_path):
         np.testing.assert_array_equal(got, want["centroid"][: len(got)])
         reads += 1
     assert child.returncode == 0 and reads >= 2
+
+
+def test_too_large_a_ring_is_refused_up_front_saying_how_much(data):
+    from writer.shm import ShmSpaceError
+    with pytest.raises(ShmSpaceError, match=r"needs \d+ MiB of shared memory but only \d+ MiB is available"):
+        with Loader(data, batch_size=400_000_000, num_workers=1) as loader:
+            next(iter(loader))
