@@ -1,13 +1,15 @@
 """`Loader`: shuffled, sharded, resumable batches of one table, decoded by worker processes.
 
 How a batch is made. Before a group of batches can be made, the windows of chunks they read must be
-resident in the shared chunk cache. Making a window resident takes a free window slot (or one whose batches
-are all made) and sends the least busy workers one "window" message (write the window's shuffled row order
-into the shared index) and one "decode" message per chunk. When a window is ready, groups of batches that
-read it go to the least busy worker as one "gather" message (a group holds about 4,096 rows, so small batches
-cost one message per group, not per batch). The next window is made resident ahead of time, so decoding
-overlaps gathering. Only these small messages cross processes; the records stay in shared memory, each chunk
-is decoded once per epoch, and the batch order depends on the plan alone, never on workers or timing.
+resident in the shared chunk cache. Making a window resident takes cache slots for its chunks (a chunk that
+another resident window already holds is shared, not decoded again; slots of windows whose batches are all
+made are reused) and, for row batches, an index region; it sends the least busy workers one "decode" message
+per chunk and one "window" message (write the window's shuffled rows, as cache rows, into the index). When a
+window is ready, groups of batches that read it go to the least busy worker as one "gather" message (a group
+holds about 4,096 rows, so small batches cost one message per group, not per batch). The next window is made
+resident ahead of time, so decoding overlaps gathering. Only these small messages cross processes; the
+records stay in shared memory, each chunk is decoded once per epoch, and the batch order depends on the plan
+alone, never on workers or timing. The cache is sized from the plan: what the batches in flight can read.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ import numpy as np
 from writer.pool import WorkerPool, describe_exit
 
 from . import worker
-from .dataset import Dataset
 from .arrow import to_arrow
+from .dataset import Dataset
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
