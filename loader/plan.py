@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import bisect
+
 import numpy as np
 
 
@@ -74,7 +76,8 @@ class EpochPlan:
             chunks = np.random.default_rng([c.seed, epoch]).permutation(chunks)
         self.windows = [chunks[i:i + c.shuffle_window] for i in range(0, len(chunks), c.shuffle_window)]
         window_rows = np.array([sizes[w].sum() for w in self.windows], np.int64)
-        self.window_starts = np.concatenate([[0], np.cumsum(window_rows)])
+        self.window_starts = np.concatenate([[0], np.cumsum(window_rows)]).astype(np.int64)
+        self._starts = self.window_starts.tolist()
         self.total = int(self.window_starts[-1])
         n, b = self.total, c.batch_size
         self.per_rank = n // c.world_size if c.drop_last else -(-n // c.world_size)
@@ -89,48 +92,38 @@ class EpochPlan:
         b = self.config.batch_size
         return min(b, self.per_rank - k * b)
 
+    def group_pieces(self, k0: int, count: int) -> list[tuple[int, int, int, int, int]]:
+        """Batches k0..k0+count-1 cut where batches or windows end, as (batch - k0, row in the batch, window,
+        first position in the window's shuffled rows, rows). Plain Python: a group has a few pieces, and
+        numpy's per-call cost would be most of the work."""
+        if not (0 <= k0 and k0 + count <= self.num_batches):
+            raise IndexError(f"batches {k0}..{k0 + count - 1} of an epoch of {self.num_batches}")
+        b, m, n = self.config.batch_size, self.per_rank, self.total
+        starts = self._starts
+        base = self.config.rank * m
+        out = []
+        for i in range(count):
+            pos, end = base + (k0 + i) * b, base + min((k0 + i + 1) * b, m)
+            first = 0
+            while pos < end:
+                q = pos % n  # past the end: the repeated rows that even out the ranks
+                w = bisect.bisect_right(starts, q) - 1
+                take = min(end - pos, starts[w + 1] - q)
+                out.append((i, first, w, q - starts[w], take))
+                pos += take
+                first += take
+        return out
+
     def segments(self, k: int) -> list[tuple[int, int, int]]:
         """Batch k as (window, first position in the window's shuffled rows, count), in batch order."""
-        if not 0 <= k < self.num_batches:
-            raise IndexError(f"batch {k} of an epoch of {self.num_batches}")
-        b = self.config.batch_size
-        start = self.config.rank * self.per_rank + k * b
-        pos, end = start, start + self.batch_rows(k)
-        out = []
-        while pos < end:
-            q = pos % self.total  # past the end: the repeated rows that even out the ranks
-            w = int(np.searchsorted(self.window_starts, q, side="right")) - 1
-            take = min(end - pos, int(self.window_starts[w + 1]) - q)
-            out.append((w, q - int(self.window_starts[w]), take))
-            pos += take
-        return out
+        return [(w, pos, n) for _, _, w, pos, n in self.group_pieces(k, 1)]
 
     def batch_windows(self, k: int) -> list[int]:
         return sorted({w for w, _, _ in self.segments(k)})
 
-    def group_pieces(self, k0: int, count: int) -> np.ndarray:
-        """Batches k0..k0+count-1 cut where batches or windows end, as rows of
-        (batch - k0, row in the batch, window, first position in the window, rows): the vectorised
-        `segments` of many batches at once, for small batches."""
-        b, m, n = self.config.batch_size, self.per_rank, self.total
-        base = self.config.rank * m
-        p0, p1 = base + k0 * b, base + min((k0 + count) * b, m)
-        if p1 <= p0:
-            return np.zeros((0, 5), np.int64)
-        cuts = [np.arange(p0, p1, b)]
-        for wrap in range((p0 // n) * n, p1, n):  # window starts inside [p0, p1), in every repetition
-            starts = self.window_starts[:-1] + wrap
-            cuts.append(starts[(starts > p0) & (starts < p1)])
-        cuts = np.unique(np.concatenate(cuts + [np.array([p1])]))
-        lo, hi = cuts[:-1], cuts[1:]
-        q = lo % n
-        w = np.searchsorted(self.window_starts, q, side="right") - 1
-        batch = (lo - base) // b - k0
-        return np.stack([batch, (lo - base) % b, w, q - self.window_starts[w], hi - lo], 1)
-
     def group_windows(self, k0: int, count: int) -> list[int]:
         """The windows batches k0..k0+count-1 read, in the order they read them."""
-        return list(dict.fromkeys(self.group_pieces(k0, count)[:, 2].tolist()))
+        return list(dict.fromkeys(p[2] for p in self.group_pieces(k0, count)))
 
     def window_order(self, w: int, chunk_base: np.ndarray | None = None) -> np.ndarray:
         """Window w's rows in their shuffled order, as row r of the window's j-th chunk -> chunk_base[j] + r

@@ -72,10 +72,11 @@ class Samples:
         """The plan's view: group g is a 'chunk' of `group_rows` rows whose first `sizes[g]` are samples."""
         return [np.arange(n) for n in self.sizes.tolist()]
 
-    def sample_ids(self, plan: EpochPlan, pieces: np.ndarray, orders: dict[int, np.ndarray]) -> np.ndarray:
+    def sample_ids(self, plan: EpochPlan, pieces: list[tuple[int, int, int]],
+                   orders: dict[int, np.ndarray]) -> np.ndarray:
         """Sample indices of plan pieces (window, first, count), in batch order."""
         out = []
-        for w, pos, n in pieces.tolist():
+        for w, pos, n in pieces:
             if w not in orders:
                 orders[w] = plan.window_order(w)
             local = orders[w][pos:pos + n]
@@ -139,8 +140,7 @@ def setup(wid: int, location: str, shared: worker.Shared, config: PlanConfig, sa
         return np.array(out, np.int64).reshape(-1, 2)
 
     def one_batch(dst, p: EpochPlan, orders: dict, k: int, slots: dict) -> dict[str, int]:
-        pieces = p.group_pieces(k, 1)[:, 2:]
-        ids = samples.sample_ids(p, pieces, orders)
+        ids = samples.sample_ids(p, p.segments(k), orders)
         t = samples.t[ids]
         b = len(t)
         np.frombuffer(dst, np.int64, count=b, offset=by_name["frame_index"].base)[:] = t

@@ -103,7 +103,7 @@ def setup(wid: int, location: str, table: str, shared: Shared, config: PlanConfi
         for i in range(count):
             k = k0 + i
             dst = scratch if transform else shared.slot(k)
-            for _, first, w, pos, n in pieces[pieces[:, 0] == i] if count > 1 else pieces:
+            for _, first, w, pos, n in (p for p in pieces if p[0] == i):
                 start = regions[w] * shared.region_rows + pos
                 gather(cache, itemsize, index[start:start + n], dst, spec, first, itemsize)
             if transform:

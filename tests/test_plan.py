@@ -43,11 +43,12 @@ def test_every_row_once_and_ranks_equal_disjoint_complete(n_rows, chunk, batch, 
                 assert wb[w][0] <= k <= wb[w][1]
         for k0 in range(0, len(plan), 3):
             count = min(3, len(plan) - k0)
-            pieces = plan.group_pieces(k0, count)
+            pieces = np.array(plan.group_pieces(k0, count)).reshape(-1, 5)
             for i in range(count):
                 mine = pieces[pieces[:, 0] == i]
-                assert [tuple(p[2:]) for p in mine] == plan.segments(k0 + i)
+                assert [tuple(p[2:]) for p in mine.tolist()] == plan.segments(k0 + i)
                 assert mine[:, 1].tolist() == np.concatenate([[0], np.cumsum(mine[:, 4])[:-1]]).tolist()
+                assert mine[:, 4].sum() == plan.batch_rows(k0 + i)
     assert len({len(p) for p in per_rank}) == 1  # equal batch counts: no rank waits for another
     assert len({len(EpochPlan(PlanConfig(n_rows, chunk, batch, shuffle, seed, window, r, world, drop_last), 1))
                 for r in range(world)}) == 1
