@@ -277,23 +277,28 @@ class Loader:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else Dataset.open(dataset_or_path)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
-        self.output = output
         if table not in ds.tables:
             raise ValueError(f"table {table!r} is not in the dataset (tables: {', '.join(ds.tables)})")
+        array = ds[table]
+        self._itemsize = array.dtype.itemsize
+        selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
+        config = PlanConfig(ds.rows[table], array.chunks[0], batch_size, shuffle, seed, shuffle_window, rank,
+                            world_size, drop_last)
+        self._start(ds, table, config, selection, Layout.of_records(array.dtype, fields, batch_size), num_workers,
+                    prefetch, transform, copy, start_method, restart_workers, output)
+
+    def _start(self, ds: Dataset, table: str, config: PlanConfig, selection: list[np.ndarray] | None,
+               records: Layout, num_workers: int, prefetch: int, transform: Callable | None, copy: bool,
+               start_method: str | None, restart_workers: bool, output: str) -> None:
+        """What every loader keeps: the plan's settings, the batch layout, the options, where iteration is."""
         if prefetch < 1 or num_workers < 0:
             raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
-        array = ds[table]
-        self.dataset, self.table = ds, table
-        self._location = ds.location
-        self._itemsize = array.dtype.itemsize
-        self._config = PlanConfig(ds.rows[table], array.chunks[0], batch_size, shuffle, seed, shuffle_window,
-                                  rank, world_size, drop_last)
-        self._selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
-        self._records = Layout.of_records(array.dtype, fields, batch_size)
-        self.fields = [c.name for c in self._records.columns]
-        self.batch_size, self.num_workers, self.prefetch = batch_size, num_workers, prefetch
+        self.dataset, self.table, self._location = ds, table, ds.location
+        self._config, self._selection, self._records = config, selection, records
+        self.fields = [c.name for c in records.columns]
+        self.batch_size, self.num_workers, self.prefetch = config.batch_size, num_workers, prefetch
         self.transform, self.copy, self.start_method = transform, copy, start_method
-        self.restart_workers = restart_workers
+        self.restart_workers, self.output = restart_workers, output
         self.epoch, self._position = 0, 0
         self._plan: EpochPlan | None = None
         self._run: _Run | None = None

@@ -209,29 +209,17 @@ class WindowLoader(Loader):
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
-        if prefetch < 1 or num_workers < 0:
-            raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
-        self.dataset, self.table, self._location = ds, "frames", ds.location
         self.samples = Samples(ds, history, future)
         self.history, self.future = history, future
-        self._selection = self.samples.selection()
         g = self.samples.group_rows
-        self._config = PlanConfig(len(self._selection) * g, g, batch_size, shuffle, seed, shuffle_window, rank,
-                                  world_size, drop_last)
-        self._layout = _window_layout(ds, self.samples, batch_size)
-        self._records = self._layout
-        self.fields = [c.name for c in self._layout.columns]
+        selection = self.samples.selection()
+        config = PlanConfig(len(selection) * g, g, batch_size, shuffle, seed, shuffle_window, rank, world_size,
+                            drop_last)
         self._dtypes = {t: ds[t].dtype for t in TABLES}
         self._chunk_bytes = max(ds[t].chunks[0] * ds[t].dtype.itemsize for t in TABLES)
-        self.batch_size, self.num_workers, self.prefetch = batch_size, num_workers, prefetch
-        self.transform, self.copy, self.start_method = transform, copy, start_method
-        self.restart_workers = restart_workers
-        self.output = "numpy"  # ragged columns of different lengths make no single RecordBatch
-        self.epoch, self._position = 0, 0
-        self._plan = None
-        self._run = None
-        import weakref
-        self._finalizer = weakref.finalize(self, lambda: None)
+        # output is numpy: ragged columns of different lengths make no single RecordBatch
+        self._start(ds, "frames", config, selection, _window_layout(ds, self.samples, batch_size), num_workers,
+                    prefetch, transform, copy, start_method, restart_workers, "numpy")
 
     def _fingerprint(self) -> list:
         c = self._config
@@ -250,7 +238,7 @@ class WindowLoader(Loader):
         return worker.Shared(self._chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
 
     def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
-        return setup, (self._location, shared, self._config, self.samples, self._dtypes, self._layout,
+        return setup, (self._location, shared, self._config, self.samples, self._dtypes, self._records,
                        outputs, self.transform)
 
     def _chunks_of(self, plan: EpochPlan, w: int) -> list[tuple[str, int]]:
