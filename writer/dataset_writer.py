@@ -90,9 +90,9 @@ class DatasetWriter:
         self._coordinator = coordinator or LocalCoordinator(committed)
         self._tracker = CommitTracker(committed)
         self._submitted = self._read_submitted()
-        self._next_index = max([*self._journal.to_json(), *self._skipped.to_json(), [0, 0]],
-                               key=lambda r: r[1])[1]
-        self._next_index = max(self._next_index, max(self._submitted, default=-1) + 1)
+        # new episodes are numbered after every one this dataset has seen: committed, skipped or submitted
+        ends = [end for _, end in self._journal.to_json() + self._skipped.to_json()]
+        self._next_index = max([0, *ends, *(i + 1 for i in self._submitted)])
         self._log = open(self.path / SUBMITTED_LOG, "a")
         self._error: BaseException | None = None
 
@@ -120,7 +120,6 @@ class DatasetWriter:
             raise
         self._closed = False
         self._last_flush = self._last_commit = time.monotonic()
-        self._t0 = time.perf_counter()
         self._rows_in = {t: 0 for t in self.schema.tables}
         self._episodes_in = 0
 
