@@ -104,3 +104,16 @@ def test_needs_an_l5kit_dataset(tmp_path):
     write_dataset(tmp_path / "c.zarr", [{"x": np.zeros(3, schema.tables["x"].dtype)}], schema)
     with pytest.raises(ValueError, match="table 'scenes' is missing"):
         WindowLoader(tmp_path / "c.zarr")
+
+
+def test_empty_tables_and_scenes_shorter_than_a_window(tmp_path):
+    from loader import Loader
+    write_dataset(tmp_path / "e.zarr", synthetic.episodes(2, frames=5, agents_per_frame=0))
+    with Loader(tmp_path / "e.zarr", "agents", batch_size=10) as loader:
+        assert len(loader) == 0 and list(loader) == []
+    with WindowLoader(tmp_path / "e.zarr", history=10, future=50) as loader:
+        assert len(loader) == 0 and list(loader) == []
+    with WindowLoader(tmp_path / "e.zarr", history=1, future=1, batch_size=4, copy=True) as loader:
+        batches = list(loader)
+    assert sorted(t for b in batches for t in b["frame_index"].tolist()) == [1, 2, 3, 6, 7, 8]
+    assert all(len(b["agents/centroid"]) == 0 and (b["agents_offsets"] == 0).all() for b in batches)
