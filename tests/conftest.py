@@ -1,6 +1,7 @@
 import os
 import shutil
 import stat
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,4 +27,15 @@ def real_copy(real_scene, tmp_path) -> Path:
     shutil.copytree(real_scene, out)
     for p in [out, *out.rglob("*")]:
         p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    return out
+
+
+@pytest.fixture
+def real_zip(real_scene, tmp_path) -> Path:
+    """The real scene as a zip store (stored, not deflated, as zarr's ZipStore writes)."""
+    out = tmp_path / "scene.zip"
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as z:
+        for p in real_scene.rglob("*"):
+            if p.is_file():
+                z.write(p, p.relative_to(real_scene).as_posix())
     return out
