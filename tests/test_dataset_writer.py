@@ -228,11 +228,11 @@ def test_killed_parent_then_resume_loses_and_duplicates_nothing(tmp_path):
 
 def test_readers_see_only_committed_rows_during_ingest(tmp_path):
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.01"],
+    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.04"],
                              stdout=subprocess.PIPE, text=True)
     child.stdout.readline()
     want = expected_tables(list(synthetic.episodes(40, seed=5, frames=40, agents_per_frame=300)))
-    reads = 0
+    partial = 0
     while child.poll() is None:
         try:
             ds = Dataset.open(out)
@@ -242,5 +242,5 @@ def test_readers_see_only_committed_rows_during_ingest(tmp_path):
         frames = ds["frames"][: n["frames"]]
         assert frames["agent_index_interval"].max(initial=0) <= n["agents"]
         np.testing.assert_array_equal(ds["agents"][: n["agents"]], want["agents"][: n["agents"]])
-        reads += n["agents"] > 0
-    assert child.returncode == 0 and reads > 3
+        partial += 0 < n["agents"] < len(want["agents"])  # read while the writer was still going
+    assert child.returncode == 0 and partial >= 1

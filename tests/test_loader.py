@@ -301,7 +301,7 @@ def test_nothing_left_when_the_consumer_is_killed(data):
 
 def test_reads_only_committed_rows_while_a_writer_ingests(tmp_path):
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.01"],
+    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.04"],
                              stdout=subprocess.PIPE, text=True)
     child.stdout.readline()
     want = np.concatenate([e["agents"] for e in synthetic.episodes(40, seed=5, frames=40, agents_per_frame=300)])
@@ -317,8 +317,8 @@ def test_reads_only_committed_rows_while_a_writer_ingests(tmp_path):
             got = np.concatenate([b["centroid"].copy() for b in loader])
         assert len(got) == ds.rows["agents"]
         np.testing.assert_array_equal(got, want["centroid"][: len(got)])
-        reads += 1
-    assert child.returncode == 0 and reads >= 2
+        reads += len(got) < len(want)  # read while the writer was still going
+    assert child.returncode == 0 and reads >= 1
 
 
 def test_too_large_a_ring_is_refused_up_front_saying_how_much(data):
