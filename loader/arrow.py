@@ -153,6 +153,8 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     boundaries and written by `workers` processes (0: this one). Each file's metadata holds the numpy dtype,
     the zarrfeed schema, the dataset attrs and its first row; `row_index` adds each row's global row number
     (None: no such column). Returns rows and bytes per table, and seconds."""
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
     ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
     names = list(ds.tables) if tables is None else list(tables)
     unknown = [t for t in names if t not in ds.tables]

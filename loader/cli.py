@@ -220,23 +220,34 @@ def _duckdb_query(parquet: Path) -> None:
     print(f"DuckDB: agents per label, with their mean speed (m/s):\n{duckdb.sql(sql)}")
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarrfeed", description="Training-data loader and writer for "
                                      "datasets of structured records in zarr (L5Kit format).")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="write a synthetic L5Kit dataset, describe it and validate it")
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (replaced if it exists)")
-    p.add_argument("--scenes", type=int, default=50, help="synthetic scenes (about 21,000 agents each)")
+    p.add_argument("--scenes", type=_count, default=50, help="synthetic scenes (about 21,000 agents each)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="writer processes")
+    p.add_argument("--workers", type=_count, default=2, help="writer processes")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("ingest", help="write episodes to a dataset with a pool of writer processes")
     p.add_argument("out", help="dataset directory to write")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--synthetic", type=int, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
+    src.add_argument("--synthetic", type=_count, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
     src.add_argument("--from", dest="from_path", metavar="PATH", help="copy another dataset, episode by episode "
                      "(re-chunk or re-compress it)")
-    p.add_argument("--workers", type=int, default=2, help="writer processes (0: write in this process)")
+    p.add_argument("--workers", type=_count, default=2, help="writer processes (0: write in this process)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
     p.add_argument("--chunks", metavar="TABLE=ROWS,...", help="chunk rows per table, e.g. agents=20000")
     how = p.add_mutually_exclusive_group()
@@ -249,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--table", default="agents")
     p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--workers", type=int, default=2, help="loader processes (0: load in this process)")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--workers", type=_count, default=2, help="loader processes (0: load in this process)")
+    p.add_argument("--epochs", type=_count, default=1)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_load)
     p = sub.add_parser("export", help="write tables as Parquet (one folder per table) or an Arrow IPC stream")
@@ -258,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="output folder (parquet), or file or - for stdout (arrow)")
     p.add_argument("--format", choices=["parquet", "arrow"], default="parquet")
     p.add_argument("--tables", metavar="T1,T2", help="tables to export (default: all; arrow: agents)")
-    p.add_argument("--workers", type=int, default=2, help="writer processes for Parquet (0: this one)")
+    p.add_argument("--workers", type=_count, default=2, help="writer processes for Parquet (0: this one)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("info", help="rows, chunks, bytes and compression per table")

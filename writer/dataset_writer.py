@@ -68,6 +68,8 @@ class DatasetWriter:
             raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
         self.path = Path(path)
         self.on_error, self.progress, self.commit_interval = on_error, progress, commit_interval
         self._closed = True

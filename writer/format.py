@@ -60,6 +60,8 @@ def open_group(location: str | os.PathLike, mode: str = "r") -> zarr.Group:
     if not has_group:
         if "zarr.json" in store:
             raise FormatError(f"{os.fspath(location)}: a zarr v3 store; zarrfeed reads zarr v2 (L5Kit's format)")
+        if ".zarray" in store:
+            raise FormatError(f"{os.fspath(location)}: one table's array, not a dataset; open the folder above it")
         raise FormatError(f"{os.fspath(location)}: not a zarr group (no .zgroup)")
     try:
         return zarr.open_group(store, mode="r" if mode == "r" else "r+")
