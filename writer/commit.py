@@ -35,9 +35,6 @@ class CommitTracker:
             done.append(index)
         return done
 
-    def pending(self) -> int:
-        return len(self._episodes)
-
     def episodes_touching(self, table: str, start: int, end: int) -> list[int]:
         """Input indices of uncommitted episodes with rows of `table` in `[start, end)`."""
         return [i for i, s, e in self._episodes if s[table] < end and e[table] > start]
