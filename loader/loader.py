@@ -300,6 +300,7 @@ class Loader:
         self.transform, self.copy, self.start_method = transform, copy, start_method
         self.restart_workers, self.output = restart_workers, output
         self.epoch, self._position = 0, 0
+        self._active = False
         self._plan: EpochPlan | None = None
         self._run: _Run | None = None
         self._finalizer = weakref.finalize(self, lambda: None)
@@ -345,6 +346,9 @@ class Loader:
     def _iterate(self, plan: EpochPlan, first: int) -> Iterator[dict[str, np.ndarray]]:
         if first >= len(plan):
             return
+        if self._active:  # two loops over one Loader would write into the same ring slots
+            raise RuntimeError("this Loader is already being iterated; finish or leave that loop first "
+                               "(or make a second Loader)")
         need = self._cache_need(plan)
         if self._run is not None and (need[0] > self._run.chunk_slots or need[1] > self._run.regions):
             self.close()  # this epoch's windows need a larger cache than the last one's: start anew
@@ -355,6 +359,7 @@ class Loader:
             self._finalizer = weakref.finalize(self, _Run.free, self._run)
         sched = _Epoch(self, self._run, plan, first)
         finished = False
+        self._active = True
         try:
             for k in range(first, len(plan)):
                 batch = sched.get(k)
@@ -366,6 +371,7 @@ class Loader:
             finished = True
             self.epoch, self._position = self.epoch + 1, 0
         finally:
+            self._active = False
             if not finished:  # broken out of, an exception, or garbage collected: stop the workers now
                 self.close()
 

@@ -241,29 +241,31 @@ def test_killed_worker_is_restarted_and_the_epoch_completes(big):
 @pytest.mark.parametrize("how", ["break", "close", "exception", "gc"])
 def test_workers_stop_within_two_seconds(data, how):
     loader = Loader(data, batch_size=50, num_workers=2)
-    it = iter(loader)
-    next(it)
-    pids = worker_pids(loader)
-    if how == "break":
-        for _ in it:
-            break
-        del it
-    elif how == "close":
-        loader.close()
-    elif how == "exception":
+    pids = []
+    if how == "exception":
         def consume():
-            for _ in loader:
+            for _ in loader:  # the loop's own iterator, as in a training script
+                pids.extend(worker_pids(loader))
                 raise KeyError("consumer failed")
         with pytest.raises(KeyError):
             consume()
-        del it
     else:
-        del it, loader
-        gc.collect()
+        it = iter(loader)
+        next(it)
+        pids = worker_pids(loader)
+        if how == "break":
+            for _ in it:
+                break
+            del it
+        elif how == "close":
+            loader.close()
+        else:
+            del it, loader
+            gc.collect()
     deadline = time.monotonic() + 2
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive(pids)
+    assert pids and not alive(pids)
 
 
 def test_no_descriptors_accumulate_over_epochs(data):
@@ -334,3 +336,11 @@ def test_loads_from_a_zip_store_and_a_url(real_scene, real_zip):
         with Loader(location, batch_size=1000, shuffle=False, num_workers=2) as loader:
             got = np.concatenate([b["track_id"].copy() for b in loader])
         np.testing.assert_array_equal(got, want)
+
+
+def test_one_loop_at_a_time(data):
+    with Loader(data, batch_size=100, num_workers=1) as loader:
+        first = iter(loader)
+        next(first)
+        with pytest.raises(RuntimeError, match="already being iterated"):
+            next(iter(loader))
