@@ -22,7 +22,7 @@ from ._gather import gather_runs
 from .dataset import Dataset
 from .layout import Layout
 from .loader import Loader, _Epoch
-from .plan import EpochPlan, PlanConfig
+from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
 TABLES = ("frames", "agents", "traffic_light_faces")
 LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light_faces_index_interval"}
@@ -31,7 +31,7 @@ LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light
 class Samples:
     """The valid samples of a dataset, grouped by agents chunk, and what each group reads."""
 
-    def __init__(self, ds: Dataset, history: int, future: int) -> None:
+    def __init__(self, ds: Dataset, history: int, future: int, rows: np.ndarray | None = None) -> None:
         if history < 0 or future < 0:
             raise ValueError(f"history and future must be >= 0, got {history} and {future}")
         self.history, self.future, self.T = history, future, history + 1 + future
@@ -40,6 +40,9 @@ class Samples:
         self.chunk_rows = {t: ds[t].chunks[0] for t in TABLES}
         t = [np.arange(s + history, e - future) for s, e in scenes.tolist() if e - s >= self.T]
         self.t = np.concatenate(t) if t else np.zeros(0, np.int64)
+        if rows is not None:  # only these frames, as an index array or a boolean mask over frames
+            keep = selected_rows_per_chunk(len(frames), max(len(frames), 1), rows)
+            self.t = self.t[np.isin(self.t, keep[0] if keep else [])]
         if len(self.t):
             ivs = {table: frames[field] for table, field in LINKS.items()}
             first, last = self.t - history, self.t + future
@@ -196,20 +199,22 @@ class WindowLoader(Loader):
     A batch holds `frame_index` (B,), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
     `agents_offsets` (B, T + 1): sample i's frame j has agents[agents_offsets[i, j]:agents_offsets[i, j + 1]],
     and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. Options as `Loader`
-    (`shuffle_window` counts groups of samples, one per agents chunk: default 4). A `transform` receives the
+    (`shuffle_window` counts groups of samples, one per agents chunk: default 4; `rows` selects frames, as an
+    index array or a boolean mask over the frames table). A `transform` receives the
     whole batch and returns fixed-shape arrays whose first axis is the batch's samples.
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50,
                  batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int = 4,
                  num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
-                 world_size: int = 1, transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+                 world_size: int = 1, rows: np.ndarray | None = None,
+                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False) -> None:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else Dataset.open(dataset_or_path)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
-        self.samples = Samples(ds, history, future)
+        self.samples = Samples(ds, history, future, rows)
         self.history, self.future = history, future
         g = self.samples.group_rows
         selection = self.samples.selection()
@@ -223,8 +228,8 @@ class WindowLoader(Loader):
 
     def _fingerprint(self) -> list:
         c = self._config
-        return ["windows", len(self.samples), self.history, self.future, c.chunk_rows, c.batch_size, c.shuffle,
-                c.seed, c.shuffle_window, c.rank, c.world_size, c.drop_last]
+        return ["windows", len(self.samples), int(self.samples.t.sum()), self.history, self.future, c.chunk_rows,
+                c.batch_size, c.shuffle, c.seed, c.shuffle_window, c.rank, c.world_size, c.drop_last]
 
     # ------------------------------------------------------------ what the scheduler asks
     def _group_divisor(self) -> int:

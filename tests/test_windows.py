@@ -117,3 +117,16 @@ def test_empty_tables_and_scenes_shorter_than_a_window(tmp_path):
         batches = list(loader)
     assert sorted(t for b in batches for t in b["frame_index"].tolist()) == [1, 2, 3, 6, 7, 8]
     assert all(len(b["agents/centroid"]) == 0 and (b["agents_offsets"] == 0).all() for b in batches)
+
+
+def test_rows_select_the_sample_frames(scenes):
+    n_frames = Dataset.open(scenes).rows["frames"]
+    mask = np.zeros(n_frames, bool)
+    mask[::3] = True
+    with WindowLoader(scenes, history=2, future=2, batch_size=8, rows=mask, num_workers=1, copy=True) as loader:
+        got = sorted(t for b in loader for t in b["frame_index"].tolist())
+    with WindowLoader(scenes, history=2, future=2, batch_size=8, num_workers=0, copy=True) as loader:
+        every = sorted(t for b in loader for t in b["frame_index"].tolist())
+    assert got == [t for t in every if t % 3 == 0]
+    with WindowLoader(scenes, history=2, future=2, rows=np.array([5, 6, 200]), num_workers=0) as loader:
+        assert sorted(t for b in loader for t in b["frame_index"].tolist()) == [5, 6, 200]
