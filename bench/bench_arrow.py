@@ -11,22 +11,18 @@ Targets on 2 cores: 2-worker export >= 1.2x (a) and >= 3x (b); to_arrow under 50
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader import Dataset, Loader
 from loader.arrow import export_parquet, to_arrow
-from writer import synthetic, write_dataset
 from writer.arrow import records_to_arrow
 
-from ratios import print_ratios
+from common import parser, print_ratios, synthetic_dataset
 
 
 def timed(fn) -> float:
@@ -36,16 +32,11 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenes", type=int, default=100)
-    p.add_argument("--repeat", type=int, default=3)
-    args = p.parse_args()
+    args = parser(__doc__).parse_args()
     import pandas as pd
 
-    tmp = Path(tempfile.mkdtemp(prefix="zarrfeed-bench-"))
-    try:
-        path = tmp / "d.zarr"
-        write_dataset(path, synthetic.episodes(args.scenes), workers=2)
+    with synthetic_dataset(args.scenes) as path:
+        tmp = path.parent
         ds = Dataset.open(path)
         agents = ds["agents"][:]
         nbytes = agents.nbytes
@@ -83,8 +74,6 @@ def main() -> None:
         print_ratios({k: 1 / v for k, v in med.items()}, [("zarrfeed-2", "(a) pyarrow", 1.2),
                                                            ("zarrfeed-2", "(b) pandas", 3),
                                                            ("zarrfeed-2", "zarrfeed-1", None)])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,11 @@ Targets on 2 cores: batch 4096 >= 0.7x (c); batch 256 >= 100x (a); windows >= 20
 """
 from __future__ import annotations
 
-import argparse
 import bisect
 import os
 import resource
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,10 +30,9 @@ import numpy as np
 import zarr
 
 from loader import Dataset, Loader, WindowLoader
-from writer import synthetic, write_dataset
 from writer.chunkio import chunk_key
 
-from ratios import print_ratios
+from common import parser, print_ratios, synthetic_dataset
 
 
 def _slice_reader(path: str):
@@ -139,15 +135,10 @@ def memcpy_rows_per_s(itemsize: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenes", type=int, default=100)
-    p.add_argument("--repeat", type=int, default=3)
+    p = parser(__doc__)
     p.add_argument("--pool-items", type=int, default=1500, help="items the pool baseline reads per run")
     args = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="zarrfeed-bench-"))
-    try:
-        path = tmp / "d.zarr"
-        write_dataset(path, synthetic.episodes(args.scenes), workers=2)
+    with synthetic_dataset(args.scenes) as path:
         ds = Dataset.open(path)
         n, itemsize = ds.rows["agents"], ds["agents"].dtype.itemsize
         apath = str(path / "agents")
@@ -188,8 +179,6 @@ def main() -> None:
                             ("zarrfeed batch 256", "(a) pool batch 256", 100),
                             ("zarrfeed windows", "(l) L5Kit windows", 20),
                             ("zarrfeed batch 4096", "(b) zarr in order", None)])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import zarr
 from writer import L5KIT_SCHEMA, relocate, synthetic
 from writer.dataset_writer import DatasetWriter
 
-from ratios import print_ratios
+from common import print_ratios
 
 VARIANTS = ["zarrfeed-1", "zarrfeed-2", "zarr-bulk", "zarr-append"]
 

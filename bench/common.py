@@ -1,0 +1,39 @@
+"""What the bench scripts share: their command line, a synthetic dataset to measure on, and ratio printing."""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from writer import synthetic, write_dataset
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """--scenes and --repeat, with the script's docstring as its help."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenes", type=int, default=100)
+    p.add_argument("--repeat", type=int, default=3)
+    return p
+
+
+@contextmanager
+def synthetic_dataset(scenes: int) -> Iterator[Path]:
+    """A synthetic L5Kit dataset of `scenes` scenes in a temporary folder, removed afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix="zarrfeed-bench-"))
+    try:
+        write_dataset(tmp / "d.zarr", synthetic.episodes(scenes), workers=2)
+        yield tmp / "d.zarr"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_ratios(speed: dict[str, float], pairs: list[tuple[str, str, float | None]], title: str = "ratios") -> None:
+    """For each (a, b, target): speed[a] / speed[b] (higher is faster), and whether it meets the target."""
+    print(f"\n{title} (speed, higher is faster):")
+    for a, b, target in pairs:
+        ratio = speed[a] / speed[b]
+        goal = f"  (target >= {target}x: {'met' if ratio >= target else 'NOT met'})" if target else ""
+        print(f"  {a} / {b}: {ratio:.2f}x{goal}")
