@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from writer.arrow import arrow_schema, column_to_arrow, from_arrow, records_to_arrow, schema_metadata
+from writer.store import Location
 
 from .dataset import Dataset
 
@@ -126,8 +127,8 @@ def _pieces(ds: Dataset, table: str, file_rows: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
 
 
-def _write_piece(location: str, table: str, a: int, b: int, path: str, row_group_rows: int, compression: str,
-                 meta: dict[bytes, bytes], row_index: str | None) -> int:
+def _write_piece(location: Location, table: str, a: int, b: int, out: Location, name: str, row_group_rows: int,
+                 compression: str, meta: dict[bytes, bytes], row_index: str | None) -> int:
     ds = Dataset.open(location)
     rows = ds[table][a:b] if b > a else np.zeros(0, ds[table].dtype)
     rb = records_to_arrow(rows)
@@ -135,9 +136,15 @@ def _write_piece(location: str, table: str, a: int, b: int, path: str, row_group
         rb = rb.append_column(pa.field(row_index, pa.int64(), nullable=False),
                               pa.array(np.arange(a, b, dtype=np.int64)))
     data = pa.Table.from_batches([rb]).replace_schema_metadata({**(rb.schema.metadata or {}), **meta})
-    tmp = f"{path}.tmp-{os.getpid()}"
-    pq.write_table(data, tmp, row_group_size=row_group_rows, compression=compression)
-    os.replace(tmp, path)  # a file is complete or absent
+    if out.is_local:  # a file is complete or absent: written aside, then renamed
+        path = out.path / name
+        tmp = f"{path}.tmp-{os.getpid()}"
+        pq.write_table(data, tmp, row_group_size=row_group_rows, compression=compression)
+        os.replace(tmp, path)
+    else:  # an object store shows an object once its upload is complete
+        fs, root = out.filesystem()
+        pq.write_table(data, f"{root}/{name}", row_group_size=row_group_rows, compression=compression,
+                       filesystem=fs)
     return (b - a) * ds[table].dtype.itemsize
 
 
@@ -145,31 +152,36 @@ def _piece_task(args: tuple) -> int:
     return _write_piece(*args)
 
 
-def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathLike,
+def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathLike | Location,
                    tables: list[str] | None = None, row_group_rows: int = 100_000, compression: str = "zstd",
                    workers: int = 2, file_rows: int = 1_000_000, row_index: str | None = "_row",
-                   progress: bool = False) -> dict[str, Any]:
-    """Write one Parquet dataset per table, `out_dir/<table>/part-NNNNN.parquet`, files split on chunk
-    boundaries and written by `workers` processes (0: this one). Each file's metadata holds the numpy dtype,
-    the zarrfeed schema, the dataset attrs and its first row; `row_index` adds each row's global row number
-    (None: no such column). Returns rows and bytes per table, and seconds."""
+                   progress: bool = False, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write one Parquet dataset per table, `out_dir/<table>/part-NNNNN.parquet` (a folder or any fsspec URL),
+    files split on chunk boundaries and written by `workers` processes (0: this one). Each file's metadata
+    holds the numpy dtype, the zarrfeed schema, the dataset attrs and its first row; `row_index` adds each
+    row's global row number (None: no such column). `storage_options` apply to the dataset (when a path is
+    given) and to `out_dir`. Returns rows and bytes per table, and seconds."""
     if workers < 0:
         raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
-    ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+    ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset, storage_options=storage_options)
     names = list(ds.tables) if tables is None else list(tables)
     unknown = [t for t in names if t not in ds.tables]
     if unknown:
         raise ValueError(f"tables: no table {unknown[0]!r} (tables: {', '.join(ds.tables)})")
-    out = Path(out_dir)
+    out = Location.of(out_dir, storage_options)
+    if out.is_zip:
+        raise ValueError(f"{out}: Parquet goes to a folder or a URL, not a .zip file")
+    fs, root = out.filesystem()
     tasks = []
     for t in names:
-        (out / t).mkdir(parents=True, exist_ok=True)
-        for old in (out / t).glob("part-*.parquet"):
-            old.unlink()
+        fs.makedirs(f"{root}/{t}", exist_ok=True)
+        old = fs.glob(f"{root}/{t}/part-*.parquet")
+        if old:
+            fs.rm(old)
         for i, (a, b) in enumerate(_pieces(ds, t, file_rows)):
             meta = schema_metadata({"schema": ds.schema.to_json(), "attrs": dict(ds.group.attrs), "table": t,
                                     "first_row": a})
-            tasks.append((ds.location, t, a, b, str(out / t / f"part-{i:05d}.parquet"), row_group_rows,
+            tasks.append((ds.location, t, a, b, out, f"{t}/part-{i:05d}.parquet", row_group_rows,
                           compression, meta, row_index))
     t0 = time.perf_counter()
     total = sum((b - a) * ds[t].dtype.itemsize for _, t, a, b, *_ in tasks)

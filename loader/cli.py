@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 import warnings
@@ -18,9 +17,11 @@ from tqdm.auto import tqdm
 import writer
 from writer.dataset_writer import DatasetWriter
 from writer.format import FormatError
+from writer.lease import LeaseLost
 from writer.pool import WorkerError
 from writer.shm import ShmSpaceError
 from writer.source import DatasetSource
+from writer.store import Location, parse_storage_option
 
 from .dataset import Dataset
 from .loader import Loader, LoaderError
@@ -61,15 +62,24 @@ def _validate(ds: Dataset, progress: bool) -> int:
     return 1
 
 
+def _options(args: argparse.Namespace) -> dict:
+    """--storage-option KEY=VALUE, repeated (fsspec's own environment configuration applies too)."""
+    return dict(parse_storage_option(text) for text in args.storage_option or [])
+
+
+def _open(args: argparse.Namespace) -> Dataset:
+    return Dataset.open(args.path, storage_options=_options(args))
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    with Dataset.open(args.path) as ds:
+    with _open(args) as ds:
         info = ds.info()
         print(json.dumps(info, indent=2) if args.json else f"{ds.location} ({ds.schema.name})\n{format_info(info)}")
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    with Dataset.open(args.path) as ds:
+    with _open(args) as ds:
         return _validate(ds, progress=not args.quiet)
 
 
@@ -91,14 +101,19 @@ def _parse_chunks(text: str | None) -> dict[str, int] | None:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    options = _options(args)
+    out = Location.of(args.out, options)
     if args.from_path:
-        episodes = DatasetSource(args.from_path)
+        source = Location.of(args.from_path, options)
+        if source.same_place(out):
+            raise ValueError(f"{args.out}: the output is also the input (--from); write to another path")
+        episodes = DatasetSource(source)
         schema = episodes.schema
     else:
         episodes = _Sized(writer.synthetic.episodes(args.synthetic, seed=args.seed), args.synthetic)
         schema = writer.L5KIT_SCHEMA
     mode = "a" if (args.append or args.resume) else "w"
-    with DatasetWriter(args.out, schema, workers=args.workers, mode=mode, chunks=_parse_chunks(args.chunks),
+    with DatasetWriter(out, schema, workers=args.workers, mode=mode, chunks=_parse_chunks(args.chunks),
                        overwrite=args.overwrite, progress=not args.quiet) as w:
         try:
             summary = w.ingest(episodes, resume=args.resume)
@@ -146,7 +161,7 @@ def _load(ds: Dataset, table: str, batch_size: int, workers: int, epochs: int, p
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    with Dataset.open(args.path) as ds:
+    with _open(args) as ds:
         if args.table not in ds.tables:
             raise ValueError(f"table {args.table!r} is not in {args.path} (tables: {', '.join(ds.tables)})")
         r = _load(ds, args.table, args.batch_size, args.workers, args.epochs, not args.quiet)
@@ -161,12 +176,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .arrow import export_parquet, write_ipc_stream
 
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
-    with Dataset.open(args.path) as ds:
+    if args.out == "-" and args.format != "arrow":
+        raise ValueError("export to - (standard output) writes an Arrow IPC stream: add --format arrow")
+    with _open(args) as ds:
         for t in tables or []:
             if t not in ds.tables:
                 raise ValueError(f"--tables: no table {t!r} in {args.path} (tables: {', '.join(ds.tables)})")
         if args.format == "parquet":
-            r = export_parquet(ds, args.out, tables, workers=args.workers, progress=not args.quiet)
+            r = export_parquet(ds, args.out, tables, workers=args.workers, progress=not args.quiet,
+                               storage_options=_options(args))
             rows = ", ".join(f"{n:,} {t}" for t, n in r["rows"].items())
             print(f"exported {rows} to {args.out}/<table>/*.parquet: {r['bytes'] / 1e6:.0f} MB of records in "
                   f"{r['seconds']:.2f} s ({r['bytes'] / r['seconds'] / 1e6:.0f} MB/s)", file=sys.stderr)
@@ -182,10 +200,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
     print(f"ingesting {args.scenes} synthetic L5Kit scenes into {out} with {args.workers} writer processes")
-    with DatasetWriter(out, workers=args.workers, progress=True) as w:
+    with DatasetWriter(out, workers=args.workers, progress=True, overwrite=True) as w:  # never a non-dataset
         summary = w.ingest(_Sized(writer.synthetic.episodes(args.scenes, seed=args.seed), args.scenes))
     _print_summary(summary, w.committed)
     print()
@@ -236,13 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "datasets of structured records in zarr (L5Kit format).")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="write a synthetic L5Kit dataset, describe it and validate it")
-    p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (replaced if it exists)")
+    p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (a dataset there is replaced; "
+                   "anything else is refused)")
     p.add_argument("--scenes", type=_count, default=50, help="synthetic scenes (about 21,000 agents each)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=_count, default=2, help="writer processes")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("ingest", help="write episodes to a dataset with a pool of writer processes")
-    p.add_argument("out", help="dataset directory to write")
+    p.add_argument("out", help="dataset to write: a directory or an fsspec URL (s3://bucket/name.zarr)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", type=_count, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
     src.add_argument("--from", dest="from_path", metavar="PATH", help="copy another dataset, episode by episode "
@@ -251,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
     p.add_argument("--chunks", metavar="TABLE=ROWS,...", help="chunk rows per table, e.g. agents=20000")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    how.add_argument("--overwrite", action="store_true", help="replace an existing dataset (refused for "
+                     "anything that is not a zarr dataset)")
     how.add_argument("--append", action="store_true", help="add the episodes to an existing dataset")
     how.add_argument("--resume", action="store_true", help="finish an interrupted ingest of the same input")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -280,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_validate)
+    for p in sub.choices.values():
+        p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                       help="an option of the store's fsspec filesystem, e.g. endpoint_url=http://127.0.0.1:9000 "
+                       "or anon=true (repeatable; VALUE is read as JSON if it is JSON); fsspec's FSSPEC_<PROTOCOL>_"
+                       "<KEY> environment variables and the usual credentials (AWS_*) apply too")
     return parser
 
 
@@ -290,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("always")
             warnings.showwarning = lambda msg, *a, **k: print(f"zarrfeed: warning: {msg}", file=sys.stderr)
             return args.func(args)
-    except (FormatError, ValueError, WorkerError, LoaderError, ShmSpaceError, OSError) as exc:
+    except (FormatError, ValueError, WorkerError, LoaderError, LeaseLost, ShmSpaceError, OSError) as exc:
         print(f"zarrfeed: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

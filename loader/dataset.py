@@ -11,6 +11,7 @@ from writer import format
 from writer.format import FormatError
 from writer.links import IntervalChecker, Violation
 from writer.schema import Schema
+from writer.store import Location
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,37 +42,46 @@ class ValidationReport:
 class Dataset:
     """A dataset's tables as zarr arrays, the committed row count of each, and its schema.
 
-    `rows[name]` is what readers may read: the count the zarrfeed writer committed, or for datasets written
-    by other tools, the array's length.
+    `rows[name]` is what readers may read: the count the zarrfeed writer committed (in commit number
+    `commit`), or for datasets written by other tools, the array's length (`commit` is None).
     """
 
-    def __init__(self, location: str, group: zarr.Group, tables: dict[str, zarr.Array],
-                 rows: dict[str, int], schema: Schema) -> None:
+    def __init__(self, location: Location, group: zarr.Group, tables: dict[str, zarr.Array],
+                 rows: dict[str, int], schema: Schema, commit: int | None = None,
+                 dataset_id: str | None = None) -> None:
         self.location, self.group, self.tables, self.rows, self.schema = location, group, tables, rows, schema
+        self.commit, self.dataset_id = commit, dataset_id
 
     @classmethod
-    def open(cls, path_or_url: str | os.PathLike, mode: str = "r") -> "Dataset":
-        """Open a directory store, a `.zip` store (read-only) or an fsspec URL; `FormatError` if unreadable."""
-        location = os.fspath(path_or_url)
+    def open(cls, path_or_url: str | os.PathLike | Location, mode: str = "r",
+             storage_options: dict[str, Any] | None = None, commit: int | None = None) -> "Dataset":
+        """Open a directory, a `.zip` file (read-only) or any fsspec URL (with `storage_options`, e.g.
+        `{"endpoint_url": ..., "key": ..., "secret": ...}` for S3); `FormatError` if unreadable.
+
+        The rows are those of the latest commit when opened, or of commit number `commit` (pin one to make
+        every rank of a job read the same rows while a writer appends: `Dataset.open(path).commit` on one rank,
+        then `commit=` on all)."""
+        location = Location.of(path_or_url, storage_options)
         group = format.open_group(location, mode)
         arrays = {name: format.open_table(group.store, name, mode="r" if mode == "r" else "r+")
                   for name in sorted(group.array_keys())}
         schema = format.detect_schema(group, arrays)
         tables = {name: arrays[name] if name in arrays else format.empty_table(table)
                   for name, table in schema.tables.items()}
-        doc = format.read_manifest(group.store)
+        doc = format.read_manifest(group.store, commit)
         rows = {name: (doc["committed"].get(name, 0) if doc else arr.shape[0]) for name, arr in tables.items()}
         for name, n in rows.items():
             if n > tables[name].shape[0]:
                 raise FormatError(f"table '{name}': {n} rows committed but the array holds {tables[name].shape[0]}")
-        return cls(location, group, tables, rows, schema)
+        return cls(location, group, tables, rows, schema, doc["commit"] if doc else None,
+                   doc.get("dataset_id") if doc else None)
 
     def __getitem__(self, table: str) -> zarr.Array:
         return self.tables[table]
 
     def __repr__(self) -> str:
         rows = ", ".join(f"{name}={n}" for name, n in self.rows.items())
-        return f"Dataset({self.location!r}, schema={self.schema.name!r}, rows: {rows})"
+        return f"Dataset({str(self.location)!r}, schema={self.schema.name!r}, rows: {rows})"
 
     def close(self) -> None:
         close = getattr(self.group.store, "close", None)

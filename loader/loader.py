@@ -3,8 +3,9 @@
 How a batch is made. Before a group of batches can be made, the windows of chunks they read must be
 resident in the shared chunk cache. Making a window resident takes cache slots for its chunks (a chunk that
 another resident window already holds is shared, not decoded again; slots of windows whose batches are all
-made are reused) and, for row batches, an index region; it sends the least busy workers one "decode" message
-per chunk and one "window" message (write the window's shuffled rows, as cache rows, into the index). When a
+made are reused) and, for row batches, an index region; it sends each of the least busy workers one "decode"
+message for its share of the window's chunks (fetched together, concurrently from an object store) and one
+"window" message (write the window's shuffled rows, as cache rows, into the index). When a
 window is ready, groups of batches that read it go to the least busy worker as one "gather" message (a group
 holds about 4,096 rows, so small batches cost one message per group, not per batch). The next window is made
 resident ahead of time, so decoding overlaps gathering. Only these small messages cross processes; the
@@ -26,6 +27,7 @@ from writer.pool import WorkerPool, describe_exit
 from . import worker
 from .arrow import to_arrow
 from .dataset import Dataset
+from .fetch import FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
@@ -146,15 +148,19 @@ class _Epoch:
                 return False
         self.resident[w] = needs
         self.pending[w] = 0
+        new = []
         for key in needs:
             if key not in self.slots:
                 self.slots[key] = slot = self.free_slots.pop()
                 self.users[key] = set()
-                self._send(("decode", key[0], int(key[1]), slot), ("decoded", slot))
+                new.append((key[0], int(key[1]), slot))
             self.users[key].add(w)
             if self.slots[key] not in self.decoded:
                 self.pending[w] += 1
                 self.waiting.setdefault(self.slots[key], []).append(w)
+        parts = min(len(new), len(self.load))
+        for part in (new[i::parts] for i in range(parts)):
+            self._send(("decode", part), ("decoded", tuple(slot for _, _, slot in part)))
         if wants_region:
             self.regions[w] = region = self.free_regions.pop()
             self.pending[w] += 1
@@ -196,9 +202,10 @@ class _Epoch:
             self.load[wid] -= 1
             self.sent[wid].pop((kind, reply[2]), None)
             if kind == "decoded":
-                self.decoded.add(reply[2])
-                for w in self.waiting.pop(reply[2], []):
-                    self.pending[w] -= 1
+                for slot in reply[2]:
+                    self.decoded.add(slot)
+                    for w in self.waiting.pop(slot, []):
+                        self.pending[w] -= 1
             elif kind == "window":
                 self.pending[reply[2]] -= 1
             else:
@@ -273,8 +280,10 @@ class Loader:
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
-                 output: str = "numpy") -> None:
-        ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else Dataset.open(dataset_or_path)
+                 output: str = "numpy", storage_options: dict[str, Any] | None = None, commit: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30) -> None:
+        ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
+            Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         if table not in ds.tables:
@@ -285,15 +294,17 @@ class Loader:
         config = PlanConfig(ds.rows[table], array.chunks[0], batch_size, shuffle, seed, shuffle_window, rank,
                             world_size, drop_last)
         self._start(ds, table, config, selection, Layout.of_records(array.dtype, fields, batch_size), num_workers,
-                    prefetch, transform, copy, start_method, restart_workers, output)
+                    prefetch, transform, copy, start_method, restart_workers, output,
+                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes))
 
     def _start(self, ds: Dataset, table: str, config: PlanConfig, selection: list[np.ndarray] | None,
                records: Layout, num_workers: int, prefetch: int, transform: Callable | None, copy: bool,
-               start_method: str | None, restart_workers: bool, output: str) -> None:
+               start_method: str | None, restart_workers: bool, output: str, fetch: FetchOptions) -> None:
         """What every loader keeps: the plan's settings, the batch layout, the options, where iteration is."""
         if prefetch < 1 or num_workers < 0:
             raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
-        self.dataset, self.table, self._location = ds, table, ds.location
+        self.dataset, self.table, self._fetch = ds, table, fetch
+        self._source = worker.Source.of(ds, fetch)
         self._config, self._selection, self._records = config, selection, records
         self.fields = [c.name for c in records.columns]
         self.batch_size, self.num_workers, self.prefetch = config.batch_size, num_workers, prefetch
@@ -436,7 +447,7 @@ class Loader:
                              batch_bytes, n_slots)
 
     def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
-        return worker.setup, (self._location, self.table, shared, self._config, self._itemsize, self._selection,
+        return worker.setup, (self._source, self.table, shared, self._config, self._itemsize, self._selection,
                               self._records, outputs, self.transform)
 
     def _chunks_of(self, plan: EpochPlan, w: int) -> list[tuple[str, int]]:

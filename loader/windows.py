@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from . import worker
 from ._gather import gather_runs
 from .dataset import Dataset
+from .fetch import FetchOptions
 from .layout import Layout
 from .loader import Loader, _Epoch
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
@@ -111,11 +112,11 @@ def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
                     np.int64).reshape(-1)
 
 
-def setup(wid: int, location: str, shared: worker.Shared, config: PlanConfig, samples: Samples,
+def setup(wid: int, source: worker.Source, shared: worker.Shared, config: PlanConfig, samples: Samples,
           dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
           transform: Callable | None) -> Callable[[tuple], tuple]:
     """The WindowLoader worker's message handler (see `loader.worker` for decode)."""
-    decode = worker.chunk_decoder(location, list(TABLES), shared)
+    decode = worker.chunk_decoder(source, list(TABLES), shared)
     cache, _ = shared.arrays()
     S = shared.slot_bytes
     h, T = samples.history, samples.T
@@ -168,8 +169,7 @@ def setup(wid: int, location: str, shared: worker.Shared, config: PlanConfig, sa
 
     def handle(msg: tuple) -> tuple:
         if msg[0] == "decode":
-            decode(msg)
-            return ("decoded", wid, msg[3])
+            return ("decoded", wid, decode(msg))
         _, epoch, k0, count, slots = msg
         p, orders = plan(epoch)
         all_counts = []
@@ -209,8 +209,11 @@ class WindowLoader(Loader):
                  num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False) -> None:
-        ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else Dataset.open(dataset_or_path)
+                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 storage_options: dict[str, Any] | None = None, commit: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30) -> None:
+        ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
+            Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
@@ -224,7 +227,8 @@ class WindowLoader(Loader):
         self._chunk_bytes = max(ds[t].chunks[0] * ds[t].dtype.itemsize for t in TABLES)
         # output is numpy: ragged columns of different lengths make no single RecordBatch
         self._start(ds, "frames", config, selection, _window_layout(ds, self.samples, batch_size), num_workers,
-                    prefetch, transform, copy, start_method, restart_workers, "numpy")
+                    prefetch, transform, copy, start_method, restart_workers, "numpy",
+                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes))
 
     def _fingerprint(self) -> list:
         c = self._config
@@ -243,7 +247,7 @@ class WindowLoader(Loader):
         return worker.Shared(self._chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
 
     def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
-        return setup, (self._location, shared, self._config, self.samples, self._dtypes, self._records,
+        return setup, (self._source, shared, self._config, self.samples, self._dtypes, self._records,
                        outputs, self.transform)
 
     def _chunks_of(self, plan: EpochPlan, w: int) -> list[tuple[str, int]]:
@@ -260,7 +264,8 @@ class WindowLoader(Loader):
         """Run the transform on batch k, made here with a one-process run, to size the ring slots."""
         probe = WindowLoader(self.dataset, self.history, self.future, self.batch_size, self._config.shuffle,
                              self._config.seed, self._config.shuffle_window, 0, 1, self._config.drop_last,
-                             self._config.rank, self._config.world_size)
+                             self._config.rank, self._config.world_size, cache_dir=self._fetch.cache_dir,
+                             cache_dir_bytes=self._fetch.cache_bytes)
         probe.epoch, probe._position = plan.epoch, k
         try:
             batch = next(iter(probe))

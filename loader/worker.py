@@ -1,7 +1,8 @@
 """The reader worker: prepares windows (shuffled row order + decoded chunks) and gathers batches.
 
 Messages (all small; the worker computes the plan itself from the settings it was started with):
-  ("decode", table, chunk, cache slot)     -> ("decoded", worker, cache slot)  the chunk into the cache
+  ("decode", [(table, chunk, cache slot), ...]) -> ("decoded", worker, (cache slots))  the chunks, fetched
+                                                  together (concurrently from an object store), into the cache
   ("window", epoch, window, index region, [cache slot of each chunk of the window])
                                            -> ("window", worker, window)      the window's shuffled rows,
                                                                               as cache rows, into the index
@@ -14,16 +15,21 @@ transform runs on views of it, and only its outputs are copied into the slot.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import traceback
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from writer import format
-from writer.chunkio import read_chunk_into
+from writer.chunkio import chunk_key, decode_chunk_into
 from writer.shm import SharedBlock, check_room
+from writer.store import Location
 
 from ._gather import gather
+from .fetch import ChunkFetcher, FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig
 
@@ -55,25 +61,51 @@ class Shared:
             block.close()
 
 
-def chunk_decoder(location: str, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:
-    """Handles ("decode", table, chunk, cache slot) -> ("decoded", worker, cache slot)."""
-    group = format.open_group(location)
+@dataclass(frozen=True)
+class Source:
+    """What a reader worker needs to open the dataset its parent opened and fetch from it: the location with
+    its storage options, the committed rows the parent read (its pinned commit), the dataset's identity (for
+    the chunk cache) and how to fetch."""
+
+    location: Location
+    rows: dict[str, int]
+    identity: str
+    fetch: FetchOptions
+
+    @classmethod
+    def of(cls, ds, fetch: FetchOptions) -> "Source":
+        identity = ds.dataset_id
+        if identity is None:  # written by another tool: its URL and arrays' metadata identify it
+            meta = {t: [a.shape[0], a.chunks[0], str(a.dtype)] for t, a in ds.tables.items()}
+            identity = hashlib.blake2b(json.dumps([str(ds.location), meta]).encode(), digest_size=16).hexdigest()
+        return cls(ds.location, dict(ds.rows), identity, fetch)
+
+
+def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:
+    """Handles ("decode", [(table, chunk, cache slot), ...]); returns the cache slots filled."""
+    group = format.open_group(source.location)
     arrays = {t: format.open_table(group.store, t) for t in tables}
+    fetcher = ChunkFetcher(source.location, group.store, source.identity, source.fetch)
     cache, _ = shared.arrays()
 
-    def decode(msg: tuple) -> None:
-        _, table, chunk, slot = msg
-        nbytes = arrays[table].chunks[0] * arrays[table].dtype.itemsize
-        read_chunk_into(arrays[table], chunk, cache[slot * shared.slot_bytes:slot * shared.slot_bytes + nbytes])
+    def decode(msg: tuple) -> tuple[int, ...]:
+        items = msg[1]
+        keys = [chunk_key(arrays[t], c) for t, c, _ in items]
+        complete = [(c + 1) * arrays[t].chunks[0] <= source.rows.get(t, 0) for t, c, _ in items]
+        for (table, _, slot), key, raw in zip(items, keys, fetcher.fetch(keys, complete)):
+            nbytes = arrays[table].chunks[0] * arrays[table].dtype.itemsize
+            start = slot * shared.slot_bytes
+            decode_chunk_into(arrays[table], key, raw, cache[start:start + nbytes])
+        return tuple(slot for _, _, slot in items)
 
     return decode
 
 
-def setup(wid: int, location: str, table: str, shared: Shared, config: PlanConfig, itemsize: int,
+def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConfig, itemsize: int,
           selection: list[np.ndarray] | None, records: Layout, outputs: Layout | None,
           transform: Callable | None) -> Callable[[tuple], tuple]:
     """Open the dataset in this process (no zarr handle is inherited); return the message handler."""
-    decode = chunk_decoder(location, [table], shared)
+    decode = chunk_decoder(source, [table], shared)
     cache, index = shared.arrays()
     chunk_rows = config.chunk_rows
     spec = records.gather_spec()
@@ -89,8 +121,7 @@ def setup(wid: int, location: str, table: str, shared: Shared, config: PlanConfi
     def handle(msg: tuple) -> tuple:
         kind = msg[0]
         if kind == "decode":
-            decode(msg)
-            return ("decoded", wid, msg[3])
+            return ("decoded", wid, decode(msg))
         if kind == "window":  # the shuffled rows of the window, as cache rows: slots[j] * chunk_rows + r
             _, epoch, w, region, slots = msg
             order = plan(epoch).window_order(w, np.asarray(slots, np.int64) * chunk_rows)

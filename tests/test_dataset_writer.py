@@ -18,6 +18,7 @@ from expected import expected_tables
 from writer import L5KIT_SCHEMA, synthetic
 from writer.dataset_writer import DatasetWriter
 from writer.format import MANIFEST_KEY
+from writer.keys import Position, fingerprint
 from writer.pool import WorkerError
 
 HERE = Path(__file__).parent
@@ -75,7 +76,9 @@ def test_intervals_are_relocated_globally(tmp_path):
     assert (tmp_path / "d.zarr" / ".zmetadata").exists()
     assert not (tmp_path / "d.zarr" / ".zarrfeed-locks").exists()
     doc = json.loads((tmp_path / "d.zarr" / MANIFEST_KEY).read_text())
-    assert doc["journal"] == {"committed": [[0, 30]], "skipped": []}
+    input_id = fingerprint(eps[0])  # keys are positions in the input, which its first episode identifies
+    assert doc["journal"]["inputs"] == {input_id: {"committed": [[0, 30]], "skipped": []}}
+    assert doc["journal"]["pending"] == []
 
 
 def test_append_to_a_dataset_written_elsewhere(real_copy):
@@ -148,11 +151,12 @@ def test_on_error_skip_logs_and_commits_the_rest(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"):
         with DatasetWriter(tmp_path / "d.zarr", workers=2, on_error="skip") as w:
             summary = w.ingest([eps[0], eps[1], bad, eps[3]])
-    assert summary["episodes"] == 3 and "skipping episode 2: frames.agent_index_interval row 10" in caplog.text
+    assert summary["episodes"] == 3
+    assert "skipping episode 2: frames.agent_index_interval row 10" in caplog.text
     ds = Dataset.open(tmp_path / "d.zarr")
     np.testing.assert_array_equal(ds["agents"][:], expected_tables([eps[0], eps[1], eps[3]])["agents"])
     doc = json.loads((tmp_path / "d.zarr" / MANIFEST_KEY).read_text())
-    assert doc["journal"] == {"committed": [[0, 2], [3, 4]], "skipped": [[2, 3]]}
+    assert doc["journal"]["inputs"] == {fingerprint(eps[0]): {"committed": [[0, 2], [3, 4]], "skipped": [[2, 3]]}}
 
 
 def shm_entries():
@@ -181,7 +185,7 @@ def test_killed_worker_raises_within_seconds_then_resume_completes(tmp_path):
 
     with DatasetWriter(out, workers=2, mode="a") as w2:
         missing = w2.missing()
-        assert missing and set(missing) <= set(range(40))
+        assert missing and {k.index for k in missing} <= set(range(40))
         w2.ingest(eps, resume=True)
     ds = Dataset.open(out)
     assert ds.validate().ok
@@ -215,7 +219,7 @@ def test_killed_parent_then_resume_loses_and_duplicates_nothing(tmp_path):
     eps = list(synthetic.episodes(60, seed=5, frames=40, agents_per_frame=300))
     with DatasetWriter(out, workers=0, mode="a") as w:
         missing = w.missing()
-    assert missing and missing[0] == ds.rows["scenes"]
+    assert missing and missing[0] == Position(fingerprint(eps[0]), ds.rows["scenes"])  # one scene per episode
 
     resumed = subprocess.run([sys.executable, str(HERE / "writer_child.py"), str(out), "60", "2", "0", "--resume"],
                              capture_output=True, text=True, timeout=120)

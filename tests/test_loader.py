@@ -52,7 +52,7 @@ def collect(loader, key="track_id"):
 
 
 def assert_batches_match_zarr(loader: Loader, batches: list[dict], epoch: int):
-    table = zarr.open_array(str(Path(loader._location) / loader.table), mode="r")[:]
+    table = zarr.open_array(str(Path(str(loader.dataset.location)) / loader.table), mode="r")[:]
     for b, rows in zip(batches, expected_rows(loader, epoch), strict=True):
         for name, col in b.items():
             np.testing.assert_array_equal(col, table[name][rows])

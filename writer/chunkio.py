@@ -54,12 +54,20 @@ class ChunkError(ValueError):
 
 
 def read_chunk_into(array: zarr.Array, index: int, out: np.ndarray) -> None:
-    """Decode chunk `index` of a 1-D array into `out` (bytes of one full chunk), with no intermediate copy
-    when the array has a Blosc compressor and no filters. A chunk never written reads as the fill value."""
+    """Decode chunk `index` of a 1-D array into `out` (bytes of one full chunk); see `decode_chunk_into`."""
     key = chunk_key(array, index)
     try:
         raw = array.chunk_store[key]
     except KeyError:
+        raw = None
+    decode_chunk_into(array, key, raw, out)
+
+
+def decode_chunk_into(array: zarr.Array, key: str, raw: bytes | None, out: np.ndarray) -> None:
+    """Decode the stored bytes `raw` of chunk `key` into `out` (bytes of one full chunk), with no intermediate
+    copy when the array has a Blosc compressor and no filters. A chunk never written (`raw` None) reads as the
+    fill value."""
+    if raw is None:
         out.view(array.dtype)[:] = array.fill_value if array.fill_value is not None else np.zeros(1, array.dtype)[0]
         return
     try:

@@ -1,22 +1,24 @@
 """`DatasetWriter`: append episodes to one dataset with a pool of writer processes, committing as it goes.
 
-How it works. The parent checks each episode, reserves its rows in every table (so its intervals can be
-relocated at once) and copies its records into shared-memory segments, one table's row stream at a time.
-A segment ends on a chunk boundary, so whole chunks have exactly one writer and need no lock. Full segments
-go to the least busy worker, which compresses and writes them; only the parent touches the metadata.
-Every `commit_interval` seconds the parent also sends partly filled segments (so little is ever uncommitted);
-the chunk such a segment shares with the next one is written under zarr's per-chunk file lock. When every row
-of an episode is written, the episode is committed: the row counts in `zarrfeed.json` move past it (temporary
-file + rename) and the journal lists it. Readers trust those counts, never the array shapes.
+How it works. The writer first takes the dataset's lease (one writer at a time, on any store). The parent
+checks each episode, reserves its rows in every table (so its intervals can be relocated at once) and copies
+its records into shared-memory segments, one table's row stream at a time. A segment ends on a chunk
+boundary, so whole chunks have exactly one writer and need no lock. Full segments go to the least busy
+worker, which compresses and writes them; only the parent touches the metadata. Every `commit_interval`
+seconds the parent also sends partly filled segments (so little is ever uncommitted); the chunk such a
+segment shares with the next one is written under zarr's per-chunk file lock, in a folder outside the
+dataset. When every row of an episode is written, the episode is committed: a new manifest holding the row
+counts and the journal of episode keys is published in one atomic write. Readers trust those counts, never
+the array shapes.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Sized
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numcodecs
@@ -29,16 +31,16 @@ from .chunkio import write_rows
 from .commit import CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
 from .episode import check_episode, relocate
-from .journal import IndexRanges
+from .journal import Journal
+from .keys import Key, Position, check_key, fingerprint
+from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Lease
 from . import worker
 from .pool import WorkerError, WorkerPool, describe_exit
 from .schema import L5KIT_SCHEMA, Schema
 from .shm import SharedBlock, check_room
+from .store import FormatError, Location
 
 log = logging.getLogger("zarrfeed.writer")
-
-LOCK_DIR = ".zarrfeed-locks"
-SUBMITTED_LOG = "zarrfeed.submitted"
 
 
 class _Segment:
@@ -50,75 +52,90 @@ class _Segment:
         self.worker: int | None = None
 
 
-class DatasetWriter:
-    """Writes episodes to the dataset at `path` with `workers` processes (0: in this process).
+def _key_order(key: Key) -> tuple:
+    return (0, key.input, key.index, "") if isinstance(key, Position) else (1, "", 0, repr(key))
 
-    mode "w" creates the dataset (refusing a non-empty folder unless `overwrite`); mode "a" appends to it,
-    first dropping rows that were written but never committed. Episodes land in submission order, so the
-    dataset is the same for any number of workers. Use as a context manager, or call `close()`.
+
+class DatasetWriter:
+    """Writes episodes to the dataset at `path` (a directory or any fsspec URL, with `storage_options`) with
+    `workers` processes (0: in this process).
+
+    mode "w" creates the dataset (refusing a non-empty location unless `overwrite`, and refusing to overwrite
+    anything that is not a zarr dataset); mode "a" appends to it, first dropping rows that were written but
+    never committed. Either way the writer holds the dataset's lease until it is closed: a second writer is
+    refused. Episodes land in submission order, so the dataset is the same for any number of workers.
+    Use as a context manager, or call `close()`.
     """
 
-    def __init__(self, path: str | os.PathLike, schema: Schema = L5KIT_SCHEMA, workers: int = 2, mode: str = "w",
-                 compressor: numcodecs.abc.Codec | None = None, chunks: Mapping[str, int] | None = None,
-                 on_error: str = "raise", progress: bool = False, overwrite: bool = False,
-                 commit_interval: float = 1.0, segment_bytes: int = 4 << 20,
+    def __init__(self, path: str | os.PathLike | Location, schema: Schema = L5KIT_SCHEMA, workers: int = 2,
+                 mode: str = "w", compressor: numcodecs.abc.Codec | None = None,
+                 chunks: Mapping[str, int] | None = None, on_error: str = "raise", progress: bool = False,
+                 overwrite: bool = False, commit_interval: float = 1.0, segment_bytes: int = 4 << 20,
                  coordinator: Coordinator | None = None, synchronizer: Any = None,
-                 start_method: str | None = None) -> None:
+                 start_method: str | None = None, storage_options: Mapping[str, Any] | None = None,
+                 lease_timeout: float = TIMEOUT) -> None:
         if mode not in ("w", "a"):
             raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if workers < 0:
             raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
-        self.path = Path(path)
+        self.location = Location.of(path, storage_options)
+        self.path = self.location.url
         self.on_error, self.progress, self.commit_interval = on_error, progress, commit_interval
         self._closed = True
-        if mode == "w":
-            self.schema = format.create(self.path, schema, chunks=chunks, compressor=compressor, overwrite=overwrite)
-            committed = {t: 0 for t in self.schema.tables}
-            self._journal, self._skipped = IndexRanges(), IndexRanges()
-            (self.path / SUBMITTED_LOG).unlink(missing_ok=True)
-        else:
-            self.schema, committed = self._open_existing(schema)
-        self._root = str(self.path)
-        store = zarr.storage.DirectoryStore(self._root)
-        self._sync = synchronizer or zarr.ProcessSynchronizer(str(self.path / LOCK_DIR))
-        self._arrays = {t: zarr.open_array(store, mode="r+", path=t) for t in self.schema.tables}
-        self._locked = {t: zarr.open_array(store, mode="r+", path=t, synchronizer=self._sync, cache_metadata=False)
-                        for t in self.schema.tables}
-        for t, n in committed.items():  # rows past the committed count were never committed: drop them
-            if self._locked[t].shape[0] != n:
-                self._locked[t].resize(n)
-        self._coordinator = coordinator or LocalCoordinator(committed)
-        self._tracker = CommitTracker(committed)
-        self._submitted = self._read_submitted()
-        # new episodes are numbered after every one this dataset has seen: committed, skipped or submitted
-        ends = [end for _, end in self._journal.to_json() + self._skipped.to_json()]
-        self._next_index = max([0, *ends, *(i + 1 for i in self._submitted)])
-        self._log = open(self.path / SUBMITTED_LOG, "a")
-        self._error: BaseException | None = None
-
-        # Shared-memory segments: one open per table in the parent, two in flight per worker.
-        chunk_bytes = [t.chunk_rows * t.dtype.itemsize for t in self.schema.tables.values()]
-        self._block_bytes = max(segment_bytes, 2 * max(chunk_bytes))
-        n_blocks = len(self.schema.tables) + 2 * max(workers, 1)
-        check_room(n_blocks * self._block_bytes, f"the writer's {n_blocks} segment buffers")
-        self._blocks = [SharedBlock(self._block_bytes) for _ in range(n_blocks)]
-        self._block_bytes_view = [np.frombuffer(b.buf, np.uint8) for b in self._blocks]
-        self._free = list(range(n_blocks))[::-1]
-        self._open: dict[str, _Segment | None] = {t: None for t in self.schema.tables}
-        self._inflight: dict[int, _Segment] = {}
-        self._seg_ids = 0
-        self._shared_chunks = 0
+        self._blocks: list[SharedBlock] = []
+        self._lock_dir: str | None = None
         self._pool: WorkerPool | None = None
+        store = self.location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
+        if mode == "w":
+            self._check_new(store, overwrite)
+        self._lease = Lease(self.location, lease_timeout)
+        self._lease.acquire()
         try:
+            self._store = store
+            if mode == "w":
+                if overwrite:
+                    self._clear()
+                self.schema, self._dataset_id = format.create(store, schema, chunks=chunks, compressor=compressor)
+                committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
+            else:
+                self.schema, committed = self._open_existing(schema)
+            # zarr's per-chunk locks, for chunks two segments share: outside the dataset, gone at close
+            self._lock_dir = tempfile.mkdtemp(prefix="zarrfeed-chunk-locks-")
+            self._sync = synchronizer or zarr.ProcessSynchronizer(self._lock_dir)
+            self._arrays = {t: zarr.open_array(store, mode="r+", path=t) for t in self.schema.tables}
+            self._locked = {t: zarr.open_array(store, mode="r+", path=t, synchronizer=self._sync,
+                                               cache_metadata=False) for t in self.schema.tables}
+            for t, n in committed.items():  # rows past the committed count were never committed: drop them
+                if self._locked[t].shape[0] != n:
+                    self._locked[t].resize(n)
+            self._coordinator = coordinator or LocalCoordinator(committed)
+            self._tracker = CommitTracker(committed)
+            self._submitted: set[Key] = set()  # keys submitted by this writer and not yet committed
+            self._input: str | None = None  # the fingerprint of the input that keyless submits continue
+            self._position = 0
+            self._error: BaseException | None = None
+
+            # Shared-memory segments: one open per table in the parent, two in flight per worker.
+            chunk_bytes = [t.chunk_rows * t.dtype.itemsize for t in self.schema.tables.values()]
+            self._block_bytes = max(segment_bytes, 2 * max(chunk_bytes))
+            n_blocks = len(self.schema.tables) + 2 * max(workers, 1)
+            check_room(n_blocks * self._block_bytes, f"the writer's {n_blocks} segment buffers")
+            self._blocks = [SharedBlock(self._block_bytes) for _ in range(n_blocks)]
+            self._block_bytes_view = [np.frombuffer(b.buf, np.uint8) for b in self._blocks]
+            self._free = list(range(n_blocks))[::-1]
+            self._open: dict[str, _Segment | None] = {t: None for t in self.schema.tables}
+            self._inflight: dict[int, _Segment] = {}
+            self._seg_ids = 0
+            self._shared_chunks = 0
             if workers > 0:
                 dtypes = {n: t.dtype for n, t in self.schema.tables.items()}
-                self._pool = WorkerPool(workers, worker.setup, (self._root, dtypes, self._sync, self._blocks),
+                self._pool = WorkerPool(workers, worker.setup, (self.location, dtypes, self._sync, self._blocks),
                                         "writer worker", start_method)
             self._load = [0] * max(workers, 1)
         except BaseException:
-            self._release_blocks()
+            self._release()
             raise
         self._closed = False
         self._last_flush = self._last_commit = time.monotonic()
@@ -126,36 +143,56 @@ class DatasetWriter:
         self._episodes_in = 0
 
     # ---------------------------------------------------------------- opening
+    def _check_new(self, store: zarr.storage.BaseStore, overwrite: bool) -> None:
+        """Mode "w": refuse, before anything changes, a location that holds something we may not replace."""
+        if not self.location.exists():
+            return
+        if not overwrite:
+            raise FormatError(f"{self.location}: already exists and is not empty; append to it (mode='a'), "
+                              "resume an interrupted ingest into it, or overwrite it")
+        if ".zgroup" not in store:
+            held = self.location.entries(4)
+            raise FormatError(f"{self.location}: not a zarr dataset (it holds {', '.join(held)}"
+                              f"{', ...' if len(held) == 4 else ''}); refusing to overwrite it")
+
+    def _clear(self) -> None:
+        """Delete the dataset being overwritten (everything but the lease we hold)."""
+        keep = {LEASE_KEY, LOCK_FILE}
+        if self.location.is_local:
+            for entry in os.scandir(self.location.path):
+                if entry.name in keep or entry.name.startswith(f".{LEASE_KEY}."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            return
+        fs, root = self.location.filesystem()
+        doomed = [p for p in fs.ls(root, detail=False) if p.rstrip("/").rsplit("/", 1)[-1] not in keep]
+        if doomed:
+            fs.rm(doomed, recursive=True)
+
     def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
-        group = format.open_group(self.path, mode="a")
+        group = format.open_group(self.location, mode="a")
         arrays = {n: format.open_table(group.store, n) for n in group.array_keys()}
         found = format.detect_schema(group, arrays)
         for name, table in schema.tables.items():
             if name not in found.tables or found.tables[name].dtype != table.dtype:
-                raise format.FormatError(f"{self.path}: table '{name}' does not match the schema to append")
+                raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")
         if [str(x) for x in found.links] != [str(x) for x in schema.links]:
-            raise format.FormatError(f"{self.path}: its links differ from the schema to append")
+            raise FormatError(f"{self.location}: its links differ from the schema to append")
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
                 group.create_dataset(name, shape=(0,), chunks=(table.chunk_rows,), dtype=table.dtype,
                                      compressor=found.compressor, fill_value=np.zeros(1, table.dtype)[0])
         doc = format.read_manifest(group.store)
         if doc is None:  # written by another tool: its shapes are its rows
-            committed = {n: group[n].shape[0] for n in found.tables}
-            self._journal, self._skipped = IndexRanges(), IndexRanges()
-        else:
-            committed = doc["committed"]
-            journal = doc.get("journal", {})
-            self._journal = IndexRanges(journal.get("committed", []))
-            self._skipped = IndexRanges(journal.get("skipped", []))
-        return found, committed
-
-    def _read_submitted(self) -> set[int]:
-        try:
-            lines = (self.path / SUBMITTED_LOG).read_text().split("\n")
-        except FileNotFoundError:
-            return set()
-        return {int(x) for x in lines if x.strip().isdigit()}
+            self._journal, self._commit_no, self._dataset_id = Journal(), 0, format.new_dataset_id()
+            return found, {n: group[n].shape[0] for n in found.tables}
+        self._journal = Journal.from_json(doc.get("journal"))
+        self._commit_no = doc["commit"]
+        self._dataset_id = doc.get("dataset_id") or format.new_dataset_id()
+        return found, doc["committed"]
 
     # ---------------------------------------------------------------- public API
     @property
@@ -163,38 +200,60 @@ class DatasetWriter:
         """Rows per table that are committed (readers see these)."""
         return dict(self._tracker.committed)
 
-    def missing(self) -> list[int]:
-        """Input indices that were submitted (in this or an interrupted earlier session) but not committed."""
-        return sorted(i for i in self._submitted if i not in self._journal and i not in self._skipped)
+    @property
+    def commit(self) -> int:
+        """The number of the last commit (readers may pin it: `Dataset.open(path, commit=n)`)."""
+        return self._commit_no
 
-    def submit(self, episode: Mapping[str, np.ndarray], index: int | None = None) -> bool:
+    def is_committed(self, key: Key) -> bool:
+        """Whether the episode with this key is committed (or was skipped as bad input)."""
+        return self._journal.done(key)
+
+    def missing(self) -> list[Key]:
+        """Keys of episodes submitted but not committed: by this writer, or by an interrupted one up to its
+        last commit. Re-send them, or run the same input again with `ingest(..., resume=True)`."""
+        return sorted((k for k in self._journal.pending if not self._journal.done(k)), key=_key_order)
+
+    def submit(self, episode: Mapping[str, np.ndarray], key: Key | None = None) -> bool:
         """Check the episode, place it after everything submitted so far and start writing it.
 
-        Returns at once unless every segment buffer is busy (back-pressure). `index` names the input
-        episode in the journal (default: the next index). Bad input raises `ValueError` naming table, field
-        and row, with nothing written, or with `on_error="skip"` is logged and skipped (returns False).
+        `key` (a str or an int) identifies the episode: one whose key is committed, or already submitted to
+        this writer, is passed over (returns False), so retries never duplicate it. Without a key, the episode
+        is the next of the current input (see `ingest`). Returns at once unless every segment buffer is busy
+        (back-pressure). Bad input raises `ValueError` naming table, field and row, with nothing written, or
+        with `on_error="skip"` is logged and skipped (returns False).
         """
         self._check_open()
-        index = self._next_index if index is None else int(index)
-        self._next_index = max(self._next_index, index + 1)
+        if key is None:
+            if self._input is None:
+                self._begin_input(episode, resume=False)
+            key = Position(self._input, self._position)
+            self._position += 1
+        key = check_key(key)
+        if self._journal.done(key) or key in self._submitted:
+            return False
+        digest = fingerprint(episode)
+        earlier = self._journal.pending.get(key)
+        if earlier is not None and earlier != digest:
+            raise ValueError(f"episode {key}: not the episode submitted under this key before the interruption "
+                             f"(fingerprint {digest}, was {earlier}); resume with the same input")
         try:
             tables = check_episode(episode, self.schema)
         except ValueError as exc:
             if self.on_error == "raise":
-                raise ValueError(f"episode {index}: {exc}") from None
-            log.warning("skipping episode %d: %s", index, exc)
-            self._skipped.add(index)
+                raise ValueError(f"episode {key}: {exc}") from None
+            log.warning("skipping episode %s: %s", key, exc)
+            self._journal.skip(key)
             return False
-        self._log.write(f"{index}\n")
-        self._log.flush()
-        self._submitted.add(index)
+        self._journal.pending[key] = digest
+        self._submitted.add(key)
         rows = {t: len(a) for t, a in tables.items()}
         offsets = self._coordinator.reserve(rows)
         tables = relocate(tables, self.schema, offsets)
         try:
             for t, arr in tables.items():
                 self._append(t, offsets[t], arr)
-            self._tracker.add_episode(index, offsets, {t: offsets[t] + rows[t] for t in rows})
+            self._tracker.add_episode(key, offsets, {t: offsets[t] + rows[t] for t in rows})
             for t, n in rows.items():
                 self._rows_in[t] += n
             self._episodes_in += 1
@@ -207,11 +266,15 @@ class DatasetWriter:
             raise
         return True
 
-    def ingest(self, episodes: Iterable[Mapping[str, np.ndarray]], resume: bool = False) -> dict[str, Any]:
+    def ingest(self, episodes: Iterable[Mapping[str, np.ndarray]], resume: bool = False,
+               keys: Iterable[Key] | None = None) -> dict[str, Any]:
         """Submit every episode, wait until all are written and commit; return a summary.
 
-        With `resume=True`, `episodes` is the same input as an interrupted earlier ingest: its items are
-        numbered from 0 and those already committed are passed over (`missing()` ones are re-sent).
+        Without `keys`, each episode's key is its position in `episodes` with the input's fingerprint (the
+        digest of its first episode). An input this dataset has seen before is refused unless `resume=True`,
+        which passes over its committed episodes and writes the rest; resuming with an input the dataset has
+        not seen, while it records another one, is refused. Nothing is written before either refusal.
+        With `keys` (one str or int per episode), committed keys are passed over, resume or not.
         """
         self._check_open()
         t0 = time.perf_counter()
@@ -219,12 +282,22 @@ class DatasetWriter:
         total = len(episodes) if isinstance(episodes, Sized) else None
         bar = tqdm(total=total, unit="episode", desc="ingest", disable=not self.progress, smoothing=0.1)
         last = time.monotonic()
+        given = iter(keys) if keys is not None else None
+        self._input = None
         try:
             for i, episode in enumerate(episodes):
-                if resume and (i in self._journal or i in self._skipped):
+                if given is not None:
+                    key = next(given, None)
+                    if key is None:
+                        raise ValueError(f"keys: fewer keys than episodes (none for episode {i})")
+                else:
+                    if i == 0:
+                        self._begin_input(episode, resume)
+                    key, self._position = Position(self._input, i), i + 1
+                if resume and self._journal.done(key):
                     bar.update(1)
                     continue
-                self.submit(episode, index=i if resume else None)
+                self.submit(episode, key=key)
                 bar.update(1)
                 if self.progress and time.monotonic() - last > 0.5:
                     last = time.monotonic()
@@ -236,6 +309,26 @@ class DatasetWriter:
         rows = {t: self._rows_in[t] - rows0[t] for t in rows0}
         return {"episodes": self._episodes_in - eps0, "rows": rows, "bytes": self._bytes(rows),
                 "seconds": time.perf_counter() - t0}
+
+    def _begin_input(self, first: Any, resume: bool) -> None:
+        """Start an input whose first episode is `first`: refuse a repeat without resume, or a resume of an
+        input this dataset has not seen; record it (with one commit) before any of its rows are written."""
+        input_id = fingerprint(first)
+        j = self._journal
+        if resume and not j.known_input(input_id) and (j.inputs or j.legacy):
+            last = j.last_input or "unknown"
+            raise ValueError(f"{self.location}: cannot resume with this input: its first episode (fingerprint "
+                             f"{input_id}) is not the first episode of the interrupted ingest (fingerprint "
+                             f"{last}); resume with the same input, or append this one without resume")
+        if not resume and j.known_input(input_id):
+            done = len(j.inputs[input_id][0])
+            raise ValueError(f"{self.location}: this input was ingested before ({done} of its episodes are "
+                             "committed; its first episode has fingerprint " f"{input_id}); resume it to finish "
+                             "it, or pass keys= to write its episodes again")
+        j.add_input(input_id)
+        j.last_input = input_id
+        self._input, self._position = input_id, 0
+        self._commit(force=True)
 
     def sync(self) -> None:
         """Write everything submitted so far and commit it."""
@@ -250,9 +343,8 @@ class DatasetWriter:
             raise
 
     def close(self) -> dict[str, int]:
-        """Write and commit everything, stop the workers, trim the arrays and consolidate the metadata.
-
-        Returns the committed rows per table."""
+        """Write and commit everything, stop the workers, trim the arrays, consolidate the metadata and
+        release the lease. Returns the committed rows per table."""
         if self._closed:
             return self.committed
         try:
@@ -261,10 +353,7 @@ class DatasetWriter:
                 self._pool.stop()
             for t, n in self._tracker.committed.items():
                 self._locked[t].resize(n)
-            self._log.close()
-            (self.path / SUBMITTED_LOG).unlink(missing_ok=True)
-            shutil.rmtree(self.path / LOCK_DIR, ignore_errors=True)  # before consolidating: it holds '.zarray' locks
-            zarr.consolidate_metadata(zarr.storage.DirectoryStore(self._root))
+            zarr.consolidate_metadata(self._store)
         finally:
             self._shutdown()
         return self.committed
@@ -371,27 +460,31 @@ class DatasetWriter:
     def _lost(self) -> str:
         """The message for a dead worker: who, and which episodes' rows it held."""
         wid, pid, code = self._pool.dead()[0]
-        lost = sorted({i for seg in self._inflight.values() if seg.worker == wid
-                       for i in self._tracker.episodes_touching(seg.table, seg.start, seg.start + seg.n)})
-        what = f"episodes {lost[0]}-{lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "nothing"
+        lost = sorted({k for seg in self._inflight.values() if seg.worker == wid
+                       for k in self._tracker.episodes_touching(seg.table, seg.start, seg.start + seg.n)},
+                      key=_key_order)
+        what = f"episodes {lost[0]} to {lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "nothing"
         rows = ", ".join(f"{n:,} {t}" for t, n in self._tracker.committed.items())
         return (f"{describe_exit('writer worker', wid, pid, code)} while writing {what}; "
-                f"{len(self._journal)} episodes are committed ({rows}). "
+                f"{self._journal.committed_count()} episodes are committed ({rows}). "
                 "Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).")
 
     # ---------------------------------------------------------------- commit
     def _commit(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._last_commit < self.commit_interval:
             return
-        for index in self._tracker.advance():
-            self._journal.add(index)
+        for key in self._tracker.advance():
+            self._journal.commit(key)
+            self._submitted.discard(key)
         self._write_manifest()
         self._last_commit = time.monotonic()
 
     def _write_manifest(self) -> None:
-        format.write_manifest(self.path, format.manifest(
-            self.schema, self._tracker.committed,
-            journal={"committed": self._journal.to_json(), "skipped": self._skipped.to_json()}))
+        self._lease.check()  # never publish a commit once another writer holds the dataset
+        self._commit_no += 1
+        format.write_manifest(self._store, format.manifest(
+            self.schema, self._tracker.committed, self._commit_no, self._dataset_id,
+            journal=self._journal.to_json()))
 
     def _fail(self, exc: BaseException | None) -> None:
         """Stop at once after an error: kill the workers, commit what is durable, free the buffers."""
@@ -401,23 +494,31 @@ class DatasetWriter:
         try:
             if self._pool:
                 self._pool.kill()
-            for index in self._tracker.advance():
-                self._journal.add(index)
-            self._write_manifest()
+            for key in self._tracker.advance():
+                self._journal.commit(key)
+            if not self._lease.lost:
+                self._write_manifest()
+        except Exception as again:  # the store itself failed: what was committed before stays committed
+            log.error("%s: could not commit after %s: %s", self.location, type(exc).__name__, again)
         finally:
             self._shutdown()
 
     def _shutdown(self) -> None:
         self._closed = True
-        if not self._log.closed:
-            self._log.close()
-        self._release_blocks()
+        self._release()
 
-    def _release_blocks(self) -> None:
+    def _release(self) -> None:
+        """Free the shared memory, the chunk locks and the lease."""
         self._block_bytes_view = []
         for b in self._blocks:
             b.close()
         self._blocks = []
+        if self._lock_dir:
+            shutil.rmtree(self._lock_dir, ignore_errors=True)
+            self._lock_dir = None
+        lease = getattr(self, "_lease", None)
+        if lease is not None:
+            lease.release()
 
     def _check_open(self) -> None:
         if self._closed:

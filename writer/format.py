@@ -1,8 +1,10 @@
 """The on-disk format: opening zarr v2 stores, creating a dataset from a schema, and the zarrfeed manifest.
 
-The manifest (`zarrfeed.json` at the group's root) holds the schema and the row count per table that the
-writer has *committed*. zarr shows a grown shape before the rows are written, so readers trust the committed
-count, not the shape. Datasets written by other tools have no manifest: their shapes are their row counts.
+The manifest (`zarrfeed.json` at the group's root) holds the schema, the row count per table that the writer
+has *committed*, the commit's number and the journal of episode keys; each commit's row counts are also kept
+as `zarrfeed.commits/<number>.json`, so readers can pin one. zarr shows a grown shape before the rows are
+written, so readers trust the committed count, not the shape. Datasets written by other tools have no
+manifest: their shapes are their row counts.
 All zarr calls of the project live here and in the modules that read and write chunks, so a move to zarr 3
 (once it supports subarray dtypes) is one change.
 """
@@ -10,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numcodecs
@@ -19,54 +21,49 @@ import numpy as np
 import zarr
 
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
+from .store import FormatError, Location
+
+__all__ = ["FormatError", "Location", "MANIFEST_KEY", "create", "detect_schema", "open_group", "open_store",
+           "open_table", "read_manifest", "write_manifest"]
 
 MANIFEST_KEY = "zarrfeed.json"
-MANIFEST_VERSION = 1
+COMMITS_PREFIX = "zarrfeed.commits"
+MANIFEST_VERSION = 2
+KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
 
-class FormatError(ValueError):
-    """A dataset cannot be read or written as asked; the message is one line saying what and where."""
-
-
-def open_store(location: str | os.PathLike, mode: str = "r") -> zarr.storage.BaseStore:
+def open_store(location: str | os.PathLike | Location, mode: str = "r",
+               storage_options: dict[str, Any] | None = None) -> zarr.storage.BaseStore:
     """A zarr v2 store for a directory, a `.zip` file (read-only) or an fsspec URL."""
-    text = os.fspath(location)
-    if "://" in text:
-        return zarr.storage.FSStore(text, mode=mode)
-    path = Path(text)
-    if text.endswith(".zip"):
-        if mode != "r":
-            raise FormatError(f"{text}: zip stores are read-only; write to a directory")
-        if not path.is_file():
-            raise FormatError(f"{text}: no such file")
-        try:
-            return zarr.storage.ZipStore(text, mode="r")
-        except Exception as exc:  # zipfile.BadZipFile and friends
-            raise FormatError(f"{text}: not a readable zip file ({exc})") from None
-    if mode == "r" and not path.exists():
-        raise FormatError(f"{text}: no such file or directory")
-    if path.exists() and not path.is_dir():
-        raise FormatError(f"{text}: not a directory, a .zip file or a URL")
-    return zarr.storage.DirectoryStore(text)
+    return Location.of(location, storage_options).store(mode)
 
 
-def open_group(location: str | os.PathLike, mode: str = "r") -> zarr.Group:
+def open_group(location: str | os.PathLike | Location, mode: str = "r",
+               storage_options: dict[str, Any] | None = None) -> zarr.Group:
     """Open an existing zarr v2 group, with a one-line `FormatError` if it is not one."""
-    store = open_store(location, mode)
+    loc = Location.of(location, storage_options)
+    store = loc.store(mode)
     try:
         has_group = ".zgroup" in store
     except Exception as exc:
-        raise FormatError(f"{os.fspath(location)}: cannot read the store ({exc})") from None
+        raise FormatError(f"{loc}: cannot read the store ({type(exc).__name__}: {_first_line(exc)})") from None
     if not has_group:
         if "zarr.json" in store:
-            raise FormatError(f"{os.fspath(location)}: a zarr v3 store; zarrfeed reads zarr v2 (L5Kit's format)")
+            raise FormatError(f"{loc}: a zarr v3 store; zarrfeed reads zarr v2 (L5Kit's format)")
         if ".zarray" in store:
-            raise FormatError(f"{os.fspath(location)}: one table's array, not a dataset; open the folder above it")
-        raise FormatError(f"{os.fspath(location)}: not a zarr group (no .zgroup)")
+            raise FormatError(f"{loc}: one table's array, not a dataset; open the folder above it")
+        if not loc.is_local and not loc.exists():
+            raise FormatError(f"{loc}: no such dataset (nothing is stored there)")
+        raise FormatError(f"{loc}: not a zarr group (no .zgroup)")
     try:
         return zarr.open_group(store, mode="r" if mode == "r" else "r+")
     except Exception as exc:
-        raise FormatError(f"{os.fspath(location)}: cannot open the zarr group ({exc})") from None
+        raise FormatError(f"{loc}: cannot open the zarr group ({exc})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", **kwargs: Any) -> zarr.Array:
@@ -80,41 +77,71 @@ def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", **kwar
     return arr
 
 
-def read_manifest(store: zarr.storage.BaseStore) -> dict[str, Any] | None:
-    """The zarrfeed manifest, or None for datasets written by other tools."""
-    try:
-        raw = store[MANIFEST_KEY]
-    except KeyError:
-        return None
+def _parse(raw: Any, key: str) -> dict[str, Any]:
     try:
         doc = json.loads(bytes(raw))
         doc["committed"] = {k: int(v) for k, v in doc["committed"].items()}
+        doc.setdefault("commit", 0)
         return doc
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise FormatError(f"{MANIFEST_KEY}: unreadable manifest ({exc})") from None
+        raise FormatError(f"{key}: unreadable manifest ({exc})") from None
 
 
-def write_manifest(root: str | os.PathLike, doc: dict[str, Any]) -> None:
-    """Publish the manifest atomically: write a temporary file, flush it to disk, rename it into place."""
-    final = Path(root) / MANIFEST_KEY
-    tmp = final.with_name(f".{MANIFEST_KEY}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+def commit_key(number: int) -> str:
+    return f"{COMMITS_PREFIX}/{number:010d}.json"
 
 
-def manifest(schema: Schema, committed: dict[str, int], **extra: Any) -> dict[str, Any]:
-    return {"zarrfeed": MANIFEST_VERSION, "schema": schema.to_json(), "committed": dict(committed), **extra}
+def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> dict[str, Any] | None:
+    """The zarrfeed manifest (the latest commit, or commit number `commit`), or None for datasets written by
+    other tools. A pinned commit gives its row counts; everything below them never changes."""
+    try:
+        raw = store[MANIFEST_KEY]
+    except KeyError:
+        if commit is not None:
+            raise FormatError(f"commit {commit}: this dataset has no zarrfeed commits") from None
+        return None
+    doc = _parse(raw, MANIFEST_KEY)
+    if commit is None or commit == doc["commit"]:
+        return doc
+    if commit > doc["commit"]:
+        raise FormatError(f"commit {commit}: the latest commit is {doc['commit']}")
+    try:
+        pinned = _parse(store[commit_key(commit)], commit_key(commit))
+    except KeyError:
+        raise FormatError(f"commit {commit}: no longer kept (the dataset keeps its last {KEEP_COMMITS} commits; "
+                          f"the latest is {doc['commit']})") from None
+    return {**doc, "commit": commit, "committed": pinned["committed"]}
 
 
-def create(root: str | os.PathLike, schema: Schema, *, chunks: dict[str, int] | None = None,
-           compressor: numcodecs.abc.Codec | None = None, overwrite: bool = False) -> Schema:
-    """Create an empty dataset (every table with 0 rows, attrs, manifest); return the schema as written.
+def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> None:
+    """Publish commit `doc["commit"]`: its row counts as an immutable numbered object, then the whole manifest
+    as one object. Each is one atomic write on every store (a PUT; a temporary file renamed on local disks),
+    and readers only ever read the manifest, so they see the old commit or the new one, never a mixture."""
+    number = int(doc["commit"])
+    store[commit_key(number)] = json.dumps({"commit": number, "committed": doc["committed"]}).encode()
+    store[MANIFEST_KEY] = json.dumps(doc).encode()
+    if number >= KEEP_COMMITS:
+        try:
+            del store[commit_key(number - KEEP_COMMITS)]
+        except KeyError:
+            pass
 
-    `chunks` overrides chunk rows per table, `compressor` the schema's compressor.
-    """
+
+def manifest(schema: Schema, committed: dict[str, int], commit: int, dataset_id: str, **extra: Any
+             ) -> dict[str, Any]:
+    return {"zarrfeed": MANIFEST_VERSION, "commit": commit, "dataset_id": dataset_id, "schema": schema.to_json(),
+            "committed": dict(committed), **extra}
+
+
+def new_dataset_id() -> str:
+    """A dataset's identity, new each time one is created (caches of its chunks are keyed on it)."""
+    return uuid.uuid4().hex
+
+
+def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, int] | None = None,
+           compressor: numcodecs.abc.Codec | None = None) -> tuple[Schema, str]:
+    """Create an empty dataset in an empty store (every table with 0 rows, attrs, manifest); return the schema
+    as written and the new dataset's id. `chunks` overrides chunk rows per table, `compressor` the schema's."""
     unknown = set(chunks or {}) - set(schema.tables)
     if unknown:
         raise FormatError(f"chunks: no table {sorted(unknown)} in schema '{schema.name}'")
@@ -122,17 +149,14 @@ def create(root: str | os.PathLike, schema: Schema, *, chunks: dict[str, int] | 
         tables={n: (t.dtype, (chunks or {}).get(n, t.chunk_rows)) for n, t in schema.tables.items()},
         links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
     )
-    root = Path(root)
-    if root.exists() and any(root.iterdir()) and not overwrite:
-        raise FormatError(f"{root}: already exists and is not empty; append to it, resume an interrupted "
-                          "ingest into it, or overwrite it")
-    group = zarr.open_group(zarr.storage.DirectoryStore(str(root)), mode="w")
+    group = zarr.group(store)
     for t in schema.tables.values():
         group.create_dataset(t.name, shape=(0,), chunks=(t.chunk_rows,), dtype=t.dtype,
                              compressor=schema.compressor, fill_value=np.zeros(1, t.dtype)[0])
     group.attrs.update(schema.attrs)
-    write_manifest(root, manifest(schema, {n: 0 for n in schema.tables}))
-    return schema
+    dataset_id = new_dataset_id()
+    write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id))
+    return schema, dataset_id
 
 
 def detect_schema(group: zarr.Group, arrays: dict[str, zarr.Array]) -> Schema:

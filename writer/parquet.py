@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from .arrow import _field_type, from_arrow
 from .dataset_writer import DatasetWriter
 from .schema import L5KIT_SCHEMA, Schema
 from .source import Episodes
+from .store import Location
 
 
 def _fix_lists(data: pa.Table, dtype: np.dtype, where: str) -> pa.Table:
@@ -44,23 +44,23 @@ def _fix_lists(data: pa.Table, dtype: np.dtype, where: str) -> pa.Table:
     return data
 
 
-def read_table_dir(folder: Path, dtype: np.dtype) -> np.ndarray:
+def read_table_dir(fs: Any, folder: str, dtype: np.dtype) -> np.ndarray:
     """All Parquet files of one table, in name order, as records of `dtype` (checked file by file)."""
-    files = sorted(folder.glob("*.parquet"))
+    files = sorted(fs.glob(f"{folder}/*.parquet"))
     parts = []
     for f in files:
         try:
-            data = pq.read_table(f)
+            data = pq.read_table(f, filesystem=fs)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ValueError(f"{f}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
         parts.append(from_arrow(_fix_lists(data, dtype, str(f)), dtype, where=str(f)))
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
-def _schema_of(in_dir: Path) -> Schema:
-    for f in sorted(in_dir.glob("*/*.parquet")):
+def _schema_of(fs: Any, root: str) -> Schema:
+    for f in sorted(fs.glob(f"{root}/*/*.parquet")):
         try:
-            meta = pq.read_schema(f).metadata or {}
+            meta = pq.read_schema(f, filesystem=fs).metadata or {}
         except (pa.ArrowInvalid, OSError) as exc:
             raise ValueError(f"{f}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
         if b"zarrfeed.schema" in meta:
@@ -68,20 +68,23 @@ def _schema_of(in_dir: Path) -> Schema:
     return L5KIT_SCHEMA
 
 
-def ingest_parquet(in_dir: str | os.PathLike, out: str | os.PathLike, workers: int = 2,
-                   schema: Schema | None = None, **options: Any) -> dict[str, Any]:
-    """Write the Parquet export in `in_dir` (one folder per table) to a new dataset at `out`; return the
-    writer's summary. The schema comes from the files' metadata (else `schema`, else L5Kit's)."""
-    in_dir = Path(in_dir)
-    if not in_dir.is_dir():
-        raise ValueError(f"{in_dir}: no such folder")
-    schema = schema or _schema_of(in_dir)
+def ingest_parquet(in_dir: str | os.PathLike | Location, out: str | os.PathLike | Location, workers: int = 2,
+                   schema: Schema | None = None, storage_options: dict[str, Any] | None = None,
+                   **options: Any) -> dict[str, Any]:
+    """Write the Parquet export in `in_dir` (one folder per table; a folder or any fsspec URL) to a new
+    dataset at `out`; return the writer's summary. The schema comes from the files' metadata (else `schema`,
+    else L5Kit's). `storage_options` apply to both places (pass `Location`s for different ones)."""
+    source = Location.of(in_dir, storage_options)
+    fs, root = source.filesystem()
+    if not fs.isdir(root):
+        raise ValueError(f"{source}: no such folder")
+    schema = schema or _schema_of(fs, root)
     tables = {}
     for name, table in schema.tables.items():
-        folder = in_dir / name
-        if not folder.is_dir():
-            raise ValueError(f"{folder}: missing (schema '{schema.name}' has table {name!r})")
-        tables[name] = read_table_dir(folder, table.dtype)
+        folder = f"{root.rstrip('/')}/{name}"
+        if not fs.isdir(folder):
+            raise ValueError(f"{source.child(name)}: missing (schema '{schema.name}' has table {name!r})")
+        tables[name] = read_table_dir(fs, folder, table.dtype)
     episodes = Episodes(schema, tables, {n: len(a) for n, a in tables.items()})
-    with DatasetWriter(out, schema, workers=workers, **options) as w:
+    with DatasetWriter(Location.of(out, storage_options), schema, workers=workers, **options) as w:
         return w.ingest(episodes)

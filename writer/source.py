@@ -58,8 +58,9 @@ class Episodes:
 class DatasetSource(Episodes):
     """The episodes of the dataset at `location` (any store `format.open_group` reads), in row order."""
 
-    def __init__(self, location: str | os.PathLike) -> None:
-        group = format.open_group(location)
+    def __init__(self, location: "str | os.PathLike | format.Location",
+                 storage_options: dict | None = None) -> None:
+        group = format.open_group(location, storage_options=storage_options)
         arrays = {n: format.open_table(group.store, n) for n in group.array_keys()}
         schema = format.detect_schema(group, arrays)
         tables = {n: arrays[n] if n in arrays else format.empty_table(t) for n, t in schema.tables.items()}

@@ -8,15 +8,16 @@ import zarr
 
 from .chunkio import write_rows
 from .shm import SharedBlock
+from .store import Location
 
 
-def setup(wid: int, root: str, dtypes: dict[str, np.dtype], synchronizer: Any,
+def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronizer: Any,
           blocks: list[SharedBlock]) -> Callable[[tuple], tuple]:
     """Open the dataset in this process (no zarr handle is inherited); return the message handler.
 
     A message is (segment id, table, first row, row count, block); the reply (done, worker, segment id,
     chunks that needed the lock)."""
-    store = zarr.storage.DirectoryStore(root)
+    store = location.store("w")
     arrays = {t: zarr.open_array(store, mode="r+", path=t) for t in dtypes}
     locked = {t: zarr.open_array(store, mode="r+", path=t, synchronizer=synchronizer, cache_metadata=False)
               for t in dtypes}

@@ -1,0 +1,342 @@
+"""One writer at a time per dataset: a lease taken before anything changes, kept fresh by a heartbeat.
+
+The lease document (`zarrfeed.lease` in the dataset: host, pid, process start time, start, heartbeat) says who
+holds it. What makes it exclusive depends on the store:
+- a local directory: a file lock (fasteners) on `.zarrfeed.lock`, which the kernel drops when its process
+  dies; POSIX locks do not exclude two holders in one process, so a registry of this process's leases does;
+- S3: the document itself, created only if absent (`If-None-Match: *`), renewed and taken over only if it
+  is unchanged (`If-Match: <ETag>`), so two writers can never both believe they hold it;
+- other fsspec stores: an exclusive create (mode "xb") where the filesystem supports one.
+A lease whose holder is gone (a dead pid on this host, or no heartbeat for `timeout` seconds) is taken over,
+with a log line. A holder that finds its lease taken (its heartbeat missed the timeout) stops writing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import fasteners
+
+from .store import FormatError, Location
+
+log = logging.getLogger("zarrfeed.writer")
+
+LEASE_KEY = "zarrfeed.lease"
+LOCK_FILE = ".zarrfeed.lock"
+TIMEOUT = 60.0
+_held_here: set[str] = set()  # local leases held by this process
+_held_lock = threading.Lock()
+
+
+class LeaseHeld(FormatError):
+    """Another writer holds the dataset's lease; the message names it."""
+
+
+class LeaseLost(RuntimeError):
+    """This writer's lease was taken over (its heartbeat stopped for longer than the timeout)."""
+
+
+def _process_start(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (tells a reused pid apart), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass
+class Holder:
+    """Who holds a lease, as stored in its document."""
+
+    host: str
+    pid: int
+    pid_start: int | None
+    started: float
+    heartbeat: float
+    token: str
+
+    @classmethod
+    def me(cls) -> "Holder":
+        now = time.time()
+        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now, uuid.uuid4().hex)
+
+    @classmethod
+    def parse(cls, raw: bytes | None) -> "Holder | None":
+        try:
+            return cls(**json.loads(bytes(raw)))
+        except (TypeError, ValueError):
+            return None
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    def gone(self, timeout: float) -> str | None:
+        """Why this holder is gone (a dead process on this host, a stale heartbeat), or None if it may live."""
+        if self.host == socket.gethostname():
+            start = _process_start(self.pid)
+            if start is None or (self.pid_start is not None and start != self.pid_start):
+                return f"process {self.pid} on this host has exited"
+        silent = time.time() - self.heartbeat
+        if silent > timeout:
+            return f"no heartbeat for {silent:.0f} s (timeout {timeout:.0f} s)"
+        return None
+
+    def __str__(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return (f"pid {self.pid} on {self.host} (since {since}, last heartbeat "
+                f"{max(0.0, time.time() - self.heartbeat):.0f} s ago)")
+
+
+def _refuse(location: Location, holder: Holder | None) -> LeaseHeld:
+    who = str(holder) if holder else "another writer"
+    return LeaseHeld(f"{location}: being written by {who}; wait for it to finish, or stop it "
+                     "(a lease whose holder died is taken over at once on the same host, otherwise after "
+                     f"{TIMEOUT:.0f} s without a heartbeat)")
+
+
+class Lease:
+    """The write lease of the dataset at `location`: `acquire()`, then `release()` (or use `with`)."""
+
+    def __init__(self, location: Location, timeout: float = TIMEOUT, interval: float | None = None) -> None:
+        self.location, self.timeout = location, timeout
+        self.interval = interval if interval is not None else max(0.05, timeout / 6)
+        self.holder = Holder.me()
+        self.lost: str | None = None
+        self._backend: _Backend | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> None:
+        """Take the lease or raise `LeaseHeld` naming its holder; nothing in the dataset changes before."""
+        loc = self.location
+        if loc.is_local:
+            self._backend = _FileBackend(loc)
+        elif loc.protocol in ("s3", "s3a"):
+            self._backend = _S3Backend(loc)
+        else:
+            self._backend = _CreateBackend(loc)
+        previous = self._backend.take(self.holder, self.timeout)
+        if previous is not None:
+            log.warning("%s: took over the write lease of %s: %s", loc, previous[0], previous[1])
+        self._thread = threading.Thread(target=self._beat, name="zarrfeed-lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.holder.heartbeat = time.time()
+            try:
+                if not self._backend.renew(self.holder):
+                    self.lost = f"{self.location}: the write lease was taken over by another writer"
+                    log.error("%s", self.lost)
+                    return
+            except Exception as exc:  # a store that does not answer: try again at the next beat
+                log.warning("%s: lease heartbeat failed (%s: %s)", self.location, type(exc).__name__, exc)
+
+    def check(self) -> None:
+        """Raise `LeaseLost` if another writer has taken the lease over."""
+        if self.lost:
+            raise LeaseLost(self.lost)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        if self._backend is not None:
+            try:
+                self._backend.release(self.holder)
+            except Exception as exc:  # the store is gone: the lease expires by itself
+                log.warning("%s: could not release the write lease (%s)", self.location, exc)
+            self._backend = None
+
+    def __enter__(self) -> "Lease":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class _Backend:
+    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+        """Acquire; return (previous holder, why it was gone) on a takeover. Raises `LeaseHeld`."""
+        raise NotImplementedError
+
+    def renew(self, me: Holder) -> bool:
+        """Write the new heartbeat; False if the lease is no longer ours."""
+        raise NotImplementedError
+
+    def release(self, me: Holder) -> None:
+        raise NotImplementedError
+
+
+class _FileBackend(_Backend):
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.dir = location.path
+        self.key = os.path.realpath(self.dir)
+        self.lock: fasteners.InterProcessLock | None = None
+
+    def _doc(self) -> Holder | None:
+        try:
+            return Holder.parse((self.dir / LEASE_KEY).read_bytes())
+        except OSError:
+            return None
+
+    def _write(self, me: Holder) -> None:
+        tmp = self.dir / f".{LEASE_KEY}.{me.token}"
+        tmp.write_bytes(me.encode())
+        os.replace(tmp, self.dir / LEASE_KEY)
+
+    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+        with _held_lock:
+            if self.key in _held_here:
+                raise _refuse(self.location, self._doc())
+            self.dir.mkdir(parents=True, exist_ok=True)
+            lock = fasteners.InterProcessLock(str(self.dir / LOCK_FILE))
+            if not lock.acquire(blocking=False):
+                raise _refuse(self.location, self._doc())
+            _held_here.add(self.key)
+        self.lock = lock
+        previous = self._doc()
+        self._write(me)
+        if previous is not None and previous.token != me.token:  # never released: its process died
+            return previous, previous.gone(timeout) or "it never released it (its process ended)"
+        return None
+
+    def renew(self, me: Holder) -> bool:
+        self._write(me)
+        return True
+
+    def release(self, me: Holder) -> None:
+        try:
+            (self.dir / LEASE_KEY).unlink(missing_ok=True)
+        finally:
+            with _held_lock:
+                _held_here.discard(self.key)
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
+
+
+class _S3Backend(_Backend):
+    """Conditional PUTs on the lease object: create-only, then compare-and-swap on its ETag."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.fs, root = location.filesystem()
+        self.bucket, _, prefix = root.partition("/")
+        self.key = f"{prefix.rstrip('/')}/{LEASE_KEY}" if prefix else LEASE_KEY
+        self.etag: str | None = None
+
+    def _put(self, me: Holder, **condition: str) -> bool:
+        try:
+            self.etag = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=me.encode(),
+                                        **condition)["ETag"]
+            return True
+        except FileExistsError:  # If-None-Match: an object is there
+            return False
+        except OSError as exc:
+            if "PreconditionFailed" in str(exc) or "412" in str(exc) or "precondition" in str(exc).lower():
+                return False
+            raise
+
+    def _get(self) -> tuple[Holder | None, str | None]:
+        """The document and its ETag from one GET (two requests could pair an old body with a new ETag)."""
+        from fsspec.asyn import sync
+
+        async def get() -> tuple[bytes, str]:
+            got = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key)
+            async with got["Body"] as body:
+                return await body.read(), got["ETag"]
+
+        try:
+            body, etag = sync(self.fs.loop, get)
+        except FileNotFoundError:
+            return None, None
+        return Holder.parse(body), etag
+
+    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+        for _ in range(3):
+            if self._put(me, IfNoneMatch="*"):
+                return None
+            holder, etag = self._get()
+            if etag is None:
+                continue  # released meanwhile: try to create it again
+            why = holder.gone(timeout) if holder else "its lease document is unreadable"
+            if why is None:
+                raise _refuse(self.location, holder)
+            if self._put(me, IfMatch=etag):
+                return holder, why
+        raise _refuse(self.location, self._get()[0])
+
+    def renew(self, me: Holder) -> bool:
+        return self._put(me, IfMatch=self.etag)
+
+    def release(self, me: Holder) -> None:
+        try:
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=self.etag)
+        except OSError:  # not ours any more: leave it to its new holder
+            pass
+
+
+class _CreateBackend(_Backend):
+    """Other fsspec stores: an exclusive create where supported; renewals rewrite the document after checking
+    that it is still ours (not atomic: a takeover during that check is possible, within one heartbeat)."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.fs, root = location.filesystem()
+        self.path = f"{root.rstrip('/')}/{LEASE_KEY}"
+
+    def _create(self, me: Holder) -> bool:
+        try:
+            with self.fs.open(self.path, "xb") as f:
+                f.write(me.encode())
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError) as exc:
+            raise FormatError(f"{self.location}: this store cannot create a file exclusively ({exc}), so "
+                              "zarrfeed cannot make sure it is the only writer; write to a local directory "
+                              "or S3") from None
+
+    def _doc(self) -> Holder | None:
+        try:
+            return Holder.parse(self.fs.cat_file(self.path))
+        except FileNotFoundError:
+            return None
+
+    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+        if self.fs.exists(self.path):
+            holder = self._doc()
+            why = holder.gone(timeout) if holder else "its lease document is unreadable"
+            if why is None:
+                raise _refuse(self.location, holder)
+            self.fs.rm_file(self.path)
+            if self._create(me):
+                return holder, why
+            raise _refuse(self.location, self._doc())
+        if not self._create(me):
+            raise _refuse(self.location, self._doc())
+        return None
+
+    def renew(self, me: Holder) -> bool:
+        current = self._doc()
+        if current is None or current.token != me.token:
+            return False
+        self.fs.pipe_file(self.path, me.encode())
+        return True
+
+    def release(self, me: Holder) -> None:
+        current = self._doc()
+        if current is not None and current.token == me.token:
+            self.fs.rm_file(self.path)

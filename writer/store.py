@@ -1,0 +1,148 @@
+"""Where a dataset lives: a local directory, a read-only `.zip`, or any fsspec URL with its storage options.
+
+A `Location` is small and picklable, so writer and loader workers reopen exactly the store their parent
+opened, with the same options. A URL is never turned into a local path, except `file://`, which names one.
+Local directories use zarr's `DirectoryStore` (every key written to a temporary file and renamed, so a reader
+never sees half a chunk); URLs use zarr's `FSStore`, where one PUT is atomic per object.
+
+zarr's `FSStore` turns every `OSError` of a read into `KeyError` by default, which zarr then reads as a chunk
+of fill values: a network error would become silently wrong data. We open it with `exceptions=()`, so only a
+key that does not exist reads as missing and every other error propagates.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import zarr
+
+
+class FormatError(ValueError):
+    """A dataset cannot be read or written as asked; the message is one line saying what and where."""
+
+
+def parse_storage_option(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` from the command line; VALUE is read as JSON when it is JSON (true, 3, {"a": 1}), else text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--storage-option: expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+@dataclass(frozen=True, eq=False)
+class Location:
+    """A dataset's address (`url`: a local path or an fsspec URL) and the options of its filesystem."""
+
+    url: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, where: "str | os.PathLike | Location", storage_options: Mapping[str, Any] | None = None
+           ) -> "Location":
+        if isinstance(where, Location):
+            if storage_options:
+                return cls(where.url, {**where.storage_options, **storage_options})
+            return where
+        text = os.fspath(where)
+        protocol = text.split("://", 1)[0] if "://" in text else None
+        if protocol == "file" and not storage_options:  # a local path spelled as a URL
+            text = text[len("file://"):] or "/"
+        return cls(text, dict(storage_options or {}))
+
+    # ------------------------------------------------------------ what kind of place
+    @property
+    def protocol(self) -> str | None:
+        """The fsspec protocol of a URL ("s3", "gcs", ...), None for a local path."""
+        return self.url.split("://", 1)[0] if "://" in self.url else None
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol is None
+
+    @property
+    def is_zip(self) -> bool:
+        return self.is_local and self.url.endswith(".zip")
+
+    @property
+    def path(self) -> Path:
+        """The local directory (only for local locations)."""
+        assert self.is_local, self.url
+        return Path(self.url)
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"Location({self.url!r})"
+
+    def same_place(self, other: "Location") -> bool:
+        """Whether two locations name the same dataset (resolved local paths, or equal URLs)."""
+        if self.is_local and other.is_local:
+            return os.path.realpath(self.url) == os.path.realpath(other.url)
+        return self.is_local == other.is_local and self.url.rstrip("/") == other.url.rstrip("/")
+
+    # ------------------------------------------------------------ fsspec
+    def filesystem(self) -> tuple[Any, str]:
+        """(fsspec filesystem, path within it); one line naming the package to install if it is missing."""
+        import fsspec
+
+        try:
+            return fsspec.core.url_to_fs(self.url if not self.is_local else os.path.abspath(self.url),
+                                         **self.storage_options)
+        except ImportError as exc:
+            raise FormatError(f"{self.url}: {exc} (pip install it to read or write {self.protocol}:// URLs)") \
+                from None
+        except ValueError as exc:  # "Protocol not known: ..."
+            raise FormatError(f"{self.url}: {exc}") from None
+
+    def child(self, name: str) -> "Location":
+        """The location of `name` inside this one (a sub-folder or key prefix)."""
+        return Location(f"{self.url.rstrip('/')}/{name}", self.storage_options)
+
+    # ------------------------------------------------------------ zarr stores
+    def store(self, mode: str = "r") -> zarr.storage.BaseStore:
+        """A zarr v2 store; mode "r" refuses a location that does not exist."""
+        if self.is_zip:
+            if mode != "r":
+                raise FormatError(f"{self.url}: zip stores are read-only; write to a directory or an fsspec URL")
+            if not self.path.is_file():
+                raise FormatError(f"{self.url}: no such file")
+            try:
+                return zarr.storage.ZipStore(self.url, mode="r")
+            except Exception as exc:  # zipfile.BadZipFile and friends
+                raise FormatError(f"{self.url}: not a readable zip file ({exc})") from None
+        if self.is_local:
+            path = self.path
+            if mode == "r" and not path.exists():
+                raise FormatError(f"{self.url}: no such file or directory")
+            if path.exists() and not path.is_dir():
+                raise FormatError(f"{self.url}: not a directory, a .zip file or a URL")
+            return zarr.storage.DirectoryStore(self.url)
+        self.filesystem()  # a missing backend or an unknown protocol: one line
+        try:
+            return zarr.storage.FSStore(self.url, mode="r" if mode == "r" else "w", exceptions=(),
+                                        **self.storage_options)
+        except (OSError, ValueError, TypeError) as exc:
+            raise FormatError(f"{self.url}: cannot open the store ({type(exc).__name__}: {exc})") from None
+
+    def entries(self, limit: int = 5) -> list[str]:
+        """Up to `limit` names found directly at this location (to say what is there)."""
+        if self.is_local:
+            return sorted(os.listdir(self.url))[:limit] if self.path.is_dir() else []
+        fs, root = self.filesystem()
+        try:
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))[:limit]
+        except FileNotFoundError:
+            return []
+
+    def exists(self) -> bool:
+        """Whether anything is stored here (a non-empty directory or key prefix)."""
+        if self.is_local:
+            return self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir()))
+        return bool(self.entries(1))
