@@ -316,6 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FormatError, ValueError, WorkerError, LoaderError, LeaseLost, ShmSpaceError, OSError) as exc:
         print(f"zarrfeed: error: {exc}", file=sys.stderr)
         return 2
+    except TypeError as exc:
+        if "unexpected keyword argument" not in str(exc):
+            raise
+        print(f"zarrfeed: error: a --storage-option is not an option of this store's filesystem ({exc})",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("zarrfeed: interrupted", file=sys.stderr)
         return 130

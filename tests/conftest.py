@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from s3server import S3Server
+
 REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
                   or Path(__file__).resolve().parents[2] / "shared" / "data" / "l5kit_single_scene.zarr")
 
@@ -39,3 +41,16 @@ def real_zip(real_scene, tmp_path) -> Path:
             if p.is_file():
                 z.write(p, p.relative_to(real_scene).as_posix())
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server):
+    """A fresh bucket on the test S3 server: (bucket URL, server)."""
+    return s3_server.bucket(), s3_server

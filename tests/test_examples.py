@@ -1,4 +1,5 @@
 """Examples in examples/ run as documented."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,13 @@ def test_arrow_interop():
     out = subprocess.run([sys.executable, EXAMPLES / "arrow_interop.py"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "mean agent speed per scene: [(0," in out.stdout and "agents per label: [(1," in out.stdout
+
+
+def test_object_store(s3_server):
+    out = subprocess.run([sys.executable, EXAMPLES / "object_store.py", s3_server.bucket(), s3_server.endpoint],
+                         capture_output=True, text=True, timeout=180,
+                         env={**os.environ, **s3_server.env})
+    assert out.returncode == 0, out.stderr
+    assert "'scenes': 4" in out.stdout and "pinned rows: {'scenes': 2" in out.stdout and "valid: True" in out.stdout
+    rows = [line.split()[-1] for line in out.stdout.splitlines() if line.startswith("epoch")]
+    assert len(rows) == 2 and rows[0] == rows[1] != "0"

@@ -33,7 +33,7 @@ from .coordinator import Coordinator, LocalCoordinator
 from .episode import check_episode, relocate
 from .journal import Journal
 from .keys import Key, Position, check_key, fingerprint
-from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Lease
+from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Lease, within
 from . import worker
 from .pool import WorkerError, WorkerPool, describe_exit
 from .schema import L5KIT_SCHEMA, Schema
@@ -41,6 +41,8 @@ from .shm import SharedBlock, check_room
 from .store import FormatError, Location
 
 log = logging.getLogger("zarrfeed.writer")
+_FAIL_SECONDS = 2.0  # after an error, the last commit and the lease's release may take this long (a store that
+                     # does not answer would otherwise hold the user for every retry of every call)
 
 
 class _Segment:
@@ -319,12 +321,12 @@ class DatasetWriter:
             last = j.last_input or "unknown"
             raise ValueError(f"{self.location}: cannot resume with this input: its first episode (fingerprint "
                              f"{input_id}) is not the first episode of the interrupted ingest (fingerprint "
-                             f"{last}); resume with the same input, or append this one without resume")
+                             f"{last}); resume with the same input, or append this one without resume (--append)")
         if not resume and j.known_input(input_id):
             done = len(j.inputs[input_id][0])
             raise ValueError(f"{self.location}: this input was ingested before ({done} of its episodes are "
-                             "committed; its first episode has fingerprint " f"{input_id}); resume it to finish "
-                             "it, or pass keys= to write its episodes again")
+                             "committed; its first episode has fingerprint " f"{input_id}); resume it to finish it "
+                             "(resume=True, --resume), or pass keys= to write its episodes again")
         j.add_input(input_id)
         j.last_input = input_id
         self._input, self._position = input_id, 0
@@ -496,10 +498,8 @@ class DatasetWriter:
                 self._pool.kill()
             for key in self._tracker.advance():
                 self._journal.commit(key)
-            if not self._lease.lost:
-                self._write_manifest()
-        except Exception as again:  # the store itself failed: what was committed before stays committed
-            log.error("%s: could not commit after %s: %s", self.location, type(exc).__name__, again)
+            if not self._lease.lost and not within(_FAIL_SECONDS, self._write_manifest):
+                log.debug("%s: no last commit after %s (the store does not answer)", self.location, exc)
         finally:
             self._shutdown()
 
@@ -518,7 +518,7 @@ class DatasetWriter:
             self._lock_dir = None
         lease = getattr(self, "_lease", None)
         if lease is not None:
-            lease.release()
+            lease.release(_FAIL_SECONDS if self._error is not None else None)
 
     def _check_open(self) -> None:
         if self._closed:

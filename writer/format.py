@@ -149,13 +149,15 @@ def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, i
         tables={n: (t.dtype, (chunks or {}).get(n, t.chunk_rows)) for n, t in schema.tables.items()},
         links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
     )
+    dataset_id = new_dataset_id()
+    # the manifest first: a reader that comes while the arrays are being made finds a zarrfeed dataset with a
+    # table missing (a clean error), never a group it would take for another tool's dataset with no tables
+    write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id))
     group = zarr.group(store)
     for t in schema.tables.values():
         group.create_dataset(t.name, shape=(0,), chunks=(t.chunk_rows,), dtype=t.dtype,
                              compressor=schema.compressor, fill_value=np.zeros(1, t.dtype)[0])
     group.attrs.update(schema.attrs)
-    dataset_id = new_dataset_id()
-    write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id))
     return schema, dataset_id
 
 

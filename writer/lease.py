@@ -145,17 +145,16 @@ class Lease:
         if self.lost:
             raise LeaseLost(self.lost)
 
-    def release(self) -> None:
+    def release(self, seconds: float | None = None) -> None:
+        """Give the lease up (within `seconds`, if given: a store that does not answer lets it expire)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(5)
+            self._thread.join(seconds if seconds is not None else 5)
             self._thread = None
-        if self._backend is not None:
-            try:
-                self._backend.release(self.holder)
-            except Exception as exc:  # the store is gone: the lease expires by itself
-                log.warning("%s: could not release the write lease (%s)", self.location, exc)
-            self._backend = None
+        backend, self._backend = self._backend, None
+        if backend is not None and not within(seconds, lambda: backend.release(self.holder)):
+            log.debug("%s: the write lease was not released; it expires after %.0f s", self.location,
+                      self.timeout)
 
     def __enter__(self) -> "Lease":
         self.acquire()
@@ -163,6 +162,28 @@ class Lease:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def within(seconds: float | None, fn: Any) -> bool:
+    """Run `fn()`; with `seconds`, give up waiting after that long (it goes on in a daemon thread). True if it
+    finished without an exception (which is logged at debug level)."""
+    outcome: list[bool] = []
+
+    def run() -> None:
+        try:
+            fn()
+            outcome.append(True)
+        except Exception as exc:
+            log.debug("%s failed: %s: %s", getattr(fn, "__name__", fn), type(exc).__name__, exc)
+            outcome.append(False)
+
+    if seconds is None:
+        run()
+    else:
+        t = threading.Thread(target=run, name="zarrfeed-bounded", daemon=True)
+        t.start()
+        t.join(seconds)
+    return outcome == [True]
 
 
 class _Backend:

@@ -88,13 +88,20 @@ class Location:
         return self.is_local == other.is_local and self.url.rstrip("/") == other.url.rstrip("/")
 
     # ------------------------------------------------------------ fsspec
+    @property
+    def options(self) -> dict[str, Any]:
+        """The storage options as given, with fsspec's listings cache off unless asked for: a dataset changes
+        while it is written, and a cached listing would hide new keys (a reader would find no dataset)."""
+        return {"use_listings_cache": False, **self.storage_options}
+
     def filesystem(self) -> tuple[Any, str]:
         """(fsspec filesystem, path within it); one line naming the package to install if it is missing."""
         import fsspec
 
         try:
-            return fsspec.core.url_to_fs(self.url if not self.is_local else os.path.abspath(self.url),
-                                         **self.storage_options)
+            if self.is_local:
+                return fsspec.core.url_to_fs(os.path.abspath(self.url))
+            return fsspec.core.url_to_fs(self.url, **self.options)
         except ImportError as exc:
             raise FormatError(f"{self.url}: {exc} (pip install it to read or write {self.protocol}:// URLs)") \
                 from None
@@ -126,8 +133,7 @@ class Location:
             return zarr.storage.DirectoryStore(self.url)
         self.filesystem()  # a missing backend or an unknown protocol: one line
         try:
-            return zarr.storage.FSStore(self.url, mode="r" if mode == "r" else "w", exceptions=(),
-                                        **self.storage_options)
+            return zarr.storage.FSStore(self.url, mode="r" if mode == "r" else "w", exceptions=(), **self.options)
         except (OSError, ValueError, TypeError) as exc:
             raise FormatError(f"{self.url}: cannot open the store ({type(exc).__name__}: {exc})") from None
 

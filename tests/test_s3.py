@@ -1,0 +1,269 @@
+"""Writing and reading on an S3-compatible object store: a real moto server on 127.0.0.1 (see conftest.py)."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from expected import expected_tables
+from loader import Dataset, Loader
+from loader.arrow import export_parquet
+from loader.cli import main
+from loader.fetch import ChunkFetcher, FetchOptions
+from writer import ingest_parquet, synthetic
+from writer.chunkio import ChunkError
+from writer.dataset_writer import DatasetWriter
+from writer.lease import LeaseHeld
+from writer.store import Location
+
+HERE = Path(__file__).parent
+SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
+CHILD_EPISODES = dict(seed=5, frames=40, agents_per_frame=300)  # what writer_child.py writes
+
+
+def small_episodes(n: int, seed: int) -> list[dict]:
+    return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
+
+
+def assert_holds(ds: Dataset, episodes) -> None:
+    assert ds.validate().ok
+    for name, arr in expected_tables(episodes).items():
+        assert ds.rows[name] == len(arr), name
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+
+
+def decoded(ds: Dataset) -> dict[str, bytes]:
+    """Every chunk below the committed rows, decoded (padding included)."""
+    out = {}
+    for name, arr in ds.tables.items():
+        for i in range(-(-ds.rows[name] // arr.chunks[0])):
+            out[f"{name}/{i}"] = bytes(arr.compressor.decode(arr.chunk_store[f"{name}/{i}"]))
+    return out
+
+
+def child(url: str, server, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), url, *args],
+                            env={**os.environ, **server.env}, **kw)
+
+
+def wait_for_scenes(url: str, server, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if Dataset.open(url, storage_options=server.options).rows["scenes"] >= n:
+                return
+        except ValueError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} scenes committed within {timeout} s")
+
+
+def test_write_read_export_on_s3_and_no_local_folder(s3, tmp_path, monkeypatch, capsys):
+    """Item 6: `DatasetWriter("s3://...")` wrote a local folder named `s3:`; export to s3:// made local folders."""
+    bucket, server = s3
+    monkeypatch.chdir(tmp_path)
+    eps = small_episodes(3, seed=0)
+    with DatasetWriter(f"{bucket}/d.zarr", workers=2, chunks=SMALL, storage_options=server.options) as w:
+        w.ingest(eps)
+    assert not (tmp_path / "s3:").exists() and os.listdir(tmp_path) == []
+    ds = Dataset.open(f"{bucket}/d.zarr", storage_options=server.options)
+    assert_holds(ds, eps)
+    assert "zarrfeed.lease" not in [p.rsplit("/", 1)[-1] for p in server.fs().ls(f"{bucket}/d.zarr")]
+
+    export_parquet(ds, f"{bucket}/d.parquet", workers=2, storage_options=server.options)
+    assert os.listdir(tmp_path) == [] and server.fs().ls(f"{bucket}/d.parquet/agents")
+    ingest_parquet(f"{bucket}/d.parquet", f"{bucket}/copy.zarr", workers=0, storage_options=server.options)
+    assert_holds(Dataset.open(f"{bucket}/copy.zarr", storage_options=server.options), eps)
+
+    opts = [f"--storage-option=endpoint_url={server.endpoint}", "--storage-option", "key=testing",
+            "--storage-option", "secret=testing"]
+    assert main(["ingest", f"{bucket}/cli.zarr", "--synthetic", "2", "-q", *opts]) == 0
+    assert main(["info", f"{bucket}/cli.zarr", *opts]) == 0
+    assert "s3://" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_second_writer_on_s3_is_refused(s3):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    with DatasetWriter(url, workers=0, storage_options=server.options) as w:
+        with pytest.raises(LeaseHeld, match=f"being written by pid {os.getpid()}"):
+            DatasetWriter(url, workers=0, mode="a", storage_options=server.options)
+        w.ingest(small_episodes(1, seed=1))
+    with DatasetWriter(url, workers=0, mode="a", storage_options=server.options):  # released at close
+        pass
+
+
+def test_killed_ingest_on_s3_resumes_to_the_same_chunks_as_a_local_ingest(s3, tmp_path):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    proc = child(url, server, "40", "2", "0.03", stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    wait_for_scenes(url, server, 6)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # its lease is still in the store; its holder is a dead process on this host, so it is taken over
+    resumed = child(url, server, "40", "2", "0", "--resume", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True)
+    out, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err
+    assert "took over the write lease" in err
+    eps = list(synthetic.episodes(40, **CHILD_EPISODES))
+    ds = Dataset.open(url, storage_options=server.options)
+    assert_holds(ds, eps)
+    local = tmp_path / "local.zarr"
+    with DatasetWriter(local, workers=2, chunks=SMALL | {"agents": 2000}) as w:
+        w.ingest(eps)
+    assert decoded(ds) == decoded(Dataset.open(local))
+
+
+def test_server_paused_mid_ingest_is_one_line_then_resume_completes(s3):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    eps = list(synthetic.episodes(20, **CHILD_EPISODES))
+    opts = [f"--storage-option={k}={v}" for k, v in server.options.items()]
+    opts.append('--storage-option=config_kwargs={"connect_timeout": 1, "read_timeout": 1, '
+                '"retries": {"max_attempts": 1}}')
+    proc = subprocess.Popen([sys.executable, "-m", "loader.cli", "ingest", url, "--synthetic", "60", "--seed", "3",
+                             "--workers", "2", "-q", *opts], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_scenes(url, server, 3)
+        server.proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        err = proc.communicate(timeout=60)[1]
+        took = time.monotonic() - t0
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("zarrfeed: error: ")
+    assert took < 40  # measured about 21 s: s3fs retries each call five times (1 s timeouts here), then 2 s
+    ds = Dataset.open(url, storage_options=server.options)
+    assert ds.rows["scenes"] >= 3 and ds.validate().ok
+    del eps
+    r = subprocess.run([sys.executable, "-m", "loader.cli", "ingest", url, "--synthetic", "60", "--seed", "3",
+                        "--resume", "-q", *opts], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert_holds(Dataset.open(url, storage_options=server.options), list(synthetic.episodes(60, seed=3)))
+
+
+def test_wrong_credentials_are_one_line(tmp_path):
+    """A server that checks credentials (moto with authentication on), and keys it does not know."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        opts = [f"--storage-option=endpoint_url=http://127.0.0.1:{port}", "--storage-option=key=nobody",
+                "--storage-option=secret=wrong"]
+        assert main(["info", "s3://bucket/d.zarr", *opts, "--storage-option=no_such_option=1"]) == 2
+        for command in (["info", "s3://bucket/d.zarr"], ["ingest", "s3://bucket/d.zarr", "--synthetic", "1", "-q"]):
+            deadline = time.monotonic() + 30
+            while True:
+                r = subprocess.run([sys.executable, "-m", "loader.cli", *command, *opts], capture_output=True,
+                                   text=True, timeout=60)
+                if "Connection" not in r.stderr or time.monotonic() > deadline:  # the server is still starting
+                    break
+                time.sleep(0.2)
+            assert r.returncode == 2 and "Traceback" not in r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1
+            assert "Access Key Id you provided does not exist" in r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_loader_ranks_read_a_pinned_commit_once_while_a_writer_appends(s3):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    proc = child(url, server, "40", "2", "0.05", stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        wait_for_scenes(url, server, 4)
+        pinned = Dataset.open(url, storage_options=server.options)  # rank 0 opens and shares `pinned.commit`
+        n = pinned.rows["agents"]
+        rows: list[np.ndarray] = []
+        for rank in range(2):
+            with Loader(url, "agents", batch_size=500, num_workers=2, rank=rank, world_size=2, seed=1,
+                        storage_options=server.options, commit=pinned.commit, copy=True) as loader:
+                assert loader.dataset.rows["agents"] == n
+                rows += [b["centroid"] for b in loader]
+        later = Dataset.open(url, storage_options=server.options).rows["agents"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert later > n  # the writer appended while the ranks read
+    got = np.concatenate(rows)
+    want = zarr.open_array(pinned.group.store, path="agents", mode="r")[:n]["centroid"]
+    pad = len(got) - n
+    assert 0 <= pad <= 1  # ranks are evened out by repeating at most world_size - 1 rows
+    key = lambda a: np.sort(np.ascontiguousarray(a).view(np.complex128).ravel())  # noqa: E731
+    assert np.array_equal(np.unique(key(got)), np.unique(key(want))) and len(np.unique(key(want))) == n
+
+
+def test_second_epoch_reads_complete_chunks_from_the_local_cache(s3, tmp_path):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    with DatasetWriter(url, workers=0, chunks=SMALL, storage_options=server.options) as w:
+        w.ingest(small_episodes(6, seed=4))
+    cache = tmp_path / "cache"
+    with Loader(url, "agents", batch_size=256, num_workers=2, storage_options=server.options,
+                cache_dir=cache, copy=True) as loader:
+        first = [b["centroid"] for b in loader]
+        rows = loader.dataset.rows["agents"]
+        complete = rows // SMALL["agents"]
+        assert len(list(cache.glob("*.chunk"))) == complete
+        fs = server.fs()
+        for i in range(complete):  # gone from the store: epoch 2 can only read them from the cache
+            fs.rm(f"{bucket}/d.zarr/agents/{i}")
+        loader.set_epoch(0)
+        again = [b["centroid"] for b in loader]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+def test_disk_cache_stays_within_its_bound(s3, tmp_path):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    with DatasetWriter(url, workers=0, chunks=SMALL, storage_options=server.options) as w:
+        w.ingest(small_episodes(6, seed=4))
+    ds = Dataset.open(url, storage_options=server.options)
+    sizes = [len(ds["agents"].chunk_store[f"agents/{i}"]) for i in range(ds.rows["agents"] // SMALL["agents"])]
+    bound = sum(sizes[:2]) + 10
+    fetcher = ChunkFetcher(ds.location, ds.group.store, "x", FetchOptions(str(tmp_path / "c"), bound))
+    fetcher.fetch([f"agents/{i}" for i in range(len(sizes))], [True] * len(sizes))
+    assert sum(p.stat().st_size for p in (tmp_path / "c").glob("*.chunk")) <= bound
+
+
+def test_fetch_retries_a_pause_and_names_the_key_when_the_store_stays_down(s3):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    with DatasetWriter(url, workers=0, chunks=SMALL, storage_options=server.options) as w:
+        w.ingest(small_episodes(2, seed=5))
+    quick = {**server.options, "config_kwargs": {"connect_timeout": 0.5, "read_timeout": 0.5,
+                                                  "retries": {"max_attempts": 1}}, "skip_instance_cache": True}
+    ds = Dataset.open(url, storage_options=server.options)
+    fetcher = ChunkFetcher(Location.of(url, quick), ds.group.store, "x", FetchOptions())
+    want = ds["agents"].chunk_store["agents/0"]
+    server.proc.send_signal(signal.SIGSTOP)
+    resume = threading.Timer(1.0, server.proc.send_signal, (signal.SIGCONT,))
+    resume.start()
+    try:
+        assert fetcher.fetch(["agents/0"], [False]) == [want]  # failed at first, then fetched
+    finally:
+        resume.join()
+        server.proc.send_signal(signal.SIGCONT)
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(ChunkError, match=r"chunk 'agents/0' could not be fetched from s3://.* after 4 tries"):
+            fetcher.fetch(["agents/0"], [False])
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
