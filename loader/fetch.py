@@ -98,10 +98,44 @@ class ChunkFetcher:
         if self.remote:
             self.fs, self.root = location.filesystem()
         self.cache = DiskCache(options.cache_dir, options.cache_bytes) if options.cache_dir and self.remote else None
+        self._ahead: dict[str, tuple[Any, int]] = {}  # key -> (future of a prefetch, its index in the result)
+        self._pool: Any = None
+
+    def prefetch(self, keys: list[str], cacheable: list[bool]) -> None:
+        """Start fetching `keys` in a background thread (network waits release the GIL), for a later `fetch`."""
+        if not self.remote:
+            return
+        todo = [(k, c) for k, c in zip(keys, cacheable) if k not in self._ahead]
+        if todo:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="zarrfeed-fetch")
+            ks, cs = [k for k, _ in todo], [c for _, c in todo]
+            future = self._pool.submit(self._fetch_now, ks, cs)
+            for i, k in enumerate(ks):
+                self._ahead[k] = (future, i)
 
     def fetch(self, keys: list[str], cacheable: list[bool]) -> list[bytes | None]:
         if not self.remote:  # a local store: the page cache is the cache, and reads do not wait on a network
             return [self._local(k) for k in keys]
+        out: list = [None] * len(keys)
+        rest = []
+        for i, key in enumerate(keys):
+            ahead = self._ahead.pop(key, None)
+            if ahead is None:
+                rest.append(i)
+                continue
+            try:
+                out[i] = ahead[0].result()[ahead[1]]
+            except ChunkError:  # fetched ahead and failed: try again now, and report from here
+                rest.append(i)
+        if rest:
+            for i, value in zip(rest, self._fetch_now([keys[i] for i in rest], [cacheable[i] for i in rest])):
+                out[i] = value
+        return out
+
+    def _fetch_now(self, keys: list[str], cacheable: list[bool]) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(keys)
         todo = []
         for i, key in enumerate(keys):
@@ -139,6 +173,10 @@ class ChunkFetcher:
                              f"{self.location} after {self.options.tries} tries ({type(last).__name__}: "
                              f"{str(last).strip().splitlines()[0] if str(last).strip() else ''})")
         return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _local(self, key: str) -> bytes | None:
         try:

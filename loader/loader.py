@@ -187,10 +187,12 @@ class _Epoch:
             k = self.k_issue
             self._send(self.loader._gather_msg(self, k, count, windows), ("gathered", k))
             self.k_issue += count
-        for w in self.order:  # read ahead: the next window not yet resident
-            if w not in self.resident and self.windows[w][0] >= self.k_issue:
-                self._make_resident(w)
-                break
+        ahead = self.loader._read_ahead()
+        for w in self.order:  # read ahead: the next windows not yet resident
+            if ahead and w not in self.resident and self.windows[w][0] >= self.k_issue:
+                if not self._make_resident(w):
+                    break
+                ahead -= 1
 
     def _receive(self, timeout: float) -> None:
         for reply in self.run.pool.poll(timeout):
@@ -427,9 +429,16 @@ class Loader:
         for at in sorted(events):
             chunks, windows = chunks + events[at][0], windows + events[at][1]
             most_chunks, most_windows = max(most_chunks, chunks), max(most_windows, windows)
-        # room to read ahead: the next window can be decoded before the oldest one is freed
-        regions = most_windows + 2 if self._uses_index() else 0
-        return most_chunks + 2 * biggest, regions
+        # room to read ahead: the next windows can be decoded before the oldest one is freed
+        extra = 1 + self._read_ahead()
+        regions = most_windows + extra if self._uses_index() else 0
+        return most_chunks + extra * biggest, regions
+
+    def _read_ahead(self) -> int:
+        """Windows made resident ahead of the batches being gathered: four on an object store with worker
+        processes (requests for later windows overlap gathering this one), else one (decoding is the only
+        wait, and with no workers nothing runs alongside)."""
+        return 4 if self.num_workers and not self.dataset.location.is_local else 1
 
     def _batch_layout(self) -> Layout:
         return self._records

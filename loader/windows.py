@@ -189,6 +189,7 @@ def setup(wid: int, source: worker.Source, shared: worker.Shared, config: PlanCo
             all_counts.append(None)
         return ("gathered", wid, k0, count, all_counts)
 
+    handle.urgent, handle.waiting = worker._urgent, decode.waiting
     return handle
 
 

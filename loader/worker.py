@@ -83,21 +83,32 @@ class Source:
 
 def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:
     """Handles ("decode", [(table, chunk, cache slot), ...]); returns the cache slots filled."""
-    group = format.open_group(source.location)
-    arrays = {t: format.open_table(group.store, t) for t in tables}
-    fetcher = ChunkFetcher(source.location, group.store, source.identity, source.fetch)
+    store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
+    arrays = {t: format.open_table(store, t) for t in tables}  # object store each check is a request)
+    fetcher = ChunkFetcher(source.location, store, source.identity, source.fetch)
     cache, _ = shared.arrays()
+
+    def keys_of(items: list[tuple]) -> tuple[list[str], list[bool]]:
+        """Chunk keys, and whether each chunk is complete (every row committed: it may be cached)."""
+        return ([chunk_key(arrays[t], c) for t, c, _ in items],
+                [(c + 1) * arrays[t].chunks[0] <= source.rows.get(t, 0) for t, c, _ in items])
 
     def decode(msg: tuple) -> tuple[int, ...]:
         items = msg[1]
-        keys = [chunk_key(arrays[t], c) for t, c, _ in items]
-        complete = [(c + 1) * arrays[t].chunks[0] <= source.rows.get(t, 0) for t, c, _ in items]
+        keys, complete = keys_of(items)
         for (table, _, slot), key, raw in zip(items, keys, fetcher.fetch(keys, complete)):
             nbytes = arrays[table].chunks[0] * arrays[table].dtype.itemsize
             start = slot * shared.slot_bytes
             decode_chunk_into(arrays[table], key, raw, cache[start:start + nbytes])
         return tuple(slot for _, _, slot in items)
 
+    def waiting(msgs: list) -> None:
+        """Decode messages waiting behind the current one: start fetching their chunks now."""
+        items = [item for m in msgs if m is not None and m[0] == "decode" for item in m[1]]
+        if items:
+            fetcher.prefetch(*keys_of(items))
+
+    decode.waiting = waiting
     return decode
 
 
@@ -148,4 +159,10 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
                     view[...] = out[name]
         return ("gathered", wid, k0, count)
 
+    handle.urgent, handle.waiting = _urgent, decode.waiting
     return handle
+
+
+def _urgent(msg: tuple) -> bool:
+    """Everything but fetching and decoding chunks (read-ahead) goes first: a batch may be waiting on it."""
+    return msg[0] != "decode"

@@ -266,3 +266,55 @@ def test_readers_pin_a_commit(tmp_path):
     assert Dataset.open(out, commit=pinned).rows == rows
     with pytest.raises(ValueError, match="the latest commit is"):
         Dataset.open(out, commit=10_000)
+
+
+def test_create_never_writes_over_a_dataset_made_meanwhile(tmp_path):
+    """Two mode-"w" writers that both found the folder empty: the second must not reset the first's manifest."""
+    from writer.format import create
+    from writer import L5KIT_SCHEMA
+
+    out = tmp_path / "d.zarr"
+    eps = small_episodes(2, seed=12)
+    with DatasetWriter(out, workers=0) as w:
+        w.ingest(eps)
+    with pytest.raises(ValueError, match="already holds a dataset"):
+        create(zarr.storage.DirectoryStore(str(out)), L5KIT_SCHEMA)
+    assert_holds(out, eps)
+
+
+def test_a_lease_that_cannot_be_renewed_stops_commits_before_another_writer_may_take_it(tmp_path, monkeypatch):
+    """Heartbeats that fail (a store that does not answer) must stop this writer's commits before the lease
+    expires for everyone else; otherwise two writers could both commit."""
+    from writer.lease import Lease, LeaseLost
+    from writer.store import Location
+
+    (tmp_path / "d").mkdir()
+    lease = Lease(Location.of(tmp_path / "d"), timeout=0.6)
+    lease.acquire()
+    try:
+        lease.check()  # fresh: fine
+
+        def no_answer(holder):
+            raise OSError("connection timed out")
+
+        monkeypatch.setattr(lease._backend, "renew", no_answer)
+        deadline = time.monotonic() + 5
+        with pytest.raises(LeaseLost, match="not been renewed"):
+            while time.monotonic() < deadline:
+                lease.check()
+                time.sleep(0.02)
+    finally:
+        lease.release()
+
+
+def test_a_store_call_that_never_returns_is_one_line_after_its_bound():
+    from writer.store import StoreTimeout, bounded
+
+    t0 = time.monotonic()
+    with pytest.raises(StoreTimeout) as err:
+        bounded(0.3, lambda: time.sleep(30), "s3://b/d.zarr: publishing commit 7")
+    assert time.monotonic() - t0 < 2
+    assert str(err.value).startswith("s3://b/d.zarr: publishing commit 7: no answer in") and "\n" not in str(err.value)
+    assert bounded(1, lambda: 42, "x") == 42
+    with pytest.raises(KeyError):
+        bounded(1, lambda: {}["k"], "x")

@@ -1,7 +1,9 @@
 """Writing rows to a table at a global row offset.
 
 Whole chunks have one writer (the rows were reserved for it), so they are encoded here and stored directly,
-with no lock and no read: exactly the bytes zarr would store (the array's filters, then its compressor).
+with no lock and no read: exactly the bytes zarr would store (the array's filters, then its compressor); on
+an object store all whole chunks of a segment are sent at once (concurrent PUTs), since one at a time waits
+on the network for each.
 A chunk that the rows only partly cover is shared with another reservation, so it is read, merged and
 written back through zarr under the synchronizer's per-chunk lock. The store writes every chunk file to a
 temporary name and renames it, so a chunk is never torn.
@@ -41,8 +43,13 @@ def write_rows(array: zarr.Array, locked: zarr.Array, start: int, rows: np.ndarr
         locked[start:first_whole] = rows[: first_whole - start]
         shared += 1
     store = array.chunk_store
-    for lo in range(first_whole, last_whole, c):
-        store[chunk_key(array, lo // c)] = encode_chunk(array, rows[lo - start: lo - start + c])
+    whole = {chunk_key(array, lo // c): encode_chunk(array, rows[lo - start: lo - start + c])
+             for lo in range(first_whole, last_whole, c)}
+    if isinstance(store, zarr.storage.FSStore):  # one concurrent request per chunk, not one after another
+        store.setitems(whole)
+    else:
+        for key, data in whole.items():
+            store[key] = data
     if last_whole < end:
         locked[last_whole:end] = rows[last_whole - start:]
         shared += 1

@@ -33,12 +33,12 @@ from .coordinator import Coordinator, LocalCoordinator
 from .episode import check_episode, relocate
 from .journal import Journal
 from .keys import Key, Position, check_key, fingerprint
-from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Lease, within
+from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Lease
 from . import worker
 from .pool import WorkerError, WorkerPool, describe_exit
 from .schema import L5KIT_SCHEMA, Schema
 from .shm import SharedBlock, check_room
-from .store import FormatError, Location
+from .store import FormatError, Location, bounded, within
 
 log = logging.getLogger("zarrfeed.writer")
 _FAIL_SECONDS = 2.0  # after an error, the last commit and the lease's release may take this long (a store that
@@ -46,12 +46,13 @@ _FAIL_SECONDS = 2.0  # after an error, the last commit and the lease's release m
 
 
 class _Segment:
-    __slots__ = ("id", "table", "start", "n", "capacity", "block", "worker")
+    __slots__ = ("id", "table", "start", "n", "capacity", "block", "worker", "sent")
 
     def __init__(self, id: int, table: str, start: int, capacity: int, block: int) -> None:
         self.id, self.table, self.start, self.capacity, self.block = id, table, start, capacity, block
         self.n = 0
         self.worker: int | None = None
+        self.sent = 0.0
 
 
 def _key_order(key: Key) -> tuple:
@@ -72,10 +73,10 @@ class DatasetWriter:
     def __init__(self, path: str | os.PathLike | Location, schema: Schema = L5KIT_SCHEMA, workers: int = 2,
                  mode: str = "w", compressor: numcodecs.abc.Codec | None = None,
                  chunks: Mapping[str, int] | None = None, on_error: str = "raise", progress: bool = False,
-                 overwrite: bool = False, commit_interval: float = 1.0, segment_bytes: int = 4 << 20,
+                 overwrite: bool = False, commit_interval: float = 1.0, segment_bytes: int | None = None,
                  coordinator: Coordinator | None = None, synchronizer: Any = None,
                  start_method: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 lease_timeout: float = TIMEOUT) -> None:
+                 lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0) -> None:
         if mode not in ("w", "a"):
             raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
         if on_error not in ("raise", "skip"):
@@ -85,6 +86,10 @@ class DatasetWriter:
         self.location = Location.of(path, storage_options)
         self.path = self.location.url
         self.on_error, self.progress, self.commit_interval = on_error, progress, commit_interval
+        self.stall_timeout = stall_timeout
+        # the parent's own calls on an object store, bounded like the workers' (see store.bounded)
+        self._store_timeout = None if self.location.is_local else stall_timeout
+        self._published: tuple | None = None  # what the last commit published (the same again is not written)
         self._closed = True
         self._blocks: list[SharedBlock] = []
         self._lock_dir: str | None = None
@@ -112,6 +117,7 @@ class DatasetWriter:
             for t, n in committed.items():  # rows past the committed count were never committed: drop them
                 if self._locked[t].shape[0] != n:
                     self._locked[t].resize(n)
+            self._length = dict(committed)  # the arrays' lengths: only this process resizes them
             self._coordinator = coordinator or LocalCoordinator(committed)
             self._tracker = CommitTracker(committed)
             self._submitted: set[Key] = set()  # keys submitted by this writer and not yet committed
@@ -119,7 +125,10 @@ class DatasetWriter:
             self._position = 0
             self._error: BaseException | None = None
 
-            # Shared-memory segments: one open per table in the parent, two in flight per worker.
+            # Shared-memory segments: one open per table in the parent, two in flight per worker. On an object
+            # store larger ones, so that each worker sends several chunks at once (its PUTs run concurrently).
+            if segment_bytes is None:
+                segment_bytes = (4 << 20) if self.location.is_local else (16 << 20)
             chunk_bytes = [t.chunk_rows * t.dtype.itemsize for t in self.schema.tables.values()]
             self._block_bytes = max(segment_bytes, 2 * max(chunk_bytes))
             n_blocks = len(self.schema.tables) + 2 * max(workers, 1)
@@ -353,9 +362,10 @@ class DatasetWriter:
             self.sync()
             if self._pool:
                 self._pool.stop()
-            for t, n in self._tracker.committed.items():
-                self._locked[t].resize(n)
-            zarr.consolidate_metadata(self._store)
+            for t, n in self._tracker.committed.items():  # nothing lies past the committed rows: trim the shape
+                if self._length[t] != n:
+                    self._bounded(lambda: format.set_length(self._arrays[t], n), f"setting the length of {t}")
+            self._bounded(lambda: zarr.consolidate_metadata(self._store), "consolidating the metadata")
         finally:
             self._shutdown()
         return self.committed
@@ -420,8 +430,10 @@ class DatasetWriter:
             return
         end = seg.start + seg.n
         arr = self._locked[table]
-        if end > arr.shape[0]:  # grow in large steps, under the metadata lock
-            arr.resize(max(end, 2 * arr.shape[0], 4 * arr.chunks[0]))
+        if end > self._length[table]:  # grow in large steps (each a metadata write)
+            step = 4 if self.location.is_local else 64
+            n = self._length[table] = max(end, 2 * self._length[table], step * arr.chunks[0])
+            self._bounded(lambda: format.set_length(self._arrays[table], n), f"growing {table} to {n:,} rows")
         self._inflight[seg.id] = seg
         if self._pool is None:
             rows = np.frombuffer(self._blocks[seg.block].buf, self._arrays[table].dtype, count=seg.n)
@@ -430,6 +442,7 @@ class DatasetWriter:
             self._done(seg.id)
             return
         seg.worker = min(range(len(self._load)), key=self._load.__getitem__)
+        seg.sent = time.monotonic()
         self._load[seg.worker] += 1
         self._pool.send(seg.worker, (seg.id, table, seg.start, seg.n, seg.block))
 
@@ -452,11 +465,18 @@ class DatasetWriter:
                 if kind == "error":
                     seg = self._inflight.get(seg_id[0]) if seg_id else None
                     where = f" writing {seg.table} rows [{seg.start}, {seg.start + seg.n})" if seg else ""
-                    raise WorkerError(f"writer worker {wid} failed{where}:\n{detail}")
+                    last = detail.strip().splitlines()[-1] if detail.strip() else "unknown error"
+                    raise WorkerError(f"writer worker {wid} failed{where}: {last}", detail)
                 self._shared_chunks += detail
                 self._done(seg_id)
             if self._pool.dead():
                 raise WorkerError(self._lost())
+            stalled = [seg for seg in self._inflight.values() if time.monotonic() - seg.sent > self.stall_timeout]
+            if stalled:  # alive but stuck: a store that accepts connections and never answers
+                seg = stalled[0]
+                raise WorkerError(f"writer worker {seg.worker} has not finished writing {seg.table} rows "
+                                  f"[{seg.start}, {seg.start + seg.n}) in {self.stall_timeout:.0f} s: "
+                                  f"{self.location} does not answer")
         self._commit()
 
     def _lost(self) -> str:
@@ -482,11 +502,17 @@ class DatasetWriter:
         self._last_commit = time.monotonic()
 
     def _write_manifest(self) -> None:
-        self._lease.check()  # never publish a commit once another writer holds the dataset
+        self._lease.check()  # never publish a commit once another writer holds the dataset, or may
+        state = (dict(self._tracker.committed), self._journal.to_json())
+        if state == self._published:
+            return
         self._commit_no += 1
-        format.write_manifest(self._store, format.manifest(
-            self.schema, self._tracker.committed, self._commit_no, self._dataset_id,
-            journal=self._journal.to_json()))
+        doc = format.manifest(self.schema, state[0], self._commit_no, self._dataset_id, journal=state[1])
+        self._bounded(lambda: format.write_manifest(self._store, doc), f"publishing commit {self._commit_no}")
+        self._published = state
+
+    def _bounded(self, fn: Any, what: str) -> Any:
+        return bounded(self._store_timeout, fn, f"{self.location}: {what}")
 
     def _fail(self, exc: BaseException | None) -> None:
         """Stop at once after an error: kill the workers, commit what is durable, free the buffers."""

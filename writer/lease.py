@@ -24,7 +24,7 @@ from typing import Any
 
 import fasteners
 
-from .store import FormatError, Location
+from .store import FormatError, Location, bounded, within
 
 log = logging.getLogger("zarrfeed.writer")
 
@@ -113,6 +113,7 @@ class Lease:
         self._backend: _Backend | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewed = 0.0  # time.monotonic() of the last successful take or renewal
 
     def acquire(self) -> None:
         """Take the lease or raise `LeaseHeld` naming its holder; nothing in the dataset changes before."""
@@ -123,7 +124,9 @@ class Lease:
             self._backend = _S3Backend(loc)
         else:
             self._backend = _CreateBackend(loc)
-        previous = self._backend.take(self.holder, self.timeout)
+        backend, limit = self._backend, None if loc.is_local else self.timeout
+        previous = bounded(limit, lambda: backend.take(self.holder, self.timeout), f"{loc}: taking the write lease")
+        self._renewed = time.monotonic()
         if previous is not None:
             log.warning("%s: took over the write lease of %s: %s", loc, previous[0], previous[1])
         self._thread = threading.Thread(target=self._beat, name="zarrfeed-lease", daemon=True)
@@ -132,18 +135,25 @@ class Lease:
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             self.holder.heartbeat = time.time()
+            backend, limit = self._backend, None if self.location.is_local else self.timeout / 2
             try:
-                if not self._backend.renew(self.holder):
+                if not bounded(limit, lambda: backend.renew(self.holder), f"{self.location}: renewing the lease"):
                     self.lost = f"{self.location}: the write lease was taken over by another writer"
                     log.error("%s", self.lost)
                     return
+                self._renewed = time.monotonic()
             except Exception as exc:  # a store that does not answer: try again at the next beat
                 log.warning("%s: lease heartbeat failed (%s: %s)", self.location, type(exc).__name__, exc)
 
     def check(self) -> None:
-        """Raise `LeaseLost` if another writer has taken the lease over."""
+        """Raise `LeaseLost` if another writer has taken the lease over, or may have: once the lease has not
+        been renewed for almost its timeout, another writer is free to take it, so this one must not commit."""
         if self.lost:
             raise LeaseLost(self.lost)
+        stale = time.monotonic() - self._renewed
+        if self._thread is not None and stale > self.timeout - 2 * self.interval:
+            raise LeaseLost(f"{self.location}: the write lease has not been renewed for {stale:.0f} s (the store "
+                            "does not answer), so another writer may take it over; stopping before any commit")
 
     def release(self, seconds: float | None = None) -> None:
         """Give the lease up (within `seconds`, if given: a store that does not answer lets it expire)."""
@@ -162,28 +172,6 @@ class Lease:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
-
-
-def within(seconds: float | None, fn: Any) -> bool:
-    """Run `fn()`; with `seconds`, give up waiting after that long (it goes on in a daemon thread). True if it
-    finished without an exception (which is logged at debug level)."""
-    outcome: list[bool] = []
-
-    def run() -> None:
-        try:
-            fn()
-            outcome.append(True)
-        except Exception as exc:
-            log.debug("%s failed: %s: %s", getattr(fn, "__name__", fn), type(exc).__name__, exc)
-            outcome.append(False)
-
-    if seconds is None:
-        run()
-    else:
-        t = threading.Thread(target=run, name="zarrfeed-bounded", daemon=True)
-        t.start()
-        t.join(seconds)
-    return outcome == [True]
 
 
 class _Backend:

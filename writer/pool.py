@@ -1,8 +1,12 @@
 """A pool of worker processes that talk through small messages, and notice when the other side dies.
 
 Each worker runs `setup(wid, *args)` once, which returns `handle(msg) -> reply`, then answers the messages
-of its own pipe on the same pipe. A worker exits when sent None, after a failed message (reporting it with
-its traceback), or by itself within half a second once its parent is gone. The parent waits on the pipes and
+of its own pipe on the same pipe. If `handle.urgent(msg)` exists, messages waiting in the pipe for which it
+is true are answered before the others (a reader worker gathers a batch the trainer waits for before it
+fetches chunks for later windows), and `handle.waiting(msgs)`, if it exists, is told of the messages still
+waiting (so a worker can start fetching what they will need while it does something else). A worker exits
+when sent None, after a failed message (reporting it with its traceback), or by itself within half a second
+once its parent is gone. The parent waits on the pipes and
 the processes' sentinels together, so it learns of a dead worker at once, with its index, pid and signal.
 Pipes rather than queues, and the standard library's C pickler rather than the pure-Python one
 `multiprocess` uses for its connections: a small message must cost microseconds, not the work it asks for.
@@ -23,7 +27,12 @@ _READY_TIMEOUT = 120.0
 
 
 class WorkerError(RuntimeError):
-    """A worker died or failed; the message says which and what was lost."""
+    """A worker died or failed; the message (one line) says which and what was lost, `remote_traceback` holds
+    the worker's traceback when it raised."""
+
+    def __init__(self, message: str, remote_traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
 
 
 def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
@@ -42,15 +51,24 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
         send(("error", wid, None, traceback.format_exc()))
         return
     send(("ready", wid, None, None))
+    urgent, waiting = getattr(handle, "urgent", None), getattr(handle, "waiting", None)
+    backlog: list = []
     while True:
-        if not conn.poll(0.5):
+        if not backlog and not conn.poll(0.5):
             if os.getppid() != parent_pid:
                 return
             continue
         try:
-            msg = pickle.loads(conn.recv_bytes())
+            if not backlog:
+                backlog.append(pickle.loads(conn.recv_bytes()))
+            while urgent and conn.poll(0):  # everything waiting, to pick the urgent ones first
+                backlog.append(pickle.loads(conn.recv_bytes()))
         except EOFError:
             return
+        pick = next((i for i, m in enumerate(backlog) if m is None or urgent(m)), 0) if urgent else 0
+        msg = backlog.pop(pick)
+        if waiting is not None and backlog:
+            waiting(backlog)
         if msg is None:
             return
         try:
@@ -95,7 +113,8 @@ class WorkerPool:
                     waiting.discard(msg[1])
                 elif msg[0] == "error" and msg[2] is None:
                     self.kill()
-                    raise WorkerError(f"{self.name} {msg[1]} failed to start:\n{msg[3]}")
+                    last = msg[3].strip().splitlines()[-1] if msg[3].strip() else "unknown error"
+                    raise WorkerError(f"{self.name} {msg[1]} failed to start: {last}", msg[3])
                 else:
                     self._pending.append(msg)
             dead = [d for d in self.dead() if d[0] in waiting]
