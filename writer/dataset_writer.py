@@ -106,16 +106,18 @@ class DatasetWriter:
                     self._clear()
                 self.schema, self._dataset_id = format.create(store, schema, chunks=chunks, compressor=compressor)
                 committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
+                self._published = (dict(committed), self._journal.to_json())
             else:
                 self.schema, committed = self._open_existing(schema)
             # zarr's per-chunk locks, for chunks two segments share: outside the dataset, gone at close
             self._lock_dir = tempfile.mkdtemp(prefix="zarrfeed-chunk-locks-")
             self._sync = synchronizer or zarr.ProcessSynchronizer(self._lock_dir)
-            self._arrays = {t: zarr.open_array(store, mode="r+", path=t) for t in self.schema.tables}
-            self._locked = {t: zarr.open_array(store, mode="r+", path=t, synchronizer=self._sync,
-                                               cache_metadata=False) for t in self.schema.tables}
+            # the tables were checked (or just made): open them directly, without zarr's checks for a group
+            self._arrays = {t: zarr.Array(store, path=t) for t in self.schema.tables}
+            self._locked = {t: zarr.Array(store, path=t, synchronizer=self._sync, cache_metadata=False)
+                            for t in self.schema.tables}
             for t, n in committed.items():  # rows past the committed count were never committed: drop them
-                if self._locked[t].shape[0] != n:
+                if self._arrays[t].shape[0] != n:
                     self._locked[t].resize(n)
             self._length = dict(committed)  # the arrays' lengths: only this process resizes them
             self._coordinator = coordinator or LocalCoordinator(committed)
@@ -365,7 +367,7 @@ class DatasetWriter:
             for t, n in self._tracker.committed.items():  # nothing lies past the committed rows: trim the shape
                 if self._length[t] != n:
                     self._bounded(lambda: format.set_length(self._arrays[t], n), f"setting the length of {t}")
-            self._bounded(lambda: zarr.consolidate_metadata(self._store), "consolidating the metadata")
+            self._bounded(lambda: format.consolidate(self._store), "consolidating the metadata")
         finally:
             self._shutdown()
         return self.committed

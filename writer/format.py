@@ -130,10 +130,16 @@ def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> None:
 def put(store: zarr.storage.BaseStore, key: str, value: bytes) -> None:
     """`store[key] = value`, but on an FSStore without the folder check zarr makes before every single write
     (a LIST request on an object store)."""
+    put_all(store, {key: value})
+
+
+def put_all(store: zarr.storage.BaseStore, values: dict[str, bytes]) -> None:
+    """Store several keys; on an FSStore as concurrent requests."""
     if isinstance(store, zarr.storage.FSStore):
-        store.setitems({key: value})
+        store.setitems(values)
     else:
-        store[key] = value
+        for key, value in values.items():
+            store[key] = value
 
 
 def manifest(schema: Schema, committed: dict[str, int], commit: int, dataset_id: str, **extra: Any
@@ -164,12 +170,27 @@ def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, i
     # the manifest first: a reader that comes while the arrays are being made finds a zarrfeed dataset with a
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
     write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id))
-    group = zarr.group(store)
+    # zarr makes the metadata documents in memory, and they are stored together: on an object store zarr's own
+    # creation would make about five requests per document, one after another
+    made = zarr.storage.MemoryStore()
+    group = zarr.group(made)
     for t in schema.tables.values():
         group.create_dataset(t.name, shape=(0,), chunks=(t.chunk_rows,), dtype=t.dtype,
                              compressor=schema.compressor, fill_value=np.zeros(1, t.dtype)[0])
     group.attrs.update(schema.attrs)
+    put_all(store, {key: bytes(made[key]) for key in made.keys()})
     return schema, dataset_id
+
+
+def consolidate(store: zarr.storage.BaseStore) -> None:
+    """`zarr.consolidate_metadata`, the same document; on an object store its parts are read concurrently."""
+    if not isinstance(store, zarr.storage.FSStore):
+        zarr.consolidate_metadata(store)
+        return
+    keys = [k for k in store.keys() if k.rsplit("/", 1)[-1] in (".zarray", ".zgroup", ".zattrs")]
+    docs = store.getitems(keys, contexts={k: {} for k in keys})
+    out = {"zarr_consolidated_format": 1, "metadata": {k: json.loads(bytes(docs[k])) for k in sorted(docs)}}
+    put(store, ".zmetadata", zarr.util.json_dumps(out))
 
 
 def set_length(array: zarr.Array, rows: int) -> None:

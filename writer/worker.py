@@ -13,17 +13,22 @@ from .store import Location
 
 def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronizer: Any,
           blocks: list[SharedBlock]) -> Callable[[tuple], tuple]:
-    """Open the dataset in this process (no zarr handle is inherited); return the message handler.
+    """Open the store in this process (no zarr handle is inherited; tables at first use); return the handler.
 
     A message is (segment id, table, first row, row count, block); the reply (done, worker, segment id,
     chunks that needed the lock)."""
     store = location.store("w")
-    arrays = {t: zarr.open_array(store, mode="r+", path=t) for t in dtypes}
-    locked = {t: zarr.open_array(store, mode="r+", path=t, synchronizer=synchronizer, cache_metadata=False)
-              for t in dtypes}
+    arrays: dict[str, zarr.Array] = {}
+    locked: dict[str, zarr.Array] = {}
 
     def handle(msg: tuple) -> tuple:
         seg_id, table, start, n, block = msg
+        if table not in arrays:
+            # opened at first use, not at start: on an object store the first request also builds the client
+            # (a fraction of a second), which then overlaps the parent's filling of the next segment. The
+            # parent made or checked the table: open it directly (zarr's checks are two more requests).
+            arrays[table] = zarr.Array(store, path=table)
+            locked[table] = zarr.Array(store, path=table, synchronizer=synchronizer, cache_metadata=False)
         rows = np.frombuffer(blocks[block].buf, dtypes[table], count=n)
         shared = write_rows(arrays[table], locked[table], start, rows)
         return ("done", wid, seg_id, shared)
