@@ -123,6 +123,7 @@ class DatasetWriter:
             self._coordinator = coordinator or LocalCoordinator(committed)
             self._tracker = CommitTracker(committed)
             self._submitted: set[Key] = set()  # keys submitted by this writer and not yet committed
+            self._external: dict[Key, tuple[dict[str, int], dict[str, int]]] = {}  # reserved, not yet written
             self._input: str | None = None  # the fingerprint of the input that keyless submits continue
             self._position = 0
             self._error: BaseException | None = None
@@ -212,6 +213,11 @@ class DatasetWriter:
     def committed(self) -> dict[str, int]:
         """Rows per table that are committed (readers see these)."""
         return dict(self._tracker.committed)
+
+    @property
+    def dataset_id(self) -> str:
+        """The dataset's identity (new with each dataset made or overwritten)."""
+        return self._dataset_id
 
     @property
     def commit(self) -> int:
@@ -326,22 +332,72 @@ class DatasetWriter:
     def _begin_input(self, first: Any, resume: bool) -> None:
         """Start an input whose first episode is `first`: refuse a repeat without resume, or a resume of an
         input this dataset has not seen; record it (with one commit) before any of its rows are written."""
-        input_id = fingerprint(first)
+        self.begin_input(fingerprint(first), resume, "its first episode has fingerprint", "episodes")
+
+    def begin_input(self, input_id: str, resume: bool, what: str = "its fingerprint is", unit: str = "parts"
+                    ) -> None:
+        """Start the input `input_id` (see `ingest`), whose keys are `Position(input_id, i)`; `what` introduces
+        the id and `unit` names its parts in messages. For committers of rows written elsewhere (`reserve`),
+        such as `writer.dask`."""
+        self._check_open()
         j = self._journal
         if resume and not j.known_input(input_id) and (j.inputs or j.legacy):
             last = j.last_input or "unknown"
-            raise ValueError(f"{self.location}: cannot resume with this input: its first episode (fingerprint "
-                             f"{input_id}) is not the first episode of the interrupted ingest (fingerprint "
-                             f"{last}); resume with the same input, or append this one without resume (--append)")
+            raise ValueError(f"{self.location}: cannot resume with this input ({what} {input_id}): the "
+                             f"interrupted ingest had another ({last}); resume with the same input, or append "
+                             "this one without resume (--append)")
         if not resume and j.known_input(input_id):
             done = len(j.inputs[input_id][0])
-            raise ValueError(f"{self.location}: this input was ingested before ({done} of its episodes are "
-                             "committed; its first episode has fingerprint " f"{input_id}); resume it to finish it "
-                             "(resume=True, --resume), or pass keys= to write its episodes again")
+            raise ValueError(f"{self.location}: this input was ingested before ({done} of its {unit} are "
+                             f"committed; {what} {input_id}); resume it to finish it (resume=True, --resume), "
+                             "or pass keys= to write it again")
         j.add_input(input_id)
         j.last_input = input_id
         self._input, self._position = input_id, 0
         self._commit(force=True)
+
+    def reserve(self, key: Key, rows: Mapping[str, int], digest: str = "") -> dict[str, int]:
+        """Place rows that another process writes (a task on a cluster) under `key`, after everything placed
+        so far, and grow the arrays to hold them; return the first row per table. They commit, in the order
+        placed, once `written(key)` says they are stored. Only this writer, holding the lease, places rows."""
+        self._check_open()
+        key = check_key(key)
+        if self._journal.done(key) or key in self._submitted:
+            raise ValueError(f"key {key}: already committed or placed")
+        rows = {t: int(rows.get(t, 0)) for t in self.schema.tables}
+        starts = self._coordinator.reserve(rows)
+        ends = {t: starts[t] + rows[t] for t in rows}
+        try:
+            for t in rows:
+                self._grow(t, ends[t])
+            self._commit()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self._journal.pending[key] = digest
+        self._submitted.add(key)
+        self._tracker.add_episode(key, starts, ends)
+        self._external[key] = (starts, ends)
+        return starts
+
+    def written(self, key: Key) -> None:
+        """The rows placed under `key` by `reserve` are stored: they commit with everything placed before."""
+        starts, ends = self._external.pop(key)
+        for t in starts:
+            if ends[t] > starts[t]:
+                self._tracker.segment_done(t, starts[t], ends[t])
+        for t, n in ((t, ends[t] - starts[t]) for t in starts):
+            self._rows_in[t] += n
+        self._episodes_in += 1
+        try:
+            self._commit()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def skip(self, key: Key) -> None:
+        """Record `key` as skipped (bad input): resume passes over it, as over a committed key."""
+        self._journal.skip(check_key(key))
 
     def sync(self) -> None:
         """Write everything submitted so far and commit it."""
@@ -431,11 +487,7 @@ class DatasetWriter:
             self._free.append(seg.block)
             return
         end = seg.start + seg.n
-        arr = self._locked[table]
-        if end > self._length[table]:  # grow in large steps (each a metadata write)
-            step = 4 if self.location.is_local else 64
-            n = self._length[table] = max(end, 2 * self._length[table], step * arr.chunks[0])
-            self._bounded(lambda: format.set_length(self._arrays[table], n), f"growing {table} to {n:,} rows")
+        self._grow(table, end)
         self._inflight[seg.id] = seg
         if self._pool is None:
             rows = np.frombuffer(self._blocks[seg.block].buf, self._arrays[table].dtype, count=seg.n)
@@ -480,6 +532,13 @@ class DatasetWriter:
                                   f"[{seg.start}, {seg.start + seg.n}) in {self.stall_timeout:.0f} s: "
                                   f"{self.location} does not answer")
         self._commit()
+
+    def _grow(self, table: str, end: int) -> None:
+        """Make the array at least `end` rows long, in large steps (each is a metadata write)."""
+        if end > self._length[table]:
+            step = 4 if self.location.is_local else 64
+            n = self._length[table] = max(end, 2 * self._length[table], step * self._arrays[table].chunks[0])
+            self._bounded(lambda: format.set_length(self._arrays[table], n), f"growing {table} to {n:,} rows")
 
     def _lost(self) -> str:
         """The message for a dead worker: who, and which episodes' rows it held."""

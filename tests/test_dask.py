@@ -1,0 +1,162 @@
+"""Ingestion on a real Dask cluster: 2 worker processes on 127.0.0.1, data on a local directory and on S3."""
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+pytest.importorskip("distributed")
+
+import dask_sources as src  # noqa: E402
+from expected import expected_tables  # noqa: E402
+from loader import Dataset  # noqa: E402
+from writer import dask as zdask  # noqa: E402
+from writer.dataset_writer import DatasetWriter  # noqa: E402
+
+HERE = Path(__file__).parent
+SOURCES = list(range(8))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address=None, silence_logs=logging.ERROR) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster):
+    from distributed import Client
+
+    with Client(cluster) as c:
+        yield c
+
+
+def local_ingest(path, sources, fn=src.small):
+    with DatasetWriter(path, workers=2, chunks=src.SMALL) as w:
+        w.ingest(chain.from_iterable(fn(s) for s in sources))
+
+
+def stored(path, storage_options=None) -> dict[str, bytes]:
+    """Every chunk of the dataset, as stored, and each table's length (zarr may add the default
+    dimension_separator to a .zarray it rewrites: metadata documents are compared by what they say)."""
+    ds = Dataset.open(path, storage_options=storage_options)
+    store = ds.location.store("r")
+    out = {k: bytes(store[k]) for k in store.keys()
+           if not k.startswith("zarrfeed") and not k.rsplit("/", 1)[-1].startswith(".")}
+    out.update({f"{t}/shape": str(ds.tables[t].shape).encode() for t in ds.tables})
+    out.update({f"{t}/rows": str(ds.rows[t]).encode() for t in ds.tables})
+    return out
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    different = [k for k in a if a[k] != b[k]]
+    assert not different, different[:5]
+
+
+def test_cluster_ingest_is_chunk_for_chunk_a_local_ingest(client, tmp_path):
+    summary = zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", chunks=src.SMALL)
+    local_ingest(tmp_path / "local.zarr", SOURCES)
+    assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+    ds = Dataset.open(tmp_path / "d.zarr")
+    assert ds.validate().ok and ds.rows["scenes"] == summary.episodes == 20
+    assert summary.written == 8 and summary.rows["agents"] == ds.rows["agents"] and summary.task_seconds > 0
+    # the same sources again: refused without resume; with resume nothing is left to do
+    with pytest.raises(ValueError, match="ingested before"):
+        zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", mode="a")
+    again = zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", resume=True)
+    assert again.passed_over == 8 and again.written == 0
+    assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+
+
+def test_cluster_ingest_to_s3_equals_a_local_ingest(client, s3, tmp_path):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    zdask.ingest(client, SOURCES, src.small, url, chunks=src.SMALL, storage_options=server.options)
+    local_ingest(tmp_path / "local.zarr", SOURCES)
+    assert_same(stored(url, server.options), stored(tmp_path / "local.zarr"))
+    assert Dataset.open(url, storage_options=server.options).validate().ok
+
+
+def test_a_worker_killed_mid_task_changes_nothing(client, tmp_path):
+    """Dask reruns the lost tasks on a new worker; no row is lost or written twice."""
+    marker = tmp_path / "killed"
+    zdask.ingest(client, SOURCES, src.KillOnce(str(marker), victim=2), tmp_path / "d.zarr", chunks=src.SMALL)
+    assert marker.exists()  # a worker really died
+    local_ingest(tmp_path / "local.zarr", SOURCES)
+    assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_bad_sources_are_named_the_others_commit_and_resume_writes_them(client, tmp_path):
+    with pytest.raises(zdask.IngestError) as err:
+        zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", chunks=src.SMALL)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("source 3 (3), episode 1: OSError: cannot read log-3.bin")
+    assert "and 1 other sources" in msg and "the other 6 sources are committed" in msg
+    assert [(f.index, f.episode) for f in err.value.failures] == [(3, 1), (5, 1)]
+    assert "agent_index_interval" in str(err.value.failures[1]) and "row 4" in str(err.value.failures[1])
+    good = [s for s in SOURCES if s not in (3, 5)]
+    ds = Dataset.open(tmp_path / "d.zarr")
+    assert ds.validate().ok and ds.rows["scenes"] == sum(len(list(src.small(s))) for s in good)
+    # fixed, resumed: the two sources are written after the others, every episode once
+    summary = zdask.ingest(client, SOURCES, src.Broken(broken=False), tmp_path / "d.zarr", resume=True)
+    assert summary.written == 2 and summary.passed_over == 6
+    order = good + [3, 5]
+    expected = expected_tables(list(chain.from_iterable(src.small(s) for s in order)))
+    ds = Dataset.open(tmp_path / "d.zarr")
+    assert ds.validate().ok
+    for name, arr in expected.items():
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+
+
+def test_skip_mode_leaves_out_bad_episodes_and_lists_them(client, tmp_path):
+    summary = zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", chunks=src.SMALL, on_error="skip")
+    assert [(f.index, f.episode) for f in summary.skipped] == [(3, 1), (5, 1)]
+    kept = [ep for s in SOURCES if s != 3 for i, ep in enumerate(src.small(s)) if (s, i) != (5, 1)]
+    ds = Dataset.open(tmp_path / "d.zarr")
+    assert ds.validate().ok
+    for name, arr in expected_tables(kept).items():
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+    again = zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", resume=True, on_error="skip")
+    assert again.written == 0 and again.passed_over == 8  # a skipped source counts as done
+
+
+def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path):
+    path = tmp_path / "d.zarr"
+    sources = list(range(16))
+    script = ("import sys; from distributed import Client; import dask_sources as src; from writer import dask\n"
+              f"with Client({cluster.scheduler_address!r}) as c:\n"
+              f"    dask.ingest(c, {sources!r}, src.slow, {str(path)!r}, chunks=src.SMALL, commit_interval=0.1)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(HERE)},
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if Dataset.open(path).rows["scenes"] >= 4:
+                    break
+            except ValueError:
+                pass
+            time.sleep(0.05)
+        assert proc.poll() is None, "the client finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    committed = Dataset.open(path).rows["scenes"]
+    assert 4 <= committed < 40
+    summary = zdask.ingest(client, sources, src.slow, path, resume=True)
+    assert summary.passed_over >= 1 and summary.passed_over + summary.written == 16
+    local_ingest(tmp_path / "local.zarr", sources)
+    assert_same(stored(path), stored(tmp_path / "local.zarr"))
