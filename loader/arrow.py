@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -120,6 +119,36 @@ def table_batches(ds: Dataset, table: str, batch_size: int = 65_536, fields: lis
 
 
 # ---------------------------------------------------------------- Parquet export
+def to_dask(ds: Dataset, table: str, chunks_per_partition: int = 8, fields: list[str] | None = None) -> Any:
+    """`table`'s committed rows as a dask DataFrame: one partition per `chunks_per_partition` chunks, each
+    read through the Arrow bridge on whichever worker computes it (pyarrow-backed columns; subarray fields
+    are fixed-size lists). The rows are those of the dataset's commit, pinned, so every partition agrees."""
+    import dask.dataframe as dd
+    import pandas as pd
+
+    if table not in ds.tables:
+        raise ValueError(f"table: no table {table!r} (tables: {', '.join(ds.tables)})")
+    c = ds[table].chunks[0] * max(1, chunks_per_partition)
+    n = ds.rows[table]
+    pieces = [(ds.location, ds.commit, table, a, min(a + c, n), fields) for a in range(0, n, c)] or \
+        [(ds.location, ds.commit, table, 0, 0, fields)]
+    meta = records_to_arrow(np.zeros(0, ds[table].dtype), fields).to_pandas(types_mapper=pd.ArrowDtype)
+    divisions = [p[3] for p in pieces] + [max(n - 1, 0)]
+    return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)
+
+
+def _dask_partition(piece: tuple) -> Any:
+    """Rows [a, b) of a table as a pandas DataFrame indexed by row number (for `to_dask`)."""
+    import pandas as pd
+
+    location, commit, table, a, b, fields = piece
+    ds = Dataset.open(location, commit=commit)
+    rows = ds[table][a:b] if b > a else np.zeros(0, ds[table].dtype)
+    df = records_to_arrow(rows, fields).to_pandas(types_mapper=pd.ArrowDtype)
+    df.index = pd.RangeIndex(a, b)
+    return df
+
+
 def _pieces(ds: Dataset, table: str, file_rows: int) -> list[tuple[int, int]]:
     c = ds[table].chunks[0]
     step = max(c, file_rows // c * c)  # files end on chunk boundaries: each chunk is decoded once
@@ -155,9 +184,11 @@ def _piece_task(args: tuple) -> int:
 def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathLike | Location,
                    tables: list[str] | None = None, row_group_rows: int = 100_000, compression: str = "zstd",
                    workers: int = 2, file_rows: int = 1_000_000, row_index: str | None = "_row",
-                   progress: bool = False, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                   progress: bool = False, storage_options: dict[str, Any] | None = None,
+                   client: Any = None) -> dict[str, Any]:
     """Write one Parquet dataset per table, `out_dir/<table>/part-NNNNN.parquet` (a folder or any fsspec URL),
-    files split on chunk boundaries and written by `workers` processes (0: this one). Each file's metadata
+    files split on chunk boundaries and written by `workers` processes (0: this one), or with a Dask
+    `client`, by its cluster's workers (which must reach the dataset and `out_dir`). Each file's metadata
     holds the numpy dtype, the zarrfeed schema, the dataset attrs and its first row; `row_index` adds each
     row's global row number (None: no such column). `storage_options` apply to the dataset (when a path is
     given) and to `out_dir`. Returns rows and bytes per table, and seconds."""
@@ -186,7 +217,12 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     t0 = time.perf_counter()
     total = sum((b - a) * ds[t].dtype.itemsize for _, t, a, b, *_ in tasks)
     with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
-        if workers == 0:
+        if client is not None:
+            from distributed import as_completed
+
+            for done in as_completed(client.map(_piece_task, tasks, pure=False)):
+                bar.update(done.result())
+        elif workers == 0:
             for task in tasks:
                 bar.update(_piece_task(task))
         else:

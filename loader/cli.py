@@ -113,6 +113,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         episodes = _Sized(writer.synthetic.episodes(args.synthetic, seed=args.seed), args.synthetic)
         schema = writer.L5KIT_SCHEMA
     mode = "a" if (args.append or args.resume) else "w"
+    if args.scheduler or args.dask_workers:
+        return _ingest_on_dask(args, out, schema, mode, episodes)
     with DatasetWriter(out, schema, workers=args.workers, mode=mode, chunks=_parse_chunks(args.chunks),
                        overwrite=args.overwrite, progress=not args.quiet) as w:
         try:
@@ -123,6 +125,47 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 130
     _print_summary(summary, w.committed)
+    return 0
+
+
+SCENES_PER_SOURCE = 10  # a Dask task's share: big enough to outweigh a task's overhead, small enough to spread
+
+
+def _ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Schema, mode: str,
+                    episodes: object) -> int:
+    """`ingest --scheduler ADDRESS` or `--dask-workers N`: the same dataset, written by a Dask cluster."""
+    try:
+        from distributed import Client, LocalCluster
+
+        from writer import dask as zdask
+    except ImportError:
+        raise ValueError("--scheduler/--dask-workers need Dask: pip install 'zarrfeed[dask]'") from None
+    n = len(episodes)
+    ranges = [(lo, min(lo + SCENES_PER_SOURCE, n)) for lo in range(0, n, SCENES_PER_SOURCE)]
+    if args.from_path:
+        src = Location.of(args.from_path, _options(args))
+        sources = [(src.url, src.storage_options, lo, hi) for lo, hi in ranges]
+        read = writer.source.dataset_episodes
+    else:
+        sources, read = [(args.seed, lo, hi) for lo, hi in ranges], writer.synthetic.scenes
+    if args.scheduler:
+        cluster = None
+        client = Client(args.scheduler, timeout=30)
+    else:  # a cluster on this machine, on loopback only
+        cluster = LocalCluster(n_workers=args.dask_workers, processes=True, threads_per_worker=1,
+                               host="127.0.0.1", dashboard_address=None)
+        client = Client(cluster)
+    try:
+        summary = zdask.ingest(client, sources, read, out.url, schema, storage_options=out.storage_options,
+                               resume=args.resume, mode=mode, overwrite=args.overwrite,
+                               chunks=_parse_chunks(args.chunks), progress=not args.quiet)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    committed = Dataset.open(out.url, storage_options=out.storage_options).rows
+    _print_summary({"episodes": summary.episodes, "rows": summary.rows, "bytes": summary.bytes,
+                    "seconds": summary.seconds}, committed)
     return 0
 
 
@@ -272,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "anything that is not a zarr dataset)")
     how.add_argument("--append", action="store_true", help="add the episodes to an existing dataset")
     how.add_argument("--resume", action="store_true", help="finish an interrupted ingest of the same input")
+    dask = p.add_mutually_exclusive_group()
+    dask.add_argument("--scheduler", metavar="ADDRESS", help="ingest on this Dask cluster (tcp://host:8786); "
+                      "the workers write straight to the output, which they must reach")
+    dask.add_argument("--dask-workers", type=_count, metavar="N", help="ingest on a Dask cluster of N worker "
+                      "processes started on this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
     p = sub.add_parser("load", help="iterate shuffled batches of a table with loader workers (a speed check)")

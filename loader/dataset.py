@@ -158,6 +158,12 @@ class Dataset:
         """All committed rows of `table` as one Arrow table."""
         return self.to_batches(table, fields=fields).read_all()
 
+    def to_dask(self, table: str, chunks_per_partition: int = 8, fields: list[str] | None = None) -> Any:
+        """`table` as a dask DataFrame, one partition per range of chunks (see `loader.arrow.to_dask`)."""
+        from .arrow import to_dask
+
+        return to_dask(self, table, chunks_per_partition, fields)
+
     def chunk_key(self, table: str, row: int) -> str:
         arr = self.tables[table]
         return arr._chunk_key((row // arr.chunks[0],))

@@ -4,18 +4,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 pytest.importorskip("distributed")
 
 import dask_sources as src  # noqa: E402
-from expected import expected_tables  # noqa: E402
+from expected import expected_tables, wait_for_scenes  # noqa: E402
 from loader import Dataset  # noqa: E402
 from writer import dask as zdask  # noqa: E402
 from writer.dataset_writer import DatasetWriter  # noqa: E402
@@ -141,14 +139,7 @@ def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(HERE)},
                             stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if Dataset.open(path).rows["scenes"] >= 4:
-                    break
-            except ValueError:
-                pass
-            time.sleep(0.05)
+        wait_for_scenes(path, 4, alive=lambda: proc.poll() is None)
         assert proc.poll() is None, "the client finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
     finally:
@@ -160,3 +151,48 @@ def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path
     assert summary.passed_over >= 1 and summary.passed_over + summary.written == 16
     local_ingest(tmp_path / "local.zarr", sources)
     assert_same(stored(path), stored(tmp_path / "local.zarr"))
+
+
+def test_cli_ingest_on_a_scheduler_equals_a_local_ingest(cluster, tmp_path, capsys):
+    from loader.cli import main
+
+    assert main(["ingest", str(tmp_path / "local.zarr"), "--synthetic", "23", "--seed", "4", "-q"]) == 0
+    assert main(["ingest", str(tmp_path / "d.zarr"), "--synthetic", "23", "--seed", "4", "-q",
+                 "--scheduler", cluster.scheduler_address]) == 0
+    assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+    assert main(["ingest", str(tmp_path / "copy.zarr"), "--from", str(tmp_path / "local.zarr"), "-q",
+                 "--scheduler", cluster.scheduler_address]) == 0
+    assert_same(stored(tmp_path / "copy.zarr"), stored(tmp_path / "local.zarr"))
+    assert "wrote 23 episodes" in capsys.readouterr().out
+    # the same input again without --resume: one line, exit 2, nothing changed
+    assert main(["ingest", str(tmp_path / "d.zarr"), "--synthetic", "23", "--seed", "4", "-q", "--append",
+                 "--scheduler", cluster.scheduler_address]) == 2
+    err = capsys.readouterr().err
+    assert "ingested before" in err and len(err.strip().splitlines()) == 1
+    # a cluster of its own, on this machine: the same again
+    assert main(["ingest", str(tmp_path / "own.zarr"), "--synthetic", "23", "--seed", "4", "-q",
+                 "--dask-workers", "1"]) == 0
+    assert_same(stored(tmp_path / "own.zarr"), stored(tmp_path / "local.zarr"))
+
+
+def test_a_table_as_a_dask_dataframe_and_parquet_export_on_the_cluster(client, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loader.arrow import export_parquet
+
+    local_ingest(tmp_path / "d.zarr", SOURCES)
+    ds = Dataset.open(tmp_path / "d.zarr")
+    df = ds.to_dask("frames", chunks_per_partition=1)
+    assert df.npartitions == -(-ds.rows["frames"] // src.SMALL["frames"])
+    got = df.compute()
+    assert list(got.index) == list(range(ds.rows["frames"]))
+    expected = ds.to_arrow("frames")  # pandas keeps no "not null": compare the values, in Arrow's types
+    assert pa.Table.from_pandas(got, preserve_index=False).cast(expected.schema).equals(expected)
+    assert df["timestamp"].max().compute() == ds["frames"][: ds.rows["frames"]]["timestamp"].max()
+
+    summary = export_parquet(ds, tmp_path / "pq", tables=["agents"], client=client, file_rows=5000)
+    assert summary["rows"]["agents"] == ds.rows["agents"]
+    back = pq.read_table(tmp_path / "pq" / "agents")
+    assert back.num_rows == ds.rows["agents"]
+    assert back.sort_by("_row").drop_columns(["_row"]).equals(ds.to_arrow("agents"))

@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 from loader import Dataset
-from expected import expected_tables
+from expected import expected_tables, wait_for_scenes
 from writer import L5KIT_SCHEMA, synthetic
 from writer.dataset_writer import DatasetWriter
 from writer.format import MANIFEST_KEY
@@ -199,14 +199,7 @@ def test_killed_parent_then_resume_loses_and_duplicates_nothing(tmp_path):
     child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "60", "2", "0.03"],
                              stdout=subprocess.PIPE, text=True)
     workers = [int(x) for x in child.stdout.readline().split()[1:]]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait for a few commits, then kill the parent mid-ingest
-        try:
-            if json.loads((out / MANIFEST_KEY).read_text())["committed"]["scenes"] >= 8:
-                break
-        except (FileNotFoundError, ValueError, KeyError):
-            pass
-        time.sleep(0.02)
+    wait_for_scenes(out, 8)  # a few commits, then kill the parent mid-ingest
     child.send_signal(signal.SIGKILL)
     child.wait()
     time.sleep(1.5)  # workers notice within half a second that their parent is gone

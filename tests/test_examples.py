@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -41,3 +43,11 @@ def test_object_store(s3_server):
     assert "'scenes': 4" in out.stdout and "pinned rows: {'scenes': 2" in out.stdout and "valid: True" in out.stdout
     rows = [line.split()[-1] for line in out.stdout.splitlines() if line.startswith("epoch")]
     assert len(rows) == 2 and rows[0] == rows[1] != "0"
+
+
+def test_scaling_out(s3_server):
+    pytest.importorskip("distributed")
+    out = subprocess.run([sys.executable, EXAMPLES / "scaling_out.py", s3_server.bucket(), s3_server.endpoint],
+                         capture_output=True, text=True, timeout=240, env={**os.environ, **s3_server.env})
+    assert out.returncode == 0, out.stderr
+    assert "wrote 24 episodes from 8 sources" in out.stdout and "agents: " in out.stdout

@@ -1,6 +1,5 @@
 """Paths that used to lose, duplicate or mix rows with exit 0: each is now impossible or refused before anything
 changes (issue 8, items 1-7, on local disks; test_s3.py has the object-store side)."""
-import json
 import os
 import signal
 import subprocess
@@ -12,12 +11,12 @@ import numpy as np
 import pytest
 import zarr
 
-from expected import expected_tables
+from expected import expected_tables, wait_for_scenes
 from loader import Dataset
 from loader.cli import main
 from writer import synthetic
 from writer.dataset_writer import DatasetWriter
-from writer.format import MANIFEST_KEY, read_manifest
+from writer.format import read_manifest
 from writer.lease import LeaseHeld
 
 HERE = Path(__file__).parent
@@ -65,14 +64,7 @@ def test_resume_after_a_partial_commit_of_a_killed_process(tmp_path):
     child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "30", "2", "0.03"],
                              stdout=subprocess.PIPE, text=True)
     child.stdout.readline()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if json.loads((out / MANIFEST_KEY).read_text())["committed"]["scenes"] >= 5:
-                break
-        except (FileNotFoundError, ValueError, KeyError):
-            pass
-        time.sleep(0.02)
+    wait_for_scenes(out, 5)
     child.send_signal(signal.SIGKILL)
     child.wait()
     for _ in range(2):  # resume, then resume again

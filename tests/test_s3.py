@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from expected import expected_tables
+from expected import expected_tables, wait_for_scenes
 from loader import Dataset, Loader
 from loader.arrow import export_parquet
 from loader.cli import main
@@ -51,17 +51,6 @@ def child(url: str, server, *args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), url, *args],
                             env={**os.environ, **server.env}, **kw)
 
-
-def wait_for_scenes(url: str, server, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if Dataset.open(url, storage_options=server.options).rows["scenes"] >= n:
-                return
-        except ValueError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {n} scenes committed within {timeout} s")
 
 
 def test_write_read_export_on_s3_and_no_local_folder(s3, tmp_path, monkeypatch, capsys):
@@ -105,7 +94,7 @@ def test_killed_ingest_on_s3_resumes_to_the_same_chunks_as_a_local_ingest(s3, tm
     url = f"{bucket}/d.zarr"
     proc = child(url, server, "40", "2", "0.03", stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
-    wait_for_scenes(url, server, 6)
+    wait_for_scenes(url, 6, server.options)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # its lease is still in the store; its holder is a dead process on this host, so it is taken over
@@ -191,7 +180,7 @@ def test_loader_ranks_read_a_pinned_commit_once_while_a_writer_appends(s3):
     proc = child(url, server, "40", "2", "0.05", stdout=subprocess.PIPE, text=True)
     try:
         proc.stdout.readline()
-        wait_for_scenes(url, server, 4)
+        wait_for_scenes(url, 4, server.options)
         pinned = Dataset.open(url, storage_options=server.options)  # rank 0 opens and shares `pinned.commit`
         n = pinned.rows["agents"]
         rows: list[np.ndarray] = []

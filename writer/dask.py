@@ -36,7 +36,7 @@ import zarr
 
 from .chunkio import write_rows
 from .dataset_writer import DatasetWriter
-from .episode import check_episode, relocate
+from .episode import check_episode
 from .keys import Position, fingerprint
 from .schema import L5KIT_SCHEMA, Schema
 from .store import Location
@@ -155,17 +155,21 @@ def _write(loaded: tuple[list, dict], location: Location, dataset_id: str, schem
                            "it must be deterministic")
     schema = Schema.from_json(schema_doc)
     arrays, locked = _tables(location, dataset_id, list(schema.tables))
-    at = dict(starts)
-    parts: dict[str, list[np.ndarray]] = {t: [] for t in schema.tables}
+    # the source's rows in one array per table, relocated in place (one copy, as `relocate` then concatenate
+    # would make two)
+    out = {t: np.empty(sum(len(e[t]) for e in episodes), tab.dtype) for t, tab in schema.tables.items()}
+    at = {t: 0 for t in schema.tables}
     for tables in episodes:
-        for t, arr in relocate(tables, schema, at).items():
-            parts[t].append(arr)
+        for t, arr in tables.items():
+            out[t][at[t]:at[t] + len(arr)] = arr
+        for link in schema.links:
+            part = out[link.parent][at[link.parent]:at[link.parent] + len(tables[link.parent])]
+            part[link.field] += starts[link.child] + at[link.child]
         for t, arr in tables.items():
             at[t] += len(arr)
     shared = 0
-    for t, arrs in parts.items():
-        if arrs and at[t] > starts[t]:
-            rows = np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
+    for t, rows in out.items():
+        if len(rows):
             shared += write_rows(arrays[t], locked[t], starts[t], rows)
     return {"seconds": time.perf_counter() - t0, "shared_chunks": shared}
 

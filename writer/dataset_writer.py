@@ -443,9 +443,12 @@ class DatasetWriter:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):  # never closed: stop the workers and free memory, commit nothing
-            if self._pool:
-                self._pool.kill()
-            self._shutdown()
+            try:
+                if self._pool:
+                    self._pool.kill()
+                self._shutdown()
+            except Exception:  # at interpreter exit, modules it needs may be gone already
+                pass
 
     # ---------------------------------------------------------------- segments
     def _append(self, table: str, offset: int, rows: np.ndarray) -> None:
@@ -491,7 +494,7 @@ class DatasetWriter:
         self._inflight[seg.id] = seg
         if self._pool is None:
             rows = np.frombuffer(self._blocks[seg.block].buf, self._arrays[table].dtype, count=seg.n)
-            self._shared_chunks += write_rows(self._arrays[table], arr, seg.start, rows)
+            self._shared_chunks += write_rows(self._arrays[table], self._locked[table], seg.start, rows)
             del rows
             self._done(seg.id)
             return

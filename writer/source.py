@@ -35,9 +35,13 @@ class Episodes:
         return self.rows[self.root]
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        # Read the root table and each parent's link field once; children are sliced per episode.
-        root = self.tables[self.root][: len(self)]
-        for i in range(len(self)):
+        return self.between(0, len(self))
+
+    def between(self, start: int, stop: int) -> Iterator[dict[str, np.ndarray]]:
+        """Episodes `start` to `stop` (excluded)."""
+        # Read the root rows once; children are sliced per episode.
+        root = self.tables[self.root][start:min(stop, len(self))]
+        for i in range(len(root)):
             yield self._episode(root[i:i + 1])
 
     def _episode(self, root_rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -67,3 +71,10 @@ class DatasetSource(Episodes):
         doc = format.read_manifest(group.store)
         super().__init__(schema, tables, {n: doc["committed"].get(n, 0) if doc else a.shape[0]
                                           for n, a in tables.items()})
+
+
+def dataset_episodes(source: tuple) -> Iterator[dict[str, np.ndarray]]:
+    """Episodes `start` to `stop` of a dataset, for a source `(url, storage_options, start, stop)`: how
+    `zarrfeed ingest --from ... --scheduler` splits a dataset into sources for a Dask cluster."""
+    url, options, start, stop = source
+    return DatasetSource(url, storage_options=options).between(start, stop)

@@ -136,3 +136,11 @@ def episodes(n_scenes: int, seed: int = 0, **kwargs) -> Iterator[dict[str, np.nd
     """Yield `n_scenes` synthetic episodes (see `episode`); lazily, so any count fits in memory."""
     for i in range(n_scenes):
         yield episode(i, seed, **kwargs)
+
+
+def scenes(source: tuple[int, int, int], **kwargs) -> Iterator[dict[str, np.ndarray]]:
+    """Scenes `start` to `stop` of seed `seed`, for a source `(seed, start, stop)`: the same episodes as
+    `episodes(n, seed)` gives at those positions (how a Dask ingest splits `--synthetic N` into sources)."""
+    seed, start, stop = source
+    for i in range(start, stop):
+        yield episode(i, seed, **kwargs)
