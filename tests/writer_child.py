@@ -1,6 +1,6 @@
 """Run by tests as a separate process: ingest synthetic scenes slowly, so that it can be killed mid-way.
 
-    python writer_child.py OUT N_SCENES WORKERS [SECONDS_PER_EPISODE] [--resume]
+    python writer_child.py OUT N_SCENES WORKERS [SECONDS_PER_EPISODE] [--resume] [--start-method M]
 """
 import sys
 import time
@@ -19,7 +19,8 @@ if __name__ == "__main__":
     out, n, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     pause = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
     resume = "--resume" in sys.argv
-    with DatasetWriter(out, workers=workers, mode="a" if resume else "w", commit_interval=0.05,
+    method = sys.argv[sys.argv.index("--start-method") + 1] if "--start-method" in sys.argv else None
+    with DatasetWriter(out, workers=workers, mode="a" if resume else "w", commit_interval=0.05, start_method=method,
                        chunks={"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}) as w:
         print("workers", *[p.pid for p in w._pool.procs] if w._pool else [], flush=True)
         w.ingest(slowly(n, pause), resume=resume)

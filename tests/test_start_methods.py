@@ -1,0 +1,90 @@
+"""Workers under every start method: they stay while their parent lives (idle or not) and go when it dies.
+
+Under "forkserver" a worker's parent process is the fork server, not the process that started it: workers
+that compared os.getppid() with their starter's pid exited after half a second idle ("exited with code 0").
+"""
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loader import Loader, WindowLoader
+from writer import synthetic
+from writer.dataset_writer import DatasetWriter
+from writer.pool import context
+
+HERE = Path(__file__).parent
+METHODS = ["fork", "forkserver", "spawn"]
+
+
+def small(n: int, seed: int = 0) -> list[dict]:
+    return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_writer_workers_outlive_an_idle_second(tmp_path, method):
+    eps = small(4)
+    with DatasetWriter(tmp_path / "d.zarr", workers=2, start_method=method) as w:
+        w.ingest(eps[:2])
+        time.sleep(1.2)  # idle: workers must not take this for their parent's death
+        w.ingest(eps[2:])
+    assert w.committed["scenes"] == 4
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_loader_workers_outlive_an_idle_second(tmp_path, method):
+    with DatasetWriter(tmp_path / "d.zarr", workers=0) as w:
+        w.ingest(small(3))
+    with Loader(tmp_path / "d.zarr", "agents", batch_size=256, num_workers=2, start_method=method) as loader:
+        first = sum(len(b["centroid"]) for b in loader)
+        time.sleep(1.2)
+        assert sum(len(b["centroid"]) for b in loader) == first == w.committed["agents"]
+    with WindowLoader(tmp_path / "d.zarr", history=3, future=4, batch_size=16, num_workers=2,
+                      start_method=method) as loader:
+        first = sum(1 for _ in loader)
+        time.sleep(1.2)
+        assert sum(1 for _ in loader) == first > 0
+
+
+def test_forkserver_workers_exit_when_their_parent_is_killed(tmp_path):
+    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(tmp_path / "d.zarr"), "200", "2",
+                              "0.05", "--start-method", "forkserver"], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(x) for x in child.stdout.readline().split()[1:]]
+        assert len(workers) == 2
+        time.sleep(0.5)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    deadline = time.monotonic() + 5
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in workers if Path(f"/proc/{p}").exists()
+                 and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
+        time.sleep(0.1)
+    assert not alive, f"workers {alive} outlived their parent"
+
+
+def test_the_default_is_forkserver_and_an_unguarded_script_gets_a_hint(tmp_path):
+    """forkserver is the default (safe with threads); a script whose top-level code starts workers, run again
+    by each worker as Python does for that method, fails with one line saying how to fix it."""
+    with DatasetWriter(tmp_path / "d.zarr", workers=0) as w:
+        w.ingest(small(1))
+    script = tmp_path / "unguarded.py"
+    script.write_text("import sys\nfrom loader import Loader\n"
+                      f"with Loader({str(tmp_path / 'd.zarr')!r}, 'agents', batch_size=64, num_workers=1) as l:\n"
+                      "    print(sum(len(b['centroid']) for b in l))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=HERE.parent)
+    assert out.returncode == 1
+    assert "put its top-level code under `if __name__ == \"__main__\":`" in out.stderr.splitlines()[-1]
+    script.write_text(script.read_text().replace("with Loader", "if __name__ == '__main__':\n  with Loader")
+                      .replace("\n    print", "\n      print"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=HERE.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(w.committed["agents"])]
+    assert context(None).get_start_method() == "forkserver"
