@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader import Dataset, Loader
-from loader.arrow import export_parquet, to_arrow
-from writer.arrow import records_to_arrow
+from loader import export_parquet, to_arrow
+from writer.arrow_records import records_to_arrow
 
 from common import parser, print_ratios, synthetic_dataset
 

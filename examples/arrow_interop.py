@@ -10,7 +10,7 @@ import duckdb
 import polars as pl
 
 from loader import Dataset
-from loader.arrow import export_parquet
+from loader import export_parquet
 from writer import synthetic, write_dataset
 
 if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)

@@ -1,8 +1,12 @@
-"""zarrfeed's reading side: open, describe and check datasets; load shuffled batches."""
-from writer.format import FormatError
+"""zarrfeed's reading side: open, describe and check datasets; load shuffled batches; Arrow and Parquet out."""
+from writer.arrow_records import from_arrow
+from writer.dataset_format import FormatError
 
+from .arrow_bridge import to_arrow
+from .batches import Loader, LoaderError
 from .dataset import Dataset, ValidationReport
-from .loader import Loader, LoaderError
+from .parquet_export import export_parquet
 from .windows import WindowLoader
 
-__all__ = ["Dataset", "FormatError", "Loader", "LoaderError", "ValidationReport", "WindowLoader"]
+__all__ = ["Dataset", "FormatError", "Loader", "LoaderError", "ValidationReport", "WindowLoader",
+           "export_parquet", "from_arrow", "to_arrow"]

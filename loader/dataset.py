@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+import numpy as np
+import pyarrow as pa
 import zarr
 
-from writer import format
-from writer.format import FormatError
+from writer import dataset_format
+from writer.arrow_records import records_to_arrow
+from writer.dataset_format import FormatError
 from writer.links import IntervalChecker, Violation
 from writer.schema import Schema
 from writer.store import Location
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from .arrow import ArrowStream
+from .arrow_bridge import ArrowStream, table_batches
 
 
 @dataclass
@@ -62,13 +62,13 @@ class Dataset:
         every rank of a job read the same rows while a writer appends: `Dataset.open(path).commit` on one rank,
         then `commit=` on all)."""
         location = Location.of(path_or_url, storage_options)
-        group = format.open_group(location, mode)
-        arrays = {name: format.open_table(group.store, name, mode="r" if mode == "r" else "r+")
+        group = dataset_format.open_group(location, mode)
+        arrays = {name: dataset_format.open_table(group.store, name, mode="r" if mode == "r" else "r+")
                   for name in sorted(group.array_keys())}
-        schema = format.detect_schema(group, arrays)
-        tables = {name: arrays[name] if name in arrays else format.empty_table(table)
+        schema = dataset_format.detect_schema(group, arrays)
+        tables = {name: arrays[name] if name in arrays else dataset_format.empty_table(table)
                   for name, table in schema.tables.items()}
-        doc = format.read_manifest(group.store, commit)
+        doc = dataset_format.read_manifest(group.store, commit)
         rows = {name: (doc["committed"].get(name, 0) if doc else arr.shape[0]) for name, arr in tables.items()}
         for name, n in rows.items():
             if n > tables[name].shape[0]:
@@ -147,22 +147,32 @@ class Dataset:
         return report
 
     def to_batches(self, table: str, batch_size: int = 65_536, fields: list[str] | None = None,
-                   join: dict[str, str] | None = None, row_index: str | None = None) -> "ArrowStream":
-        """`table` in row order as an Arrow stream (see `loader.arrow.table_batches`): iterate it for
+                   join: dict[str, str] | None = None, row_index: str | None = None) -> ArrowStream:
+        """`table` in row order as an Arrow stream (see `loader.arrow_bridge.table_batches`): iterate it for
         RecordBatches, or pass it to polars, DuckDB or pyarrow, which read its Arrow C stream."""
-        from .arrow import table_batches
-
         return table_batches(self, table, batch_size, fields, join, row_index)
 
-    def to_arrow(self, table: str, fields: list[str] | None = None) -> "pa.Table":
+    def to_arrow(self, table: str, fields: list[str] | None = None) -> pa.Table:
         """All committed rows of `table` as one Arrow table."""
         return self.to_batches(table, fields=fields).read_all()
 
     def to_dask(self, table: str, chunks_per_partition: int = 8, fields: list[str] | None = None) -> Any:
-        """`table` as a dask DataFrame, one partition per range of chunks (see `loader.arrow.to_dask`)."""
-        from .arrow import to_dask
+        """`table`'s committed rows as a dask DataFrame: one partition per `chunks_per_partition` chunks, each
+        read through the Arrow bridge on whichever worker computes it (pyarrow-backed columns; subarray
+        fields are fixed-size lists). The rows are those of this dataset's commit, pinned, so every partition
+        agrees while a writer appends."""
+        import dask.dataframe as dd
+        import pandas as pd
 
-        return to_dask(self, table, chunks_per_partition, fields)
+        if table not in self.tables:
+            raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.tables)})")
+        c = self[table].chunks[0] * max(1, chunks_per_partition)
+        n = self.rows[table]
+        pieces = [(self.location, self.commit, table, a, min(a + c, n), fields) for a in range(0, n, c)] or \
+            [(self.location, self.commit, table, 0, 0, fields)]
+        meta = records_to_arrow(np.zeros(0, self[table].dtype), fields).to_pandas(types_mapper=pd.ArrowDtype)
+        divisions = [p[3] for p in pieces] + [max(n - 1, 0)]
+        return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)
 
     def chunk_key(self, table: str, row: int) -> str:
         arr = self.tables[table]
@@ -188,3 +198,15 @@ class ChunkReader:
             except Exception as exc:
                 raise FormatError(f"table '{self.table}': chunk '{key}' cannot be decoded "
                                   f"({type(exc).__name__}: {exc}); the file is truncated or corrupt") from None
+
+
+def _dask_partition(piece: tuple) -> Any:
+    """Rows [a, b) of a table as a pandas DataFrame indexed by row number (a partition of `Dataset.to_dask`)."""
+    import pandas as pd
+
+    location, commit, table, a, b, fields = piece
+    ds = Dataset.open(location, commit=commit)
+    rows = ds[table][a:b] if b > a else np.zeros(0, ds[table].dtype)
+    df = records_to_arrow(rows, fields).to_pandas(types_mapper=pd.ArrowDtype)
+    df.index = pd.RangeIndex(a, b)
+    return df

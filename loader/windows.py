@@ -17,12 +17,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import worker
+from . import read_worker
 from ._gather import gather_runs
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
-from .loader import Loader, _Epoch
+from .batches import Loader, _Epoch
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
 TABLES = ("frames", "agents", "traffic_light_faces")
@@ -112,11 +112,11 @@ def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
                     np.int64).reshape(-1)
 
 
-def setup(wid: int, source: worker.Source, shared: worker.Shared, config: PlanConfig, samples: Samples,
+def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig, samples: Samples,
           dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
           transform: Callable | None) -> Callable[[tuple], tuple]:
-    """The WindowLoader worker's message handler (see `loader.worker` for decode)."""
-    decode = worker.chunk_decoder(source, list(TABLES), shared)
+    """The WindowLoader worker's message handler (see `loader.read_worker` for decode)."""
+    decode = read_worker.chunk_decoder(source, list(TABLES), shared)
     cache, _ = shared.arrays()
     S = shared.slot_bytes
     h, T = samples.history, samples.T
@@ -189,7 +189,7 @@ def setup(wid: int, source: worker.Source, shared: worker.Shared, config: PlanCo
             all_counts.append(None)
         return ("gathered", wid, k0, count, all_counts)
 
-    handle.urgent, handle.waiting = worker._urgent, decode.waiting
+    handle.urgent, handle.waiting = read_worker._urgent, decode.waiting
     return handle
 
 
@@ -244,10 +244,10 @@ class WindowLoader(Loader):
     def _uses_index(self) -> bool:
         return False
 
-    def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> worker.Shared:
-        return worker.Shared(self._chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
+    def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
+        return read_worker.Shared(self._chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
 
-    def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
+    def _worker(self, shared: read_worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
         return setup, (self._source, shared, self._config, self.samples, self._dtypes, self._records,
                        outputs, self.transform)
 

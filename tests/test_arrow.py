@@ -13,7 +13,8 @@ import zarr
 from hypothesis import given, settings, strategies as st
 
 from loader import Dataset, Loader
-from loader.arrow import arrow_schema, export_parquet, from_arrow, to_arrow
+from loader import export_parquet, from_arrow, to_arrow
+from writer.arrow_records import arrow_schema
 from writer import AGENT_DTYPE, FRAME_DTYPE, SCENE_DTYPE, TL_FACE_DTYPE, ingest_parquet, synthetic, write_dataset
 
 
@@ -224,7 +225,7 @@ def test_bad_parquet_is_refused_naming_file_and_column(real_scene, tmp_path, kin
 
 
 def test_cli_export_parquet_and_arrow_stream(real_scene, tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "loader.cli", *map(str, a)],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "zarrfeed.cli", *map(str, a)],  # noqa: E731
                                     capture_output=True, timeout=120)
     out = run("export", real_scene, tmp_path / "pq", "--tables", "scenes,frames", "-q")
     assert out.returncode == 0, out.stderr

@@ -9,7 +9,7 @@ import zarr
 
 
 def zarrfeed(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "loader.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "zarrfeed.cli", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=120)
 
 
@@ -94,7 +94,7 @@ def test_ctrl_c_keeps_what_is_committed_and_resume_finishes(tmp_path):
     import signal
     import time
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, "-m", "loader.cli", "ingest", str(out), "--synthetic", "400", "-q"],
+    child = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "ingest", str(out), "--synthetic", "400", "-q"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # interrupt once something is committed

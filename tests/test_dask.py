@@ -154,7 +154,7 @@ def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path
 
 
 def test_cli_ingest_on_a_scheduler_equals_a_local_ingest(cluster, tmp_path, capsys):
-    from loader.cli import main
+    from zarrfeed.cli import main
 
     assert main(["ingest", str(tmp_path / "local.zarr"), "--synthetic", "23", "--seed", "4", "-q"]) == 0
     assert main(["ingest", str(tmp_path / "d.zarr"), "--synthetic", "23", "--seed", "4", "-q",
@@ -179,7 +179,7 @@ def test_a_table_as_a_dask_dataframe_and_parquet_export_on_the_cluster(client, t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from loader.arrow import export_parquet
+    from loader import export_parquet
 
     local_ingest(tmp_path / "d.zarr", SOURCES)
     ds = Dataset.open(tmp_path / "d.zarr")

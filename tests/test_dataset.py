@@ -7,7 +7,7 @@ import zarr
 
 from loader import Dataset, FormatError
 from writer import L5KIT_SCHEMA, TL_FACE_DTYPE, synthetic, write_dataset
-from writer.format import MANIFEST_KEY
+from writer.dataset_format import MANIFEST_KEY
 
 
 def test_real_scene_opens_with_its_counts_and_dtypes(real_scene):

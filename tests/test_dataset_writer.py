@@ -17,7 +17,7 @@ from loader import Dataset
 from expected import expected_tables, wait_for_scenes
 from writer import L5KIT_SCHEMA, synthetic
 from writer.dataset_writer import DatasetWriter
-from writer.format import MANIFEST_KEY
+from writer.dataset_format import MANIFEST_KEY
 from writer.keys import Position, fingerprint
 from writer.pool import WorkerError
 

@@ -13,10 +13,10 @@ import zarr
 
 from expected import expected_tables, wait_for_scenes
 from loader import Dataset
-from loader.cli import main
+from zarrfeed.cli import main
 from writer import synthetic
 from writer.dataset_writer import DatasetWriter
-from writer.format import read_manifest
+from writer.dataset_format import read_manifest
 from writer.lease import LeaseHeld
 
 HERE = Path(__file__).parent
@@ -98,7 +98,7 @@ def test_a_writer_in_another_process_holds_the_lease_until_it_dies(tmp_path):
     try:
         with pytest.raises(LeaseHeld, match=f"pid {child.pid}"):
             DatasetWriter(out, workers=0, mode="a")
-        r = subprocess.run([sys.executable, "-m", "loader.cli", "ingest", str(out), "--synthetic", "1", "--append",
+        r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "ingest", str(out), "--synthetic", "1", "--append",
                             "-q"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and f"being written by pid {child.pid}" in r.stderr
@@ -117,7 +117,7 @@ def test_ingest_from_itself_is_refused(tmp_path):
     with DatasetWriter(out, workers=0) as w:
         w.ingest(eps)
     for extra in (["--overwrite"], ["--append"], []):
-        r = subprocess.run([sys.executable, "-m", "loader.cli", "ingest", str(out), "--from", f"file://{out}",
+        r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "ingest", str(out), "--from", f"file://{out}",
                             *extra, "-q"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "the output is also the input" in r.stderr and "Traceback" not in r.stderr
     assert_holds(out, eps)
@@ -262,7 +262,7 @@ def test_readers_pin_a_commit(tmp_path):
 
 def test_create_never_writes_over_a_dataset_made_meanwhile(tmp_path):
     """Two mode-"w" writers that both found the folder empty: the second must not reset the first's manifest."""
-    from writer.format import create
+    from writer.dataset_format import create
     from writer import L5KIT_SCHEMA
 
     out = tmp_path / "d.zarr"

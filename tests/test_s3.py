@@ -13,8 +13,8 @@ import zarr
 
 from expected import expected_tables, wait_for_scenes
 from loader import Dataset, Loader
-from loader.arrow import export_parquet
-from loader.cli import main
+from loader import export_parquet
+from zarrfeed.cli import main
 from loader.fetch import ChunkFetcher, FetchOptions
 from writer import ingest_parquet, synthetic
 from writer.chunkio import ChunkError
@@ -161,7 +161,7 @@ def test_wrong_credentials_are_one_line(tmp_path):
         for command in (["info", "s3://bucket/d.zarr"], ["ingest", "s3://bucket/d.zarr", "--synthetic", "1", "-q"]):
             deadline = time.monotonic() + 30
             while True:
-                r = subprocess.run([sys.executable, "-m", "loader.cli", *command, *opts], capture_output=True,
+                r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", *command, *opts], capture_output=True,
                                    text=True, timeout=60)
                 if "Connection" not in r.stderr or time.monotonic() > deadline:  # the server is still starting
                     break

@@ -3,9 +3,9 @@ from . import synthetic
 from .coordinator import Coordinator, LocalCoordinator
 from .dataset_writer import DatasetWriter
 from .episode import check_episode, relocate
-from .format import FormatError
+from .dataset_format import FormatError
 from .links import Violation
-from .parquet import ingest_parquet
+from .parquet_ingest import ingest_parquet
 from .pool import WorkerError
 from .schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE,
                      Link, Schema, Table)

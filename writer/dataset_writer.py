@@ -26,7 +26,7 @@ import numpy as np
 import zarr
 from tqdm.auto import tqdm
 
-from . import format
+from . import dataset_format
 from .chunkio import write_rows
 from .commit import CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
@@ -34,7 +34,7 @@ from .episode import check_episode, relocate
 from .journal import Journal
 from .keys import Key, Position, check_key, fingerprint
 from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Lease
-from . import worker
+from . import write_worker
 from .pool import WorkerError, WorkerPool, describe_exit
 from .schema import L5KIT_SCHEMA, Schema
 from .shm import SharedBlock, check_room
@@ -104,7 +104,7 @@ class DatasetWriter:
             if mode == "w":
                 if overwrite:
                     self._clear()
-                self.schema, self._dataset_id = format.create(store, schema, chunks=chunks, compressor=compressor)
+                self.schema, self._dataset_id = dataset_format.create(store, schema, chunks=chunks, compressor=compressor)
                 committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
                 self._published = (dict(committed), self._journal.to_json())
             else:
@@ -145,7 +145,7 @@ class DatasetWriter:
             self._shared_chunks = 0
             if workers > 0:
                 dtypes = {n: t.dtype for n, t in self.schema.tables.items()}
-                self._pool = WorkerPool(workers, worker.setup, (self.location, dtypes, self._sync, self._blocks),
+                self._pool = WorkerPool(workers, write_worker.setup, (self.location, dtypes, self._sync, self._blocks),
                                         "writer worker", start_method)
             self._load = [0] * max(workers, 1)
         except BaseException:
@@ -187,9 +187,9 @@ class DatasetWriter:
             fs.rm(doomed, recursive=True)
 
     def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
-        group = format.open_group(self.location, mode="a")
-        arrays = {n: format.open_table(group.store, n) for n in group.array_keys()}
-        found = format.detect_schema(group, arrays)
+        group = dataset_format.open_group(self.location, mode="a")
+        arrays = {n: dataset_format.open_table(group.store, n) for n in group.array_keys()}
+        found = dataset_format.detect_schema(group, arrays)
         for name, table in schema.tables.items():
             if name not in found.tables or found.tables[name].dtype != table.dtype:
                 raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")
@@ -199,13 +199,13 @@ class DatasetWriter:
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
                 group.create_dataset(name, shape=(0,), chunks=(table.chunk_rows,), dtype=table.dtype,
                                      compressor=found.compressor, fill_value=np.zeros(1, table.dtype)[0])
-        doc = format.read_manifest(group.store)
+        doc = dataset_format.read_manifest(group.store)
         if doc is None:  # written by another tool: its shapes are its rows
-            self._journal, self._commit_no, self._dataset_id = Journal(), 0, format.new_dataset_id()
+            self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
             return found, {n: group[n].shape[0] for n in found.tables}
         self._journal = Journal.from_json(doc.get("journal"))
         self._commit_no = doc["commit"]
-        self._dataset_id = doc.get("dataset_id") or format.new_dataset_id()
+        self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
         return found, doc["committed"]
 
     # ---------------------------------------------------------------- public API
@@ -422,8 +422,8 @@ class DatasetWriter:
                 self._pool.stop()
             for t, n in self._tracker.committed.items():  # nothing lies past the committed rows: trim the shape
                 if self._length[t] != n:
-                    self._bounded(lambda: format.set_length(self._arrays[t], n), f"setting the length of {t}")
-            self._bounded(lambda: format.consolidate(self._store), "consolidating the metadata")
+                    self._bounded(lambda: dataset_format.set_length(self._arrays[t], n), f"setting the length of {t}")
+            self._bounded(lambda: dataset_format.consolidate(self._store), "consolidating the metadata")
         finally:
             self._shutdown()
         return self.committed
@@ -541,7 +541,7 @@ class DatasetWriter:
         if end > self._length[table]:
             step = 4 if self.location.is_local else 64
             n = self._length[table] = max(end, 2 * self._length[table], step * self._arrays[table].chunks[0])
-            self._bounded(lambda: format.set_length(self._arrays[table], n), f"growing {table} to {n:,} rows")
+            self._bounded(lambda: dataset_format.set_length(self._arrays[table], n), f"growing {table} to {n:,} rows")
 
     def _lost(self) -> str:
         """The message for a dead worker: who, and which episodes' rows it held."""
@@ -571,8 +571,8 @@ class DatasetWriter:
         if state == self._published:
             return
         self._commit_no += 1
-        doc = format.manifest(self.schema, state[0], self._commit_no, self._dataset_id, journal=state[1])
-        self._bounded(lambda: format.write_manifest(self._store, doc), f"publishing commit {self._commit_no}")
+        doc = dataset_format.manifest(self.schema, state[0], self._commit_no, self._dataset_id, journal=state[1])
+        self._bounded(lambda: dataset_format.write_manifest(self._store, doc), f"publishing commit {self._commit_no}")
         self._published = state
 
     def _bounded(self, fn: Any, what: str) -> Any:

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import format
+from . import dataset_format
 from .schema import Schema
 
 
@@ -19,7 +19,7 @@ def root_table(schema: Schema) -> str:
     children = {link.child for link in schema.links}
     roots = [t for t in schema.tables if t not in children]
     if len(roots) != 1:
-        raise format.FormatError(f"schema '{schema.name}' has {len(roots)} root tables ({', '.join(roots)}); "
+        raise dataset_format.FormatError(f"schema '{schema.name}' has {len(roots)} root tables ({', '.join(roots)}); "
                                  "splitting into episodes needs exactly one")
     return roots[0]
 
@@ -60,15 +60,15 @@ class Episodes:
 
 
 class DatasetSource(Episodes):
-    """The episodes of the dataset at `location` (any store `format.open_group` reads), in row order."""
+    """The episodes of the dataset at `location` (any store `dataset_format.open_group` reads), in row order."""
 
-    def __init__(self, location: "str | os.PathLike | format.Location",
+    def __init__(self, location: "str | os.PathLike | dataset_format.Location",
                  storage_options: dict | None = None) -> None:
-        group = format.open_group(location, storage_options=storage_options)
-        arrays = {n: format.open_table(group.store, n) for n in group.array_keys()}
-        schema = format.detect_schema(group, arrays)
-        tables = {n: arrays[n] if n in arrays else format.empty_table(t) for n, t in schema.tables.items()}
-        doc = format.read_manifest(group.store)
+        group = dataset_format.open_group(location, storage_options=storage_options)
+        arrays = {n: dataset_format.open_table(group.store, n) for n in group.array_keys()}
+        schema = dataset_format.detect_schema(group, arrays)
+        tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
+        doc = dataset_format.read_manifest(group.store)
         super().__init__(schema, tables, {n: doc["committed"].get(n, 0) if doc else a.shape[0]
                                           for n, a in tables.items()})
 

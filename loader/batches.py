@@ -24,8 +24,8 @@ import numpy as np
 
 from writer.pool import WorkerPool, describe_exit
 
-from . import worker
-from .arrow import to_arrow
+from . import read_worker
+from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
@@ -306,7 +306,7 @@ class Loader:
         if prefetch < 1 or num_workers < 0:
             raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
         self.dataset, self.table, self._fetch = ds, table, fetch
-        self._source = worker.Source.of(ds, fetch)
+        self._source = read_worker.Source.of(ds, fetch)
         self._config, self._selection, self._records = config, selection, records
         self.fields = [c.name for c in records.columns]
         self.batch_size, self.num_workers, self.prefetch = config.batch_size, num_workers, prefetch
@@ -450,13 +450,13 @@ class Loader:
     def _uses_index(self) -> bool:
         return True
 
-    def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> worker.Shared:
+    def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
         c = self._config
-        return worker.Shared(c.chunk_rows * self._itemsize, chunk_slots, c.shuffle_window * c.chunk_rows, regions,
+        return read_worker.Shared(c.chunk_rows * self._itemsize, chunk_slots, c.shuffle_window * c.chunk_rows, regions,
                              batch_bytes, n_slots)
 
-    def _worker(self, shared: worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
-        return worker.setup, (self._source, self.table, shared, self._config, self._itemsize, self._selection,
+    def _worker(self, shared: read_worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
+        return read_worker.setup, (self._source, self.table, shared, self._config, self._itemsize, self._selection,
                               self._records, outputs, self.transform)
 
     def _chunks_of(self, plan: EpochPlan, w: int) -> list[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""Reading a Parquet export (`loader.arrow.export_parquet`, or any Parquet with the same columns) back into a
+"""Reading a Parquet export (`loader.parquet_export.export_parquet`, or any Parquet with the same columns) back into a
 dataset through the writer, so every interval is checked and relocated as for any other input.
 
 Every file is checked before anything is written: a file that is not Parquet, a missing column, a column whose
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .arrow import _field_type, from_arrow
+from .arrow_records import _field_type, from_arrow
 from .dataset_writer import DatasetWriter
 from .schema import L5KIT_SCHEMA, Schema
 from .source import Episodes

@@ -1,4 +1,4 @@
-"""The `zarrfeed` command: demo, ingest, load, export, info, validate.
+"""The `zarrfeed` command: demo, ingest, load, export, info, validate (it composes `writer` and `loader`).
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback).
 """
@@ -15,16 +15,16 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 import writer
+from loader import Dataset, Loader, LoaderError
+from writer.dataset_format import FormatError
 from writer.dataset_writer import DatasetWriter
-from writer.format import FormatError
 from writer.lease import LeaseLost
 from writer.pool import WorkerError
 from writer.shm import ShmSpaceError
 from writer.source import DatasetSource
 from writer.store import Location, parse_storage_option
 
-from .dataset import Dataset
-from .loader import Loader, LoaderError
+from . import __version__
 
 
 def _size(n: float) -> str:
@@ -216,7 +216,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .arrow import export_parquet, write_ipc_stream
+    from loader.arrow_bridge import write_ipc_stream
+    from loader.parquet_export import export_parquet
 
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     if args.out == "-" and args.format != "arrow":
@@ -257,7 +258,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         r = _load(ds, "agents", 4096, args.workers, 1, progress=True)
         print(f"loaded {r['rows']:,} agents in shuffled batches of 4096 with {args.workers} loader workers: "
               f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.0f} MB/s")
-        from .arrow import export_parquet
+        from loader.parquet_export import export_parquet
 
         parquet = out.with_name(out.name + ".parquet")
         r = export_parquet(ds, parquet, workers=args.workers, progress=True)
@@ -293,6 +294,7 @@ def _count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarrfeed", description="Training-data loader and writer for "
                                      "datasets of structured records in zarr (L5Kit format).")
+    parser.add_argument("--version", action="version", version=f"zarrfeed {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="write a synthetic L5Kit dataset, describe it and validate it")
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (a dataset there is replaced; "

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from writer import format
+from writer import dataset_format
 from writer.chunkio import chunk_key, decode_chunk_into
 from writer.shm import SharedBlock, check_room
 from writer.store import Location
@@ -84,7 +84,7 @@ class Source:
 def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:
     """Handles ("decode", [(table, chunk, cache slot), ...]); returns the cache slots filled."""
     store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
-    arrays = {t: format.open_table(store, t) for t in tables}  # object store each check is a request)
+    arrays = {t: dataset_format.open_table(store, t) for t in tables}  # object store each check is a request)
     fetcher = ChunkFetcher(source.location, store, source.identity, source.fetch)
     cache, _ = shared.arrays()
 

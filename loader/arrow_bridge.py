@@ -1,0 +1,124 @@
+"""The Arrow bridge: batches and tables as Arrow record batches and streams (Parquet: `loader.parquet_export`).
+
+`to_arrow` of a columnar batch (what `Loader` yields) shares its memory: numeric columns and fixed-size
+lists of them are not copied (bools and strings are converted). A structured array's fields are copied out
+of the interleaved records once. Every stream here implements the Arrow PyCapsule stream interface
+(`__arrow_c_stream__`), so polars, DuckDB, pyarrow and pandas read it directly. See `writer.arrow_records` for the
+type mapping; the numpy dtype travels in the schema metadata, so `from_arrow` restores records exactly.
+"""
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from writer.arrow_records import arrow_schema, column_to_arrow, from_arrow, records_to_arrow
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+__all__ = ["ArrowStream", "arrow_schema", "from_arrow", "table_batches", "to_arrow", "write_ipc_stream"]
+
+
+@functools.lru_cache(maxsize=64)
+def _batch_schema(key: tuple) -> tuple[pa.Schema, list[tuple[pa.DataType | None, tuple[int, ...]]]]:
+    """Schema of a batch's columns, and per column the leaf type to wrap zero-copy (None: convert)."""
+    dtype = np.dtype([(n, np.dtype(d), shape) for n, d, shape in key])
+    schema = arrow_schema(dtype)
+    plans = []
+    for _, d, shape in key:
+        base = np.dtype(d)
+        plans.append((pa.from_numpy_dtype(base) if base.kind in "iuf" and base.isnative else None, shape))
+    return schema, plans
+
+
+def to_arrow(batch: Mapping[str, np.ndarray] | np.ndarray) -> pa.RecordBatch:
+    """A batch (dict of columns) or a structured array as a RecordBatch; no copy of numeric columns of a
+    columnar batch, so the RecordBatch is valid as long as the batch is (for a Loader batch with
+    `copy=False`: until the next batch). The schema is built once per kind of batch."""
+    if isinstance(batch, np.ndarray):
+        return records_to_arrow(batch)
+    schema, plans = _batch_schema(tuple((n, c.dtype.str, c.shape[1:]) for n, c in batch.items()))
+    arrays = []
+    for (name, col), (leaf, shape) in zip(batch.items(), plans):
+        if leaf is None or not col.flags.c_contiguous:
+            arrays.append(column_to_arrow(name, col))
+            continue
+        values = pa.Array.from_buffers(leaf, col.size, [None, pa.py_buffer(col)])
+        for size in reversed(shape):
+            values = pa.FixedSizeListArray.from_arrays(values, size)
+        arrays.append(values)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class ArrowStream:
+    """Record batches made on demand; iterate it, `read_all()` it, or hand it to anything that takes an Arrow
+    C stream (`polars.DataFrame(s)`, `duckdb.sql("SELECT ... FROM s")`, `pa.RecordBatchReader.from_stream(s)`).
+    Each consumer of the C stream gets a fresh pass over the data."""
+
+    def __init__(self, schema: pa.Schema, make: Callable[[], Iterable[pa.RecordBatch]]) -> None:
+        self.schema, self._make = schema, make
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return iter(self._make())
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.schema, iter(self))
+
+    def read_all(self) -> pa.Table:
+        return self.reader().read_all()
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self.reader().__arrow_c_stream__(requested_schema)
+
+
+def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: list[str] | None = None,
+                  join: Mapping[str, str] | None = None, row_index: str | None = None) -> ArrowStream:
+    """`table`'s committed rows in row order, `batch_size` rows a batch.
+
+    `join={"agents": "agent_index_interval"}` adds a column `agents` of type list<struct>: each row's child
+    rows, following the interval field. `row_index="_row"` adds each row's global row number (for joining
+    interval fields in SQL)."""
+    arr, n = ds[table], ds.rows[table]
+    joins = dict(join or {})
+    for child, field in joins.items():
+        if child not in ds.tables or field not in arr.dtype.names:
+            raise ValueError(f"join: no table {child!r} or no field {field!r} in table {table!r}")
+    base = arrow_schema(arr.dtype, fields)
+    extra = [pa.field(row_index, pa.int64(), nullable=False)] if row_index else []
+    for child in joins:
+        extra.append(pa.field(child, pa.list_(pa.struct(list(arrow_schema(ds[child].dtype)))), nullable=False))
+    schema = pa.schema(list(base) + extra, metadata=base.metadata)
+
+    def make() -> Iterator[pa.RecordBatch]:
+        for start in range(0, n, batch_size):
+            rows = arr[start:min(start + batch_size, n)]
+            cols = list(records_to_arrow(rows, fields).columns)
+            if row_index:
+                cols.append(pa.array(np.arange(start, start + len(rows), dtype=np.int64)))
+            for child, field in joins.items():
+                iv = rows[field]
+                lo, hi = int(iv[0, 0]), int(iv[-1, 1])
+                if (iv[1:, 0] != iv[:-1, 1]).any():
+                    raise ValueError(f"join: {table}.{field} intervals in rows [{start}, {start + len(rows)}) are "
+                                     "not contiguous; run `zarrfeed validate`")
+                children = records_to_arrow(ds[child][lo:hi]) if hi > lo else \
+                    records_to_arrow(np.zeros(0, ds[child].dtype))
+                offsets = pa.array(np.concatenate([iv[:, 0], [hi]]) - lo, pa.int32())
+                structs = pa.StructArray.from_arrays(children.columns, fields=list(children.schema))
+                cols.append(pa.ListArray.from_arrays(offsets, structs))
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+
+    return ArrowStream(schema, make)
+
+
+def write_ipc_stream(stream: ArrowStream, sink: Any) -> int:
+    """Write `stream` as an Arrow IPC stream to `sink` (a path or a binary file object); return rows."""
+    rows = 0
+    with pa.ipc.new_stream(sink, stream.schema) as writer:
+        for batch in stream:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    return rows
