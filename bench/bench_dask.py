@@ -60,7 +60,8 @@ def main() -> None:
         del eps
         print(f"{args.scenes} scenes in {args.sources} sources, {mb:,.0f} MB, {rows:,} rows")
         with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-                          dashboard_address=None, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+                          dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False},
+                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
             client.gather(client.map(noop, range(10)))  # warm
             t = time.perf_counter()
             client.gather(client.map(noop, range(200), pure=False))

@@ -24,7 +24,7 @@ def read_log(source):
 
 if __name__ == "__main__":
     cluster = None if len(sys.argv) > 3 else LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                                                          dashboard_address=None)
+                                                          dashboard_address="127.0.0.1:0")
     with Client(sys.argv[3] if len(sys.argv) > 3 else cluster) as client:
         sources = [(seed, 3) for seed in range(8)]
         summary = zdask.ingest(client, sources, read_log, url, storage_options=options)

@@ -14,15 +14,17 @@ alone, never on workers or timing. The cache is sized from the plan: what the ba
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
-import traceback
 import weakref
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from writer.pool import WorkerPool, describe_exit
+from writer.chunkio import ChunkError
+from writer.pool import RemoteError, WorkerPool, describe_exit
+from writer.store import Location
 
 from . import read_worker
 from .arrow_bridge import to_arrow
@@ -36,7 +38,13 @@ _GROUP_ROWS = 4096
 
 
 class LoaderError(RuntimeError):
-    """A worker died, a chunk could not be read, or a transform failed; the message says which."""
+    """A worker died, a chunk could not be read, or a transform failed; the message says which. When code
+    raised, in a worker or here, `remote` holds that exception (`remote.exc`: the object itself when it could
+    be carried, `remote.traceback`), also chained as `__cause__`."""
+
+    def __init__(self, message: str, remote: RemoteError | None = None) -> None:
+        super().__init__(message)
+        self.remote = remote
 
 
 class _InlinePool:
@@ -48,8 +56,8 @@ class _InlinePool:
     def send(self, wid: int, msg: tuple) -> None:
         try:
             self._replies.append(self._handle(msg))
-        except Exception:
-            self._replies.append(("error", 0, msg, traceback.format_exc()))
+        except Exception as exc:
+            self._replies.append(("error", 0, msg, RemoteError.capture(exc)))
 
     def poll(self, timeout: float) -> list[tuple]:
         out, self._replies = self._replies, []
@@ -198,9 +206,9 @@ class _Epoch:
         for reply in self.run.pool.poll(timeout):
             kind, wid = reply[0], reply[1]
             if kind == "error":
-                raise LoaderError(self._describe_error(wid, reply[2], reply[3]))
+                raise LoaderError(self._describe_error(wid, reply[2], reply[3]), reply[3]) from reply[3].exc
             if kind == "failed":
-                raise LoaderError(self._describe_failure(wid, reply[3], reply[4]))
+                raise LoaderError(self._describe_failure(wid, reply[3], reply[4]), reply[4]) from reply[4].exc
             self.load[wid] -= 1
             self.sent[wid].pop((kind, reply[2]), None)
             if kind == "decoded":
@@ -229,19 +237,18 @@ class _Epoch:
             for msg in self.sent[wid].values():
                 self.run.pool.send(wid, msg)
 
-    def _describe_error(self, wid: int, msg: tuple | None, tb: str) -> str:
-        last = tb.strip().splitlines()[-1] if tb else "unknown error"
+    def _describe_error(self, wid: int, msg: tuple | None, err: RemoteError) -> str:
         if msg is None:
-            return f"loader worker {wid} failed to start: {last}\n{tb}"
-        if msg[0] == "decode" and last.startswith("writer.chunkio.ChunkError: "):
-            return last[len("writer.chunkio.ChunkError: "):]
-        return f"loader worker {wid} failed on {msg[:3]} of table '{self.loader.table}': {last}\n{tb}"
+            return f"loader worker {wid} failed to start: {err}\nworker traceback:\n{err.traceback}"
+        if isinstance(err.exc, ChunkError):  # says table, chunk and store: the one line a user needs
+            return str(err.exc)
+        return (f"loader worker {wid} failed on {msg[:3]} of table '{self.loader.table}': {err}\n"
+                f"worker traceback:\n{err.traceback}")
 
-    def _describe_failure(self, wid: int, k: int, tb: str) -> str:
-        last = tb.strip().splitlines()[-1]
+    def _describe_failure(self, wid: int, k: int, err: RemoteError) -> str:
         chunks = sorted({int(c) for w in self.plan.batch_windows(k) for c in self.plan.windows[w]})
         return (f"transform failed on batch {k} of epoch {self.plan.epoch} (table '{self.loader.table}', "
-                f"chunks {chunks}) in loader worker {wid}: {last}\nworker traceback:\n{tb}")
+                f"chunks {chunks}) in loader worker {wid}: {err}\nworker traceback:\n{err.traceback}")
 
     # ------------------------------------------------------------ the consumer's side
     def get(self, k: int) -> dict[str, np.ndarray]:
@@ -389,19 +396,33 @@ class Loader:
                 self.close()
 
     def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
-        """Run the transform on batch k, read here with plain zarr, to size the ring slots."""
+        """The ring slots' layout for the transform's output, from one run of it on batch k. It runs in a
+        process of its own (here only with num_workers=0), so that whatever the transform initialises (CUDA,
+        a thread pool) is never initialised in this process before workers are started from it."""
+        make_batch = self._probe_batch(plan, k)
+        if self.num_workers == 0:
+            try:
+                columns = _probe(make_batch, self.transform, k)
+            except Exception as exc:
+                err = RemoteError.capture(exc)
+                raise LoaderError(self._probe_failed(k, plan, err), err) from exc
+        else:
+            columns = _probe_in_process(make_batch, self.transform, k, self.start_method,
+                                        lambda err: self._probe_failed(k, plan, err))
+        return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
+
+    def _probe_failed(self, k: int, plan: EpochPlan, err: RemoteError) -> str:
+        return (f"transform failed on batch {k} of epoch {plan.epoch} (table '{self.table}'), run once to size "
+                f"the batch slots: {err}\ntraceback:\n{err.traceback}")
+
+    def _probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
+        """A picklable call that makes batch k with plain zarr (the sizing probe's input)."""
         rows, c = [], self._config.chunk_rows
         for w, first, count in plan.segments(k):
             local = plan.window_order(w)[first:first + count]
             rows.append(plan.windows[w][local // c] * c + local % c)
-        records = self.dataset[self.table].get_coordinate_selection(np.concatenate(rows))
-        batch = {n: np.ascontiguousarray(records[n]) for n in self.fields}
-        out = self.transform(batch)
-        if not isinstance(out, dict) or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in out.values()):
-            raise TypeError("transform must return a dict of numpy arrays whose first axis is the batch's rows")
-        layout = Layout.of_arrays(out, self.batch_size)
-        layout.check(out, k, len(batch[self.fields[0]]))
-        return layout
+        return functools.partial(_read_rows, self.dataset.location, self.dataset.commit, self.table, self.fields,
+                                 np.concatenate(rows))
 
     # ------------------------------------------------------------ what a row loader asks of the scheduler
     def _group(self) -> int:
@@ -477,3 +498,46 @@ class Loader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _read_rows(location: Location, commit: int | None, table: str, fields: list[str],
+               rows: np.ndarray) -> dict[str, np.ndarray]:
+    records = Dataset.open(location, commit=commit)[table].get_coordinate_selection(rows)
+    return {n: np.ascontiguousarray(records[n]) for n in fields}
+
+
+def _probe(make_batch: Callable[[], dict[str, np.ndarray]], transform: Callable, k: int,
+           rows_of: str | None = None) -> list[tuple[str, str, tuple[int, ...]]]:
+    """Run `transform` on batch k; its output's columns (name, dtype, shape per row), checked as the workers
+    check every later batch against them. `rows_of` names the batch column whose length is the batch's rows
+    (default: the first)."""
+    batch = make_batch()
+    rows = len(batch[rows_of] if rows_of else next(iter(batch.values())))
+    out = transform(batch)
+    if not isinstance(out, dict) or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in out.values()):
+        raise TypeError("transform must return a dict of numpy arrays whose first axis is the batch's rows")
+    Layout.of_arrays(out, rows).check(out, k, rows)
+    return [(name, a.dtype.str, a.shape[1:]) for name, a in out.items()]
+
+
+def _probe_setup(wid: int, make_batch: Callable, transform: Callable, k: int, rows_of: str | None) -> Callable:
+    return lambda msg: ("probed", wid, _probe(make_batch, transform, k, rows_of))
+
+
+def _probe_in_process(make_batch: Callable, transform: Callable, k: int, start_method: str | None,
+                      describe: Callable[[RemoteError], str], rows_of: str | None = None) -> list:
+    """`_probe` in a worker process of its own, started as the loader's workers are; a failure of the
+    transform raises LoaderError carrying the worker's exception, a dead process LoaderError at once."""
+    pool = WorkerPool(1, _probe_setup, (make_batch, transform, k, rows_of), "transform probe", start_method)
+    try:
+        pool.send(0, "probe")
+        while True:
+            for reply in pool.poll(1.0):
+                if reply[0] == "error":
+                    raise LoaderError(describe(reply[3]), reply[3]) from reply[3].exc
+                return reply[2]
+            if pool.dead():
+                raise LoaderError(describe_exit("transform probe", *pool.dead()[0]) + " (running the transform "
+                                  "once to size the batch slots)")
+    finally:
+        pool.stop()

@@ -8,7 +8,7 @@ Messages (all small; the worker computes the plan itself from the settings it wa
                                                                               as cache rows, into the index
   ("gather", epoch, first batch, count, {window: index region}) -> ("gathered", worker, first batch, count)
                                                   or, if the transform fails, ("failed", worker, first batch,
-                                                  failed batch, traceback)
+                                                  failed batch, RemoteError)
 A gather copies, for each batch row, the cache row the index names into the batch's ring slot, one column
 per field, in one pass (`_gather.gather`). With a transform, rows are gathered into a private buffer, the
 transform runs on views of it, and only its outputs are copied into the slot.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from writer import dataset_format
 from writer.chunkio import chunk_key, decode_chunk_into
+from writer.pool import RemoteError
 from writer.shm import SharedBlock, check_room
 from writer.store import Location
 
@@ -153,8 +153,8 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
                     rows = p.batch_rows(k)
                     out = transform(records.views(scratch, rows))
                     outputs.check(out, k, rows)
-                except Exception:  # the user's code: report which batch, keep serving
-                    return ("failed", wid, k0, k, traceback.format_exc())
+                except Exception as exc:  # the user's code: report which batch, keep serving
+                    return ("failed", wid, k0, k, RemoteError.capture(exc))
                 for name, view in outputs.views(shared.slot(k), rows).items():
                     view[...] = out[name]
         return ("gathered", wid, k0, count)

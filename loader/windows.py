@@ -11,18 +11,21 @@ the window is gathered from there, instead of decoding a whole chunk for every s
 """
 from __future__ import annotations
 
+import functools
 import os
-import traceback
 from typing import Any, Callable
 
 import numpy as np
 
+from writer.pool import RemoteError
+from writer.store import Location
+
 from . import read_worker
 from ._gather import gather_runs
+from .batches import Loader, LoaderError, _Epoch, _probe, _probe_in_process
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
-from .batches import Loader, _Epoch
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
 TABLES = ("frames", "agents", "traffic_light_faces")
@@ -182,8 +185,8 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             try:
                 out = transform(views)
                 outputs.check(out, k, p.batch_rows(k))
-            except Exception:
-                return ("failed", wid, k0, k, traceback.format_exc())
+            except Exception as exc:
+                return ("failed", wid, k0, k, RemoteError.capture(exc))
             for name, view in outputs.views(shared.slot(k), p.batch_rows(k)).items():
                 view[...] = out[name]
             all_counts.append(None)
@@ -261,20 +264,34 @@ class WindowLoader(Loader):
                 slots[table][chunk] = epoch.slots[(table, chunk)]
         return ("wgather", epoch.plan.epoch, k, count, slots)
 
+    def _probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
+        """A picklable call that makes batch k with a one-process WindowLoader over the same samples."""
+        c = self._config
+        options = dict(history=self.history, future=self.future, batch_size=c.batch_size, shuffle=c.shuffle,
+                       seed=c.seed, shuffle_window=c.shuffle_window, drop_last=c.drop_last, rank=c.rank,
+                       world_size=c.world_size, rows=self.samples.t, cache_dir=self._fetch.cache_dir,
+                       cache_dir_bytes=self._fetch.cache_bytes)
+        return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, options, plan.epoch, k)
+
     def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
-        """Run the transform on batch k, made here with a one-process run, to size the ring slots."""
-        probe = WindowLoader(self.dataset, self.history, self.future, self.batch_size, self._config.shuffle,
-                             self._config.seed, self._config.shuffle_window, 0, 1, self._config.drop_last,
-                             self._config.rank, self._config.world_size, cache_dir=self._fetch.cache_dir,
-                             cache_dir_bytes=self._fetch.cache_bytes)
-        probe.epoch, probe._position = plan.epoch, k
-        try:
-            batch = next(iter(probe))
-            out = self.transform(batch)
-        finally:
-            probe.close()
-        if not isinstance(out, dict) or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in out.values()):
-            raise TypeError("transform must return a dict of numpy arrays whose first axis is the batch's samples")
-        layout = Layout.of_arrays(out, self.batch_size)
-        layout.check(out, k, len(batch["frame_index"]))
-        return layout
+        make_batch = self._probe_batch(plan, k)
+        if self.num_workers == 0:
+            try:
+                columns = _probe(make_batch, self.transform, k, "frame_index")
+            except Exception as exc:
+                err = RemoteError.capture(exc)
+                raise LoaderError(self._probe_failed(k, plan, err), err) from exc
+        else:
+            columns = _probe_in_process(make_batch, self.transform, k, self.start_method,
+                                        lambda err: self._probe_failed(k, plan, err), "frame_index")
+        return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
+
+
+def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:
+    """Batch k of `epoch` of a WindowLoader with `options`, made in this process and copied out of its ring."""
+    loader = WindowLoader(Dataset.open(location, commit=commit), num_workers=0, copy=True, **options)
+    loader.epoch, loader._position = epoch, k
+    try:
+        return next(iter(loader))
+    finally:
+        loader.close()

@@ -27,7 +27,8 @@ def cluster():
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address=None, silence_logs=logging.ERROR) as c:
+                      dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False},
+                      silence_logs=logging.ERROR) as c:
         yield c
 
 

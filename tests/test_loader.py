@@ -344,3 +344,64 @@ def test_one_loop_at_a_time(data):
         next(first)
         with pytest.raises(RuntimeError, match="already being iterated"):
             next(iter(loader))
+
+
+class Unusual(Exception):
+    """A user's own exception type, to be carried from a worker as an object."""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_the_transform_never_runs_in_the_training_process(data, method):
+    """A transform that initialises CUDA (or anything else that breaks in a forked child) must not run in the
+    process that starts the workers: the batch-sizing run happens in a process of its own."""
+    parent = os.getpid()
+
+    def features(batch):
+        if os.getpid() == parent:
+            raise AssertionError("the transform ran in the training process")
+        return {"xy": batch["centroid"].astype(np.float32)}
+
+    with Loader(data, batch_size=100, transform=features, num_workers=2, start_method=method) as loader:
+        assert sum(len(b["xy"]) for b in loader) == Dataset.open(data).rows["agents"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_worker_exceptions_arrive_as_objects(data, workers):
+    def bad(batch):
+        if batch["track_id"].max() > 150:
+            raise Unusual("boom", 42)
+        return {"x": batch["yaw"]}
+
+    with pytest.raises(LoaderError) as caught:
+        with Loader(data, batch_size=100, shuffle=False, transform=bad, num_workers=workers) as loader:
+            list(loader)
+    err = caught.value
+    assert isinstance(err.__cause__, Unusual) and err.__cause__.args == ("boom", 42)
+    assert err.remote.exc.args == ("boom", 42) and "raise Unusual" in err.remote.traceback
+    assert err.remote.type_name.endswith("Unusual")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_first_output_is_a_loader_error(data, workers):
+    """The first batch's output sizes the slots; if it is not batch-shaped, LoaderError (not ValueError)."""
+    with pytest.raises(LoaderError, match=r"transform output 'x' of batch 0 is float32\(3,\), expected"):
+        with Loader(data, batch_size=100, transform=lambda b: {"x": np.zeros(3, np.float32)},
+                    num_workers=workers) as loader:
+            next(iter(loader))
+    with pytest.raises(LoaderError, match="transform must return a dict of numpy arrays") as caught:
+        with Loader(data, batch_size=100, transform=lambda b: [1], num_workers=workers) as loader:
+            next(iter(loader))
+    assert isinstance(caught.value.__cause__, TypeError)
+
+
+def test_a_corrupt_chunk_is_one_line_carrying_the_chunk_error(data, tmp_path):
+    import shutil
+
+    from writer.chunkio import ChunkError
+    copy = tmp_path / "d.zarr"
+    shutil.copytree(data, copy)
+    (copy / "agents" / "0").write_bytes(b"garbage")
+    with pytest.raises(LoaderError) as caught:
+        with Loader(copy, batch_size=100, shuffle=False, num_workers=1) as loader:
+            next(iter(loader))
+    assert "\n" not in str(caught.value) and isinstance(caught.value.__cause__, ChunkError)

@@ -130,3 +130,22 @@ def test_rows_select_the_sample_frames(scenes):
     assert got == [t for t in every if t % 3 == 0]
     with WindowLoader(scenes, history=2, future=2, rows=np.array([5, 6, 200]), num_workers=0) as loader:
         assert sorted(t for b in loader for t in b["frame_index"].tolist()) == [5, 6, 200]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_window_transform_sees_only_the_selected_frames(scenes, workers):
+    """rows= holds for the transform's first run too (it sizes the slots), not only for the batches."""
+    n = Dataset.open(scenes).rows["frames"]
+    keep = np.arange(0, n, 3)
+
+    def features(batch):
+        if not np.isin(batch["frame_index"], keep).all():
+            raise AssertionError(f"frames {sorted(set(batch['frame_index'].tolist()) - set(keep.tolist()))} "
+                                 "are not selected")
+        return {"t": batch["frame_index"].astype(np.int64)}
+
+    with WindowLoader(scenes, history=2, future=3, batch_size=10, rows=keep, transform=features,
+                      num_workers=workers, copy=True) as loader:
+        got = np.concatenate([b["t"] for b in loader])
+    with WindowLoader(scenes, history=2, future=3, batch_size=10, rows=keep, num_workers=0) as raw:
+        assert sorted(got.tolist()) == sorted(np.concatenate([b["frame_index"].copy() for b in raw]).tolist())

@@ -522,8 +522,7 @@ class DatasetWriter:
                 if kind == "error":
                     seg = self._inflight.get(seg_id[0]) if seg_id else None
                     where = f" writing {seg.table} rows [{seg.start}, {seg.start + seg.n})" if seg else ""
-                    last = detail.strip().splitlines()[-1] if detail.strip() else "unknown error"
-                    raise WorkerError(f"writer worker {wid} failed{where}: {last}", detail)
+                    raise WorkerError(f"writer worker {wid} failed{where}: {detail}", detail) from detail.exc
                 self._shared_chunks += detail
                 self._done(seg_id)
             if self._pool.dead():

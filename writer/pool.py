@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import multiprocess as mp
@@ -27,13 +28,43 @@ import multiprocess as mp
 _READY_TIMEOUT = 120.0
 
 
-class WorkerError(RuntimeError):
-    """A worker died or failed; the message (one line) says which and what was lost, `remote_traceback` holds
-    the worker's traceback when it raised."""
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception raised in a worker, carried to the parent as an object (as PyTorch's ExceptionWrapper
+    does): the exception itself when it survives pickling, so the parent can raise `from` it and callers can
+    look at its type; always its type name, message and the worker's traceback."""
 
-    def __init__(self, message: str, remote_traceback: str | None = None) -> None:
+    exc: BaseException | None
+    type_name: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def capture(cls, exc: BaseException) -> "RemoteError":
+        """The exception being handled, ready to send (call it in an `except` block)."""
+        try:
+            carried: BaseException | None = pickle.loads(pickle.dumps(exc, pickle.HIGHEST_PROTOCOL))
+        except Exception:  # an exception holding something unpicklable: its text still travels
+            carried = None
+        return cls(carried, f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
+                   str(exc), traceback.format_exc())
+
+    def __str__(self) -> str:
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return f"{self.type_name}: {first}" if first else self.type_name
+
+
+class WorkerError(RuntimeError):
+    """A worker died or failed; the message (one line) says which and what was lost. When it raised,
+    `remote` is the worker's exception (`remote.exc`, `remote.traceback`), also chained as `__cause__`."""
+
+    def __init__(self, message: str, remote: RemoteError | None = None) -> None:
         super().__init__(message)
-        self.remote_traceback = remote_traceback
+        self.remote = remote
+
+    @property
+    def remote_traceback(self) -> str | None:
+        return self.remote.traceback if self.remote else None
 
 
 def _parent_gone(parent_pid: int) -> bool:
@@ -64,8 +95,8 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
 
     try:
         handle = setup(wid, *args)
-    except BaseException:
-        send(("error", wid, None, traceback.format_exc()))
+    except BaseException as exc:
+        send(("error", wid, None, RemoteError.capture(exc)))
         return
     send(("ready", wid, None, None))
     urgent, waiting = getattr(handle, "urgent", None), getattr(handle, "waiting", None)
@@ -90,8 +121,8 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
             return
         try:
             reply = handle(msg)
-        except BaseException:
-            send(("error", wid, msg, traceback.format_exc()))
+        except BaseException as exc:
+            send(("error", wid, msg, RemoteError.capture(exc)))
             return
         send(reply)
 
@@ -145,8 +176,7 @@ class WorkerPool:
                     waiting.discard(msg[1])
                 elif msg[0] == "error" and msg[2] is None:
                     self.kill()
-                    last = msg[3].strip().splitlines()[-1] if msg[3].strip() else "unknown error"
-                    raise WorkerError(f"{self.name} {msg[1]} failed to start: {last}", msg[3])
+                    raise WorkerError(f"{self.name} {msg[1]} failed to start: {msg[3]}", msg[3]) from msg[3].exc
                 else:
                     self._pending.append(msg)
             dead = [d for d in self.dead() if d[0] in waiting]

@@ -153,7 +153,8 @@ def _ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Sche
         client = Client(args.scheduler, timeout=30)
     else:  # a cluster on this machine, on loopback only
         cluster = LocalCluster(n_workers=args.dask_workers, processes=True, threads_per_worker=1,
-                               host="127.0.0.1", dashboard_address=None)
+                               host="127.0.0.1", dashboard_address="127.0.0.1:0",  # loopback, a free port
+                               scheduler_kwargs={"dashboard": False})
         client = Client(cluster)
     try:
         summary = zdask.ingest(client, sources, read, out.url, schema, storage_options=out.storage_options,
