@@ -32,6 +32,7 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .state import LoaderState, selection_digest
 
 _POLL = 0.05
 _GROUP_ROWS = 4096
@@ -315,6 +316,7 @@ class Loader:
         self.dataset, self.table, self._fetch = ds, table, fetch
         self._source = read_worker.Source.of(ds, fetch)
         self._config, self._selection, self._records = config, selection, records
+        self._digest: str | None = None
         self.fields = [c.name for c in records.columns]
         self.batch_size, self.num_workers, self.prefetch = config.batch_size, num_workers, prefetch
         self.transform, self.copy, self.start_method = transform, copy, start_method
@@ -341,21 +343,36 @@ class Loader:
         """Start epoch `epoch` from its first batch at the next iteration."""
         self.epoch, self._position = int(epoch), 0
 
+    def state(self) -> LoaderState:
+        """Where iteration stands, with what decides the batch order (see `loader.state`)."""
+        return LoaderState(type(self).__name__, self.dataset.dataset_id, self.dataset.commit, self._settings(),
+                           self._selection_digest(), self.epoch, self._position)
+
     def state_dict(self) -> dict[str, Any]:
-        """Where iteration stands: a few numbers (`load_state_dict` on a new Loader continues from here)."""
-        return {"epoch": self.epoch, "batch": self._position, "config": self._fingerprint()}
+        """`state()` as a plain dict, to save with a checkpoint; `load_state_dict` on a new loader made with the
+        same arguments continues from here, without reading the batches before."""
+        return self.state().to_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("config") != self._fingerprint():
-            raise ValueError("state_dict was saved by a Loader with other settings (table, rows, batch size, "
-                             f"seed, ranks...): {state.get('config')} != {self._fingerprint()}")
-        self.epoch, self._position = int(state["epoch"]), int(state["batch"])
+    def load_state_dict(self, state: dict[str, Any] | LoaderState) -> None:
+        """Continue from `state`; a state made for other data, another commit or other arguments raises one
+        line naming what differs."""
+        saved = LoaderState.from_dict(state)
+        saved.check_resumes(self.state())
+        self.epoch, self._position = int(saved.epoch), int(saved.batch)
 
-    def _fingerprint(self) -> list:
+    def _settings(self) -> dict[str, Any]:
         c = self._config
-        sel = None if self._selection is None else int(sum(int(s.sum()) + 7 * len(s) for s in self._selection))
-        return [self.table, c.n_rows, c.chunk_rows, c.batch_size, c.shuffle, c.seed, c.shuffle_window, c.rank,
-                c.world_size, c.drop_last, sel]
+        return {"table": self.table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
+                "shuffle": c.shuffle, "seed": c.seed, "shuffle_window": c.shuffle_window, "rank": c.rank,
+                "world_size": c.world_size, "drop_last": c.drop_last}
+
+    def _selection_digest(self) -> str:
+        if self._digest is None:  # hashed once: a selection can hold millions of rows
+            self._digest = selection_digest(self._selection_parts())
+        return self._digest
+
+    def _selection_parts(self) -> list[np.ndarray] | None:
+        return self._selection
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:

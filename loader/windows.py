@@ -234,10 +234,11 @@ class WindowLoader(Loader):
                     prefetch, transform, copy, start_method, restart_workers, "numpy",
                     FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes))
 
-    def _fingerprint(self) -> list:
-        c = self._config
-        return ["windows", len(self.samples), int(self.samples.t.sum()), self.history, self.future, c.chunk_rows,
-                c.batch_size, c.shuffle, c.seed, c.shuffle_window, c.rank, c.world_size, c.drop_last]
+    def _settings(self) -> dict[str, Any]:
+        return {**super()._settings(), "history": self.history, "future": self.future, "samples": len(self.samples)}
+
+    def _selection_parts(self) -> list[np.ndarray]:
+        return [self.samples.t]  # the sample frames, exactly
 
     # ------------------------------------------------------------ what the scheduler asks
     def _group_divisor(self) -> int:

@@ -135,7 +135,7 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run(data):
         tail = collect(resumed)
     for a, b in zip(head + tail, full, strict=True):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(ValueError, match="loader state has batch_size=90; this loader has batch_size=91"):
         Loader(data, batch_size=91).load_state_dict(state)
 
 
@@ -405,3 +405,47 @@ def test_a_corrupt_chunk_is_one_line_carrying_the_chunk_error(data, tmp_path):
         with Loader(copy, batch_size=100, shuffle=False, num_workers=1) as loader:
             next(iter(loader))
     assert "\n" not in str(caught.value) and isinstance(caught.value.__cause__, ChunkError)
+
+
+def test_resume_state_is_named_versioned_and_exact(data, tmp_path):
+    """The state names its format and version, the dataset and commit it was made on, and identifies the row
+    selection exactly: selections {0, 3} and {1, 2} used to look alike (sum + 7 * len)."""
+    import json
+
+    def state(rows=None, path=data, **kw):
+        with Loader(path, batch_size=2, rows=rows, num_workers=0, **kw) as loader:
+            next(iter(loader))
+            return loader.state_dict()
+
+    s03 = state(np.array([0, 3]))
+    assert s03["name"] == "zarrfeed.LoaderState" and s03["version"] == 1 and s03["batch"] == 1
+    assert json.loads(json.dumps(s03)) == s03  # plain data: JSON, torch.save, any checkpoint format
+    with pytest.raises(ValueError, match="another row selection"):
+        Loader(data, batch_size=2, rows=np.array([1, 2]), num_workers=0).load_state_dict(s03)
+    Loader(data, batch_size=2, rows=np.array([0, 3]), num_workers=0).load_state_dict(s03)
+    mask = np.zeros(Dataset.open(data).rows["agents"], bool)
+    mask[[0, 3]] = True  # the same selection, as a mask: the same state
+    Loader(data, batch_size=2, rows=mask, num_workers=0).load_state_dict(s03)
+
+    with pytest.raises(ValueError, match="version 2 is not the version this zarrfeed reads"):
+        Loader(data, batch_size=2, num_workers=0).load_state_dict({**state(), "version": 2})
+    with pytest.raises(ValueError, match="not a zarrfeed loader state"):
+        Loader(data, batch_size=2, num_workers=0).load_state_dict({"epoch": 0, "batch": 3, "config": []})
+    with pytest.raises(ValueError, match="loader state has seed=1; this loader has seed=0"):
+        Loader(data, batch_size=2, num_workers=0).load_state_dict(state(seed=1))
+
+    other = tmp_path / "other.zarr"  # same rows, same settings, another dataset
+    write_dataset(other, synthetic.episodes(3, seed=11, frames=60, agents_per_frame=40),
+                  chunks={"agents": 700, "frames": 50})
+    with pytest.raises(ValueError, match="made on another dataset"):
+        Loader(other, batch_size=2, num_workers=0).load_state_dict(state())
+
+    from writer import DatasetWriter
+    with DatasetWriter(other, mode="a", workers=0) as w:  # a later commit: other rows, another plan
+        w.ingest(synthetic.episodes(1, seed=99, frames=20, agents_per_frame=10))
+    old = Dataset.open(other).commit - 1
+    saved = state(path=Dataset.open(other, commit=old))
+    with pytest.raises(ValueError, match=f"made on commit {old} of this dataset; this loader reads commit "
+                                         f"{old + 1} \\(open it with commit={old}"):
+        Loader(other, batch_size=2, num_workers=0).load_state_dict(saved)
+    Loader(other, batch_size=2, num_workers=0, commit=old).load_state_dict(saved)

@@ -149,3 +149,15 @@ def test_window_transform_sees_only_the_selected_frames(scenes, workers):
         got = np.concatenate([b["t"] for b in loader])
     with WindowLoader(scenes, history=2, future=3, batch_size=10, rows=keep, num_workers=0) as raw:
         assert sorted(got.tolist()) == sorted(np.concatenate([b["frame_index"].copy() for b in raw]).tolist())
+
+
+def test_window_state_refuses_other_windows(scenes):
+    with WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    assert state["kind"] == "WindowLoader"
+    with pytest.raises(ValueError, match="loader state has future=4; this loader has future=5"):
+        WindowLoader(scenes, history=3, future=5, batch_size=25, num_workers=0).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"loader state (has samples=|has chunk_rows=|was made with another row)"):
+        WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0,
+                     rows=np.arange(0, 400, 2)).load_state_dict(state)

@@ -1,0 +1,82 @@
+"""Resume state: where a loader's iteration stands, and everything that decides its batch order.
+
+A state is loaded only into a loader that yields the same batches: same dataset (its id), same commit (the
+same committed rows), same plan settings and the same row selection, identified by an exact digest (a hash
+of the selected rows, not a checksum that two selections can share). Anything else is refused with one line
+naming what differs, before a batch is read. The state is a plain dict when saved (`to_dict`: JSON and
+`torch.save` friendly), with a name and a version, as Grain's data loader keeps one.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+VERSION = 1
+NAME = "zarrfeed.LoaderState"
+
+
+def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
+    """An exact digest of a row selection given as arrays (per chunk, or one array); "all" for none."""
+    if parts is None:
+        return "all"
+    h = hashlib.sha256()
+    for i, part in enumerate(parts):
+        rows = np.ascontiguousarray(part, dtype="<i8")
+        h.update(np.array([i, len(rows)], "<i8").tobytes())
+        h.update(rows.tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """Batch `batch` of epoch `epoch` is the next one; the rest says which batches those are."""
+
+    kind: str  # "Loader" or "WindowLoader"
+    dataset_id: str | None  # None for datasets written by other tools
+    commit: int | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    selection: str = "all"
+    epoch: int = 0
+    batch: int = 0
+    version: int = VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": NAME, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any] | "LoaderState") -> "LoaderState":
+        """A state saved with `to_dict` (or `Loader.state_dict`); one-line ValueError for anything else."""
+        if isinstance(state, LoaderState):
+            return state
+        if not isinstance(state, dict) or state.get("name") != NAME:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a zarrfeed loader state (expected a dict with name {NAME!r}; got {keys}); "
+                             "states from zarrfeed before 0.1 cannot be loaded, start the epoch again")
+        if state.get("version") != VERSION:
+            raise ValueError(f"loader state version {state.get('version')} is not the version this zarrfeed "
+                             f"reads ({VERSION})")
+        known = {k: v for k, v in state.items() if k != "name"}
+        try:
+            return cls(**known)
+        except TypeError as exc:
+            raise ValueError(f"loader state has unexpected fields: {exc}") from None
+
+    def check_resumes(self, here: "LoaderState") -> None:
+        """Raise ValueError (one line naming the first difference) unless this state resumes `here`'s loader."""
+        if self.kind != here.kind:
+            raise ValueError(f"loader state is of a {self.kind}; this is a {here.kind}")
+        if self.dataset_id != here.dataset_id:
+            raise ValueError(f"loader state was made on another dataset (id {self.dataset_id}; this one is "
+                             f"{here.dataset_id})")
+        if self.commit != here.commit:
+            raise ValueError(f"loader state was made on commit {self.commit} of this dataset; this loader reads "
+                             f"commit {here.commit} (open it with commit={self.commit} to resume exactly)")
+        for key in sorted(set(self.settings) | set(here.settings)):
+            a, b = self.settings.get(key), here.settings.get(key)
+            if a != b:
+                raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}")
+        if self.selection != here.selection:
+            raise ValueError("loader state was made with another row selection (rows=); pass the same rows")
