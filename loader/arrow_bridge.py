@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from writer.arrow_records import arrow_schema, column_to_arrow, from_arrow, records_to_arrow
+from writer.chunkio import read_rows
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -94,7 +95,7 @@ def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: l
 
     def make() -> Iterator[pa.RecordBatch]:
         for start in range(0, n, batch_size):
-            rows = arr[start:min(start + batch_size, n)]
+            rows = read_rows(arr, start, min(start + batch_size, n))
             cols = list(records_to_arrow(rows, fields).columns)
             if row_index:
                 cols.append(pa.array(np.arange(start, start + len(rows), dtype=np.int64)))

@@ -11,6 +11,7 @@ import zarr
 
 from writer import dataset_format
 from writer.arrow_records import records_to_arrow
+from writer.chunkio import read_rows
 from writer.dataset_format import FormatError
 from writer.links import IntervalChecker, Violation
 from writer.schema import Schema
@@ -206,7 +207,7 @@ def _dask_partition(piece: tuple) -> Any:
 
     location, commit, table, a, b, fields = piece
     ds = Dataset.open(location, commit=commit)
-    rows = ds[table][a:b] if b > a else np.zeros(0, ds[table].dtype)
+    rows = read_rows(ds[table], a, b)
     df = records_to_arrow(rows, fields).to_pandas(types_mapper=pd.ArrowDtype)
     df.index = pd.RangeIndex(a, b)
     return df

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from writer.arrow_records import records_to_arrow, schema_metadata
+from writer.chunkio import read_rows
 from writer.pool import context
 from writer.store import Location
 
@@ -33,7 +34,7 @@ def _pieces(ds: Dataset, table: str, file_rows: int) -> list[tuple[int, int]]:
 def _write_piece(location: Location, table: str, a: int, b: int, out: Location, name: str, row_group_rows: int,
                  compression: str, meta: dict[bytes, bytes], row_index: str | None) -> int:
     ds = Dataset.open(location)
-    rows = ds[table][a:b] if b > a else np.zeros(0, ds[table].dtype)
+    rows = read_rows(ds[table], a, b)
     rb = records_to_arrow(rows)
     if row_index:
         rb = rb.append_column(pa.field(row_index, pa.int64(), nullable=False),
@@ -77,6 +78,7 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     if out.is_zip:
         raise ValueError(f"{out}: Parquet goes to a folder or a URL, not a .zip file")
     fs, root = out.filesystem()
+    existed = fs.exists(root)
     tasks = []
     for t in names:
         fs.makedirs(f"{root}/{t}", exist_ok=True)
@@ -90,17 +92,26 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
                           compression, meta, row_index))
     t0 = time.perf_counter()
     total = sum((b - a) * ds[t].dtype.itemsize for _, t, a, b, *_ in tasks)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
-        if client is not None:
-            from distributed import as_completed
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
+            if client is not None:
+                from distributed import as_completed
 
-            for done in as_completed(client.map(_piece_task, tasks, pure=False)):
-                bar.update(done.result())
-        elif workers == 0:
-            for task in tasks:
-                bar.update(_piece_task(task))
-        else:
-            with context(None).Pool(workers) as pool:
-                for done in pool.imap_unordered(_piece_task, tasks):
-                    bar.update(done)
+                for done in as_completed(client.map(_piece_task, tasks, pure=False)):
+                    bar.update(done.result())
+            elif workers == 0:
+                for task in tasks:
+                    bar.update(_piece_task(task))
+            else:
+                with context(None).Pool(workers) as pool:  # left on an error: its processes are stopped
+                    for done in pool.imap_unordered(_piece_task, tasks):
+                        bar.update(done)
+    except BaseException:  # no half export: what this run wrote goes (the files it replaced were removed above)
+        for t in names:
+            written = fs.glob(f"{root}/{t}/part-*")  # finished files and temporary ones
+            if written:
+                fs.rm(written)
+        if not existed:
+            fs.rm(root, recursive=True)
+        raise
     return {"rows": {t: ds.rows[t] for t in names}, "bytes": total, "seconds": time.perf_counter() - t0}

@@ -113,3 +113,64 @@ def test_ctrl_c_keeps_what_is_committed_and_resume_finishes(tmp_path):
     assert done.returncode == 0, done.stderr
     ok = zarrfeed("validate", "-q", out)
     assert ok.returncode == 0 and "400 scenes" in ok.stdout
+
+
+@pytest.fixture
+def corrupt(tmp_path):
+    """A dataset whose first agents chunk is garbage (the other tables are fine)."""
+    path = tmp_path / "corrupt.zarr"
+    assert zarrfeed("ingest", path, "--synthetic", 2, "--workers", 0, "-q").returncode == 0
+    (path / "agents" / "0").write_bytes(b"garbage")
+    return path
+
+
+def one_line_error(out, *needles):
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zarrfeed: error: "), out.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_export_of_a_corrupt_chunk_is_one_line_and_leaves_nothing(corrupt, tmp_path, workers):
+    out = zarrfeed("export", corrupt, tmp_path / "pq", "--workers", workers, "-q")
+    one_line_error(out, "table 'agents': chunk 'agents/0' cannot be decoded")
+    assert not (tmp_path / "pq").exists()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ingest_from_a_corrupt_dataset_is_one_line_and_leaves_nothing(corrupt, tmp_path, workers):
+    out = zarrfeed("ingest", tmp_path / "copy.zarr", "--from", corrupt, "--workers", workers, "-q")
+    one_line_error(out, "table 'agents': chunk 'agents/0' cannot be decoded")
+    assert not (tmp_path / "copy.zarr").exists()
+    (tmp_path / "empty").mkdir()  # a directory that was there stays, empty
+    out = zarrfeed("ingest", tmp_path / "empty", "--from", corrupt, "--workers", workers, "-q")
+    one_line_error(out, "chunk 'agents/0'")
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_reader_that_leaves_stops_the_output_quietly(real_scene):
+    """`zarrfeed ... | head`: no "Broken pipe" message, the exit status of a process stopped by SIGPIPE."""
+    cmd = f"{sys.executable} -m zarrfeed.cli export {real_scene} - --format arrow -q | head -c 100 > /dev/null; " \
+          "exit ${PIPESTATUS[0]}"
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 141 and out.stderr == ""
+
+
+def test_an_unwritable_output_is_one_line(tmp_path):
+    """A read-only file system (a read-only bind mount: real EROFS, even for root)."""
+    src, ro, good = tmp_path / "src", tmp_path / "ro", tmp_path / "good.zarr"
+    src.mkdir()
+    ro.mkdir()
+    assert zarrfeed("ingest", good, "--synthetic", 1, "--workers", 0, "-q").returncode == 0
+    if subprocess.run(["mount", "--bind", src, ro], capture_output=True).returncode != 0:
+        pytest.skip("no permission to mount here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", ro], capture_output=True).returncode != 0:
+            pytest.skip("no permission to remount read-only here")
+        for target in (ro / "new.zarr", ro):
+            one_line_error(zarrfeed("ingest", target, "--synthetic", 1, "-q"), "Read-only file system")
+            one_line_error(zarrfeed("export", good, target, "-q"), "Read-only file system")
+    finally:
+        subprocess.run(["umount", ro], capture_output=True)

@@ -60,6 +60,28 @@ class ChunkError(ValueError):
     """A chunk cannot be read; the message names the table and the chunk key."""
 
 
+def read_rows(array: zarr.Array, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of a 1-D array through zarr; a chunk that cannot be decoded raises ChunkError naming
+    the table and the chunk (zarr's own error names neither: "error during blosc decompression: -1")."""
+    if stop <= start:
+        return np.zeros(0, array.dtype)
+    try:
+        return array[start:stop]
+    except Exception:
+        pass
+    step = array.chunks[0]
+    out = np.empty(stop - start, array.dtype)
+    for first in range(start // step * step, stop, step):  # again chunk by chunk, to name the broken one
+        a, b = max(first, start), min(first + step, stop)
+        try:
+            out[a - start:b - start] = array[a:b]
+        except Exception as exc:
+            name = array.path or "table"
+            raise ChunkError(f"table '{name}': chunk '{chunk_key(array, first // step)}' cannot be decoded "
+                             f"({type(exc).__name__}: {exc}); the file is truncated or corrupt") from None
+    return out
+
+
 def read_chunk_into(array: zarr.Array, index: int, out: np.ndarray) -> None:
     """Decode chunk `index` of a 1-D array into `out` (bytes of one full chunk); see `decode_chunk_into`."""
     key = chunk_key(array, index)

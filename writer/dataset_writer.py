@@ -95,6 +95,10 @@ class DatasetWriter:
         self._lock_dir: str | None = None
         self._pool: WorkerPool | None = None
         store = self.location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
+        # a dataset created here is removed again if it never gets a commit (see _fail); a directory that was
+        # there, empty, stays
+        self._created = mode == "w" and not self.location.exists()
+        self._had_root = self.location.is_local and self.location.path.is_dir()
         if mode == "w":
             self._check_new(store, overwrite)
         self._lease = Lease(self.location, lease_timeout)
@@ -148,8 +152,10 @@ class DatasetWriter:
                 self._pool = WorkerPool(workers, write_worker.setup, (self.location, dtypes, self._sync, self._blocks),
                                         "writer worker", start_method)
             self._load = [0] * max(workers, 1)
-        except BaseException:
+        except BaseException as exc:
+            self._error = exc
             self._release()
+            self._remove_if_created()
             raise
         self._closed = False
         self._last_flush = self._last_commit = time.monotonic()
@@ -578,7 +584,10 @@ class DatasetWriter:
         return bounded(self._store_timeout, fn, f"{self.location}: {what}")
 
     def _fail(self, exc: BaseException | None) -> None:
-        """Stop at once after an error: kill the workers, commit what is durable, free the buffers."""
+        """Stop at once after an error: kill the workers, commit what is durable, free the buffers. A dataset
+        this writer created that holds no commit is removed (an ingest whose input fails at once leaves
+        nothing, and the next run needs no --overwrite), unless the stop was asked for (Ctrl+C, `abort()`):
+        that run is resumed."""
         if self._closed:
             return
         self._error = exc
@@ -591,6 +600,12 @@ class DatasetWriter:
                 log.debug("%s: no last commit after %s (the store does not answer)", self.location, exc)
         finally:
             self._shutdown()
+        if not isinstance(exc, KeyboardInterrupt) and not any(self.committed.values()):
+            self._remove_if_created()
+
+    def _remove_if_created(self) -> None:
+        if self._created and not self._lease.lost:
+            within(_FAIL_SECONDS, lambda: self.location.remove(keep_root=self._had_root))
 
     def _shutdown(self) -> None:
         self._closed = True

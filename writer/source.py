@@ -9,8 +9,10 @@ import os
 from typing import Iterator
 
 import numpy as np
+import zarr
 
 from . import dataset_format
+from .chunkio import read_rows
 from .schema import Schema
 
 
@@ -40,9 +42,15 @@ class Episodes:
     def between(self, start: int, stop: int) -> Iterator[dict[str, np.ndarray]]:
         """Episodes `start` to `stop` (excluded)."""
         # Read the root rows once; children are sliced per episode.
-        root = self.tables[self.root][start:min(stop, len(self))]
+        root = self._rows(self.root, start, min(stop, len(self)))
         for i in range(len(root)):
             yield self._episode(root[i:i + 1])
+
+    def _rows(self, table: str, start: int, stop: int) -> np.ndarray:
+        array = self.tables[table]
+        if isinstance(array, zarr.Array):  # a corrupt chunk is named, not "error during blosc decompression"
+            return read_rows(array, start, stop)
+        return array[start:stop] if stop > start else np.zeros(0, self.schema.tables[table].dtype)
 
     def _episode(self, root_rows: np.ndarray) -> dict[str, np.ndarray]:
         out = {self.root: root_rows.copy()}
@@ -52,8 +60,7 @@ class Episodes:
             for link in self.schema.links_from(parent):
                 iv = out[parent][link.field]
                 start, end = (int(iv[0, 0]), int(iv[-1, 1])) if len(iv) else (0, 0)
-                out[link.child] = self.tables[link.child][start:end] if end > start else \
-                    np.zeros(0, self.schema.tables[link.child].dtype)
+                out[link.child] = self._rows(link.child, start, end)
                 out[parent][link.field] -= start
                 todo.append(link.child)
         return {t: out[t] for t in self.schema.tables}

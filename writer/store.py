@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,6 +196,24 @@ class Location:
             return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))[:limit]
         except FileNotFoundError:
             return []
+
+    def remove(self, keep_root: bool = False) -> None:
+        """Delete everything stored here, and a local directory itself unless `keep_root`."""
+        if self.is_local:
+            if not self.path.is_dir():
+                return
+            if not keep_root:
+                shutil.rmtree(self.path)
+                return
+            for entry in os.scandir(self.path):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            return
+        fs, root = self.filesystem()
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
 
     def exists(self) -> bool:
         """Whether anything is stored here (a non-empty directory or key prefix)."""

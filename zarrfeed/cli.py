@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 import warnings
@@ -364,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("always")
             warnings.showwarning = lambda msg, *a, **k: print(f"zarrfeed: warning: {msg}", file=sys.stderr)
             return args.func(args)
+    except BrokenPipeError:  # the reader of our output left (`zarrfeed info X | head -2`): stop quietly, as
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Unix tools do; no flush error at exit
+        return 128 + signal.SIGPIPE
     except (FormatError, ValueError, WorkerError, LoaderError, LeaseLost, ShmSpaceError, OSError) as exc:
         print(f"zarrfeed: error: {exc}", file=sys.stderr)
         return 2
