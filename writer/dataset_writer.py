@@ -586,8 +586,8 @@ class DatasetWriter:
     def _fail(self, exc: BaseException | None) -> None:
         """Stop at once after an error: kill the workers, commit what is durable, free the buffers. A dataset
         this writer created that holds no commit is removed (an ingest whose input fails at once leaves
-        nothing, and the next run needs no --overwrite), unless the stop was asked for (Ctrl+C, `abort()`):
-        that run is resumed."""
+        nothing, and the next run needs no --overwrite), unless the stop was asked for (Ctrl+C, `abort()`) or
+        a worker died: those runs are resumed, as their messages say."""
         if self._closed:
             return
         self._error = exc
@@ -600,7 +600,7 @@ class DatasetWriter:
                 log.debug("%s: no last commit after %s (the store does not answer)", self.location, exc)
         finally:
             self._shutdown()
-        if not isinstance(exc, KeyboardInterrupt) and not any(self.committed.values()):
+        if not isinstance(exc, (KeyboardInterrupt, WorkerError)) and not any(self.committed.values()):
             self._remove_if_created()
 
     def _remove_if_created(self) -> None:
