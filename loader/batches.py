@@ -519,7 +519,7 @@ class Loader:
 
 def _read_rows(location: Location, commit: int | None, table: str, fields: list[str],
                rows: np.ndarray) -> dict[str, np.ndarray]:
-    records = Dataset.open(location, commit=commit)[table].get_coordinate_selection(rows)
+    records = Dataset.reopen(location, commit)[table].get_coordinate_selection(rows)
     return {n: np.ascontiguousarray(records[n]) for n in fields}
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,17 +27,19 @@ class ValidationReport:
 
     violations: list[Violation] = field(default_factory=list)
     count: int = 0
+    not_read: dict[str, str] = field(default_factory=dict)  # arrays that are not tables: listed, not checked
 
     @property
     def ok(self) -> bool:
         return self.count == 0
 
     def __str__(self) -> str:
-        if self.ok:
-            return "valid"
-        lines = [f"{self.count} violation{'s' * (self.count != 1)}:"] + [f"  {v}" for v in self.violations]
+        lines = ["valid"] if self.ok else \
+            [f"{self.count} violation{'s' * (self.count != 1)}:"] + [f"  {v}" for v in self.violations]
         if self.count > len(self.violations):
             lines.append(f"  ... and {self.count - len(self.violations)} more")
+        if self.not_read:
+            lines.append(f"not checked: {_list(self.not_read)} (not tables of this dataset)")
         return "\n".join(lines)
 
 
@@ -52,6 +55,7 @@ class Dataset:
                  dataset_id: str | None = None) -> None:
         self.location, self.group, self.tables, self.rows, self.schema = location, group, tables, rows, schema
         self.commit, self.dataset_id = commit, dataset_id
+        self.others: dict[str, str] = {}  # arrays in the group that are not tables of it (name -> what)
 
     @classmethod
     def open(cls, path_or_url: str | os.PathLike | Location, mode: str = "r",
@@ -64,9 +68,10 @@ class Dataset:
         then `commit=` on all)."""
         location = Location.of(path_or_url, storage_options)
         group = dataset_format.open_group(location, mode)
-        arrays = {name: dataset_format.open_table(group.store, name, mode="r" if mode == "r" else "r+")
-                  for name in sorted(group.array_keys())}
-        schema = dataset_format.detect_schema(group, arrays)
+        schema, arrays, others = dataset_format.open_tables(group, "r" if mode == "r" else "r+")
+        if others:
+            warnings.warn(f"{location}: not reading {_list(others)}: not tables of this dataset "
+                          f"({schema.name})", stacklevel=2)
         tables = {name: arrays[name] if name in arrays else dataset_format.empty_table(table)
                   for name, table in schema.tables.items()}
         doc = dataset_format.read_manifest(group.store, commit)
@@ -74,8 +79,18 @@ class Dataset:
         for name, n in rows.items():
             if n > tables[name].shape[0]:
                 raise FormatError(f"table '{name}': {n} rows committed but the array holds {tables[name].shape[0]}")
-        return cls(location, group, tables, rows, schema, doc["commit"] if doc else None,
-                   doc.get("dataset_id") if doc else None)
+        ds = cls(location, group, tables, rows, schema, doc["commit"] if doc else None,
+                 doc.get("dataset_id") if doc else None)
+        ds.others = others
+        return ds
+
+    @classmethod
+    def reopen(cls, location: Location, commit: int | None = None) -> "Dataset":
+        """`open` again in another process (a worker's, a task's) what the parent opened: the parent has
+        said what there was to say, so nothing is warned again."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cls.open(location, commit=commit)
 
     def __getitem__(self, table: str) -> zarr.Array:
         return self.tables[table]
@@ -121,7 +136,7 @@ class Dataset:
         Every chunk of every table is decoded once, so a truncated or corrupt chunk raises `FormatError`
         naming table and chunk key. `progress(rows)` is called after each chunk.
         """
-        report = ValidationReport()
+        report = ValidationReport(not_read=dict(self.others))
         checkers = {name: [IntervalChecker(link, self.rows[link.child], limit) for link in self.schema.links_from(name)]
                     for name in self.tables}
 
@@ -206,8 +221,12 @@ def _dask_partition(piece: tuple) -> Any:
     import pandas as pd
 
     location, commit, table, a, b, fields = piece
-    ds = Dataset.open(location, commit=commit)
+    ds = Dataset.reopen(location, commit)
     rows = read_rows(ds[table], a, b)
     df = records_to_arrow(rows, fields).to_pandas(types_mapper=pd.ArrowDtype)
     df.index = pd.RangeIndex(a, b)
     return df
+
+
+def _list(arrays: dict[str, str]) -> str:
+    return ", ".join(f"'{name}' ({what})" for name, what in arrays.items())

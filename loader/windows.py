@@ -290,7 +290,7 @@ class WindowLoader(Loader):
 
 def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:
     """Batch k of `epoch` of a WindowLoader with `options`, made in this process and copied out of its ring."""
-    loader = WindowLoader(Dataset.open(location, commit=commit), num_workers=0, copy=True, **options)
+    loader = WindowLoader(Dataset.reopen(location, commit), num_workers=0, copy=True, **options)
     loader.epoch, loader._position = epoch, k
     try:
         return next(iter(loader))

@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import zarr
 
@@ -57,7 +58,7 @@ def test_demo_writes_describes_and_validates(tmp_path):
     out = zarrfeed("demo", "--scenes", "3", "--out", tmp_path / "demo.zarr")
     assert out.returncode == 0, out.stderr
     assert "wrote 3 episodes" in out.stdout and "valid (3 scenes, 744 frames" in out.stdout
-    assert "with 2 writer processes" in out.stdout and "ingest: 100%" in out.stderr  # the progress bar
+    assert "with 2 writer processes" in out.stdout and out.stderr == ""  # progress bars only on a terminal
     assert "in shuffled batches of 4096 with 2 loader workers" in out.stdout
     assert zarr.open_group(str(tmp_path / "demo.zarr"), "r")["scenes"].shape == (3,)
 
@@ -78,7 +79,7 @@ def test_ingest_refuses_to_overwrite_and_resumes(tmp_path):
     again = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "2", "-q")
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
     resumed = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "3", "--resume", "-q")
-    assert resumed.returncode == 0 and "wrote 1 episodes" in resumed.stdout
+    assert resumed.returncode == 0 and "wrote 1 episode (" in resumed.stdout
 
 
 def test_load_prints_a_summary(real_scene):
@@ -174,3 +175,38 @@ def test_an_unwritable_output_is_one_line(tmp_path):
             one_line_error(zarrfeed("export", good, target, "-q"), "Read-only file system")
     finally:
         subprocess.run(["umount", ro], capture_output=True)
+
+
+def test_arrays_that_are_not_tables_are_skipped_with_one_warning_and_listed_by_validate(tmp_path):
+    path = tmp_path / "d.zarr"
+    assert zarrfeed("ingest", path, "--synthetic", 1, "--workers", 0, "-q").returncode == 0
+    zarr.open_group(str(path), "a").create_dataset("my_mask", data=np.ones((5, 3), np.float32))
+    for command in (["info"], ["load", "--table", "agents", "--workers", 0, "-q"], ["export", tmp_path / "pq", "-q"]):
+        out = zarrfeed(command[0], path, *command[1:])
+        assert out.returncode == 0, out.stderr
+        warnings = [line for line in out.stderr.splitlines() if "my_mask" in line]
+        assert len(warnings) == 1 and "not reading 'my_mask' (a 2-D array of <f4)" in warnings[0]
+    out = zarrfeed("validate", path, "-q")
+    assert out.returncode == 0 and "valid (1 scene, 248 frames" in out.stdout
+    assert "not checked: 'my_mask' (a 2-D array of <f4) (not tables of this dataset)" in out.stdout
+    out = zarrfeed("ingest", path, "--synthetic", 1, "--seed", 1, "--append", "--workers", 0, "-q")
+    assert out.returncode == 0, out.stderr
+    assert zarr.open_group(str(path), "r")["my_mask"].shape == (5, 3)  # left as it was
+
+
+def test_cli_niceties(tmp_path):
+    path = tmp_path / "d.zarr"
+    out = zarrfeed("ingest", path, "--synthetic", 1, "--workers", 0)  # no -q: stderr is not a terminal
+    assert out.returncode == 0 and out.stderr == ""  # so no progress bar
+    assert out.stdout.startswith("wrote 1 episode (1 scene, 248 frames,")
+    helptext = " ".join(zarrfeed("ingest", "--help").stdout.split())
+    assert "(0: write in this process) (default: 2)" in helptext
+    assert "seed of the synthetic scenes (default: 0)" in helptext  # a default of 0 is shown too
+    out = zarrfeed("load", path, "--workers", 64, "-q")
+    assert out.returncode == 0 and "--workers 64 is more than the" in out.stderr
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "nested.zip", "w") as z:
+        for f in path.rglob("*"):
+            z.write(f, f.relative_to(tmp_path))
+    one_line_error(zarrfeed("info", tmp_path / "nested.zip"), "the dataset is in the folder 'd.zarr' inside the zip")
+    one_line_error(zarrfeed("info", f"file://{tmp_path}/missing.zarr"), "no such file or directory")

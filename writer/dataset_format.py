@@ -54,6 +54,11 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
             raise FormatError(f"{loc}: one table's array, not a dataset; open the folder above it")
         if not loc.is_local and not loc.exists():
             raise FormatError(f"{loc}: no such dataset (nothing is stored there)")
+        if loc.is_zip:
+            inner = sorted(k[: -len("/.zgroup")] for k in store.keys() if k.endswith("/.zgroup"))
+            if inner:  # zipped with its folder (`zip -r x.zip x.zarr`): zarr reads a zip's root only
+                raise FormatError(f"{loc}: the dataset is in the folder '{inner[0]}' inside the zip; zip it from "
+                                  f"inside that folder: cd {inner[0]} && zip -r0 ../{loc.path.name} .")
         raise FormatError(f"{loc}: not a zarr group (no .zgroup)")
     try:
         return zarr.open_group(store, mode="r" if mode == "r" else "r+")
@@ -200,6 +205,41 @@ def set_length(array: zarr.Array, rows: int) -> None:
     meta = json.loads(bytes(array.store[f"{array.path}/.zarray"]))
     meta["shape"] = [int(rows)]
     put(array.store, f"{array.path}/.zarray", json.dumps(meta, indent=4, sort_keys=True).encode())
+
+
+def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, zarr.Array], dict[str, str]]:
+    """The dataset's schema, the arrays of its tables, and the other arrays in the group (name -> what it is),
+    which readers and writers leave alone. Only the tables are opened and checked: an array of the schema
+    that is broken refuses the dataset; one that is not in the schema (a user's mask, another tool's data)
+    does not."""
+    names = sorted(group.array_keys())
+    doc = read_manifest(group.store)
+    if doc is not None:
+        wanted: set[str] | None = set(Schema.from_json(doc["schema"]).tables)
+    elif {"scenes", "frames", "agents"} & set(names) or "format_version" in group.attrs:
+        wanted = set(L5KIT_SCHEMA.tables)
+    else:
+        wanted = None  # no schema to go by: every array of structured records is a table
+    arrays, others = {}, {}
+    for name in names:
+        if wanted is not None and name not in wanted:
+            others[name] = _describe(group.store, name)
+            continue
+        try:
+            arrays[name] = open_table(group.store, name, mode)
+        except FormatError as exc:
+            if wanted is not None:
+                raise
+            others[name] = str(exc).split(": ", 1)[-1]
+    return detect_schema(group, arrays), arrays, others
+
+
+def _describe(store: zarr.storage.BaseStore, name: str) -> str:
+    try:
+        meta = json.loads(bytes(store[f"{name}/.zarray"]))
+        return f"a {len(meta['shape'])}-D array of {meta['dtype']}"
+    except Exception:
+        return "an array zarrfeed cannot read"
 
 
 def detect_schema(group: zarr.Group, arrays: dict[str, zarr.Array]) -> Schema:

@@ -194,8 +194,7 @@ class DatasetWriter:
 
     def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
         group = dataset_format.open_group(self.location, mode="a")
-        arrays = {n: dataset_format.open_table(group.store, n) for n in group.array_keys()}
-        found = dataset_format.detect_schema(group, arrays)
+        found, arrays, _ = dataset_format.open_tables(group)  # other arrays are left as they are
         for name, table in schema.tables.items():
             if name not in found.tables or found.tables[name].dtype != table.dtype:
                 raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")

@@ -72,8 +72,7 @@ class DatasetSource(Episodes):
     def __init__(self, location: "str | os.PathLike | dataset_format.Location",
                  storage_options: dict | None = None) -> None:
         group = dataset_format.open_group(location, storage_options=storage_options)
-        arrays = {n: dataset_format.open_table(group.store, n) for n in group.array_keys()}
-        schema = dataset_format.detect_schema(group, arrays)
+        schema, arrays, _ = dataset_format.open_tables(group)  # other arrays are not episodes' (not copied)
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
         doc = dataset_format.read_manifest(group.store)
         super().__init__(schema, tables, {n: doc["committed"].get(n, 0) if doc else a.shape[0]

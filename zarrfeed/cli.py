@@ -29,6 +29,16 @@ from writer.store import Location, parse_storage_option
 from . import __version__
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """"1 scene", "2 scenes", "1,024 batches"."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+def _counts(rows: dict[str, int]) -> str:
+    """"1 scene, 248 frames, ...": table names are plural; one row of a table drops the "s"."""
+    return ", ".join(plural(n, t[:-1] if t.endswith("s") else t, t) for t, n in rows.items())
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -58,10 +68,15 @@ def _validate(ds: Dataset, progress: bool) -> int:
               leave=False) as bar:
         report = ds.validate(progress=bar.update)
     if report.ok:
-        print(f"{ds.location}: valid ({', '.join(f'{n:,} {t}' for t, n in ds.rows.items())})")
+        print(f"{ds.location}: valid ({_counts(ds.rows)})" + "".join(f"\n{line}" for line in str(report).splitlines()[1:]))
         return 0
     print(f"{ds.location}: INVALID\n{report}")
     return 1
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars go to stderr, and only to a terminal (not to a log file or a CI console) unless --quiet."""
+    return not args.quiet and sys.stderr.isatty()
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -82,15 +97,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     with _open(args) as ds:
-        return _validate(ds, progress=not args.quiet)
+        return _validate(ds, progress=_progress(args))
 
 
 def _print_summary(summary: dict, committed: dict[str, int]) -> None:
     rate = summary["bytes"] / max(summary["seconds"], 1e-9) / 1e6
-    rows = ", ".join(f"{n:,} {t}" for t, n in summary["rows"].items())
-    print(f"wrote {summary['episodes']:,} episodes ({rows}), {summary['bytes'] / 1e6:.0f} MB in "
-          f"{summary['seconds']:.2f} s ({rate:.0f} MB/s); "
-          f"committed: {', '.join(f'{n:,} {t}' for t, n in committed.items())}")
+    print(f"wrote {plural(summary['episodes'], 'episode')} ({_counts(summary['rows'])}), "
+          f"{summary['bytes'] / 1e6:.0f} MB in {summary['seconds']:.2f} s ({rate:.0f} MB/s); "
+          f"committed: {_counts(committed)}")
 
 
 def _parse_chunks(text: str | None) -> dict[str, int] | None:
@@ -118,7 +132,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.scheduler or args.dask_workers:
         return _ingest_on_dask(args, out, schema, mode, episodes)
     with DatasetWriter(out, schema, workers=args.workers, mode=mode, chunks=_parse_chunks(args.chunks),
-                       overwrite=args.overwrite, progress=not args.quiet) as w:
+                       overwrite=args.overwrite, progress=_progress(args)) as w:
         try:
             summary = w.ingest(episodes, resume=args.resume)
         except KeyboardInterrupt:
@@ -161,7 +175,7 @@ def _ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Sche
     try:
         summary = zdask.ingest(client, sources, read, out.url, schema, storage_options=out.storage_options,
                                resume=args.resume, mode=mode, overwrite=args.overwrite,
-                               chunks=_parse_chunks(args.chunks), progress=not args.quiet)
+                               chunks=_parse_chunks(args.chunks), progress=_progress(args))
     finally:
         client.close()
         if cluster is not None:
@@ -210,9 +224,9 @@ def cmd_load(args: argparse.Namespace) -> int:
     with _open(args) as ds:
         if args.table not in ds.tables:
             raise ValueError(f"table {args.table!r} is not in {args.path} (tables: {', '.join(ds.tables)})")
-        r = _load(ds, args.table, args.batch_size, args.workers, args.epochs, not args.quiet)
-    print(f"loaded {r['rows']:,} rows of {args.table} in {r['batches']:,} shuffled batches of {args.batch_size} "
-          f"over {args.epochs} epoch{'s' * (args.epochs != 1)}: {r['seconds']:.2f} s, "
+        r = _load(ds, args.table, args.batch_size, args.workers, args.epochs, _progress(args))
+    print(f"loaded {plural(r['rows'], 'row')} of {args.table} in {plural(r['batches'], 'shuffled batch', 'shuffled batches')}"
+          f" of {args.batch_size} over {plural(args.epochs, 'epoch')}: {r['seconds']:.2f} s, "
           f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.1f} MB/s; "
           f"first batch after {r['first_batch'] * 1000:.0f} ms")
     return 0
@@ -230,9 +244,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             if t not in ds.tables:
                 raise ValueError(f"--tables: no table {t!r} in {args.path} (tables: {', '.join(ds.tables)})")
         if args.format == "parquet":
-            r = export_parquet(ds, args.out, tables, workers=args.workers, progress=not args.quiet,
+            r = export_parquet(ds, args.out, tables, workers=args.workers, progress=_progress(args),
                                storage_options=_options(args))
-            rows = ", ".join(f"{n:,} {t}" for t, n in r["rows"].items())
+            rows = _counts(r["rows"])
             print(f"exported {rows} to {args.out}/<table>/*.parquet: {r['bytes'] / 1e6:.0f} MB of records in "
                   f"{r['seconds']:.2f} s ({r['bytes'] / r['seconds'] / 1e6:.0f} MB/s)", file=sys.stderr)
             return 0
@@ -248,23 +262,23 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     print(f"ingesting {args.scenes} synthetic L5Kit scenes into {out} with {args.workers} writer processes")
-    with DatasetWriter(out, workers=args.workers, progress=True, overwrite=True) as w:  # never a non-dataset
+    with DatasetWriter(out, workers=args.workers, progress=_progress(args), overwrite=True) as w:  # never a non-dataset
         summary = w.ingest(_Sized(writer.synthetic.episodes(args.scenes, seed=args.seed), args.scenes))
     _print_summary(summary, w.committed)
     print()
     with Dataset.open(out) as ds:
         print(format_info(ds.info()) + "\n")
-        status = _validate(ds, progress=True)
+        status = _validate(ds, progress=_progress(args))
         if status:
             return status
         print()
-        r = _load(ds, "agents", 4096, args.workers, 1, progress=True)
+        r = _load(ds, "agents", 4096, args.workers, 1, progress=_progress(args))
         print(f"loaded {r['rows']:,} agents in shuffled batches of 4096 with {args.workers} loader workers: "
               f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.0f} MB/s")
         from loader.parquet_export import export_parquet
 
         parquet = out.with_name(out.name + ".parquet")
-        r = export_parquet(ds, parquet, workers=args.workers, progress=True)
+        r = export_parquet(ds, parquet, workers=args.workers, progress=_progress(args))
         print(f"\nexported to Parquet in {parquet}/<table>/ ({r['bytes'] / r['seconds'] / 1e6:,.0f} MB/s)")
     _duckdb_query(parquet)
     return 0
@@ -294,19 +308,37 @@ def _count(text: str) -> int:
     return n
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _check_workers(args: argparse.Namespace) -> None:
+    """More worker processes than cores only adds switching: say so (it still runs)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = getattr(args, "workers", 0) or 0
+    if workers > cores:
+        warnings.warn(f"--workers {workers} is more than the {plural(cores, 'core')} this process may use; "
+                      f"{cores} would be as fast")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarrfeed", description="Training-data loader and writer for "
                                      "datasets of structured records in zarr (L5Kit format).")
     parser.add_argument("--version", action="version", version=f"zarrfeed {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="write a synthetic L5Kit dataset, describe it and validate it")
+    p = sub.add_parser("demo", formatter_class=_Help, help="write a synthetic L5Kit dataset, describe it and validate it")
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (a dataset there is replaced; "
                    "anything else is refused)")
     p.add_argument("--scenes", type=_count, default=50, help="synthetic scenes (about 21,000 agents each)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=_count, default=2, help="writer processes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
+    p.add_argument("--workers", type=_count, default=2, help="writer, loader and export processes")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("ingest", help="write episodes to a dataset with a pool of writer processes")
+    p = sub.add_parser("ingest", formatter_class=_Help, help="write episodes to a dataset with a pool of writer processes")
     p.add_argument("out", help="dataset to write: a directory or an fsspec URL (s3://bucket/name.zarr)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", type=_count, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
@@ -327,31 +359,33 @@ def build_parser() -> argparse.ArgumentParser:
                       "processes started on this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
-    p = sub.add_parser("load", help="iterate shuffled batches of a table with loader workers (a speed check)")
+    p = sub.add_parser("load", formatter_class=_Help, help="iterate shuffled batches of a table with loader workers (a speed check)")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
-    p.add_argument("--table", default="agents")
-    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--table", default="agents", help="table to load")
+    p.add_argument("--batch-size", type=int, default=4096, help="rows per batch")
     p.add_argument("--workers", type=_count, default=2, help="loader processes (0: load in this process)")
-    p.add_argument("--epochs", type=_count, default=1)
+    p.add_argument("--epochs", type=_count, default=1, help="epochs to iterate")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_load)
-    p = sub.add_parser("export", help="write tables as Parquet (one folder per table) or an Arrow IPC stream")
+    p = sub.add_parser("export", formatter_class=_Help, help="write tables as Parquet (one folder per table) or an Arrow IPC stream")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("out", help="output folder (parquet), or file or - for stdout (arrow)")
-    p.add_argument("--format", choices=["parquet", "arrow"], default="parquet")
+    p.add_argument("--format", choices=["parquet", "arrow"], default="parquet", help="output format")
     p.add_argument("--tables", metavar="T1,T2", help="tables to export (default: all; arrow: agents)")
     p.add_argument("--workers", type=_count, default=2, help="writer processes for Parquet (0: this one)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_export)
-    p = sub.add_parser("info", help="rows, chunks, bytes and compression per table")
+    p = sub.add_parser("info", formatter_class=_Help, help="rows, chunks, bytes and compression per table")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("validate", help="check every interval link and decode every chunk; exit 1 if invalid")
+    p = sub.add_parser("validate", formatter_class=_Help, help="check every interval link and decode every chunk; exit 1 if invalid")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_validate)
-    for p in sub.choices.values():
+    for name, p in sub.choices.items():
+        if name in ("demo", "info"):
+            p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
         p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
                        help="an option of the store's fsspec filesystem, e.g. endpoint_url=http://127.0.0.1:9000 "
                        "or anon=true (repeatable; VALUE is read as JSON if it is JSON); fsspec's FSSPEC_<PROTOCOL>_"
@@ -365,6 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = lambda msg, *a, **k: print(f"zarrfeed: warning: {msg}", file=sys.stderr)
+            _check_workers(args)
             return args.func(args)
     except BrokenPipeError:  # the reader of our output left (`zarrfeed info X | head -2`): stop quietly, as
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Unix tools do; no flush error at exit
