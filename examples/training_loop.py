@@ -29,7 +29,7 @@ if __name__ == "__main__":  # workers import this script again (see "Start metho
     with Loader(path, "agents", batch_size=1024, rows=cars, transform=features, num_workers=2, seed=0) as loader:
         for step, batch in enumerate(loader):
             # batch["xy"] is a (1024, 2) float32 view into shared memory, valid until the next batch:
-            # torch.from_numpy(batch["xy"]) or jax.numpy.asarray(batch["xy"]) take it without a copy.
+            # torch.from_numpy(batch["xy"]) or jax.dlpack.from_dlpack(batch["xy"]) take it without a copy.
             if step == 2:
                 state = loader.state_dict()  # save it with your checkpoint
                 break

@@ -14,6 +14,7 @@ alone, never on workers or timing. The cache is sized from the plan: what the ba
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -26,7 +27,7 @@ from writer.chunkio import ChunkError
 from writer.pool import RemoteError, WorkerPool, describe_exit
 from writer.store import Location
 
-from . import read_worker
+from . import read_worker, view_check
 from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
@@ -280,7 +281,9 @@ class Loader:
     The order depends only on (seed, epoch, rank, world_size) and the table: the same for any `num_workers`
     (0 runs everything in this process) and `prefetch`. With `copy=False` (default) a batch's arrays are
     views into shared memory, VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED; pass `copy=True` to keep them.
-    `output="arrow"` yields RecordBatches sharing the batch's memory (same validity).
+    `output="arrow"` yields RecordBatches sharing the batch's memory (same validity). `check_views=True` (or
+    ZARRFEED_CHECK_VIEWS=1) is a debug mode in which a view used after the next batch faults loudly (see
+    `loader.view_check`). `dtypes={"centroid": "float32"}` converts fields in the workers.
     Iterating continues where the previous iteration stopped; after a complete epoch the epoch advances.
     """
 
@@ -291,7 +294,8 @@ class Loader:
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  output: str = "numpy", storage_options: dict[str, Any] | None = None, commit: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30) -> None:
+                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
+                 dtypes: dict[str, Any] | None = None, check_views: bool | None = None) -> None:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
             Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
         if output not in ("numpy", "arrow"):
@@ -303,13 +307,19 @@ class Loader:
         selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
         config = PlanConfig(ds.rows[table], array.chunks[0], batch_size, shuffle, seed, shuffle_window, rank,
                             world_size, drop_last)
-        self._start(ds, table, config, selection, Layout.of_records(array.dtype, fields, batch_size), num_workers,
-                    prefetch, transform, copy, start_method, restart_workers, output,
-                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes))
+        records = Layout.of_records(array.dtype, fields, batch_size)
+        unknown = sorted(set(dtypes or ()) - {c.name for c in records.columns})
+        if unknown:
+            raise ValueError(f"dtypes: no field {unknown[0]!r} in this loader's batches "
+                             f"(fields: {', '.join(c.name for c in records.columns)})")
+        self._start(ds, table, config, selection, records, num_workers, prefetch, _Cast.around(transform, dtypes),
+                    copy, start_method, restart_workers, output,
+                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views)
 
     def _start(self, ds: Dataset, table: str, config: PlanConfig, selection: list[np.ndarray] | None,
                records: Layout, num_workers: int, prefetch: int, transform: Callable | None, copy: bool,
-               start_method: str | None, restart_workers: bool, output: str, fetch: FetchOptions) -> None:
+               start_method: str | None, restart_workers: bool, output: str, fetch: FetchOptions,
+               check_views: bool | None = None) -> None:
         """What every loader keeps: the plan's settings, the batch layout, the options, where iteration is."""
         if prefetch < 1 or num_workers < 0:
             raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
@@ -321,6 +331,7 @@ class Loader:
         self.batch_size, self.num_workers, self.prefetch = config.batch_size, num_workers, prefetch
         self.transform, self.copy, self.start_method = transform, copy, start_method
         self.restart_workers, self.output = restart_workers, output
+        self.check_views = view_check.requested(check_views) and not copy  # owned copies need no check
         self.epoch, self._position = 0, 0
         self._active = False
         self._plan: EpochPlan | None = None
@@ -342,6 +353,27 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` from its first batch at the next iteration."""
         self.epoch, self._position = int(epoch), 0
+
+    def use_ranks(self, rank: int, world_size: int) -> None:
+        """Read rank `rank`'s part of every epoch (how `to_torch` follows `torch.distributed`). A loader made
+        for other ranks than the default 0 of 1 is refused, as is one already iterating."""
+        c = self._config
+        if (c.rank, c.world_size) == (rank, world_size):
+            return
+        if c.world_size != 1:
+            raise ValueError(f"this Loader was made for rank {c.rank} of {c.world_size}, but the process group "
+                             f"says rank {rank} of {world_size}")
+        if self._run is not None:
+            raise RuntimeError("use_ranks() must come before the first batch")
+        self._config = dataclasses.replace(c, rank=rank, world_size=world_size)
+        self._plan = None
+
+    def to_torch(self) -> Any:
+        """This loader as a `torch.utils.data.IterableDataset` of dicts of tensors, for
+        `DataLoader(ds, batch_size=None)` (see `loader.torch_dataset`)."""
+        from .torch_dataset import TorchBatches
+
+        return TorchBatches(self)
 
     def state(self) -> LoaderState:
         """Where iteration stands, with what decides the batch order (see `loader.state`)."""
@@ -395,6 +427,7 @@ class Loader:
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _Run.free, self._run)
         sched = _Epoch(self, self._run, plan, first)
+        checker = view_check.ViewChecker() if self.check_views else None
         finished = False
         self._active = True
         try:
@@ -403,12 +436,16 @@ class Loader:
                 self._position = k + 1
                 if self.copy:
                     batch = {n: a.copy() for n, a in batch.items()}
+                elif checker is not None:
+                    batch = checker.hand_out(batch)
                 yield to_arrow(batch) if self.output == "arrow" else batch
             sched.drain()
             finished = True
             self.epoch, self._position = self.epoch + 1, 0
         finally:
             self._active = False
+            if checker is not None:
+                checker.seal()
             if not finished:  # broken out of, an exception, or garbage collected: stop the workers now
                 self.close()
 
@@ -515,6 +552,25 @@ class Loader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Cast:
+    """`dtypes=`: fields converted in the workers (a float64 centroid becomes the float32 `nn.Linear` takes),
+    then the caller's transform, if any. A class, not a closure, so that it pickles by reference."""
+
+    def __init__(self, dtypes: dict[str, np.dtype], then: Callable | None) -> None:
+        self.dtypes, self.then = dtypes, then
+
+    @classmethod
+    def around(cls, transform: Callable | None, dtypes: dict[str, Any] | None) -> Callable | None:
+        return cls({k: np.dtype(v) for k, v in dtypes.items()}, transform) if dtypes else transform
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = sorted(set(self.dtypes) - set(batch))
+        if missing:
+            raise ValueError(f"dtypes: no field {missing[0]!r} in the batch (fields: {', '.join(batch)})")
+        batch = {k: v.astype(self.dtypes[k]) if k in self.dtypes else v for k, v in batch.items()}
+        return self.then(batch) if self.then is not None else batch
 
 
 def _read_rows(location: Location, commit: int | None, table: str, fields: list[str],

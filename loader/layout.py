@@ -2,7 +2,7 @@
 
 A slot holds `capacity` rows; field f's column starts at `base[f]` (64-byte aligned) and holds
 `capacity * size[f]` bytes, so a batch of n <= capacity rows is, for each field, the first n rows of its
-column: an array of shape (n, *subarray shape) that `torch.from_numpy`, `jax.numpy.asarray` and
+column: an array of shape (n, *subarray shape) that `torch.from_numpy`, `jax.dlpack.from_dlpack` and
 `np.from_dlpack` take without a copy.
 """
 from __future__ import annotations

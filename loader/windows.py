@@ -215,7 +215,8 @@ class WindowLoader(Loader):
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30) -> None:
+                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
+                 check_views: bool | None = None) -> None:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
             Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
@@ -232,7 +233,7 @@ class WindowLoader(Loader):
         # output is numpy: ragged columns of different lengths make no single RecordBatch
         self._start(ds, "frames", config, selection, _window_layout(ds, self.samples, batch_size), num_workers,
                     prefetch, transform, copy, start_method, restart_workers, "numpy",
-                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes))
+                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views)
 
     def _settings(self) -> dict[str, Any]:
         return {**super()._settings(), "history": self.history, "future": self.future, "samples": len(self.samples)}
