@@ -26,7 +26,8 @@ if __name__ == "__main__":  # workers import this script again (see "Start metho
     print("polars, agents per frame:", df.select(pl.col("agents").list.len()).describe().row(2))
 
     agents = ds.to_batches("agents")
-    print("DuckDB over the stream:", duckdb.sql("SELECT count(*) AS agents, max(track_id) AS tracks FROM agents").fetchall())
+    sql = "SELECT count(*) AS agents, max(track_id) AS tracks FROM agents"
+    print("DuckDB over the stream:", duckdb.sql(sql).fetchall())
 
     # 2. A Parquet export, one folder per table, with a `_row` column for joining interval fields in SQL.
     out = tmp / "parquet"

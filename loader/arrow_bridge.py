@@ -43,7 +43,7 @@ def to_arrow(batch: Mapping[str, np.ndarray] | np.ndarray) -> pa.RecordBatch:
         return records_to_arrow(batch)
     schema, plans = _batch_schema(tuple((n, c.dtype.str, c.shape[1:]) for n, c in batch.items()))
     arrays = []
-    for (name, col), (leaf, shape) in zip(batch.items(), plans):
+    for (name, col), (leaf, shape) in zip(batch.items(), plans, strict=True):
         if leaf is None or not col.flags.c_contiguous:
             arrays.append(column_to_arrow(name, col))
             continue

@@ -19,7 +19,7 @@ import functools
 import os
 import time
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class _InlinePool:
     """The worker protocol run in this process (num_workers=0): each message is handled when sent."""
 
     def __init__(self, handle: Callable[[tuple], tuple]) -> None:
-        self._handle, self._replies = handle, []
+        self._handle, self._replies = handle, cast(list[tuple], [])
 
     def send(self, wid: int, msg: tuple) -> None:
         try:
@@ -150,7 +150,7 @@ class _Epoch:
 
         def fits() -> bool:
             new = sum(key not in self.slots for key in needs)
-            return new <= len(self.free_slots) and (self.free_regions or not wants_region)
+            return new <= len(self.free_slots) and (bool(self.free_regions) or not wants_region)
 
         if not fits():
             self._evict()
@@ -346,6 +346,12 @@ class Loader:
             self._plan = EpochPlan(self._config, epoch, self._selection)
         return self._plan
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """The reader processes' pids while they run (from the first batch until `close()`); else empty."""
+        pool = self._run.pool if self._run is not None else None
+        return [p.pid for p in pool.procs] if isinstance(pool, WorkerPool) else []
+
     def __len__(self) -> int:
         """Batches in the current epoch for this rank."""
         return len(self.plan())
@@ -425,7 +431,7 @@ class Loader:
             outputs = self._output_layout(plan, first) if self.transform else None
             self._run = _Run(self, outputs, plan)
             self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _Run.free, self._run)
+            self._finalizer = weakref.finalize(self, self._run.free)
         sched = _Epoch(self, self._run, plan, first)
         checker = view_check.ViewChecker() if self.check_views else None
         finished = False
@@ -453,15 +459,16 @@ class Loader:
         """The ring slots' layout for the transform's output, from one run of it on batch k. It runs in a
         process of its own (here only with num_workers=0), so that whatever the transform initialises (CUDA,
         a thread pool) is never initialised in this process before workers are started from it."""
-        make_batch = self._probe_batch(plan, k)
+        make_batch, transform = self._probe_batch(plan, k), self.transform
+        assert transform is not None  # sizing is for a transform's output
         if self.num_workers == 0:
             try:
-                columns = _probe(make_batch, self.transform, k)
+                columns = _probe(make_batch, transform, k)
             except Exception as exc:
                 err = RemoteError.capture(exc)
                 raise LoaderError(self._probe_failed(k, plan, err), err) from exc
         else:
-            columns = _probe_in_process(make_batch, self.transform, k, self.start_method,
+            columns = _probe_in_process(make_batch, transform, k, self.start_method,
                                         lambda err: self._probe_failed(k, plan, err))
         return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
 

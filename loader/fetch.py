@@ -105,7 +105,7 @@ class ChunkFetcher:
         """Start fetching `keys` in a background thread (network waits release the GIL), for a later `fetch`."""
         if not self.remote:
             return
-        todo = [(k, c) for k, c in zip(keys, cacheable) if k not in self._ahead]
+        todo = [(k, c) for k, c in zip(keys, cacheable, strict=True) if k not in self._ahead]
         if todo:
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
@@ -131,7 +131,8 @@ class ChunkFetcher:
             except ChunkError:  # fetched ahead and failed: try again now, and report from here
                 rest.append(i)
         if rest:
-            for i, value in zip(rest, self._fetch_now([keys[i] for i in rest], [cacheable[i] for i in rest])):
+            values = self._fetch_now([keys[i] for i in rest], [cacheable[i] for i in rest])
+            for i, value in zip(rest, values, strict=True):
                 out[i] = value
         return out
 
@@ -155,7 +156,7 @@ class ChunkFetcher:
             except Exception as exc:  # the whole request failed: every key is retried
                 got = {p: exc for p in paths}
             failed = []
-            for i, path in zip(todo, paths):
+            for i, path in zip(todo, paths, strict=True):
                 value = got.get(path, FileNotFoundError(path))
                 if isinstance(value, FileNotFoundError):
                     continue  # never written: reads as fill values, as in zarr

@@ -41,13 +41,13 @@ class Layout:
     @classmethod
     def of_records(cls, dtype: np.dtype, fields: list[str] | None, capacity: int) -> "Layout":
         """Columns for `fields` (all by default) of records of `dtype`."""
-        names = list(dtype.names) if fields is None else list(fields)
-        unknown = [n for n in names if n not in dtype.names]
+        names = list(dtype.names or ()) if fields is None else list(fields)
+        unknown = [n for n in names if n not in (dtype.names or ())]
         if unknown:
-            raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(dtype.names)})")
+            raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(dtype.names or ())})")
         cols = []
         for n in names:
-            sub, offset = dtype.fields[n][0], dtype.fields[n][1]
+            sub, offset = dtype[n], int(dtype.fields[n][1])  # type: ignore[index]  # names checked above
             cols.append((n, sub.base, sub.shape, offset))
         return cls(cols, capacity)
 

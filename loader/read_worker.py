@@ -28,7 +28,7 @@ from writer.pool import RemoteError
 from writer.shm import SharedBlock, check_room
 from writer.store import Location
 
-from ._gather import gather
+from .gather import gather
 from .fetch import ChunkFetcher, FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig
@@ -96,7 +96,7 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
     def decode(msg: tuple) -> tuple[int, ...]:
         items = msg[1]
         keys, complete = keys_of(items)
-        for (table, _, slot), key, raw in zip(items, keys, fetcher.fetch(keys, complete)):
+        for (table, _, slot), key, raw in zip(items, keys, fetcher.fetch(keys, complete), strict=True):
             nbytes = arrays[table].chunks[0] * arrays[table].dtype.itemsize
             start = slot * shared.slot_bytes
             decode_chunk_into(arrays[table], key, raw, cache[start:start + nbytes])
@@ -108,7 +108,7 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
         if items:
             fetcher.prefetch(*keys_of(items))
 
-    decode.waiting = waiting
+    decode.waiting = waiting  # type: ignore[attr-defined]  # the pool's optional hooks (see WorkerPool)
     return decode
 
 
@@ -149,6 +149,7 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
                 start = regions[w] * shared.region_rows + pos
                 gather(cache, itemsize, index[start:start + n], dst, spec, first, itemsize)
             if transform:
+                assert outputs is not None and scratch is not None  # made with the transform
                 try:
                     rows = p.batch_rows(k)
                     out = transform(records.views(scratch, rows))
@@ -159,7 +160,7 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
                     view[...] = out[name]
         return ("gathered", wid, k0, count)
 
-    handle.urgent, handle.waiting = _urgent, decode.waiting
+    handle.urgent, handle.waiting = _urgent, decode.waiting  # type: ignore[attr-defined]
     return handle
 
 

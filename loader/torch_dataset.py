@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 try:
     import torch
     from torch.utils.data import IterableDataset, get_worker_info
-except ImportError:  # torch is an optional extra
-    torch = None
-    IterableDataset = object
+except ImportError:  # torch is an optional extra: to_torch() says how to install it
+    torch = None  # type: ignore[assignment]
+    IterableDataset = object  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
     from .batches import Loader
@@ -26,7 +26,7 @@ def require_torch() -> None:
         raise ImportError("to_torch() needs PyTorch: pip install 'zarrfeed[torch]' (or any torch >= 2.1)")
 
 
-class TorchBatches(IterableDataset):  # type: ignore[misc,valid-type]
+class TorchBatches(IterableDataset):
     """Iterate for dicts of tensors (one epoch per iteration, as the Loader); `len()` is the batches per epoch.
     `state_dict`/`load_state_dict` are the Loader's, for checkpoints."""
 

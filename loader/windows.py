@@ -21,7 +21,7 @@ from writer.pool import RemoteError
 from writer.store import Location
 
 from . import read_worker
-from ._gather import gather_runs
+from .gather import gather_runs
 from .batches import Loader, LoaderError, _Epoch, _probe, _probe_in_process
 from .dataset import Dataset
 from .fetch import FetchOptions
@@ -57,7 +57,7 @@ class Samples:
             ends = np.concatenate([cuts, [len(self.t)]])
             tf, tl = self.t[self.group_start] - history, self.t[ends - 1] + future
             self.reads: list[list[tuple[str, int]]] = []
-            for a, b in zip(tf.tolist(), tl.tolist()):
+            for a, b in zip(tf.tolist(), tl.tolist(), strict=True):
                 cf = self.chunk_rows["frames"]
                 need = [("frames", c) for c in range(a // cf, b // cf + 1)]
                 for table, iv in ivs.items():
@@ -111,7 +111,7 @@ def _window_layout(ds: Dataset, samples: Samples, batch_size: int) -> Layout:
 def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
     """The gather spec of one table's columns: (offset in the record, bytes per record, base in the slot)."""
     cols = [c for c in layout.columns if c.name.startswith(prefix + "/")]
-    return np.array([(c.offset, dtype.fields[c.name.split("/", 1)[1]][0].itemsize, c.base) for c in cols],
+    return np.array([(c.offset, dtype[c.name.split("/", 1)[1]].itemsize, c.base) for c in cols],
                     np.int64).reshape(-1)
 
 
@@ -138,7 +138,7 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
         """Rows [lo_i, hi_i) of `table`, in order, as (byte offset in the cache, rows) runs within chunks."""
         c, size = samples.chunk_rows[table], dtypes[table].itemsize
         out = []
-        for a, b in zip(lo.tolist(), hi.tolist()):
+        for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
             while a < b:
                 chunk, r = divmod(a, c)
                 n = min(b, (chunk + 1) * c) - a
@@ -175,11 +175,12 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             return ("decoded", wid, decode(msg))
         _, epoch, k0, count, slots = msg
         p, orders = plan(epoch)
-        all_counts = []
+        all_counts: list[dict[str, int] | None] = []
         for k in range(k0, k0 + count):
             if not transform:
                 all_counts.append(one_batch(shared.slot(k), p, orders, k, slots))
                 continue
+            assert outputs is not None and scratch is not None  # made with the transform
             rows = one_batch(scratch, p, orders, k, slots)
             views = layout.views(scratch, p.batch_rows(k), rows)
             try:
@@ -192,7 +193,7 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             all_counts.append(None)
         return ("gathered", wid, k0, count, all_counts)
 
-    handle.urgent, handle.waiting = read_worker._urgent, decode.waiting
+    handle.urgent, handle.waiting = read_worker._urgent, decode.waiting  # type: ignore[attr-defined]
     return handle
 
 
@@ -276,15 +277,16 @@ class WindowLoader(Loader):
         return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, options, plan.epoch, k)
 
     def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
-        make_batch = self._probe_batch(plan, k)
+        make_batch, transform = self._probe_batch(plan, k), self.transform
+        assert transform is not None  # sizing is for a transform's output
         if self.num_workers == 0:
             try:
-                columns = _probe(make_batch, self.transform, k, "frame_index")
+                columns = _probe(make_batch, transform, k, "frame_index")
             except Exception as exc:
                 err = RemoteError.capture(exc)
                 raise LoaderError(self._probe_failed(k, plan, err), err) from exc
         else:
-            columns = _probe_in_process(make_batch, self.transform, k, self.start_method,
+            columns = _probe_in_process(make_batch, transform, k, self.start_method,
                                         lambda err: self._probe_failed(k, plan, err), "frame_index")
         return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
 

@@ -1,5 +1,6 @@
 """A moto S3 server for tests and benchmarks: a real HTTP server in its own process, on 127.0.0.1 only."""
 import os
+import subprocess
 
 
 class S3Server:
@@ -7,7 +8,6 @@ class S3Server:
 
     def __init__(self) -> None:
         import socket
-        import subprocess
         import sys
         import time
         import urllib.request
@@ -54,5 +54,5 @@ class S3Server:
         self.proc.terminate()
         try:
             self.proc.wait(10)
-        except Exception:
+        except subprocess.TimeoutExpired:
             self.proc.kill()

@@ -151,7 +151,7 @@ def polars_answers(pq_dir):
     frames = pl.read_parquet(f"{pq_dir}/frames/*.parquet")
     scenes = pl.read_parquet(f"{pq_dir}/scenes/*.parquet")
     labels = agents.group_by(pl.col("label_probabilities").arr.arg_max().alias("l")).len()
-    labels = dict(zip(labels["l"].to_list(), labels["len"].to_list()))
+    labels = dict(zip(labels["l"].to_list(), labels["len"].to_list(), strict=True))
     f = frames.select(pl.col("_row").alias("frame"), pl.col("agent_index_interval").arr.first().alias("start"))
     s = scenes.select(pl.col("_row").alias("scene"), pl.col("frame_index_interval").arr.first().alias("start"))
     a = agents.select("_row", (pl.col("velocity").arr.get(0).cast(pl.Float64) ** 2

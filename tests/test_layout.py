@@ -59,7 +59,8 @@ def test_no_import_cycles_between_modules():
 
 def test_version_and_entry_points():
     assert zarrfeed.__version__.count(".") == 2
-    for command in ([sys.executable, "-m", "zarrfeed", "--version"], [sys.executable, "-m", "zarrfeed.cli", "--version"]):
+    for module in ("zarrfeed", "zarrfeed.cli"):
+        command = [sys.executable, "-m", module, "--version"]
         out = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 0 and out.stdout.strip() == f"zarrfeed {zarrfeed.__version__}"
     from zarrfeed import DatasetWriter, Loader

@@ -25,7 +25,8 @@ def batches(plan: EpochPlan, selection=None) -> list[np.ndarray]:
 @settings(max_examples=150, deadline=None)
 @given(n_rows=st.integers(0, 500), chunk=st.integers(1, 60), batch=st.integers(1, 70), window=st.integers(1, 5),
        shuffle=st.booleans(), drop_last=st.booleans(), world=st.integers(1, 4), seed=st.integers(0, 3))
-def test_every_row_once_and_ranks_equal_disjoint_complete(n_rows, chunk, batch, window, shuffle, drop_last, world, seed):
+def test_every_row_once_and_ranks_equal_disjoint_complete(n_rows, chunk, batch, window, shuffle, drop_last, world,
+                                                          seed):
     per_rank = []
     for rank in range(world):
         cfg = PlanConfig(n_rows, chunk, batch, shuffle, seed, window, rank, world, drop_last)
@@ -68,7 +69,7 @@ def test_every_row_once_and_ranks_equal_disjoint_complete(n_rows, chunk, batch, 
 def test_order_depends_on_seed_and_epoch_only():
     cfg = PlanConfig(10_000, 500, 64, seed=3)
     a, b = batches(EpochPlan(cfg, 0)), batches(EpochPlan(cfg, 0))
-    assert all((x == y).all() for x, y in zip(a, b))
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
     c = batches(EpochPlan(cfg, 1))
     assert not (a[0] == c[0]).all()
     d = batches(EpochPlan(PlanConfig(10_000, 500, 64, seed=4), 0))

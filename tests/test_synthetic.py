@@ -7,7 +7,7 @@ from writer import L5KIT_SCHEMA, check_episode, synthetic
 
 def test_episodes_are_seeded_and_independent_of_count():
     a, b = list(synthetic.episodes(3, seed=7)), list(synthetic.episodes(2, seed=7))
-    for x, y in zip(a, b):
+    for x, y in zip(a[:2], b, strict=True):  # the first two of three are the two
         for name in x:
             np.testing.assert_array_equal(x[name], y[name])
     assert not np.array_equal(a[0]["agents"], next(synthetic.episodes(1, seed=8))["agents"])

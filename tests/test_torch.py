@@ -120,7 +120,8 @@ if __name__ == "__main__":
         next(it)
         print("stale read", float(first.sum()), flush=True)  # the bug: `first` is no longer this batch
 """)
-    ok = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True, timeout=120, cwd=HERE.parent)
+    ok = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True, timeout=120,
+                        cwd=HERE.parent)
     assert ok.returncode == 0 and "stale read" in ok.stdout
     bad = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True, timeout=120,
                          cwd=HERE.parent)

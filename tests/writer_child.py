@@ -22,6 +22,6 @@ if __name__ == "__main__":
     method = sys.argv[sys.argv.index("--start-method") + 1] if "--start-method" in sys.argv else None
     with DatasetWriter(out, workers=workers, mode="a" if resume else "w", commit_interval=0.05, start_method=method,
                        chunks={"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}) as w:
-        print("workers", *[p.pid for p in w._pool.procs] if w._pool else [], flush=True)
+        print("workers", *w.worker_pids, flush=True)
         w.ingest(slowly(n, pause), resume=resume)
     print("done", flush=True)

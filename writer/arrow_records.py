@@ -50,8 +50,8 @@ def arrow_schema(dtype: np.dtype, fields: list[str] | None = None) -> pa.Schema:
     if dtype.names is None:
         raise TypeError(f"{dtype} is not a structured dtype")
     names = list(dtype.names) if fields is None else list(fields)
-    kept = np.dtype([(n, dtype.fields[n][0]) for n in names])
-    return pa.schema([pa.field(n, _field_type(n, dtype.fields[n][0]), nullable=False) for n in names],
+    kept = np.dtype([(n, dtype[n]) for n in names])
+    return pa.schema([pa.field(n, _field_type(n, dtype[n]), nullable=False) for n in names],
                      metadata={DTYPE_KEY: json.dumps(kept.descr).encode()})
 
 
@@ -80,7 +80,7 @@ def _leaf(t: pa.DataType) -> pa.DataType:
 def records_to_arrow(records: np.ndarray, fields: list[str] | None = None) -> pa.RecordBatch:
     """A structured array as a RecordBatch (each field is copied out of the interleaved records once)."""
     schema = arrow_schema(records.dtype, fields)
-    cols = [column_to_arrow(f.name, np.ascontiguousarray(records[f.name]), records.dtype.fields[f.name][0])
+    cols = [column_to_arrow(f.name, np.ascontiguousarray(records[f.name]), records.dtype[f.name])
             for f in schema]
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
@@ -101,8 +101,8 @@ def from_arrow(data: pa.Table | pa.RecordBatch, dtype: np.dtype | None = None, w
     if dtype is None:
         raise ValueError(f"no numpy dtype given and none in the Arrow metadata{at}")
     out = np.zeros(data.num_rows, dtype)
-    for name in dtype.names:
-        sub = dtype.fields[name][0]
+    for name in dtype.names or ():
+        sub = dtype[name]
         if name not in data.schema.names:
             raise ValueError(f"column {name!r}{at}: missing")
         want = _field_type(name, sub)

@@ -108,7 +108,8 @@ class DatasetWriter:
             if mode == "w":
                 if overwrite:
                     self._clear()
-                self.schema, self._dataset_id = dataset_format.create(store, schema, chunks=chunks, compressor=compressor)
+                self.schema, self._dataset_id = dataset_format.create(store, schema, chunks=dict(chunks or {}) or None,
+                                                                      compressor=compressor)
                 committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
                 self._published = (dict(committed), self._journal.to_json())
             else:
@@ -220,6 +221,11 @@ class DatasetWriter:
         return dict(self._tracker.committed)
 
     @property
+    def worker_pids(self) -> list[int]:
+        """The writer processes' pids (empty with workers=0): for monitoring, or a test that kills one."""
+        return [p.pid for p in self._pool.procs] if self._pool else []
+
+    @property
     def dataset_id(self) -> str:
         """The dataset's identity (new with each dataset made or overwritten)."""
         return self._dataset_id
@@ -251,6 +257,7 @@ class DatasetWriter:
         if key is None:
             if self._input is None:
                 self._begin_input(episode, resume=False)
+            assert self._input is not None  # set by _begin_input
             key = Position(self._input, self._position)
             self._position += 1
         key = check_key(key)
@@ -317,6 +324,7 @@ class DatasetWriter:
                 else:
                     if i == 0:
                         self._begin_input(episode, resume)
+                    assert self._input is not None  # set by _begin_input at the first episode
                     key, self._position = Position(self._input, i), i + 1
                 if resume and self._journal.done(key):
                     bar.update(1)
@@ -549,6 +557,7 @@ class DatasetWriter:
 
     def _lost(self) -> str:
         """The message for a dead worker: who, and which episodes' rows it held."""
+        assert self._pool is not None  # only a pool's worker can be lost
         wid, pid, code = self._pool.dead()[0]
         lost = sorted({k for seg in self._inflight.values() if seg.worker == wid
                        for k in self._tracker.episodes_touching(seg.table, seg.start, seg.start + seg.n)},

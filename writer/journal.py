@@ -34,14 +34,14 @@ class IndexRanges:
         return i >= 0 and index < self._ends[i]
 
     def __iter__(self) -> Iterator[int]:
-        for start, end in zip(self._starts, self._ends):
+        for start, end in zip(self._starts, self._ends, strict=True):
             yield from range(start, end)
 
     def __len__(self) -> int:
-        return sum(e - s for s, e in zip(self._starts, self._ends))
+        return sum(e - s for s, e in zip(self._starts, self._ends, strict=True))
 
     def to_json(self) -> list[list[int]]:
-        return [[s, e] for s, e in zip(self._starts, self._ends)]
+        return [[s, e] for s, e in zip(self._starts, self._ends, strict=True)]
 
     def __repr__(self) -> str:
         return f"IndexRanges({self.to_json()})"

@@ -44,8 +44,8 @@ def fingerprint(episode: Any) -> str:
                  .encode())
         if isinstance(arr, np.ndarray) and arr.nbytes:
             raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            h.update(raw[:_SAMPLE])
-            h.update(raw[-_SAMPLE:])
+            h.update(raw[:_SAMPLE].tobytes())
+            h.update(raw[-_SAMPLE:].tobytes())
     return h.hexdigest()
 
 

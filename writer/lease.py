@@ -71,7 +71,7 @@ class Holder:
     @classmethod
     def parse(cls, raw: bytes | None) -> "Holder | None":
         try:
-            return cls(**json.loads(bytes(raw)))
+            return cls(**json.loads(bytes(raw))) if raw is not None else None
         except (TypeError, ValueError):
             return None
 
@@ -136,6 +136,7 @@ class Lease:
         while not self._stop.wait(self.interval):
             self.holder.heartbeat = time.time()
             backend, limit = self._backend, None if self.location.is_local else self.timeout / 2
+            assert backend is not None  # set by acquire(), before the heartbeat starts
             try:
                 if not bounded(limit, lambda: backend.renew(self.holder), f"{self.location}: renewing the lease"):
                     self.lost = f"{self.location}: the write lease was taken over by another writer"
@@ -175,7 +176,7 @@ class Lease:
 
 
 class _Backend:
-    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+    def take(self, me: Holder, timeout: float) -> tuple[Holder | None, str] | None:
         """Acquire; return (previous holder, why it was gone) on a takeover. Raises `LeaseHeld`."""
         raise NotImplementedError
 
@@ -205,7 +206,7 @@ class _FileBackend(_Backend):
         tmp.write_bytes(me.encode())
         os.replace(tmp, self.dir / LEASE_KEY)
 
-    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+    def take(self, me: Holder, timeout: float) -> tuple[Holder | None, str] | None:
         with _held_lock:
             if self.key in _held_here:
                 raise _refuse(self.location, self._doc())
@@ -273,7 +274,7 @@ class _S3Backend(_Backend):
             return None, None
         return Holder.parse(body), etag
 
-    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+    def take(self, me: Holder, timeout: float) -> tuple[Holder | None, str] | None:
         for _ in range(3):
             if self._put(me, IfNoneMatch="*"):
                 return None
@@ -288,7 +289,7 @@ class _S3Backend(_Backend):
         raise _refuse(self.location, self._get()[0])
 
     def renew(self, me: Holder) -> bool:
-        return self._put(me, IfMatch=self.etag)
+        return self.etag is not None and self._put(me, IfMatch=self.etag)
 
     def release(self, me: Holder) -> None:
         try:
@@ -324,7 +325,7 @@ class _CreateBackend(_Backend):
         except FileNotFoundError:
             return None
 
-    def take(self, me: Holder, timeout: float) -> tuple[Holder, str] | None:
+    def take(self, me: Holder, timeout: float) -> tuple[Holder | None, str] | None:
         if self.fs.exists(self.path):
             holder = self._doc()
             why = holder.gone(timeout) if holder else "its lease document is unreadable"

@@ -23,7 +23,8 @@ class Violation:
     message: str
 
     def __str__(self) -> str:
-        where = self.table + (f".{self.field}" if self.field else "") + (f" row {self.row}" if self.row is not None else "")
+        where = self.table + (f".{self.field}" if self.field else "")
+        where += f" row {self.row}" if self.row is not None else ""
         return f"{where}: {self.message}"
 
 

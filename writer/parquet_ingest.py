@@ -26,10 +26,10 @@ from .store import Location
 def _fix_lists(data: pa.Table, dtype: np.dtype, where: str) -> pa.Table:
     """Variable-length list columns (as other tools write them) cast to the fixed-size lists of `dtype`, after
     checking every list has the right length."""
-    for name in dtype.names:
+    for name in dtype.names or ():
         if name not in data.schema.names:
             raise ValueError(f"column {name!r} in {where}: missing")
-        want = _field_type(name, dtype.fields[name][0])
+        want = _field_type(name, dtype[name])
         col = data.column(name)
         if pa.types.is_fixed_size_list(want) and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
             lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)

@@ -213,7 +213,7 @@ class WorkerPool:
     def _receive(self, timeout: float) -> list[tuple]:
         if self._poller is None:  # one poll object for all pipes and process sentinels, kept between calls
             self._poller, self._by_fd = select.poll(), {}
-            for wid, (c, p) in enumerate(zip(self.conns, self.procs)):
+            for wid, (c, p) in enumerate(zip(self.conns, self.procs, strict=True)):
                 if c is not None and not c.closed and p.exitcode is None:
                     self._by_fd[c.fileno()] = c
                     self._poller.register(c.fileno(), select.POLLIN)

@@ -73,6 +73,12 @@ class Table:
     chunk_rows: int
 
 
+def _parent_field(key: str) -> tuple[str, str]:
+    """"frames.agent_index_interval" -> ("frames", "agent_index_interval")."""
+    parent, _, field = key.partition(".")
+    return parent, field
+
+
 @dataclass(frozen=True)
 class Link:
     """`parent.field` holds `[start, end)` row intervals into table `child`."""
@@ -104,7 +110,7 @@ class Schema:
             for tname, spec in tables.items()
         }
         if isinstance(links, Mapping):
-            links = tuple(Link(*key.split(".", 1), child) for key, child in links.items())
+            links = tuple(Link(*_parent_field(key), child) for key, child in links.items())
         self.links: tuple[Link, ...] = tuple(links)
         self.attrs: dict[str, Any] = dict(attrs or {})
         self.compressor = compressor or default_compressor()
@@ -127,9 +133,9 @@ class Schema:
                 if name not in self.tables:
                     raise ValueError(f"link {link}: no table '{name}' in the schema")
             dtype = self.tables[link.parent].dtype
-            if link.field not in dtype.names:
+            if link.field not in (dtype.names or ()):
                 raise ValueError(f"link {link}: table '{link.parent}' has no field '{link.field}'")
-            sub = dtype.fields[link.field][0]
+            sub = dtype[link.field]
             if sub.shape != (2,) or sub.base.kind not in "iu":
                 raise ValueError(f"link {link}: field must be an integer (2,) interval, got {sub.base}{sub.shape}")
             if link.child in parents:
@@ -204,16 +210,16 @@ def dtype_difference(actual: np.dtype, expected: np.dtype) -> str | None:
         return None
     if actual.names is None:
         return f"is {actual}, not a structured dtype"
-    for name in expected.names:
+    for name in expected.names or ():
         if name not in actual.names:
             return f"has no field '{name}'"
     for name in actual.names:
-        if name not in expected.names:
+        if name not in (expected.names or ()):
             return f"has an unexpected field '{name}'"
     if actual.names != expected.names:
-        return f"has fields in order {list(actual.names)}, expected {list(expected.names)}"
+        return f"has fields in order {list(actual.names or ())}, expected {list(expected.names or ())}"
     for name in expected.names:
-        a, e = actual.fields[name][0], expected.fields[name][0]
+        a, e = actual[name], expected[name]
         if a.shape != e.shape:
             return f"field '{name}' has shape {a.shape}, expected {e.shape}"
         if a.base != e.base:

@@ -47,7 +47,8 @@ def episode(index: int, seed: int = 0, frames: int = 248, agents_per_frame: floa
 
     # Ego: smooth drive, yaw rate and speed varying slowly; timestamps 100 ms apart with jitter.
     timestamps = _BASE_NS + index * 30_000_000_000 + np.cumsum(_DT_NS + rng.integers(-300_000, 300_000, frames))
-    yaw = rng.uniform(-np.pi, np.pi) + np.cumsum(np.convolve(rng.normal(0, 0.01, frames), np.ones(min(20, frames)) / 20, "same"))
+    yaw0 = rng.uniform(-np.pi, np.pi)  # drawn before the turns: the seeded stream stays as it was
+    yaw = yaw0 + np.cumsum(np.convolve(rng.normal(0, 0.01, frames), np.ones(min(20, frames)) / 20, "same"))
     speed = np.clip(8 + np.cumsum(rng.normal(0, 0.15, frames)), 0, 20)
     xy = rng.uniform(-2000, 2000, 2) + np.cumsum(np.stack([np.cos(yaw), np.sin(yaw)], -1) * speed[:, None] * 0.1, 0)
     z = 271 + 0.4 * np.sin(t / 60 + rng.uniform(0, 6))
@@ -82,11 +83,13 @@ def episode(index: int, seed: int = 0, frames: int = 248, agents_per_frame: floa
     age = (frame - birth[track]) * 0.1
     direction = np.stack([np.cos(heading), np.sin(heading)], -1)[track]
     agents = np.zeros(len(track), AGENT_DTYPE)
-    agents["centroid"] = _f32(origin[track] + direction * (v[track] * age)[:, None] + rng.normal(0, 0.02, (len(track), 2)))
+    noise = rng.normal(0, 0.02, (len(track), 2))
+    agents["centroid"] = _f32(origin[track] + direction * (v[track] * age)[:, None] + noise)
     # Perception re-estimates the extent of moving objects every frame; parked ones keep theirs.
     agents["extent"] = extent[track] * np.where(moving[track, None], rng.normal(1, 0.01, (len(track), 3)), 1)
     agents["yaw"] = heading[track] + rng.normal(0, 0.01, len(track))
-    agents["velocity"] = np.where(moving[track, None], direction * v[track, None] + rng.normal(0, 0.05, (len(track), 2)), 0)
+    noise = rng.normal(0, 0.05, (len(track), 2))
+    agents["velocity"] = np.where(moving[track, None], direction * v[track, None] + noise, 0)
     agents["track_id"] = track + 1
     probs = np.zeros((len(track), 17), np.float32)
     probs[np.arange(len(track)), label[track]] = 1

@@ -68,7 +68,8 @@ def _validate(ds: Dataset, progress: bool) -> int:
               leave=False) as bar:
         report = ds.validate(progress=bar.update)
     if report.ok:
-        print(f"{ds.location}: valid ({_counts(ds.rows)})" + "".join(f"\n{line}" for line in str(report).splitlines()[1:]))
+        notes = "".join(f"\n{line}" for line in str(report).splitlines()[1:])  # arrays not checked, if any
+        print(f"{ds.location}: valid ({_counts(ds.rows)}){notes}")
         return 0
     print(f"{ds.location}: INVALID\n{report}")
     return 1
@@ -123,8 +124,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         source = Location.of(args.from_path, options)
         if source.same_place(out):
             raise ValueError(f"{args.out}: the output is also the input (--from); write to another path")
-        episodes = DatasetSource(source)
-        schema = episodes.schema
+        source_episodes = DatasetSource(source)
+        episodes: DatasetSource | _Sized = source_episodes
+        schema = source_episodes.schema
     else:
         episodes = _Sized(writer.synthetic.episodes(args.synthetic, seed=args.seed), args.synthetic)
         schema = writer.L5KIT_SCHEMA
@@ -148,7 +150,7 @@ SCENES_PER_SOURCE = 10  # a Dask task's share: big enough to outweigh a task's o
 
 
 def _ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Schema, mode: str,
-                    episodes: object) -> int:
+                    episodes: DatasetSource | _Sized) -> int:
     """`ingest --scheduler ADDRESS` or `--dask-workers N`: the same dataset, written by a Dask cluster."""
     try:
         from distributed import Client, LocalCluster
@@ -160,7 +162,7 @@ def _ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Sche
     ranges = [(lo, min(lo + SCENES_PER_SOURCE, n)) for lo in range(0, n, SCENES_PER_SOURCE)]
     if args.from_path:
         src = Location.of(args.from_path, _options(args))
-        sources = [(src.url, src.storage_options, lo, hi) for lo, hi in ranges]
+        sources: list[tuple] = [(src.url, src.storage_options, lo, hi) for lo, hi in ranges]
         read = writer.source.dataset_episodes
     else:
         sources, read = [(args.seed, lo, hi) for lo, hi in ranges], writer.synthetic.scenes
@@ -180,7 +182,7 @@ def _ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Sche
         client.close()
         if cluster is not None:
             cluster.close()
-    committed = Dataset.open(out.url, storage_options=out.storage_options).rows
+    committed = Dataset.open(out.url, storage_options=dict(out.storage_options)).rows
     _print_summary({"episodes": summary.episodes, "rows": summary.rows, "bytes": summary.bytes,
                     "seconds": summary.seconds}, committed)
     return 0
@@ -225,7 +227,8 @@ def cmd_load(args: argparse.Namespace) -> int:
         if args.table not in ds.tables:
             raise ValueError(f"table {args.table!r} is not in {args.path} (tables: {', '.join(ds.tables)})")
         r = _load(ds, args.table, args.batch_size, args.workers, args.epochs, _progress(args))
-    print(f"loaded {plural(r['rows'], 'row')} of {args.table} in {plural(r['batches'], 'shuffled batch', 'shuffled batches')}"
+    batches = plural(r['batches'], 'shuffled batch', 'shuffled batches')
+    print(f"loaded {plural(r['rows'], 'row')} of {args.table} in {batches}"
           f" of {args.batch_size} over {plural(args.epochs, 'epoch')}: {r['seconds']:.2f} s, "
           f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.1f} MB/s; "
           f"first batch after {r['first_batch'] * 1000:.0f} ms")
@@ -254,8 +257,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise ValueError("--format arrow writes one table as one stream; name one with --tables")
         table = tables[0] if tables else "agents"
         stream = ds.to_batches(table)
-        rows = write_ipc_stream(stream, sys.stdout.buffer if args.out == "-" else args.out)
-        print(f"wrote {rows:,} rows of {table} as an Arrow IPC stream to {args.out}", file=sys.stderr)
+        n = write_ipc_stream(stream, sys.stdout.buffer if args.out == "-" else args.out)
+        print(f"wrote {n:,} rows of {table} as an Arrow IPC stream to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -331,14 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
                                      "datasets of structured records in zarr (L5Kit format).")
     parser.add_argument("--version", action="version", version=f"zarrfeed {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", formatter_class=_Help, help="write a synthetic L5Kit dataset, describe it and validate it")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, formatter_class=_Help)
+
+    p = command("demo", "write a synthetic L5Kit dataset, describe it and validate it")
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (a dataset there is replaced; "
                    "anything else is refused)")
     p.add_argument("--scenes", type=_count, default=50, help="synthetic scenes (about 21,000 agents each)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
     p.add_argument("--workers", type=_count, default=2, help="writer, loader and export processes")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("ingest", formatter_class=_Help, help="write episodes to a dataset with a pool of writer processes")
+    p = command("ingest", "write episodes to a dataset with a pool of writer processes")
     p.add_argument("out", help="dataset to write: a directory or an fsspec URL (s3://bucket/name.zarr)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", type=_count, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
@@ -359,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "processes started on this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
-    p = sub.add_parser("load", formatter_class=_Help, help="iterate shuffled batches of a table with loader workers (a speed check)")
+    p = command("load", "iterate shuffled batches of a table with loader workers (a speed check)")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--table", default="agents", help="table to load")
     p.add_argument("--batch-size", type=int, default=4096, help="rows per batch")
@@ -367,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_count, default=1, help="epochs to iterate")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_load)
-    p = sub.add_parser("export", formatter_class=_Help, help="write tables as Parquet (one folder per table) or an Arrow IPC stream")
+    p = command("export", "write tables as Parquet (one folder per table) or an Arrow IPC stream")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("out", help="output folder (parquet), or file or - for stdout (arrow)")
     p.add_argument("--format", choices=["parquet", "arrow"], default="parquet", help="output format")
@@ -375,11 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_count, default=2, help="writer processes for Parquet (0: this one)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_export)
-    p = sub.add_parser("info", formatter_class=_Help, help="rows, chunks, bytes and compression per table")
+    p = command("info", "rows, chunks, bytes and compression per table")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("validate", formatter_class=_Help, help="check every interval link and decode every chunk; exit 1 if invalid")
+    p = command("validate", "check every interval link and decode every chunk; exit 1 if invalid")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_validate)

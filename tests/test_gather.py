@@ -1,0 +1,83 @@
+"""The numpy gather kernel (for installs without a C compiler) against the C one: same bytes, same errors;
+and the loaders give the same batches with either."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loader import _gather as c
+from loader import gather_numpy as py
+
+HERE = Path(__file__).parent
+
+
+def setup(rng):
+    dtype = np.dtype([("a", "<i8"), ("b", "<f4", (3,)), ("c", "u1"), ("d", "<f8", (2,))])
+    src = np.frombuffer(rng.bytes(dtype.itemsize * 1000), np.uint8).copy()
+    fields = [(dtype.fields[n][1], dtype[n].itemsize, 0) for n in dtype.names]
+    base, spec = 0, []
+    for off, size, _ in fields:
+        spec.append((off, size, base))
+        base += size * 300
+    return dtype, src, np.array(spec, np.int64).reshape(-1), base
+
+
+def test_gather_and_gather_runs_are_byte_for_byte_equal():
+    rng = np.random.default_rng(0)
+    dtype, src, spec, out_bytes = setup(rng)
+    rows = rng.integers(0, 1000, 200).astype(np.int64)
+    outs = [np.zeros(out_bytes, np.uint8) for _ in range(2)]
+    for kernel, out in zip((c, py), outs, strict=True):
+        kernel.gather(src, dtype.itemsize, rows, out, spec, 7, dtype.itemsize)
+    np.testing.assert_array_equal(*outs)
+    assert outs[0].any()
+    runs = np.array([[5 * dtype.itemsize, 10], [700 * dtype.itemsize, 0], [100 * dtype.itemsize, 90]], np.int64)
+    outs = [np.zeros(out_bytes, np.uint8) for _ in range(2)]
+    for kernel, out in zip((c, py), outs, strict=True):
+        kernel.gather_runs(src, dtype.itemsize, runs.reshape(-1), out, spec, 3)
+    np.testing.assert_array_equal(*outs)
+
+
+@pytest.mark.parametrize("kernel", [c, py], ids=["c", "numpy"])
+def test_both_refuse_out_of_bounds(kernel):
+    rng = np.random.default_rng(1)
+    dtype, src, spec, out_bytes = setup(rng)
+    out = np.zeros(out_bytes, np.uint8)
+    with pytest.raises(IndexError, match="row 1000 is outside the source"):
+        kernel.gather(src, dtype.itemsize, np.array([1, 1000], np.int64), out, spec, 0, dtype.itemsize)
+    with pytest.raises(ValueError, match="does not fit"):
+        kernel.gather(src, dtype.itemsize, np.arange(10, dtype=np.int64), out, spec, 295, dtype.itemsize)
+    with pytest.raises(IndexError, match="a run is outside the source"):
+        kernel.gather_runs(src, dtype.itemsize, np.array([999 * dtype.itemsize, 2], np.int64), out, spec, 0)
+    assert not out.any()  # nothing written before a refusal
+
+
+def test_loaders_give_the_same_batches_with_the_numpy_kernel(tmp_path):
+    script = f"""
+import hashlib, numpy as np
+from loader import Loader, WindowLoader, gather
+from writer import synthetic, write_dataset
+if __name__ == "__main__":
+    import os
+    path = {str(tmp_path / 'd.zarr')!r}
+    if not os.path.exists(path):
+        write_dataset(path, synthetic.episodes(2, seed=5, frames=40, agents_per_frame=30), workers=0)
+    h = hashlib.sha256()
+    with Loader(path, batch_size=100, num_workers=1, seed=3) as loader:
+        for b in loader:
+            for v in b.values(): h.update(np.ascontiguousarray(v).tobytes())
+    with WindowLoader(path, history=2, future=3, batch_size=8, num_workers=1) as loader:
+        for b in loader:
+            for v in b.values(): h.update(np.ascontiguousarray(v).tobytes())
+    print(gather.KERNEL, h.hexdigest())
+"""
+    runs = {}
+    for env in ("c", "numpy"):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                             cwd=HERE.parent, env={"ZARRFEED_GATHER": env, "PATH": "/usr/bin:/bin"})
+        assert out.returncode == 0, out.stderr
+        kernel, digest = out.stdout.split()
+        runs[kernel] = digest
+    assert set(runs) == {"c", "numpy"} and runs["c"] == runs["numpy"]

@@ -1,0 +1,67 @@
+"""What a user installs: the sdist carries its tests' helpers, a wheel built without a C compiler installs and
+falls back to the numpy kernel with one warning, the package is typed and licensed, and another OS is told
+plainly."""
+import os
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(command: list, env: dict | None = None) -> None:
+    r = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, **(env or {})})
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def build(kind: str, out: Path, env: dict | None = None) -> Path:
+    """An sdist or a wheel of this checkout, built with the setuptools already installed (no download)."""
+    if kind == "wheel":
+        run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+             str(ROOT)], env)
+        return next(out.glob("*.whl"))
+    run([sys.executable, "-c", "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])",
+         str(out)], env)
+    return next(out.glob("*.tar.gz"))
+
+
+def test_sdist_carries_what_its_tests_need(tmp_path):
+    names = tarfile.open(build("sdist", tmp_path)).getnames()
+    for need in ("tests/conftest.py", "tests/expected.py", "tests/s3server.py", "tests/writer_child.py",
+                 "loader/_gather.c", "LICENSE", "examples/quickstart.py", "bench/common.py", ".ci/run"):
+        assert any(n.endswith("/" + need) for n in names), need
+
+
+def test_a_wheel_without_a_c_compiler_installs_and_warns_once(tmp_path):
+    wheel = build("wheel", tmp_path / "w", env={"CC": "/bin/false", "CXX": "/bin/false"})
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not any("_gather" in n and n.endswith(".so") for n in names)  # the extension was skipped, not fatal
+    assert {"writer/py.typed", "loader/py.typed", "zarrfeed/py.typed"} <= set(names)
+    meta = next(n for n in names if n.endswith("/METADATA"))
+    text = zipfile.ZipFile(wheel).read(meta).decode()
+    assert "License-Expression: Apache-2.0" in text and "Operating System :: POSIX :: Linux" in text
+    assert any(n.endswith("licenses/LICENSE") for n in names)
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # as pip would install it, without the compiled kernel
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "from loader import Loader, gather\n"
+            "import loader.gather\n"
+            "print(gather.KERNEL)")
+    # -S: without site, this checkout's editable install is not on the path; the dependencies are
+    deps = sysconfig.get_paths()["purelib"]
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": f"{site}:{deps}"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["numpy"]
+    warned = [line for line in r.stderr.splitlines() if "C gather kernel was not built" in line]
+    assert len(warned) == 1 and "10 times slower" in warned[0]
+
+
+def test_another_os_is_told_plainly():
+    r = subprocess.run([sys.executable, "-c", "import os; del os.memfd_create; import writer"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 1 and "ImportError: zarrfeed runs on Linux" in r.stderr
