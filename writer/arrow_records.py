@@ -96,11 +96,20 @@ def from_arrow(data: pa.Table | pa.RecordBatch, dtype: np.dtype | None = None, w
 
     `ValueError` names the column (and `where`, e.g. a file) for a missing column, a type that does not
     match the dtype, a list of the wrong length, nulls, or a string longer than its numpy width."""
-    at = f" in {where}" if where else ""
-    dtype = np.dtype(dtype) if dtype is not None else dtype_of(data.schema)
-    if dtype is None:
-        raise ValueError(f"no numpy dtype given and none in the Arrow metadata{at}")
+    dtype = _dtype(data, dtype, where)
     out = np.zeros(data.num_rows, dtype)
+    for name, column in columns_from_arrow(data, dtype, where).items():
+        out[name] = column
+    return out
+
+
+def columns_from_arrow(data: pa.Table | pa.RecordBatch, dtype: np.dtype | None = None,
+                       where: str = "") -> dict[str, np.ndarray]:
+    """Arrow data as columns (field -> array of shape (rows, *subarray shape)), the form a Loader yields:
+    numeric columns of a RecordBatch are views of its buffers, not copies. Checked as `from_arrow`."""
+    at = f" in {where}" if where else ""
+    dtype = _dtype(data, dtype, where)
+    out = {}
     for name in dtype.names or ():
         sub = dtype[name]
         if name not in data.schema.names:
@@ -131,6 +140,13 @@ def from_arrow(data: pa.Table | pa.RecordBatch, dtype: np.dtype | None = None, w
             flat = np.array(objs, dtype=base) if len(objs) else np.zeros(0, base)
         out[name] = flat.reshape((data.num_rows, *sub.shape))
     return out
+
+
+def _dtype(data: pa.Table | pa.RecordBatch, dtype: np.dtype | None, where: str) -> np.dtype:
+    found = np.dtype(dtype) if dtype is not None else dtype_of(data.schema)
+    if found is None:
+        raise ValueError(f"no numpy dtype given and none in the Arrow metadata{f' in {where}' if where else ''}")
+    return found
 
 
 def schema_metadata(extra: Mapping[str, Any]) -> dict[bytes, bytes]:

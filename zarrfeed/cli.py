@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -90,9 +91,58 @@ def _open(args: argparse.Namespace) -> Dataset:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.path.startswith(("grpc://", "grpc+tls://")):
+        return _info_remote(args)
     with _open(args) as ds:
         info = ds.info()
         print(json.dumps(info, indent=2) if args.json else f"{ds.location} ({ds.schema.name})\n{format_info(info)}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the dataset's batches over Arrow Flight until SIGTERM or Ctrl+C."""
+    from .service import FeedServer, read_token
+
+    token = read_token(args.token_file) if args.token_file else None
+    tls = None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_cert:
+        tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
+    server = FeedServer(Location.of(args.path, _options(args)), args.host, args.port, token, args.workers, tls)
+    loopback = args.host in ("127.0.0.1", "localhost", "::1")
+    if token is None and not loopback:
+        warnings.warn(f"serving on {args.host} without a token: anyone who reaches this port can read the data")
+    print(f"serving {args.path} on {server.url}" + ("" if token else " (no token)"), flush=True)
+
+    def stop(*_: object) -> None:  # shutdown() waits for calls to finish: not from the signal handler itself
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.serve()
+    print("zarrfeed: server stopped", file=sys.stderr)
+    return 0
+
+
+def _info_remote(args: argparse.Namespace) -> int:
+    """`zarrfeed info grpc://host:port`: what a zarrfeed server serves (token from ZARRFEED_TOKEN)."""
+    import pyarrow.flight as flight
+
+    from loader.remote import call_options, describe
+
+    try:
+        doc = describe(flight.connect(args.path), call_options(os.environ.get("ZARRFEED_TOKEN"), 10))
+    except flight.FlightUnauthenticatedError:
+        raise ValueError(f"{args.path}: the server wants a token (set ZARRFEED_TOKEN)") from None
+    except flight.FlightError as exc:
+        raise ValueError(f"{args.path}: no zarrfeed server answers ({str(exc).splitlines()[0]})") from None
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"{args.path} (dataset {doc['dataset_id']}, commit {doc['commit']})")
+    for name, t in doc["tables"].items():
+        print(f"{name:<22}{t['rows']:>14,} rows  chunk rows {t['chunk_rows']:,}")
     return 0
 
 
@@ -386,6 +436,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
+    p = command("serve", "serve the dataset's batches over Arrow Flight (RemoteLoader, any Flight client)")
+    p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (without a token, keep loopback)")
+    p.add_argument("--port", type=_count, default=8815, help="port (0: a free one, printed at start)")
+    p.add_argument("--token-file", metavar="F", help="a file holding the token every call must carry (mode 600)")
+    p.add_argument("--tls-cert", metavar="C", help="PEM certificate: clients connect with grpc+tls://")
+    p.add_argument("--tls-key", metavar="K", help="PEM private key of --tls-cert")
+    p.add_argument("--workers", type=_count, default=2, help="loader processes per stream")
+    p.set_defaults(func=cmd_serve)
     p = command("validate", "check every interval link and decode every chunk; exit 1 if invalid")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

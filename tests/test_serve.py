@@ -1,0 +1,210 @@
+"""`zarrfeed serve` and RemoteLoader: a real server process on 127.0.0.1 (a free port), real Flight clients.
+
+RemoteLoader batches equal a local Loader's, field for field and byte for byte, for every rank; resume across
+remote and local; tokens; discovery with a plain pyarrow.flight client; a trainer that leaves mid-epoch frees
+its stream; SIGTERM stops the server within 2 s."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+
+from loader import Dataset, Loader
+from loader.remote import RemoteLoader
+from writer import synthetic, write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve") / "d.zarr"
+    write_dataset(path, synthetic.episodes(3, seed=9, frames=60, agents_per_frame=40), chunks={"agents": 900},
+                  workers=0)
+    return path
+
+
+class Server:
+    """`zarrfeed serve` in its own process; `url` once it listens."""
+
+    def __init__(self, path, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(path), "--port", "0",
+                                      "--workers", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=ROOT)
+        line = self.proc.stdout.readline()
+        assert line.startswith("serving "), line + self.proc.stderr.read()
+        self.url = line.split()[3]
+        assert self.url.startswith("grpc://127.0.0.1:")
+
+    def descendants(self) -> list[int]:
+        """The server's running descendants: the fork server and the loader workers it starts."""
+        parent = {}
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    stat = (p / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if stat[0] != "Z":
+                    parent[int(p.name)] = int(stat[1])
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            kids = [c for c, pp in parent.items() if pp == pid]
+            found += kids
+            todo += kids
+        return found
+
+    def stop(self) -> float:
+        """SIGTERM; the seconds it took to exit."""
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        return time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def server(data):
+    s = Server(data)
+    yield s
+    s.stop()
+
+
+def equal_batches(remote, local):
+    n = 0
+    for a, b in zip(remote, local, strict=True):
+        assert list(a) == list(b)
+        for name in a:
+            assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape
+            assert a[name].tobytes() == b[name].tobytes()
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("args", [dict(batch_size=500, seed=1),
+                                  dict(batch_size=333, seed=2, shuffle_window=2, fields=["centroid", "track_id"]),
+                                  dict(batch_size=1000, shuffle=False, drop_last=True),
+                                  dict(batch_size=256, seed=4, rank=1, world_size=3)])
+def test_remote_batches_are_the_local_loaders(server, data, args):
+    with RemoteLoader(server.url, "agents", **args) as remote, \
+            Loader(data, "agents", num_workers=0, copy=True, **args) as local:
+        assert len(remote) == len(local)
+        for _ in range(2):  # two epochs: the second is another order
+            assert equal_batches(remote, local) == len(local)
+
+
+def test_arrow_output_and_other_tables(server, data):
+    with RemoteLoader(server.url, "frames", batch_size=64, output="arrow") as remote:
+        batches = list(remote)
+    assert sum(b.num_rows for b in batches) == Dataset.open(data).rows["frames"]
+    assert batches[0].schema.field("ego_translation").type.list_size == 3
+
+
+def test_resume_across_remote_and_local(server, data):
+    with RemoteLoader(server.url, "agents", batch_size=400, seed=5) as remote:
+        it = iter(remote)
+        head = [next(it) for _ in range(3)]
+        state = remote.state_dict()
+    with Loader(data, "agents", batch_size=400, seed=5, num_workers=0, copy=True) as local:
+        full = list(local)
+        local.load_state_dict(state)  # a remote state resumes a local loader: the same batches
+        assert equal_batches(local, full[3:]) == len(full) - 3
+    with RemoteLoader(server.url, "agents", batch_size=400, seed=5) as resumed:
+        resumed.load_state_dict(state)
+        assert equal_batches(head + list(resumed), full) == len(full)
+        with pytest.raises(ValueError, match="loader state has seed=5; this loader has seed=6"):
+            RemoteLoader(server.url, "agents", batch_size=400, seed=6).load_state_dict(state)
+
+
+def test_discovery_with_a_plain_flight_client(server, data):
+    ds = Dataset.open(data)
+    client = flight.connect(server.url)
+    infos = {i.descriptor.path[0].decode(): i for i in client.list_flights()}
+    assert set(infos) == set(ds.tables) and infos["agents"].total_records == ds.rows["agents"]
+    info = client.get_flight_info(flight.FlightDescriptor.for_path("scenes"))
+    table = client.do_get(info.endpoints[0].ticket).read_all()  # any Flight client: the table in row order
+    assert table.num_rows == ds.rows["scenes"]
+    np.testing.assert_array_equal(table.column("frame_index_interval").to_pylist(),
+                                  ds["scenes"][:]["frame_index_interval"].tolist())
+    with pytest.raises(flight.FlightServerError, match="no table 'nope'"):
+        client.get_flight_info(flight.FlightDescriptor.for_path("nope"))
+    with pytest.raises(ValueError, match="table 'nope' is not served"):
+        RemoteLoader(server.url, "nope")
+
+
+def test_a_trainer_that_leaves_mid_epoch_frees_its_stream(server):
+    with RemoteLoader(server.url, "agents", batch_size=1000) as warm:  # starts the fork server, which stays
+        list(warm)
+    time.sleep(1)
+    base = len(server.descendants())
+    for _ in range(10):  # bounded: 10 connects, each leaving after 2 batches
+        with RemoteLoader(server.url, "agents", batch_size=100, seed=1) as remote:
+            it = iter(remote)
+            next(it)
+            next(it)
+            assert len(server.descendants()) > base  # this stream's loader workers
+            it.close()
+    deadline = time.monotonic() + 10
+    while len(server.descendants()) > base and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(server.descendants()) <= base  # every stream's loader workers are gone
+    fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+    for _ in range(10):
+        with RemoteLoader(server.url, "agents", batch_size=100, seed=1) as remote:
+            next(iter(remote))
+    time.sleep(1)
+    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 4  # no growth with connections
+
+
+def test_tokens(data, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    token.chmod(0o644)
+    bad = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--port", "0",
+                          "--token-file", str(token)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "readable by its owner only" in bad.stderr
+    token.chmod(0o600)
+    s = Server(data, "--token-file", str(token))
+    try:
+        with pytest.raises(PermissionError, match="wants a token"):
+            RemoteLoader(s.url, "agents")
+        with pytest.raises(PermissionError, match="wants a token"):
+            RemoteLoader(s.url, "agents", token="wrong")
+        client = flight.connect(s.url)
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.list_flights())
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            client.do_get(flight.Ticket(b"{}")).read_all()
+        with RemoteLoader(s.url, "agents", batch_size=1000, token="s3cret-token") as remote:
+            assert sum(len(b["centroid"]) for b in remote) == Dataset.open(data).rows["agents"]
+    finally:
+        assert s.stop() < 2.0 and s.proc.returncode == 0
+
+
+def test_sigterm_stops_the_server_within_two_seconds_mid_stream(data):
+    s = Server(data)
+    remote = RemoteLoader(s.url, "agents", batch_size=50)
+    it = iter(remote)
+    next(it)  # a stream is open
+    seconds = s.stop()
+    assert seconds < 2.0 and s.proc.returncode == 0, s.proc.stderr.read()
+
+
+def test_info_of_a_server(server, data):
+    out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "info", server.url], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    rows = Dataset.open(data).rows
+    assert f"agents{'':<16}{rows['agents']:>14,} rows" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "info", "grpc://127.0.0.1:1"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.startswith("zarrfeed: error: grpc://127.0.0.1:1: no zarrfeed server")
