@@ -208,3 +208,174 @@ def test_info_of_a_server(server, data):
     out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "info", "grpc://127.0.0.1:1"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.startswith("zarrfeed: error: grpc://127.0.0.1:1: no zarrfeed server")
+
+
+# ---------------------------------------------------------------- ingestion (do_put, RemoteWriter)
+def episodes_in(path) -> list[str]:
+    """The content keys of a dataset's episodes, sorted: equal lists mean every episode exactly once."""
+    from writer.remote import content_key
+    from writer.source import DatasetSource
+    return sorted(content_key(ep) for ep in DatasetSource(path))
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A dataset holding one episode, to ingest into."""
+    path = tmp_path / "t.zarr"
+    write_dataset(path, synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20), workers=0)
+    return path
+
+
+def test_remote_writer_writes_exactly_what_a_local_writer_would(target):
+    from expected import expected_tables
+    from writer.remote import RemoteWriter
+    first = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20))
+    eps = list(synthetic.episodes(5, seed=7, frames=30, agents_per_frame=20))
+    s = Server(target)
+    try:
+        with RemoteWriter(s.url) as w:
+            assert [w.submit(ep, key=f"log-{i}") for i, ep in enumerate(eps[:3])] == [True] * 3
+            assert not w.submit(eps[0], key="log-0")  # a retry: passed over
+            assert w.ingest(eps[3:], keys=["log-3", "log-4"]) == 2
+            committed = w.sync()
+        assert committed["scenes"] == 6
+    finally:
+        assert s.stop() < 2.0
+    ds = Dataset.open(target)
+    want = expected_tables(first + eps)
+    for name, arr in want.items():
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+    assert ds.validate().ok
+
+
+def test_bad_input_is_refused_by_name_and_the_server_goes_on(target):
+    from writer.remote import RemoteWriter
+    eps = list(synthetic.episodes(2, seed=8, frames=30, agents_per_frame=20))
+    bad = dict(eps[0])
+    frames = bad["frames"].copy()
+    frames["agent_index_interval"][3, 0] += 1
+    bad["frames"] = frames
+    s = Server(target)
+    try:
+        with RemoteWriter(s.url) as w:
+            with pytest.raises(ValueError, match=r"episode bad: frames.agent_index_interval row 3: .*a gap"):
+                w.submit(bad, key="bad")
+            wrong = {**eps[0], "agents": eps[0]["agents"].astype([(n, "<f8") if n == "yaw" else
+                                                                  (n, eps[0]["agents"].dtype[n])
+                                                                  for n in eps[0]["agents"].dtype.names])}
+            with pytest.raises(ValueError, match="table 'agents': dtype"):
+                w.submit(wrong, key="wrong")
+            with pytest.raises(ValueError, match="table 'nope': not a table of this dataset"):
+                w.submit({"nope": eps[0]["scenes"]})
+            client = flight.connect(s.url)  # garbage: a batch that is not episodes
+            import pyarrow as pa
+            put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), pa.schema([("x", pa.int8())]))
+            put.write_batch(pa.record_batch([pa.array([1], pa.int8())], names=["x"]))
+            with pytest.raises(flight.FlightServerError, match="not a batch of zarrfeed episodes"):
+                put.close()
+            assert w.submit(eps[1], key="good")  # the server and this producer go on
+            assert w.sync()["scenes"] == 2
+    finally:
+        s.stop()
+    assert Dataset.open(target).validate().ok
+
+
+PRODUCER = """
+import sys, time
+from writer import synthetic
+from writer.remote import RemoteWriter
+if __name__ == "__main__":
+    url, seed, n, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    eps = list(synthetic.episodes(n, seed=seed, frames=30, agents_per_frame=20))
+    w, i, deadline = RemoteWriter(url), 0, time.monotonic() + 60
+    while time.monotonic() < deadline:  # bounded: retries until the server is back, 60 s at most
+        try:
+            if i < n:
+                w.submit(eps[i], key=f"{seed}-{i}")
+                print("acked", i, flush=True)
+                i += 1
+                time.sleep(pause)
+            else:
+                w.close()  # every accepted episode committed (re-sent after a restart if need be)
+                break
+        except ConnectionError:
+            time.sleep(0.2)
+    print("done", i, flush=True)
+"""
+
+
+def test_many_producers_and_trainers_at_once_every_episode_exactly_once(target, tmp_path):
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER)
+    s = Server(target)
+    try:
+        producers = [subprocess.Popen([sys.executable, str(script), s.url, str(seed), "4", "0"], cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for seed in (1, 2, 3, 4)]
+        read = 0
+        for rank in (0, 1):  # trainers read committed rows while producers write
+            with RemoteLoader(s.url, "agents", batch_size=500, rank=rank, world_size=2) as remote:
+                read += sum(len(b["centroid"]) for b in remote)
+        outs = [p.communicate(timeout=120) for p in producers]
+        assert all(p.returncode == 0 for p in producers), [o[1][-1500:] for o in outs]
+        with RemoteLoader(s.url, "agents", batch_size=500) as after:  # a new commit: every row once
+            rows = sum(len(b["centroid"]) for b in after)
+    finally:
+        s.stop()
+    want = [synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)] + \
+        [synthetic.episodes(4, seed=seed, frames=30, agents_per_frame=20) for seed in (1, 2, 3, 4)]
+    from writer.remote import content_key
+    assert episodes_in(target) == sorted(content_key(ep) for it in want for ep in it)
+    assert rows == Dataset.open(target).rows["agents"] and read >= 0
+
+
+def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(target, tmp_path):
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER)
+    s = Server(target)
+    port = s.url.rsplit(":", 1)[1]
+    producer = subprocess.Popen([sys.executable, str(script), s.url, "5", "12", "0.1"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(4):
+        assert producer.stdout.readline().startswith("acked")
+    s.proc.send_signal(signal.SIGKILL)  # mid-ingest: accepted episodes may not be committed
+    s.proc.wait()
+    time.sleep(0.5)
+    restarted = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(target), "--port", port,
+                                  "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=ROOT)
+    try:
+        out, err = producer.communicate(timeout=120)
+        assert producer.returncode == 0 and "done 12" in out, err[-2000:]
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        restarted.wait(10)
+    from writer.remote import content_key
+    want = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)) + \
+        list(synthetic.episodes(12, seed=5, frames=30, agents_per_frame=20))
+    assert episodes_in(target) == sorted(content_key(ep) for ep in want)
+    assert Dataset.open(target).validate().ok
+
+
+def test_uploads_need_the_token(data, tmp_path):
+    import shutil
+
+    from writer.remote import RemoteWriter
+    copy = tmp_path / "d.zarr"
+    shutil.copytree(data, copy)
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o600)
+    s = Server(copy, "--token-file", str(token))
+    try:
+        with pytest.raises(PermissionError, match="wants a token"):
+            RemoteWriter(s.url)
+        client = flight.connect(s.url)
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            import pyarrow as pa
+            put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), pa.schema([("x", pa.int8())]))
+            put.close()
+        with RemoteWriter(s.url, token="t0ken") as w:
+            assert w.submit(next(synthetic.episodes(1, seed=50, frames=20, agents_per_frame=10)), key="x")
+    finally:
+        s.stop()

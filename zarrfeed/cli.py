@@ -121,7 +121,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     server.serve()
-    print("zarrfeed: server stopped", file=sys.stderr)
+    committed = server.close_writer()
+    print("zarrfeed: server stopped" + (f"; committed {_counts(committed)}" if committed else ""), file=sys.stderr)
     return 0
 
 

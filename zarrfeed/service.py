@@ -8,7 +8,11 @@ batch's buffers when the ring slot would be reused. Discovery: `list_flights` / 
 tables (schema, committed rows), the action "describe" the dataset (id, commit, dtypes). With a token, every
 call without it is refused before anything is read.
 
-Ingestion over Flight (do_put, `writer.remote.RemoteWriter`) is not built yet.
+Ingestion (do_put, `writer.remote.RemoteWriter`): the server holds the dataset's writer lease from the first
+upload until it stops, and writes every producer's episodes through one DatasetWriter (calls are serialised
+by a lock: the writer places episodes in one order). Each episode is acknowledged once accepted; a thread
+commits what was accepted every second, and the action "sync" waits for it. Bad input is refused with the
+writer's one line (table, field, row) and nothing of it written; the other producers go on.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from loader import Dataset, Loader
 from loader.arrow_bridge import to_arrow
 from loader.remote import Ticket
 from writer.arrow_records import arrow_schema
+from writer.dataset_writer import DatasetWriter
+from writer.pool import WorkerError
+from writer.remote import decode_episodes
 from writer.store import Location
 
 log = logging.getLogger("zarrfeed.serve")
@@ -59,6 +66,70 @@ class FeedServer(flight.FlightServerBase):
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.dataset(None)  # unreadable: one line now, before any client connects
+        self._writer: DatasetWriter | None = None
+        self._write_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._committer = threading.Thread(target=self._commit_loop, name="zarrfeed-commit", daemon=True)
+        self._committer.start()
+
+    # ------------------------------------------------------------ ingestion
+    def _dataset_writer(self) -> DatasetWriter:
+        """The writer, opened (taking the dataset's lease) at the first upload; call with the write lock."""
+        if self._writer is None:
+            self._writer = DatasetWriter(self.location, mode="a", workers=self.workers)
+        return self._writer
+
+    def _commit_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._write_lock:
+                if self._writer is not None:
+                    try:
+                        self._writer.sync()
+                    except Exception as exc:  # the writer stopped (a dead worker): the next upload reopens it
+                        log.error("zarrfeed: the writer stopped: %s", exc)
+                        self._writer = None
+
+    def close_writer(self) -> dict[str, int] | None:
+        """Commit everything accepted and release the lease (at shutdown)."""
+        self._stop.set()
+        with self._write_lock:
+            committed = self._writer.close() if self._writer is not None else None
+            self._writer = None
+        return committed
+
+    def do_put(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        if list(descriptor.path or []) != [b"episodes"]:
+            raise flight.FlightServerError("zarrfeed: upload episodes with the descriptor path 'episodes'")
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            try:
+                episodes = decode_episodes(chunk.data)
+            except (ValueError, KeyError, pa.ArrowException) as exc:
+                raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+            for key, episode in episodes:
+                with self._write_lock:
+                    try:
+                        accepted = self._dataset_writer().submit(episode, key=key)
+                    except ValueError as exc:  # bad input: nothing of it written, the writer goes on
+                        raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+                    except (WorkerError, RuntimeError) as exc:
+                        self._writer = None  # stopped; the next upload reopens (mode "a" resumes)
+                        raise flight.FlightServerError(f"zarrfeed: the writer stopped: {exc}") from None
+                writer.write(pa.py_buffer(json.dumps({"key": key, "accepted": accepted}).encode()))
+
+    def _sync(self) -> dict[str, Any]:
+        with self._write_lock:
+            if self._writer is None:
+                return {"committed": self._latest().rows}
+            try:
+                self._writer.sync()
+                return {"committed": self._writer.committed}
+            except (WorkerError, RuntimeError) as exc:
+                self._writer = None
+                raise flight.FlightServerError(f"zarrfeed: the writer stopped: {exc}") from None
 
     def dataset(self, commit: int | None) -> Dataset:
         """The dataset at `commit` (None: the latest when first asked), opened once and kept."""
@@ -74,8 +145,11 @@ class FeedServer(flight.FlightServerBase):
 
     # ------------------------------------------------------------ discovery
     def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
+        if action.type == "sync":
+            yield flight.Result(json.dumps(self._sync()).encode())
+            return
         if action.type != "describe":
-            raise flight.FlightServerError(f"unknown action {action.type!r} (actions: describe)")
+            raise flight.FlightServerError(f"unknown action {action.type!r} (actions: describe, sync)")
         ds = self._latest()
         doc = {"dataset_id": ds.dataset_id, "commit": ds.commit, "schema": ds.schema.name,
                "tables": {name: {"rows": ds.rows[name], "chunk_rows": arr.chunks[0],
@@ -84,7 +158,8 @@ class FeedServer(flight.FlightServerBase):
         yield flight.Result(json.dumps(doc).encode())
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
-        return [("describe", "the dataset: id, commit, and per table its rows, chunk rows and numpy dtype")]
+        return [("describe", "the dataset: id, commit, and per table its rows, chunk rows and numpy dtype"),
+                ("sync", "wait until every accepted episode is committed; the committed rows")]
 
     def _info(self, ds: Dataset, table: str) -> flight.FlightInfo:
         descriptor = flight.FlightDescriptor.for_path(table)

@@ -1,0 +1,236 @@
+"""`RemoteWriter`: submit episodes to a `zarrfeed serve` process over Arrow Flight, exactly once.
+
+An episode travels as one row of a record batch: a `key` column (the episode's key, as JSON) and, per table,
+a column of type list<struct> holding that table's records as the Arrow bridge writes them (each table's
+numpy dtype in the schema metadata), so many episodes stream in one do_put call and the server checks,
+relocates and writes each through its DatasetWriter. `submit` returns once the server has accepted the
+episode (its ack comes back on the same call); `sync()` and `close()` return once every accepted episode is
+committed. Keys make retries safe: the server's writer passes over a key that is committed or in flight, and
+commits record keys with the rows, so a producer that re-sends after a lost reply or a server restart never
+duplicates an episode. Without a key, an episode's key is a digest of all its bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from .arrow_records import arrow_schema, from_arrow, records_to_arrow
+from .keys import Key, check_key
+from .schema import dtype_from_descr
+
+DESCRIPTOR = flight.FlightDescriptor.for_path("episodes")
+DTYPES_KEY = b"zarrfeed.dtypes"
+
+
+def content_key(episode: Mapping[str, np.ndarray]) -> str:
+    """A key from every byte of the episode: the same episode always has the same key."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(episode):
+        a = np.ascontiguousarray(episode[name])
+        h.update(name.encode() + b"\0" + a.dtype.str.encode() + str(a.shape).encode())
+        h.update(a.view(np.uint8).reshape(-1).data if a.nbytes else b"")
+    return "blake2b:" + h.hexdigest()
+
+
+def episode_schema(dtypes: Mapping[str, np.dtype]) -> pa.Schema:
+    """The schema of a batch of episodes with these tables."""
+    fields = [pa.field("key", pa.string(), nullable=False)]
+    for table, dtype in dtypes.items():
+        fields.append(pa.field(table, pa.list_(pa.struct(list(arrow_schema(dtype)))), nullable=False))
+    meta = {DTYPES_KEY: json.dumps({t: [list(f) for f in d.descr] for t, d in dtypes.items()}).encode()}
+    return pa.schema(fields, metadata=meta)
+
+
+def encode_episode(episode: Mapping[str, np.ndarray], key: Key, schema: pa.Schema) -> pa.RecordBatch:
+    """One episode as a one-row record batch of `schema` (tables the episode lacks are empty)."""
+    dtypes = json.loads(schema.metadata[DTYPES_KEY])
+    unknown = sorted(set(episode) - set(dtypes))
+    if unknown:
+        raise ValueError(f"table {unknown[0]!r}: not a table of this dataset (tables: {', '.join(dtypes)})")
+    columns: list[pa.Array] = [pa.array([json.dumps(key)], pa.string())]
+    for table, descr in dtypes.items():
+        dtype = dtype_from_descr(descr)
+        records = np.asarray(episode.get(table, np.zeros(0, dtype)))
+        if records.dtype != dtype:
+            raise ValueError(f"table {table!r}: dtype {records.dtype}, the dataset's is {dtype}")
+        rb = records_to_arrow(records)
+        struct = pa.StructArray.from_arrays(rb.columns, fields=list(rb.schema))
+        columns.append(pa.ListArray.from_arrays(pa.array([0, len(records)], pa.int32()), struct))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def decode_episodes(batch: pa.RecordBatch) -> list[tuple[Key, dict[str, np.ndarray]]]:
+    """The (key, episode) pairs of a batch made by `encode_episode`; ValueError naming table and row."""
+    raw = (batch.schema.metadata or {}).get(DTYPES_KEY)
+    if raw is None or "key" not in batch.schema.names:
+        raise ValueError("not a batch of zarrfeed episodes (no key column or no dtypes in its metadata)")
+    dtypes = {t: dtype_from_descr(d) for t, d in json.loads(raw).items()}
+    out = []
+    for i in range(batch.num_rows):
+        try:
+            key = check_key(json.loads(batch.column("key")[i].as_py()))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"row {i}: bad key ({exc})") from None
+        episode = {}
+        for table, dtype in dtypes.items():
+            if table not in batch.schema.names:
+                raise ValueError(f"table {table!r}: no column for it")
+            struct = batch.column(table)[i].values
+            records = pa.RecordBatch.from_struct_array(struct) if len(struct) else \
+                records_to_arrow(np.zeros(0, dtype))
+            episode[table] = from_arrow(records, dtype, where=f"episode {key}, table '{table}'")
+        out.append((key, episode))
+    return out
+
+
+class RemoteWriter:
+    """Episodes to the zarrfeed server at `url`, with DatasetWriter's `submit`, `ingest`, `sync`, `close`.
+
+    Until `sync()` confirms them committed, the writer keeps (references to) the episodes it sent, at most
+    `max_unsynced_bytes` of them (then it syncs by itself). If the server goes away, the call that notices
+    raises ConnectionError; the next call on this writer reconnects and sends those episodes again, so
+    whatever the server had accepted but not committed when it died is written, and what it had committed
+    is passed over by key: every episode exactly once."""
+
+    def __init__(self, url: str, token: str | None = None, tls_root_certs: bytes | None = None,
+                 timeout: float = 120.0, max_unsynced_bytes: int = 256 << 20) -> None:
+        self.url, self.max_unsynced_bytes = url, max_unsynced_bytes
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._options = flight.FlightCallOptions(headers=headers, timeout=timeout)
+        self._stream_options = flight.FlightCallOptions(headers=headers)
+        self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
+        self._client = flight.connect(url, **self._tls)
+        info = self._action("describe")
+        self.schema = episode_schema({t: dtype_from_descr(d["dtype"]) for t, d in info["tables"].items()})
+        self._put: Any = None
+        self._unsynced: list[tuple[Key, Mapping[str, np.ndarray]]] = []
+        self._unsynced_bytes = 0
+        self._broken = False
+
+    def _gone(self, exc: BaseException) -> ConnectionError:
+        self._drop_put()
+        self._broken = True
+        return ConnectionError(f"{self.url}: the server went away ({str(exc).strip().splitlines()[0]}); call "
+                               "again: this writer reconnects and re-sends what is not committed")
+
+    def _recover(self) -> None:
+        """Reconnect and send again every episode not confirmed committed (the server passes over the
+        committed ones by key)."""
+        self._client.close()
+        self._client = flight.connect(self.url, **self._tls)
+        self._broken = False
+        for key, episode in list(self._unsynced):
+            self._send(episode, key)
+
+    def _action(self, name: str) -> dict[str, Any]:
+        try:
+            results = list(self._client.do_action(flight.Action(name, b""), self._options))
+        except flight.FlightUnauthenticatedError:
+            raise PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))") from None
+        except flight.FlightServerError as exc:
+            raise ValueError(_server_message(exc)) from None
+        except (flight.FlightError, OSError) as exc:
+            raise self._gone(exc) from None
+        return json.loads(results[0].body.to_pybytes())
+
+    def submit(self, episode: Mapping[str, np.ndarray], key: Key | None = None) -> bool:
+        """Send one episode; returns once the server accepted it (True) or passed it over because its key is
+        committed or in flight (False). Bad input raises ValueError naming table, field and row; the writer
+        stays usable."""
+        key = check_key(key) if key is not None else content_key(episode)
+        if self._broken:
+            self._recover()
+        accepted = self._send(episode, key)
+        self._unsynced.append((key, episode))
+        self._unsynced_bytes += sum(np.asarray(a).nbytes for a in episode.values())
+        if self._unsynced_bytes > self.max_unsynced_bytes:
+            self.sync()
+        return accepted
+
+    def _send(self, episode: Mapping[str, np.ndarray], key: Key) -> bool:
+        batch = encode_episode(episode, key, self.schema)
+        try:
+            if self._put is None:
+                self._put = self._client.do_put(DESCRIPTOR, self.schema, self._stream_options)
+            writer, reader = self._put
+            writer.write_batch(batch)
+            ack = reader.read()
+        except flight.FlightUnauthenticatedError:
+            self._drop_put()
+            raise PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))") from None
+        except flight.FlightServerError as exc:  # refused input: the server ended this call; the next opens one
+            self._drop_put()
+            raise ValueError(_server_message(exc)) from None
+        except (flight.FlightError, OSError) as exc:
+            raise self._gone(exc) from None
+        if ack is None:  # the server ended the call: its reason arrives when ours is closed
+            self._put = None
+            try:
+                writer.close()
+            except flight.FlightServerError as exc:
+                raise ValueError(_server_message(exc)) from None
+            except (flight.FlightError, OSError) as exc:
+                raise self._gone(exc) from None
+            raise self._gone(RuntimeError(f"the call ended without accepting episode {key}"))
+        return bool(json.loads(ack.to_pybytes())["accepted"])
+
+    def ingest(self, episodes: Iterable[Mapping[str, np.ndarray]], keys: Iterable[Key] | None = None) -> int:
+        """Submit every episode (with `keys`, one per episode), then `sync()`; returns how many were written."""
+        it = iter(keys) if keys is not None else None
+        written = 0
+        for episode in episodes:
+            written += self.submit(episode, next(it) if it is not None else None)
+        self.sync()
+        return written
+
+    def sync(self) -> dict[str, int]:
+        """Returns once every episode accepted so far is committed; the committed rows per table."""
+        if self._broken:
+            self._recover()
+        committed = self._action("sync")["committed"]
+        self._unsynced.clear()
+        self._unsynced_bytes = 0
+        return committed
+
+    def _drop_put(self) -> None:
+        if self._put is not None:
+            try:
+                self._put[0].close()
+            except Exception:  # the call already failed; closing it can only fail the same way
+                pass
+            self._put = None
+
+    def close(self) -> dict[str, int]:
+        """Finish the upload call and wait until everything accepted is committed."""
+        if self._put is not None and not self._broken:
+            writer, _ = self._put
+            try:
+                writer.done_writing()
+                writer.close()
+            except (flight.FlightError, OSError) as exc:
+                raise self._gone(exc) from None
+            self._put = None
+        committed = self.sync()
+        self._client.close()
+        return committed
+
+    def __enter__(self) -> "RemoteWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._drop_put()
+            self._client.close()
+
+
+def _server_message(exc: Exception) -> str:
+    """The server's one line, without gRPC's details."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split(". Detail:")[0]
