@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -69,6 +70,7 @@ class FeedServer(flight.FlightServerBase):
         self._writer: DatasetWriter | None = None
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
+        self._last_submit, self._unsynced = 0.0, False
         self._committer = threading.Thread(target=self._commit_loop, name="zarrfeed-commit", daemon=True)
         self._committer.start()
 
@@ -80,8 +82,13 @@ class FeedServer(flight.FlightServerBase):
         return self._writer
 
     def _commit_loop(self) -> None:
+        """While uploads arrive, the writer commits as it goes (every second, within submit); once they pause
+        for a second, this commits what is left. It never waits on the writer while producers are sending."""
         while not self._stop.wait(1.0):
+            if time.monotonic() - self._last_submit < 1.0 or not self._unsynced:
+                continue
             with self._write_lock:
+                self._unsynced = False
                 if self._writer is not None:
                     try:
                         self._writer.sync()
@@ -113,6 +120,7 @@ class FeedServer(flight.FlightServerBase):
                 with self._write_lock:
                     try:
                         accepted = self._dataset_writer().submit(episode, key=key)
+                        self._last_submit, self._unsynced = time.monotonic(), True
                     except ValueError as exc:  # bad input: nothing of it written, the writer goes on
                         raise flight.FlightServerError(f"zarrfeed: {exc}") from None
                     except (WorkerError, RuntimeError) as exc:
