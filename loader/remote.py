@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow.flight as flight
 
 from writer.arrow_records import columns_from_arrow, dtype_from_descr
+from writer.remote import call_options
 
 from .plan import EpochPlan, PlanConfig
 from .state import LoaderState
@@ -58,11 +59,6 @@ class Ticket:
             return cls(**doc)
         except TypeError as exc:
             raise ValueError(f"ticket: {exc}") from None
-
-
-def call_options(token: str | None, timeout: float | None = None) -> flight.FlightCallOptions:
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    return flight.FlightCallOptions(headers=headers, timeout=timeout)
 
 
 def describe(client: flight.FlightClient, options: flight.FlightCallOptions) -> dict[str, Any]:

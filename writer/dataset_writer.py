@@ -178,20 +178,7 @@ class DatasetWriter:
 
     def _clear(self) -> None:
         """Delete the dataset being overwritten (everything but the lease we hold)."""
-        keep = {LEASE_KEY, LOCK_FILE}
-        if self.location.is_local:
-            for entry in os.scandir(self.location.path):
-                if entry.name in keep or entry.name.startswith(f".{LEASE_KEY}."):
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
-            return
-        fs, root = self.location.filesystem()
-        doomed = [p for p in fs.ls(root, detail=False) if p.rstrip("/").rsplit("/", 1)[-1] not in keep]
-        if doomed:
-            fs.rm(doomed, recursive=True)
+        self.location.clear(lambda name: name in (LEASE_KEY, LOCK_FILE) or name.startswith(f".{LEASE_KEY}."))
 
     def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
         group = dataset_format.open_group(self.location, mode="a")

@@ -24,6 +24,12 @@ from .keys import Key, check_key
 from .schema import dtype_from_descr
 
 DESCRIPTOR = flight.FlightDescriptor.for_path("episodes")
+
+
+def call_options(token: str | None, timeout: float | None = None) -> flight.FlightCallOptions:
+    """Flight call options carrying `token` as `authorization: Bearer <token>` (what the server checks)."""
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return flight.FlightCallOptions(headers=headers, timeout=timeout)
 DTYPES_KEY = b"zarrfeed.dtypes"
 
 
@@ -100,9 +106,8 @@ class RemoteWriter:
     def __init__(self, url: str, token: str | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 120.0, max_unsynced_bytes: int = 256 << 20) -> None:
         self.url, self.max_unsynced_bytes = url, max_unsynced_bytes
-        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-        self._options = flight.FlightCallOptions(headers=headers, timeout=timeout)
-        self._stream_options = flight.FlightCallOptions(headers=headers)
+        self._options = call_options(token, timeout)
+        self._stream_options = call_options(token)  # an upload call lasts as long as the producer: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
         self._client = flight.connect(url, **self._tls)
         info = self._action("describe")

@@ -199,21 +199,33 @@ class Location:
 
     def remove(self, keep_root: bool = False) -> None:
         """Delete everything stored here, and a local directory itself unless `keep_root`."""
+        if self.is_local and not keep_root and self.path.is_dir():
+            shutil.rmtree(self.path)
+        elif not self.is_local:
+            fs, root = self.filesystem()
+            if fs.exists(root):
+                fs.rm(root, recursive=True)
+        else:
+            self.clear()
+
+    def clear(self, keep: Callable[[str], bool] = lambda name: False) -> None:
+        """Delete every entry directly here (folders with their contents) except those whose name `keep`
+        accepts; the location itself stays."""
         if self.is_local:
             if not self.path.is_dir():
                 return
-            if not keep_root:
-                shutil.rmtree(self.path)
-                return
             for entry in os.scandir(self.path):
+                if keep(entry.name):
+                    continue
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path)
                 else:
                     os.unlink(entry.path)
             return
         fs, root = self.filesystem()
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
+        doomed = [p for p in fs.ls(root, detail=False) if not keep(p.rstrip("/").rsplit("/", 1)[-1])]
+        if doomed:
+            fs.rm(doomed, recursive=True)
 
     def exists(self) -> bool:
         """Whether anything is stored here (a non-empty directory or key prefix)."""

@@ -130,7 +130,8 @@ def _info_remote(args: argparse.Namespace) -> int:
     """`zarrfeed info grpc://host:port`: what a zarrfeed server serves (token from ZARRFEED_TOKEN)."""
     import pyarrow.flight as flight
 
-    from loader.remote import call_options, describe
+    from loader.remote import describe
+    from writer.remote import call_options
 
     try:
         doc = describe(flight.connect(args.path), call_options(os.environ.get("ZARRFEED_TOKEN"), 10))

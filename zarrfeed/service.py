@@ -10,8 +10,9 @@ call without it is refused before anything is read.
 
 Ingestion (do_put, `writer.remote.RemoteWriter`): the server holds the dataset's writer lease from the first
 upload until it stops, and writes every producer's episodes through one DatasetWriter (calls are serialised
-by a lock: the writer places episodes in one order). Each episode is acknowledged once accepted; a thread
-commits what was accepted every second, and the action "sync" waits for it. Bad input is refused with the
+by a lock: the writer places episodes in one order). Each episode is acknowledged once accepted; the writer
+commits as it goes while uploads arrive, a thread commits what is left once they pause for a second, and
+the action "sync" waits until everything accepted is committed. Bad input is refused with the
 writer's one line (table, field, row) and nothing of it written; the other producers go on.
 """
 from __future__ import annotations
