@@ -9,18 +9,24 @@ type mapping; the numpy dtype travels in the schema metadata, so `from_arrow` re
 from __future__ import annotations
 
 import functools
+import json
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
 
-from writer.arrow_records import arrow_schema, column_to_arrow, from_arrow, records_to_arrow
+from writer.arrow_records import (arrow_schema, column_to_arrow, columns_from_arrow, dtype_of, from_arrow,
+                                   records_to_arrow)
 from writer.chunkio import read_rows
+from writer.schema import dtype_from_descr
 
 if TYPE_CHECKING:
     from .dataset import Dataset
 
-__all__ = ["ArrowStream", "arrow_schema", "from_arrow", "table_batches", "to_arrow", "write_ipc_stream"]
+__all__ = ["ArrowStream", "arrow_schema", "from_arrow", "table_batches", "to_arrow", "window_batch_from_arrow",
+           "window_batch_to_arrow", "write_ipc_stream"]
+
+WINDOW_KEY = b"zarrfeed.window"
 
 
 @functools.lru_cache(maxsize=64)
@@ -52,6 +58,52 @@ def to_arrow(batch: Mapping[str, np.ndarray] | np.ndarray) -> pa.RecordBatch:
             values = pa.FixedSizeListArray.from_arrays(values, size)
         arrays.append(values)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _ragged_tables(batch: Mapping[str, np.ndarray]) -> list[str]:
+    return [name[: -len("_offsets")] for name in batch if name.endswith("_offsets")]
+
+
+def window_batch_to_arrow(batch: Mapping[str, np.ndarray]) -> pa.RecordBatch:
+    """A WindowLoader batch as one record batch with a row per sample. Per-sample columns stay as they are
+    (`frames/<field>` a fixed-size list of T frames); each ragged table's columns become lists holding the
+    sample's rows, and `<table>_offsets` stays a column (T + 1 offsets per sample, into the batch's rows as
+    locally), so any Arrow reader sees each sample whole. Numeric values are not copied."""
+    tables = _ragged_tables(batch)
+    own = {n: c for n, c in batch.items() if n.split("/", 1)[0] not in tables}
+    head = to_arrow(own)
+    arrays, fields = list(head.columns), list(head.schema)
+    descr: dict[str, Any] = {}
+    for table in tables:
+        offsets = batch[f"{table}_offsets"]
+        bounds = pa.array(np.append(offsets[:, 0], offsets[-1, -1] if len(offsets) else 0).astype(np.int64))
+        rows = to_arrow({n.split("/", 1)[1]: c for n, c in batch.items() if n.startswith(table + "/")})
+        for name, col in zip(rows.schema.names, rows.columns, strict=True):
+            arrays.append(pa.LargeListArray.from_arrays(bounds, col))
+            fields.append(pa.field(f"{table}/{name}", arrays[-1].type, nullable=False))
+        descr[table] = dtype_of(rows.schema).descr  # type: ignore[union-attr]  # to_arrow records it
+    meta = dict(head.schema.metadata or {})
+    meta[WINDOW_KEY] = json.dumps({"columns": list(batch), "tables": descr}).encode()
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
+
+
+def window_batch_from_arrow(rb: pa.RecordBatch) -> dict[str, np.ndarray]:
+    """The WindowLoader batch that `window_batch_to_arrow` made `rb` from: the same columns, in the same
+    order, numeric ones as views of `rb`'s buffers."""
+    raw = (rb.schema.metadata or {}).get(WINDOW_KEY)
+    if raw is None:
+        raise ValueError("not a batch of windows (no zarrfeed.window metadata)")
+    doc = json.loads(raw)
+    tables = doc["tables"]
+    own = [n for n in rb.schema.names if n.split("/", 1)[0] not in tables]
+    out = columns_from_arrow(rb.select(own))
+    for table, descr in tables.items():
+        names = [n for n in rb.schema.names if n.startswith(table + "/")]
+        rows = pa.RecordBatch.from_arrays([rb.column(n).flatten() for n in names],
+                                          names=[n.split("/", 1)[1] for n in names])
+        cols = columns_from_arrow(rows, dtype_from_descr(descr))
+        out.update({f"{table}/{k}": v for k, v in cols.items()})
+    return {name: out[name] for name in doc["columns"]}
 
 
 class ArrowStream:

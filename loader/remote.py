@@ -1,25 +1,30 @@
-"""`RemoteLoader`: a Loader's batches from a `zarrfeed serve` process, over Arrow Flight.
+"""`RemoteLoader` and `RemoteWindowLoader`: a Loader's or WindowLoader's batches from a `zarrfeed serve`
+process, over Arrow Flight.
 
-The batches are exactly those of a local `Loader(path, table, batch_size, ...)` with the same arguments, in
-the same order: the server runs that Loader (its workers do the decoding and gathering) and ships each batch
-as one Arrow record batch; the order is a pure function of the arguments and the dataset's commit, which the
-first call pins, so every rank of a job reads the same rows while a writer appends. The length of an epoch
-is computed here from the plan, and a resumed epoch asks the server to start at its batch (nothing skipped is
-sent). Any Flight client can read the same streams (see `Ticket`); the server never runs code a client sends.
+The batches are exactly those of a local loader with the same arguments, in the same order: the server runs
+that loader (its workers do the decoding, gathering and any transform) and ships each batch as one Arrow
+record batch; the order is a pure function of the arguments and the dataset's commit, which the first call
+pins, so every rank of a job reads the same rows while a writer appends. The server answers each epoch's
+length and the resume state with its own loader's, so a state saved remotely resumes a local loader and back;
+a resumed epoch asks the server to start at its batch (nothing skipped is sent). Any Flight client can read
+the same streams (see `Ticket`). A transform is asked for by name with JSON arguments: the server never
+runs code or unpickles objects a client sends.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from writer.arrow_records import columns_from_arrow, dtype_from_descr
-from writer.remote import call_options
+from writer.remote import call_options, server_message
 
-from .plan import EpochPlan, PlanConfig
+from .arrow_bridge import window_batch_from_arrow
+from .batches import LoaderError
 from .state import LoaderState
 
 PROTOCOL = 1
@@ -27,7 +32,8 @@ PROTOCOL = 1
 
 @dataclass(frozen=True)
 class Ticket:
-    """What a do_get stream is: a Loader's arguments, the commit and where to start. Sent as JSON."""
+    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader), the
+    commit and where to start. Sent as JSON."""
 
     table: str
     batch_size: int
@@ -42,9 +48,17 @@ class Ticket:
     epoch: int = 0
     batch: int = 0
     version: int = PROTOCOL
+    kind: str = "batches"
+    history: int = 10
+    future: int = 50
+    transform: str | None = None
+    transform_args: dict[str, Any] | None = field(default=None)
 
     def encode(self) -> flight.Ticket:
-        return flight.Ticket(json.dumps(asdict(self)).encode())
+        return flight.Ticket(self.to_json())
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "Ticket":
@@ -56,87 +70,114 @@ class Ticket:
         if not isinstance(doc, dict) or doc.get("version") != PROTOCOL:
             raise ValueError(f"ticket: expected a zarrfeed ticket of version {PROTOCOL}")
         try:
-            return cls(**doc)
+            ticket = cls(**doc)
         except TypeError as exc:
             raise ValueError(f"ticket: {exc}") from None
+        if ticket.kind not in ("batches", "windows"):
+            raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {ticket.kind!r}")
+        return ticket
 
 
 def describe(client: flight.FlightClient, options: flight.FlightCallOptions) -> dict[str, Any]:
-    """The server's dataset: id, commit, and per table its rows, chunk rows and numpy dtype."""
+    """The server's dataset: id, commit, per table its rows, chunk rows and numpy dtype; its transforms."""
     results = list(client.do_action(flight.Action("describe", b""), options))
     return json.loads(results[0].body.to_pybytes())
 
 
-class RemoteLoader:
-    """Batches of `table` from the zarrfeed server at `url` (`grpc://host:port` or `grpc+tls://...`), as a
-    local Loader with the same arguments would yield them: dicts of numpy columns (views of the received
-    Arrow buffers, owned by the batch: they stay valid), or RecordBatches with `output="arrow"`."""
+def _json_args(args: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`transform_args` as they travel: a JSON object (the server takes nothing else)."""
+    if args is None:
+        return None
+    if not isinstance(args, dict):
+        raise ValueError(f"transform_args must be a dict, got {type(args).__name__}")
+    try:
+        return json.loads(json.dumps(args))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"transform_args must be JSON (numbers, strings, lists, dicts): {exc}") from None
 
-    def __init__(self, url: str, table: str = "agents", batch_size: int = 256, seed: int = 0, shuffle: bool = True,
-                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
-                 fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
-                 output: str = "numpy", tls_root_certs: bytes | None = None, timeout: float = 30.0) -> None:
+
+class _RemoteFeed:
+    """What both remote loaders do: connect, pin the commit, ask the server for each epoch's plan, stream."""
+
+    _ticket: Ticket
+
+    def __init__(self, url: str, token: str | None, output: str, tls_root_certs: bytes | None,
+                 timeout: float) -> None:
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         self.url, self.output = url, output
         self._options = call_options(token, timeout)
         self._stream_options = call_options(token)  # a stream lasts an epoch: no deadline
-        kwargs = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
-        self._client = flight.connect(url, **kwargs)
-        try:
-            info = describe(self._client, self._options)
-        except flight.FlightUnauthenticatedError:
-            raise PermissionError(f"{url}: the server wants a token (RemoteLoader(..., token=...))") from None
-        except flight.FlightUnavailableError as exc:
-            raise ConnectionError(f"{url}: no zarrfeed server answers ({str(exc).splitlines()[0]})") from None
-        if table not in info["tables"]:
-            raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(info['tables'])})")
-        t = info["tables"][table]
-        self.dtype = dtype_from_descr(t["dtype"])
-        names = list(self.dtype.names or ())
-        unknown = [f for f in fields or [] if f not in names]
-        if unknown:
-            raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(names)})")
-        if fields:
-            self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
-        self.dataset_id, self.commit = info["dataset_id"], info["commit"]
-        self._ticket = Ticket(table, batch_size, seed, shuffle, shuffle_window or 8, rank, world_size,
-                              list(fields) if fields else None, drop_last, self.commit)
-        self._config = PlanConfig(t["rows"], t["chunk_rows"], batch_size, shuffle, seed, shuffle_window or 8,
-                                  rank, world_size, drop_last)
+        self._client = flight.connect(url, **({"tls_root_certs": tls_root_certs} if tls_root_certs else {}))
+        self.info = self._call(lambda: describe(self._client, self._options))
+        self.dataset_id, self.commit = self.info["dataset_id"], self.info["commit"]
         self.epoch, self._position = 0, 0
+        self._plans: dict[int, tuple[LoaderState, int]] = {}
+
+    def _call(self, fn: Any) -> Any:
+        """`fn()`, with Flight's errors as one line (see `_error`)."""
+        try:
+            return fn()
+        except flight.FlightError as exc:
+            raise self._error(exc, ValueError) from None
+
+    def _error(self, exc: flight.FlightError, refused: type[Exception]) -> Exception:
+        """A Flight error as one line: PermissionError without the right token, ConnectionError when no server
+        answers, `refused` with the server's own line otherwise."""
+        if isinstance(exc, flight.FlightUnauthenticatedError):
+            return PermissionError(f"{self.url}: the server wants a token ({type(self).__name__}(..., token=...))")
+        if isinstance(exc, flight.FlightUnavailableError):
+            return ConnectionError(f"{self.url}: no zarrfeed server answers ({str(exc).splitlines()[0]})")
+        return refused(f"{self.url}: {server_message(exc)}" if refused is LoaderError else server_message(exc))
+
+    def _plan(self, epoch: int) -> tuple[LoaderState, int]:
+        """The server's loader for `epoch`: its state and how many batches the epoch has for this rank."""
+        if epoch not in self._plans:
+            body = replace(self._ticket, epoch=epoch).to_json()
+            doc = self._call(lambda: json.loads(list(self._client.do_action(flight.Action("plan", body),
+                                                                            self._options))[0].body.to_pybytes()))
+            self._plans = {epoch: (LoaderState.from_dict(doc["state"]), int(doc["batches"]))}
+        return self._plans[epoch]
 
     def __len__(self) -> int:
-        """Batches in the current epoch for this rank (from the plan: no call to the server)."""
-        return len(EpochPlan(self._config, self.epoch))
+        """Batches in the current epoch for this rank."""
+        return self._plan(self.epoch)[1]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._position = int(epoch), 0
+
+    def _convert(self, rb: pa.RecordBatch) -> Any:
+        raise NotImplementedError
 
     def __iter__(self) -> Iterator[Any]:
         if self._position >= len(self):
             self.epoch, self._position = self.epoch + 1, 0
         ticket = replace(self._ticket, epoch=self.epoch, batch=self._position)
-        reader = self._client.do_get(ticket.encode(), self._stream_options)
+        reader = None
         try:
-            for chunk in reader:
+            while True:
+                try:
+                    if reader is None:
+                        reader = self._client.do_get(ticket.encode(), self._stream_options)
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                except flight.FlightError as exc:  # the server's loader failed (a transform, a chunk, a worker)
+                    raise self._error(exc, LoaderError) from None
                 self._position += 1
-                yield chunk.data if self.output == "arrow" else columns_from_arrow(chunk.data, self.dtype)
+                yield chunk.data if self.output == "arrow" else self._convert(chunk.data)
         finally:
-            reader.cancel()  # a loop left early: the server stops making this stream's batches
+            if reader is not None:
+                reader.cancel()  # a loop left early: the server stops making this stream's batches
         if self._position >= len(self):
             self.epoch, self._position = self.epoch + 1, 0
 
     def state(self) -> LoaderState:
-        c = self._config
-        settings = {"table": self._ticket.table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows,
-                    "batch_size": c.batch_size, "shuffle": c.shuffle, "seed": c.seed,
-                    "shuffle_window": c.shuffle_window, "rank": c.rank, "world_size": c.world_size,
-                    "drop_last": c.drop_last}
-        return LoaderState("Loader", self.dataset_id, self.commit, settings, "all", self.epoch, self._position)
+        """The state the server's loader (and so a local one with these arguments) has here."""
+        return replace(self._plan(self.epoch)[0], epoch=self.epoch, batch=self._position)
 
     def state_dict(self) -> dict[str, Any]:
-        """The same state a local Loader with these arguments saves: either can resume the other's."""
+        """The same state a local loader with these arguments saves: either can resume the other's."""
         return self.state().to_dict()
 
     def load_state_dict(self, state: dict[str, Any] | LoaderState) -> None:
@@ -147,9 +188,65 @@ class RemoteLoader:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "RemoteLoader":
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+
+class RemoteLoader(_RemoteFeed):
+    """Batches of `table` from the zarrfeed server at `url` (`grpc://host:port` or `grpc+tls://...`), as a
+    local `Loader` with the same arguments would yield them: dicts of numpy columns (views of the received
+    Arrow buffers, owned by the batch: they stay valid), or RecordBatches with `output="arrow"`.
+    `transform="name"` (with JSON `transform_args`) has the server's workers apply one of its named
+    transforms (`zarrfeed serve --transforms MODULE`): the batches are then that transform's arrays."""
+
+    def __init__(self, url: str, table: str = "agents", batch_size: int = 256, seed: int = 0, shuffle: bool = True,
+                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
+                 fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
+                 output: str = "numpy", transform: str | None = None,
+                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
+                 timeout: float = 30.0) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout)
+        tables = self.info["tables"]
+        if table not in tables:
+            raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
+        self.dtype = dtype_from_descr(tables[table]["dtype"])
+        if fields:
+            unknown = [f for f in fields if f not in (self.dtype.names or ())]
+            if unknown:
+                raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(self.dtype.names or ())})")
+            self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
+        self.transform = transform
+        self._ticket = Ticket(table, batch_size, seed, shuffle, shuffle_window or 8, rank, world_size,
+                              list(fields) if fields else None, drop_last, self.commit, transform=transform,
+                              transform_args=_json_args(transform_args))
+        self._plan(0)  # the server checks the arguments (and the transform's name) now
+
+    def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
+        return columns_from_arrow(rb, None if self.transform else self.dtype)
+
+
+class RemoteWindowLoader(_RemoteFeed):
+    """L5Kit-style samples from the zarrfeed server at `url`, as a local `WindowLoader` with the same
+    arguments would yield them (`frame_index`, `frames/<field>`, ragged `agents/<field>` with
+    `agents_offsets`, likewise traffic-light faces). Each batch travels as one record batch with a row per
+    sample: ragged columns as lists, the offsets as columns (`loader.arrow_bridge.window_batch_to_arrow`);
+    `output="arrow"` gives those. A transform (by name, see RemoteLoader) makes the server send its compact
+    arrays instead of raw windows, about 0.6 MB each."""
+
+    def __init__(self, url: str, history: int = 10, future: int = 50, batch_size: int = 32, shuffle: bool = True,
+                 seed: int = 0, shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
+                 drop_last: bool = False, token: str | None = None, output: str = "numpy",
+                 transform: str | None = None, transform_args: dict[str, Any] | None = None,
+                 tls_root_certs: bytes | None = None, timeout: float = 30.0) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout)
+        self.history, self.future, self.transform = history, future, transform
+        self._ticket = Ticket("frames", batch_size, seed, shuffle, shuffle_window or 4, rank, world_size, None,
+                              drop_last, self.commit, kind="windows", history=history, future=future,
+                              transform=transform, transform_args=_json_args(transform_args))
+        self._plan(0)
+
+    def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
+        return columns_from_arrow(rb) if self.transform else window_batch_from_arrow(rb)

@@ -3,6 +3,7 @@
 RemoteLoader batches equal a local Loader's, field for field and byte for byte, for every rank; resume across
 remote and local; tokens; discovery with a plain pyarrow.flight client; a trainer that leaves mid-epoch frees
 its stream; SIGTERM stops the server within 2 s."""
+import functools
 import os
 import signal
 import subprocess
@@ -14,8 +15,8 @@ import numpy as np
 import pyarrow.flight as flight
 import pytest
 
-from loader import Dataset, Loader
-from loader.remote import RemoteLoader
+from loader import Dataset, Loader, LoaderError, WindowLoader
+from loader.remote import RemoteLoader, RemoteWindowLoader
 from writer import synthetic, write_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,14 +33,14 @@ def data(tmp_path_factory):
 class Server:
     """`zarrfeed serve` in its own process; `url` once it listens."""
 
-    def __init__(self, path, *args: str) -> None:
+    def __init__(self, path, *args: str, scheme: str = "grpc") -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(path), "--port", "0",
                                       "--workers", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=ROOT)
         line = self.proc.stdout.readline()
         assert line.startswith("serving "), line + self.proc.stderr.read()
         self.url = line.split()[3]
-        assert self.url.startswith("grpc://127.0.0.1:")
+        assert self.url.startswith(f"{scheme}://127.0.0.1:")
 
     def descendants(self) -> list[int]:
         """The server's running descendants: the fork server and the loader workers it starts."""
@@ -60,6 +61,13 @@ class Server:
             todo += kids
         return found
 
+    def rss(self) -> int:
+        """The server process's resident memory in bytes."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+        raise AssertionError("no VmRSS")
+
     def stop(self) -> float:
         """SIGTERM; the seconds it took to exit."""
         t0 = time.monotonic()
@@ -72,9 +80,12 @@ class Server:
         return time.monotonic() - t0
 
 
+TRANSFORMS = ROOT / "tests" / "serve_transforms.py"
+
+
 @pytest.fixture(scope="module")
 def server(data):
-    s = Server(data)
+    s = Server(data, "--transforms", str(TRANSFORMS))
     yield s
     s.stop()
 
@@ -125,6 +136,60 @@ def test_resume_across_remote_and_local(server, data):
             RemoteLoader(server.url, "agents", batch_size=400, seed=6).load_state_dict(state)
 
 
+def test_named_transforms_run_on_the_server(server, data):
+    import serve_transforms
+    with RemoteLoader(server.url, "agents", batch_size=500, seed=1, transform="speed",
+                      transform_args={"scale": 2.0}) as remote, \
+            Loader(data, "agents", batch_size=500, seed=1, num_workers=0, copy=True,
+                   transform=functools.partial(serve_transforms.speed, scale=2.0)) as local:
+        assert equal_batches(remote, local) == len(local)  # what the trainer receives: the compact arrays
+    with pytest.raises(ValueError, match=r"unknown transform 'nope' \(transforms: fails, speed, window_summary\)"):
+        RemoteLoader(server.url, "agents", transform="nope")
+    with pytest.raises(ValueError, match="transform 'speed': transform_args do not fit it"):
+        RemoteLoader(server.url, "agents", transform="speed", transform_args={"sacle": 2})
+    with pytest.raises(ValueError, match="transform_args must be JSON"):
+        RemoteLoader(server.url, "agents", transform="speed", transform_args={"scale": object()})
+    with RemoteLoader(server.url, "agents", batch_size=500, transform="fails") as remote, \
+            pytest.raises(LoaderError, match="boom from the server's transform"):
+        next(iter(remote))
+    with RemoteLoader(server.url, "agents", batch_size=500) as remote:  # the server goes on serving
+        assert len(next(iter(remote))["centroid"]) == 500
+
+
+@pytest.mark.parametrize("args", [dict(history=3, future=4, batch_size=8, seed=1),
+                                  dict(history=0, future=10, batch_size=5, seed=2, rank=1, world_size=2,
+                                       shuffle_window=2),
+                                  dict(history=2, future=2, batch_size=16, shuffle=False, drop_last=True)])
+def test_remote_windows_are_the_local_window_loaders(server, data, args):
+    with RemoteWindowLoader(server.url, **args) as remote, \
+            WindowLoader(data, num_workers=0, copy=True, **args) as local:
+        assert len(remote) == len(local)
+        for _ in range(2):
+            assert equal_batches(remote, local) == len(local)
+        assert remote.state_dict() == local.state_dict()
+
+
+def test_remote_windows_resume_as_arrow_and_through_a_transform(server, data):
+    import serve_transforms
+    with WindowLoader(data, 3, 4, batch_size=8, seed=3, num_workers=0, copy=True) as local:
+        full = list(local)
+    with RemoteWindowLoader(server.url, 3, 4, batch_size=8, seed=3) as remote:
+        it = iter(remote)
+        head = [next(it) for _ in range(2)]
+        state = remote.state_dict()
+    with RemoteWindowLoader(server.url, 3, 4, batch_size=8, seed=3, output="arrow") as resumed:
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+    assert all(rb.num_rows == len(b["frame_index"]) for rb, b in zip(rest, full[2:], strict=True))
+    assert rest[0].schema.field("agents/centroid").type.value_type.list_size == 2  # one row per sample
+    from loader.arrow_bridge import window_batch_from_arrow
+    assert equal_batches(head + [window_batch_from_arrow(rb) for rb in rest], full) == len(full)
+    with RemoteWindowLoader(server.url, 3, 4, batch_size=8, seed=3, transform="window_summary") as remote, \
+            WindowLoader(data, 3, 4, batch_size=8, seed=3, num_workers=0, copy=True,
+                         transform=serve_transforms.window_summary) as local:
+        assert equal_batches(remote, local) == len(local)
+
+
 def test_discovery_with_a_plain_flight_client(server, data):
     ds = Dataset.open(data)
     client = flight.connect(server.url)
@@ -146,23 +211,22 @@ def test_a_trainer_that_leaves_mid_epoch_frees_its_stream(server):
         list(warm)
     time.sleep(1)
     base = len(server.descendants())
-    for _ in range(10):  # bounded: 10 connects, each leaving after 2 batches
-        with RemoteLoader(server.url, "agents", batch_size=100, seed=1) as remote:
+    fds, rss = len(os.listdir(f"/proc/{server.proc.pid}/fd")), server.rss()
+    for i in range(100):  # bounded: 100 connects, each leaving mid-epoch after 2 batches
+        with RemoteLoader(server.url, "agents", batch_size=100, seed=i) as remote:
             it = iter(remote)
             next(it)
             next(it)
-            assert len(server.descendants()) > base  # this stream's loader workers
+            if i % 25 == 0:
+                assert len(server.descendants()) > base  # this stream's loader workers
             it.close()
     deadline = time.monotonic() + 10
     while len(server.descendants()) > base and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(server.descendants()) <= base  # every stream's loader workers are gone
-    fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
-    for _ in range(10):
-        with RemoteLoader(server.url, "agents", batch_size=100, seed=1) as remote:
-            next(iter(remote))
     time.sleep(1)
     assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 4  # no growth with connections
+    assert server.rss() < rss + (32 << 20), (rss, server.rss())
 
 
 def test_tokens(data, tmp_path):
@@ -190,6 +254,58 @@ def test_tokens(data, tmp_path):
         assert s.stop() < 2.0 and s.proc.returncode == 0
 
 
+def self_signed(tmp_path):
+    """A certificate for 127.0.0.1 and its key (PEM files), made with `cryptography`."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "zarrfeed test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return tmp_path / "cert.pem", tmp_path / "key.pem"
+
+
+def test_tls(tmp_path):
+    data = tmp_path / "tls.zarr"
+    write_dataset(data, synthetic.episodes(2, seed=5, frames=40, agents_per_frame=20), workers=0)
+    cert, key = self_signed(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("tls-token")
+    token.chmod(0o600)
+    s = Server(data, "--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(token), scheme="grpc+tls")
+    try:
+        root = cert.read_bytes()
+        with RemoteLoader(s.url, "agents", batch_size=500, seed=1, token="tls-token", tls_root_certs=root) as remote, \
+                Loader(data, "agents", batch_size=500, seed=1, num_workers=0, copy=True) as local:
+            assert equal_batches(remote, local) == len(local)
+        with pytest.raises(ConnectionError, match="no zarrfeed server answers"):  # no trust in the certificate
+            RemoteLoader(s.url, "agents", token="tls-token")
+        with pytest.raises(ConnectionError):  # plain gRPC to a TLS port
+            RemoteLoader(s.url.replace("grpc+tls", "grpc"), "agents", token="tls-token", timeout=5)
+        from writer.remote import RemoteWriter
+        with RemoteWriter(s.url, token="tls-token", tls_root_certs=root) as producer:
+            assert producer.submit(next(iter(synthetic.episodes(1, seed=77, frames=20, agents_per_frame=5))))
+    finally:
+        assert s.stop() < 2.0 and s.proc.returncode == 0, s.proc.stderr.read()
+    assert Dataset.open(data).rows["scenes"] == 3  # committed at SIGTERM
+
+
 def test_sigterm_stops_the_server_within_two_seconds_mid_stream(data):
     s = Server(data)
     remote = RemoteLoader(s.url, "agents", batch_size=50)
@@ -205,6 +321,7 @@ def test_info_of_a_server(server, data):
     assert out.returncode == 0, out.stderr
     rows = Dataset.open(data).rows
     assert f"agents{'':<16}{rows['agents']:>14,} rows" in out.stdout
+    assert "transform speed: Each agent's speed (times `scale`) and its track id." in out.stdout
     out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "info", "grpc://127.0.0.1:1"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.startswith("zarrfeed: error: grpc://127.0.0.1:1: no zarrfeed server")

@@ -138,7 +138,7 @@ class RemoteWriter:
         except flight.FlightUnauthenticatedError:
             raise PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))") from None
         except flight.FlightServerError as exc:
-            raise ValueError(_server_message(exc)) from None
+            raise ValueError(server_message(exc)) from None
         except (flight.FlightError, OSError) as exc:
             raise self._gone(exc) from None
         return json.loads(results[0].body.to_pybytes())
@@ -170,7 +170,7 @@ class RemoteWriter:
             raise PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))") from None
         except flight.FlightServerError as exc:  # refused input: the server ended this call; the next opens one
             self._drop_put()
-            raise ValueError(_server_message(exc)) from None
+            raise ValueError(server_message(exc)) from None
         except (flight.FlightError, OSError) as exc:
             raise self._gone(exc) from None
         if ack is None:  # the server ended the call: its reason arrives when ours is closed
@@ -178,7 +178,7 @@ class RemoteWriter:
             try:
                 writer.close()
             except flight.FlightServerError as exc:
-                raise ValueError(_server_message(exc)) from None
+                raise ValueError(server_message(exc)) from None
             except (flight.FlightError, OSError) as exc:
                 raise self._gone(exc) from None
             raise self._gone(RuntimeError(f"the call ended without accepting episode {key}"))
@@ -235,7 +235,7 @@ class RemoteWriter:
             self._client.close()
 
 
-def _server_message(exc: Exception) -> str:
+def server_message(exc: Exception) -> str:
     """The server's one line, without gRPC's details."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text.split(". Detail:")[0]

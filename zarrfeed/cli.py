@@ -109,11 +109,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("--tls-cert and --tls-key go together")
     if args.tls_cert:
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
-    server = FeedServer(Location.of(args.path, _options(args)), args.host, args.port, token, args.workers, tls)
+    server = FeedServer(Location.of(args.path, _options(args)), args.host, args.port, token, args.workers, tls,
+                        args.transforms)
     loopback = args.host in ("127.0.0.1", "localhost", "::1")
     if token is None and not loopback:
         warnings.warn(f"serving on {args.host} without a token: anyone who reaches this port can read the data")
-    print(f"serving {args.path} on {server.url}" + ("" if token else " (no token)"), flush=True)
+    named = f"; transforms: {', '.join(server.transforms.named)}" if args.transforms else ""
+    print(f"serving {args.path} on {server.url}" + ("" if token else " (no token)") + named, flush=True)
 
     def stop(*_: object) -> None:  # shutdown() waits for calls to finish: not from the signal handler itself
         threading.Thread(target=server.shutdown, daemon=True).start()
@@ -145,6 +147,8 @@ def _info_remote(args: argparse.Namespace) -> int:
     print(f"{args.path} (dataset {doc['dataset_id']}, commit {doc['commit']})")
     for name, t in doc["tables"].items():
         print(f"{name:<22}{t['rows']:>14,} rows  chunk rows {t['chunk_rows']:,}")
+    for name, doc_line in doc.get("transforms", {}).items():
+        print(f"transform {name}: {doc_line}" if doc_line else f"transform {name}")
     return 0
 
 
@@ -446,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="C", help="PEM certificate: clients connect with grpc+tls://")
     p.add_argument("--tls-key", metavar="K", help="PEM private key of --tls-cert")
     p.add_argument("--workers", type=_count, default=2, help="loader processes per stream")
+    p.add_argument("--transforms", metavar="MODULE",
+                   help="module name or .py file of named transforms clients may ask for (transform=NAME)")
     p.set_defaults(func=cmd_serve)
     p = command("validate", "check every interval link and decode every chunk; exit 1 if invalid")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")

@@ -6,7 +6,10 @@ gather, and the server's gRPC thread only wraps each finished batch as an Arrow 
 without a copy) and hands it to Flight. Batches are made with `copy=True`: Flight may still be sending a
 batch's buffers when the ring slot would be reused. Discovery: `list_flights` / `get_flight_info` describe the
 tables (schema, committed rows), the action "describe" the dataset (id, commit, dtypes). With a token, every
-call without it is refused before anything is read.
+call without it is refused before anything is read. Windows (`RemoteWindowLoader`) travel a sample per row,
+ragged tables as list columns with their offsets (`loader.arrow_bridge.window_batch_to_arrow`). A ticket may
+name one of the server's transforms (`--transforms MODULE`, `zarrfeed.transforms`) with JSON arguments: the
+loader's workers apply it and the stream carries its arrays; no code or pickle from a client is ever run.
 
 Ingestion (do_put, `writer.remote.RemoteWriter`): the server holds the dataset's writer lease from the first
 upload until it stops, and writes every producer's episodes through one DatasetWriter (calls are serialised
@@ -19,24 +22,27 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import itertools
 import json
 import logging
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from loader import Dataset, Loader
-from loader.arrow_bridge import to_arrow
+from loader import Dataset, Loader, LoaderError, WindowLoader
+from loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from loader.remote import Ticket
 from writer.arrow_records import arrow_schema
 from writer.dataset_writer import DatasetWriter
 from writer.pool import WorkerError
 from writer.remote import decode_episodes
 from writer.store import Location
+
+from .transforms import Transforms
 
 log = logging.getLogger("zarrfeed.serve")
 
@@ -55,15 +61,21 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
 
 
 class FeedServer(flight.FlightServerBase):
-    """Serves the dataset at `location`; `workers` loader processes per stream."""
+    """Serves the dataset at `location` (a path, URL or Location) on `host:port` (port 0: a free one; the
+    address is `url`), with `workers` loader processes per stream and the named transforms of `transforms`
+    (a module name or .py file). It listens once made; `serve()` blocks until `shutdown()`. As a context
+    manager it stops and commits what it accepted on exit."""
 
-    def __init__(self, location: Location, host: str = "127.0.0.1", port: int = 8815, token: str | None = None,
-                 workers: int = 2, tls: tuple[bytes, bytes] | None = None) -> None:
+    def __init__(self, location: Location | str | os.PathLike, host: str = "127.0.0.1", port: int = 8815,
+                 token: str | None = None, workers: int = 2, tls: tuple[bytes, bytes] | None = None,
+                 transforms: Transforms | str | None = None) -> None:
         scheme = "grpc+tls" if tls else "grpc"
         middleware = {"token": _TokenCheck(token)} if token else {}
         super().__init__(f"{scheme}://{host}:{port}", middleware=middleware,
                          tls_certificates=[tls] if tls else None)
-        self.location, self.workers = location, workers
+        self.location = location if isinstance(location, Location) else Location.of(location)
+        self.workers = workers
+        self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
         self.url = f"{scheme}://{host}:{self.port}"
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
@@ -74,6 +86,13 @@ class FeedServer(flight.FlightServerBase):
         self._last_submit, self._unsynced = 0.0, False
         self._committer = threading.Thread(target=self._commit_loop, name="zarrfeed-commit", daemon=True)
         self._committer.start()
+
+    def __enter__(self) -> "FeedServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+        self.close_writer()
 
     # ------------------------------------------------------------ ingestion
     def _dataset_writer(self) -> DatasetWriter:
@@ -155,19 +174,23 @@ class FeedServer(flight.FlightServerBase):
     # ------------------------------------------------------------ discovery
     def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
         if action.type == "sync":
-            yield flight.Result(json.dumps(self._sync()).encode())
-            return
-        if action.type != "describe":
-            raise flight.FlightServerError(f"unknown action {action.type!r} (actions: describe, sync)")
-        ds = self._latest()
-        doc = {"dataset_id": ds.dataset_id, "commit": ds.commit, "schema": ds.schema.name,
-               "tables": {name: {"rows": ds.rows[name], "chunk_rows": arr.chunks[0],
-                                 "dtype": [list(f) for f in arr.dtype.descr]}
-                          for name, arr in ds.tables.items()}}
+            doc = self._sync()
+        elif action.type == "plan":
+            doc = self._plan(action.body.to_pybytes())
+        elif action.type == "describe":
+            ds = self._latest()
+            doc = {"dataset_id": ds.dataset_id, "commit": ds.commit, "schema": ds.schema.name,
+                   "tables": {name: {"rows": ds.rows[name], "chunk_rows": arr.chunks[0],
+                                     "dtype": [list(f) for f in arr.dtype.descr]}
+                              for name, arr in ds.tables.items()},
+                   "transforms": self.transforms.describe()}
+        else:
+            raise flight.FlightServerError(f"unknown action {action.type!r} (actions: describe, plan, sync)")
         yield flight.Result(json.dumps(doc).encode())
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
-        return [("describe", "the dataset: id, commit, and per table its rows, chunk rows and numpy dtype"),
+        return [("describe", "the dataset: id, commit, per table its rows, chunk rows and numpy dtype; transforms"),
+                ("plan", "for a ticket (JSON): its loader's resume state and the batches of its epoch"),
                 ("sync", "wait until every accepted episode is committed; the committed rows")]
 
     def _info(self, ds: Dataset, table: str) -> flight.FlightInfo:
@@ -191,28 +214,53 @@ class FeedServer(flight.FlightServerBase):
         return self._info(ds, table)
 
     # ------------------------------------------------------------ feeding
-    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+    def _loader(self, raw: bytes) -> tuple[Ticket, Loader]:
+        """The loader a ticket names, at its epoch and batch (workers start when it is iterated)."""
         try:
-            t = Ticket.decode(ticket.ticket)
+            t = Ticket.decode(raw)
             ds = self.dataset(t.commit)
-            loader = Loader(ds, t.table, t.batch_size, t.fields, t.shuffle, t.seed, t.shuffle_window,
-                            num_workers=self.workers, drop_last=t.drop_last, rank=t.rank,
-                            world_size=t.world_size, copy=True)
+            transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
+            options: dict[str, Any] = dict(
+                batch_size=t.batch_size, shuffle=t.shuffle, seed=t.seed, shuffle_window=t.shuffle_window,
+                num_workers=self.workers, drop_last=t.drop_last, rank=t.rank, world_size=t.world_size,
+                transform=transform, copy=True)
+            loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
+                Loader(ds, t.table, fields=t.fields, **options)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"zarrfeed: {exc}") from None
-        schema = arrow_schema(ds[t.table].dtype, t.fields)
-        return flight.GeneratorStream(schema, _batches(loader, context))
+        return t, loader
+
+    def _plan(self, raw: bytes) -> dict[str, Any]:
+        _, loader = self._loader(raw)
+        try:
+            return {"state": loader.state_dict(), "batches": len(loader)}
+        finally:
+            loader.close()
+
+    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+        t, loader = self._loader(ticket.ticket)
+        convert = window_batch_to_arrow if t.kind == "windows" and not t.transform else to_arrow
+        batches = _batches(loader, context, convert)
+        try:  # the first batch now: its schema is the stream's, and a transform that fails says so at once
+            first = next(batches, None)
+        except LoaderError as exc:
+            raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+        if first is None:
+            schema = arrow_schema(loader.dataset[t.table].dtype, t.fields) if t.kind == "batches" and \
+                not t.transform else pa.schema([])
+            return flight.GeneratorStream(schema, iter(()))
+        return flight.GeneratorStream(first.schema, itertools.chain([first], batches))
 
 
-def _batches(loader: Loader, context: Any) -> Iterator[pa.RecordBatch]:
+def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The loader's batches as record batches; stops (and frees the loader's workers and memory) when the
     epoch ends, the client cancels or disconnects, or anything fails."""
     try:
         for batch in loader:
             if context.is_cancelled():
                 return
-            yield to_arrow(batch)
+            yield convert(batch)
     finally:
         loader.close()
 

@@ -1,0 +1,24 @@
+"""Named transforms for the serve tests (`zarrfeed serve --transforms tests/serve_transforms.py`)."""
+import numpy as np
+
+
+def speed(batch, scale=1.0):
+    """Each agent's speed (times `scale`) and its track id."""
+    return {"speed": (np.linalg.norm(batch["velocity"], axis=1) * scale).astype(np.float32),
+            "track_id": batch["track_id"].copy()}
+
+
+def window_summary(batch):
+    """Per sample: the agents in each frame and the ego's xy path."""
+    off = batch["agents_offsets"]
+    return {"agents_per_frame": np.diff(off, axis=1).astype(np.int32),
+            "ego_xy": batch["frames/ego_translation"][:, :, :2].astype(np.float32)}
+
+
+def fails(batch):
+    """Always raises (a transform with a bug)."""
+    raise ValueError("boom from the server's transform")
+
+
+def _helper():  # private: not a transform
+    return None
