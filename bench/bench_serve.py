@@ -53,7 +53,7 @@ def main() -> None:
                 speed[name] = rows / s
                 print(f"{name}: {rows:,} rows in {s:.2f} s, {rows / s / 1e6:.2f} M rows/s, "
                       f"{rows * itemsize / s / 1e6:.0f} MB/s (median of {args.repeat})")
-            ingest = bench_ingest(args.repeat, min(args.scenes, 40))
+            ingest = bench_ingest(args.repeat, min(args.scenes, 80))
             print_ratios({**speed, **ingest}, [("remote", "local", 0.6), ("remote ingest", "local ingest", 0.6)])
         finally:
             server.terminate()
@@ -70,8 +70,7 @@ if __name__ == "__main__":
     print("ready", flush=True)
     sys.stdin.readline()
     with RemoteWriter(url) as w:
-        for i, ep in enumerate(eps):
-            w.submit(ep, key=first + i)
+        w.ingest(eps, keys=range(first, first + n))
 """
 
 

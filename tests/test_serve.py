@@ -4,6 +4,7 @@ RemoteLoader batches equal a local Loader's, field for field and byte for byte, 
 remote and local; tokens; discovery with a plain pyarrow.flight client; a trainer that leaves mid-epoch frees
 its stream; SIGTERM stops the server within 2 s."""
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -392,9 +393,54 @@ def test_bad_input_is_refused_by_name_and_the_server_goes_on(target):
                 put.close()
             assert w.submit(eps[1], key="good")  # the server and this producer go on
             assert w.sync()["scenes"] == 2
+            more = list(synthetic.episodes(6, seed=9, frames=30, agents_per_frame=20))
+            keys = [f"more-{i}" for i in range(6)]
+            with pytest.raises(ValueError, match=r"episode bad-2: frames.agent_index_interval row 3: .*a gap.*; "
+                                                 r"the 3 sent after it were not written"):
+                w.ingest(more[:2] + [bad] + more[2:5], keys=keys[:2] + ["bad-2"] + keys[2:5], window=8)
+            assert w.sync()["scenes"] == 4  # the two before it
+            assert w.ingest(more, keys=keys, window=3) == 4  # again: the first two are passed over
+            assert w.sync()["scenes"] == 8
     finally:
         s.stop()
     assert Dataset.open(target).validate().ok
+
+
+def test_episodes_as_arrow_columns_from_a_plain_flight_client(target):
+    """A producer in any language sends list<struct> columns (the bridge's form); records of the wrong size in
+    the bytes form are refused by table, nothing written."""
+    import pyarrow as pa
+
+    from writer.remote import DESCRIPTOR, encode_episode, episode_schema
+    eps = list(synthetic.episodes(3, seed=11, frames=30, agents_per_frame=20))
+    dtypes = {t: a.dtype for t, a in eps[0].items()}
+    s = Server(target)
+    try:
+        client = flight.connect(s.url)
+        schema = episode_schema(dtypes, records=False)
+        assert pa.types.is_list(schema.field("agents").type)
+        put, acks = client.do_put(DESCRIPTOR, schema)
+        for i, ep in enumerate(eps[:2]):
+            put.write_batch(encode_episode(ep, f"col-{i}", schema))
+            assert b'"accepted": true' in acks.read().to_pybytes()
+        put.done_writing()
+        put.close()
+        raw = encode_episode(eps[2], "short", episode_schema(dtypes))
+        agents = raw.column("agents")[0].as_buffer()
+        cut = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, agents.size - 5],
+                                                                                       np.int64)), agents])
+        put, acks = client.do_put(DESCRIPTOR, raw.schema)
+        put.write_batch(raw.set_column(raw.schema.get_field_index("agents"), raw.schema.field("agents"), cut))
+        with pytest.raises(flight.FlightServerError, match="table 'agents': .* not a whole number of 116-byte"):
+            put.close()
+        committed = json.loads(list(client.do_action(flight.Action("sync", b"")))[0].body.to_pybytes())
+        assert committed["committed"]["scenes"] == 3
+    finally:
+        s.stop()
+    ds = Dataset.open(target)
+    assert ds.validate().ok
+    np.testing.assert_array_equal(ds["agents"][ds.rows["agents"] - len(eps[1]["agents"]):ds.rows["agents"]]
+                                  ["track_id"], eps[1]["agents"]["track_id"])
 
 
 PRODUCER = """
