@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import time
 import weakref
@@ -25,6 +26,7 @@ import numpy as np
 
 from writer.chunkio import ChunkError
 from writer.pool import RemoteError, WorkerPool, describe_exit
+from writer.shm import available_memory
 from writer.store import Location
 
 from . import read_worker, view_check
@@ -33,8 +35,10 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .chunk_cache import ChunkSlots
 from .state import LoaderState, selection_digest
 
+log = logging.getLogger("zarrfeed.loader")
 _POLL = 0.05
 _GROUP_ROWS = 4096
 
@@ -72,6 +76,11 @@ class _InlinePool:
         pass
 
 
+def default_cache_bytes() -> int:
+    """A quarter of the memory available now: what decoded chunks may keep across epochs by default."""
+    return available_memory() // 4
+
+
 class _Run:
     """Shared memory, its views and the workers: made at the first iteration, kept until `close()`."""
 
@@ -80,8 +89,9 @@ class _Run:
         self.layout = outputs or loader._batch_layout()
         self.group = loader._group()
         self.n_slots = loader._ring_slots()
-        self.chunk_slots, self.regions = loader._cache_need(plan)
+        self.chunk_slots, self.regions = loader._cache_size(plan)
         self.shared = loader._shared(self.layout.slot_bytes, self.n_slots, self.chunk_slots, self.regions)
+        self.cache = ChunkSlots(self.chunk_slots)  # kept across epochs: see loader.chunk_cache
         try:
             self.views = [self.layout.views(self.shared.slot(s), cfg.batch_size) for s in range(self.n_slots)]
             setup, args = loader._worker(self.shared, outputs)
@@ -113,10 +123,9 @@ class _Epoch:
         self.windows = plan.window_batches()  # window -> (first batch, last batch), in order of first use
         self.order = [w for w, (_, last) in self.windows.items() if last >= first]
         self.resident: dict[int, list[tuple[str, int]]] = {}  # window -> the chunks it holds
-        self.slots: dict[tuple[str, int], int] = {}  # (table, chunk) -> cache slot
-        self.users: dict[tuple[str, int], set[int]] = {}  # (table, chunk) -> resident windows using it
-        self.decoded: set[int] = set()
-        self.free_slots = list(range(run.shared.chunk_slots))[::-1]
+        self.cache = run.cache
+        self.cache.new_epoch(keep=loader.cache_bytes > 0)
+        self.slots, self.decoded = self.cache.slots, self.cache.decoded  # (table, chunk) -> slot; decoded slots
         self.regions: dict[int, int] = {}  # window -> index region
         self.free_regions = list(range(run.regions))[::-1]
         self.pending: dict[int, int] = {}  # window -> messages (decodes, index) not yet answered
@@ -134,11 +143,7 @@ class _Epoch:
             self.oldest += 1
         for w in [w for w in self.resident if self.windows[w][1] < self.oldest]:
             for key in self.resident.pop(w):
-                self.users[key].discard(w)
-                if not self.users[key]:
-                    slot = self.slots.pop(key)
-                    self.decoded.discard(slot)
-                    self.free_slots.append(slot)
+                self.cache.unpin(key, w)
             if w in self.regions:
                 self.free_regions.append(self.regions.pop(w))
 
@@ -149,8 +154,7 @@ class _Epoch:
         wants_region = self.run.regions > 0
 
         def fits() -> bool:
-            new = sum(key not in self.slots for key in needs)
-            return new <= len(self.free_slots) and (bool(self.free_regions) or not wants_region)
+            return self.cache.fits(needs) and (bool(self.free_regions) or not wants_region)
 
         if not fits():
             self._evict()
@@ -160,14 +164,13 @@ class _Epoch:
         self.pending[w] = 0
         new = []
         for key in needs:
-            if key not in self.slots:
-                self.slots[key] = slot = self.free_slots.pop()
-                self.users[key] = set()
+            slot, fresh = self.cache.pin(key, w)
+            if fresh:
                 new.append((key[0], int(key[1]), slot))
-            self.users[key].add(w)
-            if self.slots[key] not in self.decoded:
+            if slot not in self.decoded:
                 self.pending[w] += 1
                 self.waiting.setdefault(self.slots[key], []).append(w)
+        self.loader.chunks_decoded += len(new)
         parts = min(len(new), len(self.load))
         for part in (new[i::parts] for i in range(parts)):
             self._send(("decode", part), ("decoded", tuple(slot for _, _, slot in part)))
@@ -256,7 +259,7 @@ class _Epoch:
     def get(self, k: int) -> dict[str, np.ndarray]:
         """Batch k as views into its ring slot (the previous batch's slot is free again)."""
         self.k_next = k
-        if not self.done[k] or self.k_issue < k + self.run.group:
+        if not self.done[k] or self.k_issue + self.run.group <= k + self.run.n_slots:  # a group's room is free
             self._receive(0)
             self._issue()
         while not self.done[k]:
@@ -283,7 +286,8 @@ class Loader:
     views into shared memory, VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED; pass `copy=True` to keep them.
     `output="arrow"` yields RecordBatches sharing the batch's memory (same validity). `check_views=True` (or
     ZARRFEED_CHECK_VIEWS=1) is a debug mode in which a view used after the next batch faults loudly (see
-    `loader.view_check`). `dtypes={"centroid": "float32"}` converts fields in the workers.
+    `loader.view_check`). `dtypes={"centroid": "float32"}` converts fields in the workers. Decoded chunks are
+    kept across epochs within `cache_bytes` (default a quarter of the available memory, 0: off).
     Iterating continues where the previous iteration stopped; after a complete epoch the epoch advances.
     """
 
@@ -295,7 +299,8 @@ class Loader:
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  output: str = "numpy", storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 dtypes: dict[str, Any] | None = None, check_views: bool | None = None) -> None:
+                 dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
+                 cache_bytes: int | None = None) -> None:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
             Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
         if output not in ("numpy", "arrow"):
@@ -314,12 +319,13 @@ class Loader:
                              f"(fields: {', '.join(c.name for c in records.columns)})")
         self._start(ds, table, config, selection, records, num_workers, prefetch, _Cast.around(transform, dtypes),
                     copy, start_method, restart_workers, output,
-                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views)
+                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views,
+                    cache_bytes)
 
     def _start(self, ds: Dataset, table: str, config: PlanConfig, selection: list[np.ndarray] | None,
                records: Layout, num_workers: int, prefetch: int, transform: Callable | None, copy: bool,
                start_method: str | None, restart_workers: bool, output: str, fetch: FetchOptions,
-               check_views: bool | None = None) -> None:
+               check_views: bool | None = None, cache_bytes: int | None = None) -> None:
         """What every loader keeps: the plan's settings, the batch layout, the options, where iteration is."""
         if prefetch < 1 or num_workers < 0:
             raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {prefetch} and {num_workers}")
@@ -331,6 +337,11 @@ class Loader:
         self.batch_size, self.num_workers, self.prefetch = config.batch_size, num_workers, prefetch
         self.transform, self.copy, self.start_method = transform, copy, start_method
         self.restart_workers, self.output = restart_workers, output
+        if cache_bytes is not None and cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0 (0: no cache across epochs), got {cache_bytes}")
+        self.cache_bytes = default_cache_bytes() if cache_bytes is None else int(cache_bytes)
+        self._said_cache, self._cache_default = False, cache_bytes is None
+        self.chunks_decoded = 0  # by the current or last iteration: 0 when every chunk was kept from before
         self.check_views = view_check.requested(check_views) and not copy  # owned copies need no check
         self.epoch, self._position = 0, 0
         self._active = False
@@ -424,7 +435,7 @@ class Loader:
         if self._active:  # two loops over one Loader would write into the same ring slots
             raise RuntimeError("this Loader is already being iterated; finish or leave that loop first "
                                "(or make a second Loader)")
-        need = self._cache_need(plan)
+        need = self._cache_size(plan)
         if self._run is not None and (need[0] > self._run.chunk_slots or need[1] > self._run.regions):
             self.close()  # this epoch's windows need a larger cache than the last one's: start anew
         if self._run is None:
@@ -432,6 +443,7 @@ class Loader:
             self._run = _Run(self, outputs, plan)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, self._run.free)
+        self.chunks_decoded = 0
         sched = _Epoch(self, self._run, plan, first)
         checker = view_check.ViewChecker() if self.check_views else None
         finished = False
@@ -515,6 +527,25 @@ class Loader:
         extra = 1 + self._read_ahead()
         regions = most_windows + extra if self._uses_index() else 0
         return most_chunks + extra * biggest, regions
+
+    def _cache_size(self, plan: EpochPlan) -> tuple[int, int]:
+        """Cache slots and index regions: what the plan needs, or more cache slots to keep decoded chunks
+        across epochs, up to `cache_bytes` (all the chunks the plan reads if they fit)."""
+        slots, regions = self._cache_need(plan)
+        chunk_bytes = max(self._chunk_slot_bytes(), 1)
+        chunks = len({key for w in plan.window_batches() for key in self._chunks_of(plan, w)})
+        keep = min(chunks, self.cache_bytes // chunk_bytes)
+        if self.cache_bytes and not self._said_cache:
+            self._said_cache = True
+            fit = "all" if keep == chunks else f"{keep} (later epochs decode the rest)"
+            log.info("zarrfeed: decoded chunks kept across epochs within cache_bytes=%d MiB%s: %s of the %d chunks "
+                     "(%d MiB) that an epoch reads", self.cache_bytes >> 20,
+                     " (a quarter of the available memory; 0 turns it off)" if self._cache_default else "", fit,
+                     chunks, chunks * chunk_bytes >> 20)
+        return (max(chunks, 1) if keep == chunks else max(slots, keep)), regions  # all of them: no more needed
+
+    def _chunk_slot_bytes(self) -> int:
+        return self._config.chunk_rows * self._itemsize
 
     def _read_ahead(self) -> int:
         """Windows made resident ahead of the batches being gathered: four on an object store with worker

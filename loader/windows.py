@@ -217,7 +217,7 @@ class WindowLoader(Loader):
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 check_views: bool | None = None) -> None:
+                 check_views: bool | None = None, cache_bytes: int | None = None) -> None:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
             Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
@@ -234,7 +234,8 @@ class WindowLoader(Loader):
         # output is numpy: ragged columns of different lengths make no single RecordBatch
         self._start(ds, "frames", config, selection, _window_layout(ds, self.samples, batch_size), num_workers,
                     prefetch, transform, copy, start_method, restart_workers, "numpy",
-                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views)
+                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views,
+                    cache_bytes)
 
     def _settings(self) -> dict[str, Any]:
         return {**super()._settings(), "history": self.history, "future": self.future, "samples": len(self.samples)}
@@ -249,6 +250,9 @@ class WindowLoader(Loader):
 
     def _uses_index(self) -> bool:
         return False
+
+    def _chunk_slot_bytes(self) -> int:
+        return self._chunk_bytes
 
     def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
         return read_worker.Shared(self._chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
