@@ -43,16 +43,24 @@ def test_later_epochs_decode_nothing_and_yield_the_same_batches(data, make):
             assert plain.chunks_decoded == n  # without the cache every epoch decodes every chunk
 
 
-def test_a_smaller_budget_keeps_what_fits_and_says_so(data, caplog):
-    with Loader(data, "agents", batch_size=300, seed=1, shuffle_window=1, cache_bytes=0, copy=True) as plain:
-        n, chunk_bytes = chunks_of(plain), 600 * plain._itemsize
+@pytest.fixture(scope="module")
+def larger(tmp_path_factory):
+    """A table several times the loader's ring (8 MiB), so that an epoch needs far fewer slots than it reads."""
+    path = tmp_path_factory.mktemp("cache") / "larger.zarr"
+    write_dataset(path, synthetic.episodes(8, seed=22), chunks={"agents": 2000}, workers=0)
+    return path
+
+
+def test_a_smaller_budget_keeps_what_fits_and_says_so(larger, caplog):
+    args = dict(batch_size=1000, seed=1, shuffle_window=1, copy=True)
+    with Loader(larger, "agents", cache_bytes=0, **args) as plain:
+        n, chunk_bytes = chunks_of(plain), 2000 * plain._itemsize
         need = plain._cache_need(plain.plan())[0]
         expected = [list(plain) for _ in range(3)]
     assert need + 8 < n  # what an epoch needs at once is well below the table
     keep = need + 8
     with caplog.at_level(logging.INFO, logger="zarrfeed.loader"), \
-            Loader(data, "agents", batch_size=300, seed=1, shuffle_window=1, cache_bytes=keep * chunk_bytes,
-                   copy=True) as loader:
+            Loader(larger, "agents", cache_bytes=keep * chunk_bytes, **args) as loader:
         got = []
         for _ in range(3):
             got.append(list(loader))
