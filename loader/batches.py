@@ -364,7 +364,7 @@ class Loader:
     def worker_pids(self) -> list[int]:
         """The reader processes' pids while they run (from the first batch until `close()`); else empty."""
         pool = self._run.pool if self._run is not None else None
-        return [p.pid for p in pool.procs] if isinstance(pool, WorkerPool) else []
+        return pool.pids() if isinstance(pool, WorkerPool) else []
 
     def __len__(self) -> int:
         """Batches in the current epoch for this rank."""

@@ -88,3 +88,19 @@ def test_the_default_is_forkserver_and_an_unguarded_script_gets_a_hint(tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(w.committed["agents"])]
     assert context(None).get_start_method() == "forkserver"
+
+
+def test_an_unguarded_writer_script_gets_the_hint_and_leaves_nothing(tmp_path):
+    """A writer whose workers fail to start gets the same hint, and the dataset the run created is removed
+    (nothing was written)."""
+    target = tmp_path / "w.zarr"
+    script = tmp_path / "unguarded_writer.py"
+    script.write_text("from writer import synthetic, write_dataset\n"
+                      f"write_dataset({str(target)!r}, synthetic.episodes(3, seed=1, frames=20, agents_per_frame=5), "
+                      "workers=2)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=HERE.parent)
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1].startswith("writer.pool.WorkerError: writer worker")
+    assert "put its top-level code under `if __name__ == \"__main__\":`" in out.stderr.splitlines()[-1]
+    assert not target.exists()

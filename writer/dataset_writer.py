@@ -210,7 +210,7 @@ class DatasetWriter:
     @property
     def worker_pids(self) -> list[int]:
         """The writer processes' pids (empty with workers=0): for monitoring, or a test that kills one."""
-        return [p.pid for p in self._pool.procs] if self._pool else []
+        return self._pool.pids() if self._pool else []
 
     @property
     def dataset_id(self) -> str:

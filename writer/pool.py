@@ -251,6 +251,10 @@ class WorkerPool:
         out, self._pending = self._pending, []
         return out + self._receive(0 if out else timeout)
 
+    def pids(self) -> list[int]:
+        """The workers' process ids."""
+        return [p.pid for p in self.procs]
+
     def dead(self) -> list[tuple[int, int, int | None]]:
         """(worker index, pid, exit code) of workers that have exited."""
         return [(i, p.pid, p.exitcode) for i, p in enumerate(self.procs) if p.exitcode is not None]
