@@ -69,14 +69,12 @@ class FeedServer(flight.FlightServerBase):
     def __init__(self, location: Location | str | os.PathLike, host: str = "127.0.0.1", port: int = 8815,
                  token: str | None = None, workers: int = 2, tls: tuple[bytes, bytes] | None = None,
                  transforms: Transforms | str | None = None) -> None:
-        scheme = "grpc+tls" if tls else "grpc"
-        middleware = {"token": _TokenCheck(token)} if token else {}
-        super().__init__(f"{scheme}://{host}:{port}", middleware=middleware,
-                         tls_certificates=[tls] if tls else None)
+        # everything a call uses is made before the server listens (super().__init__): a producer retrying
+        # against a restarted server connects at once
         self.location = location if isinstance(location, Location) else Location.of(location)
         self.workers = workers
         self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
-        self.url = f"{scheme}://{host}:{self.port}"
+        self._scheme, self._host = "grpc+tls" if tls else "grpc", host
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.dataset(None)  # unreadable: one line now, before any client connects
@@ -84,8 +82,16 @@ class FeedServer(flight.FlightServerBase):
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._last_submit, self._unsynced = 0.0, False
+        middleware = {"token": _TokenCheck(token)} if token else {}
+        super().__init__(f"{self._scheme}://{host}:{port}", middleware=middleware,
+                         tls_certificates=[tls] if tls else None)
         self._committer = threading.Thread(target=self._commit_loop, name="zarrfeed-commit", daemon=True)
         self._committer.start()
+
+    @property
+    def url(self) -> str:
+        """Where clients connect: grpc://host:port (grpc+tls with a certificate), the port chosen if 0."""
+        return f"{self._scheme}://{self._host}:{self.port}"
 
     def __enter__(self) -> "FeedServer":
         return self
