@@ -5,7 +5,9 @@ with the ticket's arguments (`loader.remote.Ticket`) at the ticket's commit: its
 gather, and the server's gRPC thread only wraps each finished batch as an Arrow record batch (numeric columns
 without a copy) and hands it to Flight. Batches are made with `copy=True`: Flight may still be sending a
 batch's buffers when the ring slot would be reused. Discovery: `list_flights` / `get_flight_info` describe the
-tables (schema, committed rows), the action "describe" the dataset (id, commit, dtypes). With a token, every
+tables (schema, committed rows), the action "describe" the dataset (id, commit, dtypes, transforms), and the
+action "plan" a ticket's epoch (its loader's length and resume state, so remote and local states are one
+kind). With a token, every
 call without it is refused before anything is read. Windows (`RemoteWindowLoader`) travel a sample per row,
 ragged tables as list columns with their offsets (`loader.arrow_bridge.window_batch_to_arrow`). A ticket may
 name one of the server's transforms (`--transforms MODULE`, `zarrfeed.transforms`) with JSON arguments: the
