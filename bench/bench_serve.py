@@ -41,9 +41,10 @@ def main() -> None:
             itemsize = 116
             times = {"remote": [], "local": []}
             epoch(lambda: RemoteLoader(url, "agents", batch_size=4096))  # warm: the server's fork server
-            for _ in range(args.repeat):
-                for name, make in (("remote", lambda: RemoteLoader(url, "agents", batch_size=4096, seed=1)),
-                                   ("local", lambda: Loader(path, "agents", batch_size=4096, seed=1,
+            for r in range(args.repeat):  # a new seed each repeat: the server keeps a finished epoch's loader
+                # for the same ticket's next epoch, which a new local Loader cannot do
+                for name, make in (("remote", lambda: RemoteLoader(url, "agents", batch_size=4096, seed=1 + r)),
+                                   ("local", lambda: Loader(path, "agents", batch_size=4096, seed=1 + r,
                                                             num_workers=2))):
                     seconds, rows = epoch(make)
                     times[name].append(seconds)

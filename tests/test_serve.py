@@ -207,6 +207,20 @@ def test_discovery_with_a_plain_flight_client(server, data):
         RemoteLoader(server.url, "nope")
 
 
+def test_a_trainers_next_epoch_goes_on_with_the_servers_loader(server, data):
+    """The loader that finished epoch 0 is kept for the same ticket's epoch 1: no new worker processes (its
+    decoded chunks stay cached), and the batches are still the local Loader's."""
+    with RemoteLoader(server.url, "agents", batch_size=700, seed=11) as remote, \
+            Loader(data, "agents", batch_size=700, seed=11, num_workers=0, copy=True) as local:
+        assert equal_batches(remote, local) == len(local)
+        time.sleep(0.3)
+        kept = set(server.descendants())
+        it = iter(remote)
+        first = next(it)
+        assert set(server.descendants()) <= kept  # epoch 1 runs on the processes epoch 0 left
+        assert equal_batches([first, *it], local) == len(local)
+
+
 def test_a_trainer_that_leaves_mid_epoch_frees_its_stream(server):
     with RemoteLoader(server.url, "agents", batch_size=1000) as warm:  # starts the fork server, which stays
         list(warm)

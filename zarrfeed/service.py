@@ -62,6 +62,41 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
         return None
 
 
+class _IdleLoaders:
+    """Loaders whose stream finished an epoch, kept for the same trainer's next epoch (the same ticket but its
+    epoch): their workers are running and their decoded chunks cached, so the next epoch neither starts
+    processes nor decodes again. At most `limit` are kept, each for `seconds`; the oldest go first."""
+
+    def __init__(self, limit: int = 8, seconds: float = 120.0) -> None:
+        self.limit, self.seconds = limit, seconds
+        self._items: list[tuple[float, str, Loader]] = []
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> Loader | None:
+        with self._lock:
+            for i, (_, k, loader) in enumerate(self._items):
+                if k == key:
+                    del self._items[i]
+                    return loader
+        return None
+
+    def put(self, key: str, loader: Loader) -> None:
+        with self._lock:
+            self._items.append((time.monotonic(), key, loader))
+            gone, self._items = self._items[:-self.limit], self._items[-self.limit:]
+        for _, _, old in gone:
+            old.close()
+
+    def expire(self, everything: bool = False) -> None:
+        """Close the loaders kept longer than `seconds` (all of them with `everything`)."""
+        cut = float("inf") if everything else time.monotonic() - self.seconds
+        with self._lock:
+            gone = [item for item in self._items if item[0] <= cut]
+            self._items = [item for item in self._items if item[0] > cut]
+        for _, _, loader in gone:
+            loader.close()
+
+
 class FeedServer(flight.FlightServerBase):
     """Serves the dataset at `location` (a path, URL or Location) on `host:port` (port 0: a free one; the
     address is `url`), with `workers` loader processes per stream and the named transforms of `transforms`
@@ -84,6 +119,7 @@ class FeedServer(flight.FlightServerBase):
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._last_submit, self._unsynced = 0.0, False
+        self._idle = _IdleLoaders()
         middleware = {"token": _TokenCheck(token)} if token else {}
         super().__init__(f"{self._scheme}://{host}:{port}", middleware=middleware,
                          tls_certificates=[tls] if tls else None)
@@ -113,6 +149,7 @@ class FeedServer(flight.FlightServerBase):
         """While uploads arrive, the writer commits as it goes (every second, within submit); once they pause
         for a second, this commits what is left. It never waits on the writer while producers are sending."""
         while not self._stop.wait(1.0):
+            self._idle.expire()
             if time.monotonic() - self._last_submit < 1.0 or not self._unsynced:
                 continue
             with self._write_lock:
@@ -125,8 +162,10 @@ class FeedServer(flight.FlightServerBase):
                         self._writer = None
 
     def close_writer(self) -> dict[str, int] | None:
-        """Commit everything accepted and release the lease (at shutdown)."""
+        """At shutdown: stop the loaders kept for a next epoch, commit everything accepted and release the
+        lease."""
         self._stop.set()
+        self._idle.expire(everything=True)
         with self._write_lock:
             committed = self._writer.close() if self._writer is not None else None
             self._writer = None
@@ -222,18 +261,21 @@ class FeedServer(flight.FlightServerBase):
         return self._info(ds, table)
 
     # ------------------------------------------------------------ feeding
-    def _loader(self, raw: bytes) -> tuple[Ticket, Loader]:
-        """The loader a ticket names, at its epoch and batch (workers start when it is iterated)."""
+    def _loader(self, raw: bytes, reuse: bool = False) -> tuple[Ticket, Loader]:
+        """The loader a ticket names, at its epoch and batch (workers start when it is iterated); with `reuse`,
+        the one kept from this ticket's previous epoch if there is one."""
         try:
             t = Ticket.decode(raw)
-            ds = self.dataset(t.commit)
-            transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
-            options: dict[str, Any] = dict(
-                batch_size=t.batch_size, shuffle=t.shuffle, seed=t.seed, shuffle_window=t.shuffle_window,
-                num_workers=self.workers, drop_last=t.drop_last, rank=t.rank, world_size=t.world_size,
-                transform=transform, copy=True)
-            loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
-                Loader(ds, t.table, fields=t.fields, **options)
+            loader = self._idle.take(_reuse_key(t)) if reuse else None
+            if loader is None:
+                ds = self.dataset(t.commit)
+                transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
+                options: dict[str, Any] = dict(
+                    batch_size=t.batch_size, shuffle=t.shuffle, seed=t.seed, shuffle_window=t.shuffle_window,
+                    num_workers=self.workers, drop_last=t.drop_last, rank=t.rank, world_size=t.world_size,
+                    transform=transform, copy=True)
+                loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
+                    Loader(ds, t.table, fields=t.fields, **options)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
         except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"zarrfeed: {exc}") from None
@@ -247,9 +289,9 @@ class FeedServer(flight.FlightServerBase):
             loader.close()
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
-        t, loader = self._loader(ticket.ticket)
+        t, loader = self._loader(ticket.ticket, reuse=True)
         convert = window_batch_to_arrow if t.kind == "windows" and not t.transform else to_arrow
-        batches = _batches(loader, context, convert)
+        batches = _batches(loader, context, convert, lambda: self._idle.put(_reuse_key(t), loader))
         try:  # the first batch now: its schema is the stream's, and a transform that fails says so at once
             first = next(batches, None)
         except LoaderError as exc:
@@ -261,16 +303,28 @@ class FeedServer(flight.FlightServerBase):
         return flight.GeneratorStream(first.schema, itertools.chain([first], batches))
 
 
-def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The loader's batches as record batches; stops (and frees the loader's workers and memory) when the
-    epoch ends, the client cancels or disconnects, or anything fails."""
+def _reuse_key(t: Ticket) -> str:
+    """What makes two streams the same trainer's: the ticket but where it starts."""
+    return json.dumps(dataclasses.asdict(dataclasses.replace(t, epoch=0, batch=0)), sort_keys=True)
+
+
+def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch],
+             keep: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+    """The loader's batches as record batches. When the epoch ends, `keep()` parks the loader for the next
+    one; when the client cancels or disconnects, or anything fails, the loader stops (its workers and
+    memory are freed)."""
+    finished = False
     try:
         for batch in loader:
             if context.is_cancelled():
                 return
             yield convert(batch)
+        finished = True
     finally:
-        loader.close()
+        if finished:
+            keep()
+        else:
+            loader.close()
 
 
 def read_token(path: str | os.PathLike) -> str:
