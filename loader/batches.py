@@ -170,7 +170,7 @@ class _Epoch:
                 new.append((key[0], int(key[1]), slot))
             if slot not in self.decoded:
                 self.pending[w] += 1
-                self.waiting.setdefault(self.slots[key], []).append(w)
+                self.waiting.setdefault(slot, []).append(w)
         self.loader.chunks_decoded += len(new)
         parts = min(len(new), len(self.load))
         for part in (new[i::parts] for i in range(parts)):

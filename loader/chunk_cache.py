@@ -16,7 +16,6 @@ class ChunkSlots:
     """`n` cache slots: the chunk each holds, whether it is decoded, and which windows pin it."""
 
     def __init__(self, n: int) -> None:
-        self.n = n
         self.slots: dict[Key, int] = {}
         self.decoded: set[int] = set()
         self.users: dict[Key, set[int]] = {}
@@ -65,7 +64,3 @@ class ChunkSlots:
         users.discard(window)
         if not users:
             self._idle[key] = None
-
-    def cached(self) -> int:
-        """Decoded chunks held now."""
-        return len(self.decoded)
