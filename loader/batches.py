@@ -7,7 +7,7 @@ made are reused) and, for row batches, an index region; it sends each of the lea
 message for its share of the window's chunks (fetched together, concurrently from an object store) and one
 "window" message (write the window's shuffled rows, as cache rows, into the index). When a
 window is ready, groups of batches that read it go to the least busy worker as one "gather" message (a group
-holds about 4,096 rows, so small batches cost one message per group, not per batch). The next window is made
+holds about 32,768 rows, so a message's cost is paid once per group, not per batch). The next window is made
 resident ahead of time, so decoding overlaps gathering. Only these small messages cross processes; the
 records stay in shared memory, each chunk is decoded once per epoch, and the batch order depends on the plan
 alone, never on workers or timing. The cache is sized from the plan: what the batches in flight can read.
@@ -40,7 +40,8 @@ from .state import LoaderState, selection_digest
 
 log = logging.getLogger("zarrfeed.loader")
 _POLL = 0.05
-_GROUP_ROWS = 4096
+_GROUP_ROWS = 32768  # rows per gather message (see Loader._group)
+_GROUP_ROWS_TRANSFORM = 4096
 _RING_BYTES = 8 << 20
 
 
@@ -502,8 +503,12 @@ class Loader:
 
     # ------------------------------------------------------------ what a row loader asks of the scheduler
     def _group(self) -> int:
-        """Batches per gather message: about 4,096 rows' worth."""
-        return max(1, _GROUP_ROWS // self._group_divisor())
+        """Batches per gather message: about 32,768 rows' worth, or 4,096 with a transform (whose cost is
+        unknown: a batch waits for its whole group). Each message costs the consumer's process about 70 us
+        to send, wake a worker and receive; measured on a cached epoch of batch 4096, groups of 4,096 rows
+        took 68 ms of its CPU per epoch and 32,768 rows 26 ms, and the epoch went from 170 to 126 ms."""
+        rows = _GROUP_ROWS_TRANSFORM if self.transform else _GROUP_ROWS
+        return max(1, rows // self._group_divisor())
 
     def _ring_slots(self) -> int:
         """Batches in flight: `prefetch`, two groups per worker, and at least 8 MiB of batches (measured:
@@ -563,7 +568,7 @@ class Loader:
         return self._records
 
     def _group_divisor(self) -> int:
-        """Rows per batch, for sizing groups of batches (about 4,096 rows a message)."""
+        """Rows per batch, for sizing groups of batches (see `_group`)."""
         return self._config.batch_size
 
     def _uses_index(self) -> bool:

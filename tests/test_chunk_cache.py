@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from loader import Loader, WindowLoader
+from loader import Loader, WindowLoader, batches
 from loader.chunk_cache import ChunkSlots
 from writer import synthetic, write_dataset
 
@@ -51,7 +51,8 @@ def larger(tmp_path_factory):
     return path
 
 
-def test_a_smaller_budget_keeps_what_fits_and_says_so(larger, caplog):
+def test_a_smaller_budget_keeps_what_fits_and_says_so(larger, caplog, monkeypatch):
+    monkeypatch.setattr(batches, "_GROUP_ROWS", 4096)  # a smaller ring, so the table is many times its span
     args = dict(batch_size=1000, seed=1, shuffle_window=1, copy=True)
     with Loader(larger, "agents", cache_bytes=0, **args) as plain:
         n, chunk_bytes = chunks_of(plain), 2000 * plain._itemsize
