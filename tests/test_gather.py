@@ -40,6 +40,31 @@ def test_gather_and_gather_runs_are_byte_for_byte_equal():
     np.testing.assert_array_equal(*outs)
 
 
+@pytest.mark.parametrize("dtype", [
+    np.dtype([("a", "<i2"), ("b", "<f4", (17,)), ("c", "u1"), ("d", "<f8", (5,)), ("e", "V3")]),
+    np.dtype([("a", "<i8"), ("big", "<f4", (3000,)), ("c", "u1")]),  # rows larger than the C kernel's block
+], ids=["odd sizes", "large rows"])
+def test_gather_of_any_record_size_matches_numpy(dtype):
+    rng = np.random.default_rng(2)
+    n_src, n = 300, 77  # not a multiple of the C kernel's block of rows
+    src = np.frombuffer(rng.bytes(dtype.itemsize * n_src), np.uint8).copy()
+    spec, base = [], 0
+    for name in dtype.names:
+        spec.append((dtype.fields[name][1], dtype[name].itemsize, base))
+        base += dtype[name].itemsize * (n + 5)
+    spec_arr = np.array(spec, np.int64).reshape(-1)
+    rows = rng.integers(0, n_src, n).astype(np.int64)
+    for scale, index in ((dtype.itemsize, rows), (1, rows * dtype.itemsize)):  # row numbers, byte offsets
+        outs = [np.zeros(base, np.uint8) for _ in range(2)]
+        for kernel, out in zip((c, py), outs, strict=True):
+            kernel.gather(src, dtype.itemsize, index, out, spec_arr, 5, scale)
+        np.testing.assert_array_equal(*outs)
+        first = spec[1][2] + 5 * dtype[1].itemsize  # field 1 of output row 5 is source row rows[0]'s
+        start = int(rows[0]) * dtype.itemsize + spec[1][0]
+        np.testing.assert_array_equal(outs[0][first:first + dtype[1].itemsize],
+                                      src[start:start + dtype[1].itemsize])
+
+
 @pytest.mark.parametrize("kernel", [c, py], ids=["c", "numpy"])
 def test_both_refuse_out_of_bounds(kernel):
     rng = np.random.default_rng(1)
