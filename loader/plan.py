@@ -15,6 +15,8 @@ import bisect
 
 import numpy as np
 
+from .shuffle import shuffle
+
 
 @dataclass(frozen=True)
 class PlanConfig:
@@ -143,7 +145,7 @@ class EpochPlan:
                 parts.append(base[j] + rows)
             order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         if self.config.shuffle:
-            rng.shuffle(order)
+            shuffle(rng, order)  # rng.shuffle(order), faster
         return order
 
     def window_batches(self) -> dict[int, tuple[int, int]]:
