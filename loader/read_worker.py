@@ -24,7 +24,7 @@ import numpy as np
 
 from writer import dataset_format
 from writer.chunkio import chunk_key, decode_chunk_into
-from writer.pool import RemoteError
+from writer.pool import RemoteError, preload_in_workers
 from writer.shm import SharedBlock, check_room
 from writer.store import Location
 
@@ -32,6 +32,8 @@ from .gather import gather
 from .fetch import ChunkFetcher, FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig
+
+preload_in_workers(__name__)  # see writer.pool
 
 
 class Shared:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from writer.pool import RemoteError
+from writer.pool import RemoteError, preload_in_workers
 from writer.store import Location
 
 from . import read_worker
@@ -27,6 +27,8 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+
+preload_in_workers(__name__)  # see writer.pool
 
 TABLES = ("frames", "agents", "traffic_light_faces")
 LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light_faces_index_interval"}

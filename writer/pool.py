@@ -139,10 +139,22 @@ def context(start_method: str | None, setup: Callable | None = None) -> Any:
     methods = mp.get_all_start_methods()
     ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else None))
     if ctx.get_start_method() == "forkserver" and setup is not None:
-        # imported once by the fork server, not by each worker: zarr imports fsspec when a worker opens its
-        # first array (measured: 52 ms of a worker's start, most of the time to the first batch)
-        ctx.set_forkserver_preload(["numpy", "zarr", "fsspec", setup.__module__])
+        ctx.set_forkserver_preload(sorted(_PRELOAD | {setup.__module__}))
     return ctx
+
+
+# Imported once by the fork server, not by each worker: zarr imports fsspec when a worker opens its first array
+# (measured: 52 ms of a worker's start, most of the time to the first batch), numpy 2 imports numpy.random on
+# first use, and whichever pool starts the server first decides the list for every later pool of the process
+# (measured: a Loader's workers forked from a server started by a writer imported the loader themselves, 40 ms
+# of CPU each before the first batch).
+_PRELOAD = {"numpy", "numpy.random", "zarr", "fsspec"}
+
+
+def preload_in_workers(*modules: str) -> None:
+    """Have the fork server import `modules` (worker modules name themselves when imported), if it has not
+    started yet; once it runs, workers import what they need themselves."""
+    _PRELOAD.update(modules)
 
 
 def start_fork_server(start_method: str | None, setup: Callable) -> None:

@@ -7,8 +7,11 @@ import numpy as np
 import zarr
 
 from .chunkio import write_rows
+from .pool import preload_in_workers
 from .shm import SharedBlock
 from .store import Location
+
+preload_in_workers(__name__)  # see writer.pool
 
 
 def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronizer: Any,
