@@ -104,3 +104,16 @@ def test_an_unguarded_writer_script_gets_the_hint_and_leaves_nothing(tmp_path):
     assert out.stderr.splitlines()[-1].startswith("writer.pool.WorkerError: writer worker")
     assert "put its top-level code under `if __name__ == \"__main__\":`" in out.stderr.splitlines()[-1]
     assert not target.exists()
+
+
+def test_the_fork_server_preloads_every_worker_module_whichever_pool_starts_it():
+    """A Loader's workers forked from a server that a writer started imported the loader themselves (40 ms of CPU
+    each before the first batch): the preload list names the modules of both, and numpy.random."""
+    from multiprocess import forkserver
+
+    from writer import write_worker
+
+    ctx = context("forkserver", write_worker.setup)  # as a DatasetWriter made first would
+    assert ctx.get_start_method() == "forkserver"
+    wanted = {"loader.read_worker", "loader.windows", "writer.write_worker", "numpy.random", "zarr", "fsspec"}
+    assert wanted <= set(forkserver._forkserver._preload_modules)
