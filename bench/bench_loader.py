@@ -95,9 +95,8 @@ def zarrfeed(ds: Dataset, batch: int, cache_bytes: int | None = None) -> dict:
         t = time.perf_counter()
         rows2 = sum(len(b["yaw"]) for b in loader)
         epoch2 = time.perf_counter() - t
-        decoded = loader.chunks_decoded
     del first
-    return {"epoch1": (epoch1, rows), "epoch2": (epoch2, rows2), "ttfb": ttfb, "decoded2": decoded}
+    return {"epoch1": (epoch1, rows), "epoch2": (epoch2, rows2), "ttfb": ttfb}
 
 
 def windows_zarrfeed(ds: Dataset, cache_bytes: int | None = None) -> tuple[float, int, int]:

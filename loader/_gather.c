@@ -1,4 +1,4 @@
-/* The loader's inner loop: gather rows of interleaved records into per-field columns, in one pass.
+/* The loader's inner loop: gather rows of interleaved records into per-field columns, in one pass over the rows.
 
    Written in C because numpy needs two passes (np.take of whole rows, then a strided copy per field: about
    90 ns per 116-byte row here) and Numba compiled the fused loop to 68-190 ns per row (per-field memcpy
@@ -52,37 +52,39 @@ static inline void prefetch_row(const char *ahead, Py_ssize_t row_bytes) {
 /* The loop of gather, in a function of its own whose arguments are plain values (in gather their addresses
    went to PyArg_ParseTuple, so a byte stored through `o` might change them). Small changes to this loop move
    it by 10-30%: measure with bench/bench_gather.py before and after. */
-static __attribute__((noinline)) void gather_rows(const char *s, Py_ssize_t row_bytes, const int64_t *r, Py_ssize_t n, char *o,
-                        const int64_t *f, Py_ssize_t nf, Py_ssize_t first, Py_ssize_t scale) {
-if (row_bytes <= STAGE_BYTES) {
-    /* In blocks: the block's rows into a staging buffer (one constant-size copy per row, the prefetched
-       DRAM reads), then each field's column from it (a tight loop per field, from L1). Measured on
-       116-byte rows shuffled within a 160,000-row window of shared memory: 50 instead of 56-67 ns per row. */
-    char stage[STAGE_BYTES] __attribute__((aligned(64)));
-    Py_ssize_t block = STAGE_BYTES / row_bytes < STAGE_ROWS ? STAGE_BYTES / row_bytes : STAGE_ROWS;
-    for (Py_ssize_t b0 = 0; b0 < n; b0 += block) {
-        Py_ssize_t m = n - b0 < block ? n - b0 : block;
-        for (Py_ssize_t i = 0; i < m; i++) {
-            Py_ssize_t g = b0 + i;
-            if (g + PREFETCH < n) prefetch_row(s + r[g + PREFETCH] * scale, row_bytes);
-            copy_field(stage + i * row_bytes, s + r[g] * scale, row_bytes);
+static __attribute__((noinline)) void gather_rows(const char *s, Py_ssize_t row_bytes, const int64_t *r,
+                                                  Py_ssize_t n, char *o, const int64_t *f, Py_ssize_t nf,
+                                                  Py_ssize_t first, Py_ssize_t scale) {
+    if (row_bytes <= STAGE_BYTES) {
+        /* In blocks: the block's rows into a staging buffer (one constant-size copy per row, the prefetched
+           DRAM reads), then each field's column from it (a tight loop per field, from L1). Measured on
+           116-byte rows shuffled within a 160,000-row window of shared memory: 50 instead of 56-67 ns per row. */
+        char stage[STAGE_BYTES] __attribute__((aligned(64)));
+        Py_ssize_t block = STAGE_BYTES / row_bytes < STAGE_ROWS ? STAGE_BYTES / row_bytes : STAGE_ROWS;
+        for (Py_ssize_t b0 = 0; b0 < n; b0 += block) {
+            Py_ssize_t m = n - b0 < block ? n - b0 : block;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                Py_ssize_t g = b0 + i;
+                if (g + PREFETCH < n) prefetch_row(s + r[g + PREFETCH] * scale, row_bytes);
+                copy_field(stage + i * row_bytes, s + r[g] * scale, row_bytes);
+            }
+            for (Py_ssize_t k = 0; k < nf; k++) {
+                int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
+                copy_column(o + base + (first + b0) * size, stage + off, row_bytes, size, m);
+            }
         }
-        for (Py_ssize_t k = 0; k < nf; k++) {
-            int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
-            copy_column(o + base + (first + b0) * size, stage + off, row_bytes, size, m);
-        }
-    }
-} else {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PREFETCH < n) prefetch_row(s + r[i + PREFETCH] * scale, row_bytes);
-        const char *row = s + r[i] * scale;
-        for (Py_ssize_t k = 0; k < nf; k++) {
-            int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
-            copy_field(o + base + (first + i) * size, row + off, size);
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + PREFETCH < n) prefetch_row(s + r[i + PREFETCH] * scale, row_bytes);
+            const char *row = s + r[i] * scale;
+            for (Py_ssize_t k = 0; k < nf; k++) {
+                int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
+                copy_field(o + base + (first + i) * size, row + off, size);
+            }
         }
     }
 }
-}
+
 
 /* gather(src, row_bytes, rows, out, fields, first, scale): for each i, the record of row_bytes bytes at
    src + rows[i] * scale is split into fields; field k = (offset, size, base) goes to

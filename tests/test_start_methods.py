@@ -20,8 +20,16 @@ HERE = Path(__file__).parent
 METHODS = ["fork", "forkserver", "spawn"]
 
 
+HINT = "put its top-level code under `if __name__ == \"__main__\":`"
+
+
 def small(n: int, seed: int = 0) -> list[dict]:
     return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
+
+
+def run_script(script: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=HERE.parent)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -77,14 +85,12 @@ def test_the_default_is_forkserver_and_an_unguarded_script_gets_a_hint(tmp_path)
     script.write_text("import sys\nfrom loader import Loader\n"
                       f"with Loader({str(tmp_path / 'd.zarr')!r}, 'agents', batch_size=64, num_workers=1) as l:\n"
                       "    print(sum(len(b['centroid']) for b in l))\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         cwd=HERE.parent)
+    out = run_script(script)
     assert out.returncode == 1
-    assert "put its top-level code under `if __name__ == \"__main__\":`" in out.stderr.splitlines()[-1]
+    assert HINT in out.stderr.splitlines()[-1]
     script.write_text(script.read_text().replace("with Loader", "if __name__ == '__main__':\n  with Loader")
                       .replace("\n    print", "\n      print"))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         cwd=HERE.parent)
+    out = run_script(script)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(w.committed["agents"])]
     assert context(None).get_start_method() == "forkserver"
@@ -98,11 +104,10 @@ def test_an_unguarded_writer_script_gets_the_hint_and_leaves_nothing(tmp_path):
     script.write_text("from writer import synthetic, write_dataset\n"
                       f"write_dataset({str(target)!r}, synthetic.episodes(3, seed=1, frames=20, agents_per_frame=5), "
                       "workers=2)\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         cwd=HERE.parent)
+    out = run_script(script)
     assert out.returncode == 1
     assert out.stderr.splitlines()[-1].startswith("writer.pool.WorkerError: writer worker")
-    assert "put its top-level code under `if __name__ == \"__main__\":`" in out.stderr.splitlines()[-1]
+    assert HINT in out.stderr.splitlines()[-1]
     assert not target.exists()
 
 

@@ -128,21 +128,6 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
         send(reply)
 
 
-def context(start_method: str | None, setup: Callable | None = None) -> Any:
-    """The multiprocessing context for workers: `start_method`, or by default "forkserver" where there is
-    one. Why not "fork", the fastest: the process that starts workers has threads (the writer's lease
-    heartbeat, fsspec's event loop, Blosc, the user's own), and a forked child may inherit a lock one of them
-    held and deadlock; Python 3.12 warns of it and 3.14 stops defaulting to it. The fork server is started
-    once per process with `setup`'s module (numpy, zarr, ...) imported, so later workers start in about 0.05 s
-    more than forked ones (measured: the first batch of a Loader 0.1 s against 0.03 s; the first pool of a
-    process pays about 0.8 s to start the server). Pass start_method="fork" to trade that safety for speed."""
-    methods = mp.get_all_start_methods()
-    ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else None))
-    if ctx.get_start_method() == "forkserver" and setup is not None:
-        ctx.set_forkserver_preload(sorted(_PRELOAD | {setup.__module__}))
-    return ctx
-
-
 # Imported once by the fork server, not by each worker: zarr imports fsspec when a worker opens its first array
 # (measured: 52 ms of a worker's start, most of the time to the first batch), numpy 2 imports numpy.random on
 # first use, and whichever pool starts the server first decides the list for every later pool of the process
@@ -157,9 +142,25 @@ def preload_in_workers(*modules: str) -> None:
     _PRELOAD.update(modules)
 
 
+def context(start_method: str | None, setup: Callable | None = None) -> Any:
+    """The multiprocessing context for workers: `start_method`, or by default "forkserver" where there is
+    one. Why not "fork", the fastest: the process that starts workers has threads (the writer's lease
+    heartbeat, fsspec's event loop, Blosc, the user's own), and a forked child may inherit a lock one of them
+    held and deadlock; Python 3.12 warns of it and 3.14 stops defaulting to it. The fork server is started
+    once per process with the worker modules (`_PRELOAD`) and `setup`'s imported, so later workers start in
+    about 0.05 s more than forked ones (measured: the first batch of a Loader 0.1 s against 0.03 s; the first
+    pool of a process pays about 0.5 s to start the server). Pass start_method="fork" to trade that safety
+    for speed."""
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else None))
+    if ctx.get_start_method() == "forkserver" and setup is not None:
+        ctx.set_forkserver_preload(sorted(_PRELOAD | {setup.__module__}))
+    return ctx
+
+
 def start_fork_server(start_method: str | None, setup: Callable) -> None:
     """Start the fork server now, in a background thread, so that the first pool of this process does not
-    wait for it (about 0.5 s: a new interpreter importing numpy, zarr and `setup`'s module). Loaders call it
+    wait for it (about 0.5 s: a new interpreter importing numpy, zarr and the worker modules). Loaders call it
     when made, so the server starts while the training script builds its model."""
     ctx = context(start_method, setup)
     if ctx.get_start_method() == "forkserver":
