@@ -155,8 +155,8 @@ class DatasetWriter:
             self._load = [0] * max(workers, 1)
         except BaseException as exc:
             self._error = exc
-            self._release()
             self._remove_if_created()
+            self._release()
             raise
         self._closed = False
         self._last_flush = self._last_commit = time.monotonic()
@@ -593,14 +593,22 @@ class DatasetWriter:
                 self._journal.commit(key)
             if not self._lease.lost and not within(_FAIL_SECONDS, self._write_manifest):
                 log.debug("%s: no last commit after %s (the store does not answer)", self.location, exc)
+            if not isinstance(exc, (KeyboardInterrupt, WorkerError)) and not any(self.committed.values()):
+                self._remove_if_created()
         finally:
             self._shutdown()
-        if not isinstance(exc, (KeyboardInterrupt, WorkerError)) and not any(self.committed.values()):
-            self._remove_if_created()
 
     def _remove_if_created(self) -> None:
-        if self._created and not self._lease.lost:
-            within(_FAIL_SECONDS, lambda: self.location.remove(keep_root=self._had_root))
+        """Remove the dataset this writer created, only while it provably holds the lease (renewed on the store
+        just before; the lease is released only after the removal): a writer that lost its lease must never
+        delete what the writer that took it over has written."""
+        if not self._created:
+            return
+        if not self._lease.confirm():
+            log.warning("%s: not removing the dataset this writer created: its lease is no longer held",
+                        self.location)
+            return
+        within(_FAIL_SECONDS, lambda: self.location.remove(keep_root=self._had_root))
 
     def _shutdown(self) -> None:
         self._closed = True

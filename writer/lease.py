@@ -8,7 +8,10 @@ holds it. What makes it exclusive depends on the store:
   is unchanged (`If-Match: <ETag>`), so two writers can never both believe they hold it;
 - other fsspec stores: an exclusive create (mode "xb") where the filesystem supports one.
 A lease whose holder is gone (a dead pid on this host, or no heartbeat for `timeout` seconds) is taken over,
-with a log line. A holder that finds its lease taken (its heartbeat missed the timeout) stops writing.
+with a log line. The document is the truth, the lock file only a hint: a document naming a live process on
+this host with a fresh heartbeat is believed even if the lock file was deleted. A holder that finds its lease
+taken (or its document gone) stops writing, and never deletes anything: `confirm()` renews the lease on the
+store itself (on S3 conditional on its ETag) before a holder removes what it created.
 """
 from __future__ import annotations
 
@@ -81,6 +84,8 @@ class Holder:
     def gone(self, timeout: float) -> str | None:
         """Why this holder is gone (a dead process on this host, a stale heartbeat), or None if it may live."""
         if self.host == socket.gethostname():
+            if self.pid == os.getpid():  # this process: its live leases are in `_held_here`, checked before
+                return "this process released it"
             start = _process_start(self.pid)
             if start is None or (self.pid_start is not None and start != self.pid_start):
                 return f"process {self.pid} on this host has exited"
@@ -95,11 +100,21 @@ class Holder:
                 f"{max(0.0, time.time() - self.heartbeat):.0f} s ago)")
 
 
-def _refuse(location: Location, holder: Holder | None) -> LeaseHeld:
+def _refuse(location: Location, holder: Holder | None, timeout: float) -> LeaseHeld:
     who = str(holder) if holder else "another writer"
     return LeaseHeld(f"{location}: being written by {who}; wait for it to finish, or stop it "
                      "(a lease whose holder died is taken over at once on the same host, otherwise after "
-                     f"{TIMEOUT:.0f} s without a heartbeat)")
+                     f"{timeout:.0f} s without a heartbeat)")
+
+
+def _rejected(exc: OSError) -> bool:
+    """Whether a conditional PUT failed because its condition did not hold (the object changed or is gone),
+    told by the S3 error code that s3fs keeps as the cause, not by the message's text."""
+    if isinstance(exc, FileNotFoundError):  # If-Match on an object that no longer exists
+        return True
+    cause = exc.__cause__
+    code = getattr(cause, "response", {}).get("Error", {}).get("Code") if cause is not None else None
+    return code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "NoSuchKey", "404")
 
 
 class Lease:
@@ -114,6 +129,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._renewed = 0.0  # time.monotonic() of the last successful take or renewal
+        self._held = False  # acquired and not released
 
     def acquire(self) -> None:
         """Take the lease or raise `LeaseHeld` naming its holder; nothing in the dataset changes before."""
@@ -126,6 +142,7 @@ class Lease:
             self._backend = _CreateBackend(loc)
         backend, limit = self._backend, None if loc.is_local else self.timeout
         previous = bounded(limit, lambda: backend.take(self.holder, self.timeout), f"{loc}: taking the write lease")
+        self._held = True
         self._renewed = time.monotonic()
         if previous is not None:
             log.warning("%s: took over the write lease of %s: %s", loc, previous[0], previous[1])
@@ -134,17 +151,36 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
-            self.holder.heartbeat = time.time()
-            backend, limit = self._backend, None if self.location.is_local else self.timeout / 2
-            assert backend is not None  # set by acquire(), before the heartbeat starts
             try:
-                if not bounded(limit, lambda: backend.renew(self.holder), f"{self.location}: renewing the lease"):
-                    self.lost = f"{self.location}: the write lease was taken over by another writer"
-                    log.error("%s", self.lost)
+                if not self._renew():
                     return
-                self._renewed = time.monotonic()
             except Exception as exc:  # a store that does not answer: try again at the next beat
                 log.warning("%s: lease heartbeat failed (%s: %s)", self.location, type(exc).__name__, exc)
+
+    def _renew(self) -> bool:
+        """Renew on the store; False (and `lost` set) if the lease is no longer ours. Raises if the store
+        does not answer (that says nothing about who holds it)."""
+        backend, limit = self._backend, None if self.location.is_local else self.timeout / 2
+        if backend is None or self.lost:
+            return False
+        self.holder.heartbeat = time.time()
+        if not bounded(limit, lambda: backend.renew(self.holder), f"{self.location}: renewing the lease"):
+            self.lost = f"{self.location}: the write lease was taken over by another writer"
+            log.error("%s", self.lost)
+            return False
+        self._renewed = time.monotonic()
+        return True
+
+    def confirm(self) -> bool:
+        """Whether this writer provably holds the lease now: it is renewed on the store itself (on S3 by a PUT
+        conditional on the lease's ETag), so no other writer can take it for `timeout` seconds. Anything
+        destructive that is not a commit (removing a dataset this writer created) asks this first; a store
+        that does not answer counts as no."""
+        try:
+            return self._held and self._renew()
+        except Exception as exc:
+            log.debug("%s: cannot confirm the lease (%s: %s)", self.location, type(exc).__name__, exc)
+            return False
 
     def check(self) -> None:
         """Raise `LeaseLost` if another writer has taken the lease over, or may have: once the lease has not
@@ -159,6 +195,7 @@ class Lease:
     def release(self, seconds: float | None = None) -> None:
         """Give the lease up (within `seconds`, if given: a store that does not answer lets it expire)."""
         self._stop.set()
+        self._held = False
         if self._thread is not None:
             self._thread.join(seconds if seconds is not None else 5)
             self._thread = None
@@ -209,26 +246,35 @@ class _FileBackend(_Backend):
     def take(self, me: Holder, timeout: float) -> tuple[Holder | None, str] | None:
         with _held_lock:
             if self.key in _held_here:
-                raise _refuse(self.location, self._doc())
+                raise _refuse(self.location, self._doc(), timeout)
             self.dir.mkdir(parents=True, exist_ok=True)
             lock = fasteners.InterProcessLock(str(self.dir / LOCK_FILE))
             if not lock.acquire(blocking=False):
-                raise _refuse(self.location, self._doc())
+                raise _refuse(self.location, self._doc(), timeout)
+            previous = self._doc()
+            # the document, not the lock file, is the truth: a lock file someone deleted admits a second
+            # writer, whose lock is on a new file, while the holder it names is alive and beating
+            why = previous.gone(timeout) if previous is not None and previous.token != me.token else None
+            if previous is not None and previous.token != me.token and why is None:
+                lock.release()
+                raise _refuse(self.location, previous, timeout)
             _held_here.add(self.key)
         self.lock = lock
-        previous = self._doc()
         self._write(me)
-        if previous is not None and previous.token != me.token:  # never released: its process died
-            return previous, previous.gone(timeout) or "it never released it (its process ended)"
-        return None
+        return (previous, why or "") if previous is not None and previous.token != me.token else None
 
     def renew(self, me: Holder) -> bool:
+        current = self._doc()
+        if current is None or current.token != me.token:  # taken over, or removed: not ours any more
+            return False
         self._write(me)
         return True
 
     def release(self, me: Holder) -> None:
         try:
-            (self.dir / LEASE_KEY).unlink(missing_ok=True)
+            current = self._doc()
+            if current is not None and current.token == me.token:  # never another holder's document
+                (self.dir / LEASE_KEY).unlink(missing_ok=True)
         finally:
             with _held_lock:
                 _held_here.discard(self.key)
@@ -255,7 +301,7 @@ class _S3Backend(_Backend):
         except FileExistsError:  # If-None-Match: an object is there
             return False
         except OSError as exc:
-            if "PreconditionFailed" in str(exc) or "412" in str(exc) or "precondition" in str(exc).lower():
+            if _rejected(exc):
                 return False
             raise
 
@@ -283,10 +329,10 @@ class _S3Backend(_Backend):
                 continue  # released meanwhile: try to create it again
             why = holder.gone(timeout) if holder else "its lease document is unreadable"
             if why is None:
-                raise _refuse(self.location, holder)
+                raise _refuse(self.location, holder, timeout)
             if self._put(me, IfMatch=etag):
                 return holder, why
-        raise _refuse(self.location, self._get()[0])
+        raise _refuse(self.location, self._get()[0], timeout)
 
     def renew(self, me: Holder) -> bool:
         return self.etag is not None and self._put(me, IfMatch=self.etag)
@@ -330,13 +376,13 @@ class _CreateBackend(_Backend):
             holder = self._doc()
             why = holder.gone(timeout) if holder else "its lease document is unreadable"
             if why is None:
-                raise _refuse(self.location, holder)
+                raise _refuse(self.location, holder, timeout)
             self.fs.rm_file(self.path)
             if self._create(me):
                 return holder, why
-            raise _refuse(self.location, self._doc())
+            raise _refuse(self.location, self._doc(), timeout)
         if not self._create(me):
-            raise _refuse(self.location, self._doc())
+            raise _refuse(self.location, self._doc(), timeout)
         return None
 
     def renew(self, me: Holder) -> bool:

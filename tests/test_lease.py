@@ -1,0 +1,121 @@
+"""The write lease (issue 19, items 1 and 6): a writer that lost its lease deletes and commits nothing, and the
+lease document, not the lock file, says who holds a local dataset."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from expected import expected_tables
+from loader import Dataset
+from writer import synthetic
+from writer.dataset_writer import DatasetWriter
+from writer.lease import LOCK_FILE, LeaseHeld
+
+HERE = Path(__file__).parent
+SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
+
+
+def small_episodes(n: int, seed: int) -> list[dict]:
+    return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
+
+
+def assert_holds(ds: Dataset, episodes) -> None:
+    assert ds.validate().ok
+    for name, arr in expected_tables(episodes).items():
+        assert ds.rows[name] == len(arr), name
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+
+
+def lease_child(url: str, timeout: float, env: dict | None = None, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(HERE / "lease_child.py"), url, str(timeout), *extra],
+                            env={**os.environ, **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "created", proc.stderr.read()
+    return proc
+
+
+def test_a_writer_that_lost_its_lease_on_s3_deletes_nothing_of_its_successor(s3):
+    """Item 1: A creates the dataset and stalls before any commit with rows; B takes the lease over, appends and
+    closes; A wakes, loses its lease and used to delete everything B wrote ("a writer that created its dataset
+    and fails before any commit removes it")."""
+    bucket, server = s3
+    url = f"{bucket}/x.zarr"
+    a = lease_child(url, 1.5, server.env)
+    a.send_signal(signal.SIGSTOP)  # its heartbeat stops with it
+    try:
+        time.sleep(2.0)
+        eps = small_episodes(3, seed=1)
+        with DatasetWriter(url, workers=0, mode="a", lease_timeout=1.5, storage_options=server.options) as b:
+            b.ingest(eps)
+    finally:
+        a.send_signal(signal.SIGCONT)
+    out, err = a.communicate("go\n", timeout=60)
+    assert a.returncode == 1 and "failed: LeaseLost" in out, (out, err)
+    assert_holds(Dataset.open(url, storage_options=server.options), eps)
+
+
+def test_a_writer_that_lost_its_lease_while_its_successor_writes_deletes_nothing(s3):
+    """Item 1, the successor still holding the lease when the stalled writer wakes."""
+    bucket, server = s3
+    url = f"{bucket}/x.zarr"
+    a = lease_child(url, 1.5, server.env)
+    a.send_signal(signal.SIGSTOP)
+    time.sleep(2.0)
+    eps = small_episodes(2, seed=2)
+    b = DatasetWriter(url, workers=0, mode="a", lease_timeout=1.5, storage_options=server.options)
+    try:
+        b.ingest(eps)
+        b.sync()
+        a.send_signal(signal.SIGCONT)
+        out, err = a.communicate("go\n", timeout=60)
+        assert a.returncode == 1 and "failed: LeaseLost" in out, (out, err)
+    finally:
+        a.send_signal(signal.SIGCONT)
+        b.close()
+    assert_holds(Dataset.open(url, storage_options=server.options), eps)
+
+
+def test_a_deleted_lock_file_does_not_admit_a_second_local_writer(tmp_path):
+    """Item 6: with writer A alive, `rm .zarrfeed.lock` let writer B take over ("it never released it (its
+    process ended)", which was false) and A died mid-write."""
+    out = tmp_path / "d.zarr"
+    a = lease_child(str(out), 60)
+    try:
+        (out / LOCK_FILE).unlink()
+        with pytest.raises(LeaseHeld, match=f"being written by pid {a.pid}"):
+            DatasetWriter(out, workers=0, mode="a")
+        out_a, err = a.communicate("go\n", timeout=60)
+        assert a.returncode == 0 and "closed" in out_a, (out_a, err)
+    finally:
+        a.kill()
+    assert_holds(Dataset.open(out), small_episodes(0, seed=0) + list(
+        synthetic.episodes(1, seed=9, frames=20, agents_per_frame=30)))
+
+
+def test_a_local_writer_whose_lease_was_taken_stops_and_leaves_the_new_holders_document(tmp_path):
+    """A stalled local writer (SIGSTOP, lock file deleted, heartbeat stale) is taken over; when it wakes, it
+    finds the document is not its own: it stops, commits nothing and removes neither the document nor data."""
+    out = tmp_path / "d.zarr"
+    a = lease_child(str(out), 1.5)
+    (out / LOCK_FILE).unlink()
+    a.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.0)
+        eps = small_episodes(2, seed=3)
+        b = DatasetWriter(out, workers=0, mode="a", lease_timeout=1.5)
+        b.ingest(eps)
+        b.sync()
+        a.send_signal(signal.SIGCONT)
+        out_a, err = a.communicate("go\n", timeout=60)
+        assert a.returncode == 1 and "failed: LeaseLost" in out_a, (out_a, err)
+        assert (out / "zarrfeed.lease").exists()  # still B's
+        b.close()
+    finally:
+        a.send_signal(signal.SIGCONT)
+        a.kill()
+    assert_holds(Dataset.open(out), eps)
