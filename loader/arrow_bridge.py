@@ -157,7 +157,7 @@ def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: l
                 if (iv[1:, 0] != iv[:-1, 1]).any():
                     raise ValueError(f"join: {table}.{field} intervals in rows [{start}, {start + len(rows)}) are "
                                      "not contiguous; run `zarrfeed validate`")
-                children = records_to_arrow(ds[child][lo:hi]) if hi > lo else \
+                children = records_to_arrow(read_rows(ds[child], lo, hi)) if hi > lo else \
                     records_to_arrow(np.zeros(0, ds[child].dtype))
                 offsets = pa.array(np.concatenate([iv[:, 0], [hi]]) - lo, pa.int32())
                 structs = pa.StructArray.from_arrays(children.columns, fields=list(children.schema))

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 
-from writer.chunkio import ChunkError
+from writer.chunkio import ChunkError, read_coordinates
 from writer.pool import RemoteError, WorkerPool, describe_exit, start_fork_server
 from writer.shm import available_memory
 from writer.store import Location
@@ -624,7 +624,7 @@ class _Cast:
 
 def _read_rows(location: Location, commit: int | None, table: str, fields: list[str],
                rows: np.ndarray) -> dict[str, np.ndarray]:
-    records = Dataset.reopen(location, commit)[table].get_coordinate_selection(rows)
+    records = read_coordinates(Dataset.reopen(location, commit)[table], rows)
     return {n: np.ascontiguousarray(records[n]) for n in fields}
 
 

@@ -12,11 +12,11 @@ import zarr
 
 from writer import dataset_format
 from writer.arrow_records import records_to_arrow
-from writer.chunkio import read_rows
+from writer.chunkio import ChunkError, check_chunk, chunk_key, read_rows
 from writer.dataset_format import FormatError
 from writer.links import IntervalChecker, Violation
 from writer.schema import Schema
-from writer.store import Location
+from writer.store import Location, get_many
 
 from .arrow_bridge import ArrowStream, table_batches
 
@@ -43,6 +43,33 @@ class ValidationReport:
         return "\n".join(lines)
 
 
+@dataclass
+class VerifyReport:
+    """What `Dataset.verify` found: chunks whose stored bytes match the size and digest their commit recorded,
+    chunks with no record (written before digests, or by another tool), and each chunk that differs or is
+    missing, one line each. `recorded` is False when the dataset records no digests at all."""
+
+    verified: int = 0
+    unverifiable: int = 0
+    problems: list[str] = field(default_factory=list)
+    recorded: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        if not self.recorded:
+            return "not verifiable: no chunk digests are recorded (written by another tool or an older zarrfeed)"
+        lines = [f"{self.verified} chunk{'s' * (self.verified != 1)} match their recorded digests"]
+        if self.unverifiable:
+            lines.append(f"{self.unverifiable} not verifiable (no digest recorded)")
+        if self.problems:
+            lines = [f"{len(self.problems)} chunk{'s' * (len(self.problems) != 1)} differ from what was "
+                     "committed:", *(f"  {p}" for p in self.problems)] + lines
+        return "\n".join(lines)
+
+
 class Dataset:
     """A dataset's tables as zarr arrays, the committed row count of each, and its schema.
 
@@ -56,6 +83,8 @@ class Dataset:
         self.location, self.group, self.tables, self.rows, self.schema = location, group, tables, rows, schema
         self.commit, self.dataset_id = commit, dataset_id
         self.others: dict[str, str] = {}  # arrays in the group that are not tables of it (name -> what)
+        self._digests: dict[str, dict[int, tuple[int, str]]] | None = None
+        self._digests_read = False
 
     @classmethod
     def open(cls, path_or_url: str | os.PathLike | Location, mode: str = "r",
@@ -160,6 +189,46 @@ class Dataset:
                 checker.finish()
                 report.count += checker.count
                 report.violations.extend(checker.violations[: max(0, limit - len(report.violations))])
+        return report
+
+    def digests(self) -> dict[str, dict[int, tuple[int, str]]] | None:
+        """The size and digest its commit recorded for each chunk of this dataset's rows that can be checked
+        (see `dataset_format.sealed_chunks`); None if it records none."""
+        if not self._digests_read:
+            self._digests_read = True
+            self._digests = dataset_format.sealed_chunks(
+                self.group.store, self.rows, {t: a.chunks[0] for t, a in self.tables.items()}, self.commit)
+        return self._digests
+
+    def verify(self, progress: Callable[[int], None] | None = None, batch: int = 16) -> VerifyReport:
+        """Read every chunk object below the committed rows and check its size and digest against what its
+        commit recorded (a bit flipped inside a compressed chunk, a chunk file replaced by another, a missing
+        chunk). Reads the stored bytes only, `batch` chunks at a time; decodes nothing. `progress(chunks)`
+        is called as it goes."""
+        digests = self.digests()
+        report = VerifyReport(recorded=digests is not None)
+        for name, arr in self.tables.items():
+            c, n = arr.chunks[0], self.rows[name]
+            recorded = (digests or {}).get(name, {})
+            indices = list(range(-(-n // c)))
+            for at in range(0, len(indices), batch):
+                part = indices[at:at + batch]
+                keys = [chunk_key(arr, i) for i in part]
+                raws = get_many(arr.chunk_store, keys)
+                for i, key in zip(part, keys, strict=True):
+                    raw = raws.get(key)
+                    if raw is None:
+                        report.problems.append(f"table '{name}': chunk '{key}' is missing")
+                    elif i not in recorded:
+                        report.unverifiable += 1
+                    else:
+                        try:
+                            check_chunk(key, raw, recorded[i])
+                            report.verified += 1
+                        except ChunkError as exc:
+                            report.problems.append(str(exc))
+                if progress:
+                    progress(len(part))
         return report
 
     def to_batches(self, table: str, batch_size: int = 65_536, fields: list[str] | None = None,

@@ -15,8 +15,6 @@ transform runs on views of it, and only its outputs are copied into the slot.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -68,34 +66,32 @@ class Shared:
 @dataclass(frozen=True)
 class Source:
     """What a reader worker needs to open the dataset its parent opened and fetch from it: the location with
-    its storage options, the committed rows the parent read (its pinned commit), the dataset's identity (for
-    the chunk cache) and how to fetch."""
+    its storage options, the committed rows the parent read (its pinned commit), how to fetch, and with a disk
+    cache the size and digest recorded for each sealed chunk (what cached chunks are named by and checked
+    against; not read otherwise, so local reads never hash)."""
 
     location: Location
     rows: dict[str, int]
-    identity: str
     fetch: FetchOptions
+    digests: dict[str, dict[int, tuple[int, str]]] | None = None
 
     @classmethod
     def of(cls, ds, fetch: FetchOptions) -> "Source":
-        identity = ds.dataset_id
-        if identity is None:  # written by another tool: its URL and arrays' metadata identify it
-            meta = {t: [a.shape[0], a.chunks[0], str(a.dtype)] for t, a in ds.tables.items()}
-            identity = hashlib.blake2b(json.dumps([str(ds.location), meta]).encode(), digest_size=16).hexdigest()
-        return cls(ds.location, dict(ds.rows), identity, fetch)
+        cached = fetch.cache_dir is not None and not ds.location.is_local
+        return cls(ds.location, dict(ds.rows), fetch, ds.digests() if cached else None)
 
 
 def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:
     """Handles ("decode", [(table, chunk, cache slot), ...]); returns the cache slots filled."""
     store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
     arrays = {t: dataset_format.open_table(store, t) for t in tables}  # object store each check is a request)
-    fetcher = ChunkFetcher(source.location, store, source.identity, source.fetch)
+    fetcher = ChunkFetcher(source.location, store, source.fetch)
     cache, _ = shared.arrays()
+    digests = source.digests or {}
 
-    def keys_of(items: list[tuple]) -> tuple[list[str], list[bool]]:
-        """Chunk keys, and whether each chunk is complete (every row committed: it may be cached)."""
-        return ([chunk_key(arrays[t], c) for t, c, _ in items],
-                [(c + 1) * arrays[t].chunks[0] <= source.rows.get(t, 0) for t, c, _ in items])
+    def keys_of(items: list[tuple]) -> tuple[list[str], list[tuple[int, str] | None]]:
+        """Chunk keys, and the size and digest recorded for each (None: not recorded, or not needed)."""
+        return ([chunk_key(arrays[t], c) for t, c, _ in items], [digests.get(t, {}).get(c) for t, c, _ in items])
 
     def decode(msg: tuple) -> tuple[int, ...]:
         items = msg[1]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from writer.chunkio import read_rows
 from writer.pool import RemoteError, preload_in_workers
 from writer.store import Location
 
@@ -41,8 +42,8 @@ class Samples:
         if history < 0 or future < 0:
             raise ValueError(f"history and future must be >= 0, got {history} and {future}")
         self.history, self.future, self.T = history, future, history + 1 + future
-        scenes = ds["scenes"][: ds.rows["scenes"]]["frame_index_interval"]
-        frames = ds["frames"].get_basic_selection(slice(0, ds.rows["frames"]), fields=list(LINKS.values()))
+        scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
+        frames = read_rows(ds["frames"], 0, ds.rows["frames"], fields=list(LINKS.values()))
         self.chunk_rows = {t: ds[t].chunks[0] for t in TABLES}
         t = [np.arange(s + history, e - future) for s, e in scenes.tolist() if e - s >= self.T]
         self.t = np.concatenate(t) if t else np.zeros(0, np.int64)

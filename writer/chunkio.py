@@ -5,14 +5,21 @@ with no lock and no read: exactly the bytes zarr would store (the array's filter
 an object store all whole chunks of a segment are sent at once (concurrent PUTs), since one at a time waits
 on the network for each.
 A chunk that the rows only partly cover is shared with another reservation, so it is read, merged and
-written back through zarr under the synchronizer's per-chunk lock. The store writes every chunk file to a
-temporary name and renames it, so a chunk is never torn.
+written back under the synchronizer's per-chunk lock. The store writes every chunk file to a temporary name
+and renames it, so a chunk is never torn. Every chunk stored is reported with the size and digest of its
+bytes, which the committer records in the commit (see `commit.ChunkDigests`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Mapping
+
 import numcodecs
 import numpy as np
+import xxhash
 import zarr
+
+from .store import get_many
 
 
 def chunk_key(array: zarr.Array, index: int) -> str:
@@ -28,77 +35,163 @@ def encode_chunk(array: zarr.Array, rows: np.ndarray) -> bytes:
     return array.compressor.encode(data) if array.compressor else data.tobytes()
 
 
-def write_rows(array: zarr.Array, locked: zarr.Array, start: int, rows: np.ndarray) -> int:
-    """Write `rows` at `start`; `locked` is the same array opened with a synchronizer and
-    `cache_metadata=False`. Returns how many chunks needed the lock."""
+def digest(data: bytes | memoryview) -> str:
+    """The digest recorded for a stored chunk object: XXH3-64 of its bytes (about 20 GB/s, so computing it as a
+    chunk is written costs a fraction of compressing it), as 16 hex digits."""
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+@dataclass(frozen=True)
+class ChunkWrite:
+    """One chunk object stored by a writer: its table and index, the size and digest of the bytes stored, and
+    for a chunk shared with another writer (read, merged, written back under its lock) the digest of the
+    object it replaced (None: there was none). The committer follows these links to tell which write of a
+    shared chunk came last, whatever order the reports arrive in."""
+
+    table: str
+    index: int
+    size: int
+    digest: str
+    replaced: str | None = None
+    shared: bool = False
+
+
+def write_rows(array: zarr.Array, start: int, rows: np.ndarray, synchronizer: Any) -> list[ChunkWrite]:
+    """Write `rows` at `start`; `synchronizer[key]` is a lock for a chunk key (zarr's synchronizer protocol).
+    Whole chunks are encoded and stored with no lock and no read; a chunk the rows only partly cover is read,
+    merged and written back under its lock. Returns what was stored, chunk by chunk."""
     c = array.chunks[0]
     end = start + len(rows)
+    if not len(rows):
+        return []
     first_whole = -(-start // c) * c
     last_whole = end // c * c
+    out = []
     if first_whole >= last_whole:  # no whole chunk: one or two partial chunks
-        locked[start:end] = rows
-        return len({start // c, (end - 1) // c}) if len(rows) else 0
-    shared = 0
+        for lo in sorted({start // c * c, (end - 1) // c * c}):
+            a, b = max(start, lo), min(end, lo + c)
+            out.append(_merge(array, synchronizer, lo // c, a - lo, rows[a - start:b - start]))
+        return out
     if start < first_whole:
-        locked[start:first_whole] = rows[: first_whole - start]
-        shared += 1
+        out.append(_merge(array, synchronizer, start // c, start % c, rows[: first_whole - start]))
+    whole = {lo // c: encode_chunk(array, rows[lo - start: lo - start + c]) for lo in range(first_whole, last_whole, c)}
+    keyed = {chunk_key(array, i): data for i, data in whole.items()}
     store = array.chunk_store
-    whole = {chunk_key(array, lo // c): encode_chunk(array, rows[lo - start: lo - start + c])
-             for lo in range(first_whole, last_whole, c)}
     if isinstance(store, zarr.storage.FSStore):  # one concurrent request per chunk, not one after another
-        store.setitems(whole)
+        store.setitems(keyed)
     else:
-        for key, data in whole.items():
+        for key, data in keyed.items():
             store[key] = data
+    out.extend(ChunkWrite(array.path, i, len(data), digest(data)) for i, data in whole.items())
     if last_whole < end:
-        locked[last_whole:end] = rows[last_whole - start:]
-        shared += 1
-    return shared
+        out.append(_merge(array, synchronizer, last_whole // c, 0, rows[last_whole - start:]))
+    return out
+
+
+def _merge(array: zarr.Array, synchronizer: Any, index: int, offset: int, rows: np.ndarray) -> ChunkWrite:
+    """Write `rows` at row `offset` of chunk `index`, which another writer may share: under the chunk's lock,
+    read it (a chunk not yet written holds zeros, as zarr's fill value), merge, encode, store."""
+    key = chunk_key(array, index)
+    store = array.chunk_store
+    c, size = array.chunks[0], array.dtype.itemsize
+    buf = np.zeros(c * size, np.uint8)
+    with synchronizer[key]:
+        before = get_many(store, [key]).get(key)
+        if before is not None:
+            decode_chunk_into(array, key, before, buf)
+        buf[offset * size:(offset + len(rows)) * size] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
+        data = encode_chunk(array, buf.view(array.dtype))
+        if isinstance(store, zarr.storage.FSStore):
+            store.setitems({key: data})
+        else:
+            store[key] = data
+    return ChunkWrite(array.path, index, len(data), digest(data), digest(before) if before is not None else None,
+                      shared=True)
 
 
 class ChunkError(ValueError):
     """A chunk cannot be read; the message names the table and the chunk key."""
 
 
-def read_rows(array: zarr.Array, start: int, stop: int) -> np.ndarray:
-    """Rows [start, stop) of a 1-D array through zarr; a chunk that cannot be decoded raises ChunkError naming
-    the table and the chunk (zarr's own error names neither: "error during blosc decompression: -1")."""
+def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None) -> None:
+    """Raise `ChunkError` if the stored bytes `raw` of chunk `key` (`table/index`) are not those its commit
+    recorded (`record`: size and digest; None: nothing recorded, nothing to check)."""
+    if record is None or raw is None:
+        return
+    size, expected = record
+    got = digest(raw)
+    if len(raw) != size or got != expected:
+        raise ChunkError(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' is not the chunk that was committed "
+                         f"({len(raw)} bytes, digest {got}; the commit recorded {size} bytes, digest {expected}): "
+                         "the file was changed or replaced")
+
+
+def read_rows(array: zarr.Array, start: int, stop: int, fields: list[str] | None = None,
+              digests: Mapping[int, tuple[int, str]] | None = None) -> np.ndarray:
+    """Rows [start, stop) of a 1-D table (only `fields`, if given), read chunk by chunk from its stored bytes
+    (on an object store all at once, as concurrent requests). Unlike zarr's own reads, a chunk that is missing
+    raises `ChunkError` instead of reading as fill values (below the committed rows a missing chunk is a lost
+    one), and so does one that cannot be decoded; both name the table and the chunk. With `digests` (chunk
+    index -> recorded size and digest), each chunk is first checked against its record."""
+    dtype = array.dtype if fields is None else np.dtype([(f, array.dtype.fields[f][0]) for f in fields])
     if stop <= start:
-        return np.zeros(0, array.dtype)
-    try:
-        return array[start:stop]
-    except Exception:
-        pass
-    step = array.chunks[0]
-    out = np.empty(stop - start, array.dtype)
-    for first in range(start // step * step, stop, step):  # again chunk by chunk, to name the broken one
-        a, b = max(first, start), min(first + step, stop)
-        try:
-            out[a - start:b - start] = array[a:b]
-        except Exception as exc:
-            name = array.path or "table"
-            raise ChunkError(f"table '{name}': chunk '{chunk_key(array, first // step)}' cannot be decoded "
-                             f"({type(exc).__name__}: {exc}); the file is truncated or corrupt") from None
+        return np.zeros(0, dtype)
+    c, size = array.chunks[0], array.dtype.itemsize
+    indices = range(start // c, (stop - 1) // c + 1)
+    keys = [chunk_key(array, i) for i in indices]
+    raws = get_many(array.chunk_store, keys)
+    out = np.empty(stop - start, dtype)
+    flat = out.view(np.uint8)
+    buf: np.ndarray | None = None
+    for i, key in zip(indices, keys, strict=True):
+        if digests is not None:
+            check_chunk(key, raws.get(key), digests.get(i))
+        lo, hi = max(start, i * c), min(stop, (i + 1) * c)
+        if hi - lo == c and fields is None:  # a whole chunk: decoded straight into the output
+            decode_chunk_into(array, key, raws.get(key), flat[(lo - start) * size:(hi - start) * size])
+            continue
+        if buf is None:
+            buf = np.empty(c * size, np.uint8)
+        decode_chunk_into(array, key, raws.get(key), buf)
+        if fields is None:
+            flat[(lo - start) * size:(hi - start) * size] = buf[(lo - i * c) * size:(hi - i * c) * size]
+        else:
+            records = buf.view(array.dtype)[lo - i * c:hi - i * c]
+            for f in fields:
+                out[f][lo - start:hi - start] = records[f]
     return out
 
 
-def read_chunk_into(array: zarr.Array, index: int, out: np.ndarray) -> None:
-    """Decode chunk `index` of a 1-D array into `out` (bytes of one full chunk); see `decode_chunk_into`."""
-    key = chunk_key(array, index)
-    try:
-        raw = array.chunk_store[key]
-    except KeyError:
-        raw = None
-    decode_chunk_into(array, key, raw, out)
+def read_coordinates(array: zarr.Array, rows: np.ndarray) -> np.ndarray:
+    """The records at `rows` (any order, repeats allowed) of a 1-D table: each chunk they touch is fetched
+    and decoded once, missing or broken chunks raise `ChunkError` as in `read_rows`."""
+    rows = np.asarray(rows, np.int64)
+    out = np.empty(len(rows), array.dtype)
+    if not len(rows):
+        return out
+    c = array.chunks[0]
+    indices = np.unique(rows // c)
+    keys = [chunk_key(array, int(i)) for i in indices]
+    raws = get_many(array.chunk_store, keys)
+    buf = np.empty(c * array.dtype.itemsize, np.uint8)
+    for i, key in zip(indices, keys, strict=True):
+        decode_chunk_into(array, key, raws.get(key), buf)
+        mine = rows // c == i
+        out[mine] = buf.view(array.dtype)[rows[mine] - i * c]
+    return out
 
 
 def decode_chunk_into(array: zarr.Array, key: str, raw: bytes | None, out: np.ndarray) -> None:
     """Decode the stored bytes `raw` of chunk `key` into `out` (bytes of one full chunk), with no intermediate
-    copy when the array has a Blosc compressor and no filters. A chunk never written (`raw` None) reads as the
-    fill value."""
+    copy when the array has a Blosc compressor and no filters. Tables are read below their committed rows only,
+    where every chunk was written: a missing one (`raw` None) raises `ChunkError`, never reads as zeros."""
     if raw is None:
-        out.view(array.dtype)[:] = array.fill_value if array.fill_value is not None else np.zeros(1, array.dtype)[0]
-        return
+        name = array.path or "table"
+        c = array.chunks[0]
+        index = int(key.rsplit("/", 1)[-1]) if key.rsplit("/", 1)[-1].isdigit() else -1
+        rows = f" (rows {index * c:,}-{(index + 1) * c:,})" if index >= 0 else ""
+        raise ChunkError(f"table '{name}': chunk '{key}'{rows} is missing, below the committed rows; the dataset "
+                         "is incomplete (zarrfeed validate lists every missing chunk)")
     try:
         comp = array.compressor
         if isinstance(comp, numcodecs.Blosc) and not array.filters:

@@ -7,8 +7,10 @@ on an episode boundary and every interval below them points at durable rows.
 from __future__ import annotations
 
 from collections import deque
-from typing import Mapping
+from typing import Iterable, Mapping
 
+from .chunkio import ChunkWrite
+from .commit_log import ChunkRecord
 from .keys import Key
 
 
@@ -40,3 +42,42 @@ class CommitTracker:
     def episodes_touching(self, table: str, start: int, end: int) -> list[Key]:
         """Keys of uncommitted episodes with rows of `table` in `[start, end)`."""
         return [i for i, s, e in self._episodes if s[table] < end and e[table] > start]
+
+
+class ChunkDigests:
+    """Which bytes each chunk holds, from the writers' reports, until the chunk is sealed into a commit.
+
+    A chunk is sealed once no writer will change it: when all of its rows are committed, or, for the last
+    chunk of a table, when the writer closes. Whole chunks have one writer (a rerun writes the same bytes); a
+    shared chunk is written once per writer, each under its lock, each reporting the digest it replaced: the
+    last write is the one whose bytes no other write replaced. Where that is not one write (reports that do
+    not link up), the chunk is recorded as unknown (None), which readers call "not verifiable"."""
+
+    def __init__(self, chunk_rows: Mapping[str, int]) -> None:
+        self.chunk_rows = dict(chunk_rows)
+        self._writes: dict[tuple[str, int], set[ChunkWrite]] = {}
+
+    def add(self, writes: Iterable[ChunkWrite]) -> None:
+        for w in writes:
+            self._writes.setdefault((w.table, w.index), set()).add(w)
+
+    def seal(self, committed: Mapping[str, int], tail: bool = False) -> dict[str, dict[int, ChunkRecord | None]]:
+        """The records of every chunk now sealed: below the committed rows, and with `tail` the last chunk too.
+        They stay tracked until `forget` (after the commit that records them is published)."""
+        out: dict[str, dict[int, ChunkRecord | None]] = {}
+        for (table, index) in sorted(self._writes):
+            c = self.chunk_rows[table]
+            if (index + 1) * c <= committed[table] or (tail and index * c < committed[table]):
+                out.setdefault(table, {})[index] = _last(self._writes[table, index])
+        return out
+
+    def forget(self, sealed: Mapping[str, Mapping[int, object]]) -> None:
+        for table, indices in sealed.items():
+            for index in indices:
+                self._writes.pop((table, index), None)
+
+
+def _last(writes: set[ChunkWrite]) -> ChunkRecord | None:
+    replaced = {w.replaced for w in writes if w.replaced != w.digest}  # a rerun that changed nothing links to itself
+    last = {(w.size, w.digest) for w in writes if w.digest not in replaced}
+    return next(iter(last)) if len(last) == 1 else None

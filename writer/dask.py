@@ -130,17 +130,16 @@ def _summary(loaded: tuple[list, dict]) -> dict[str, Any]:
     return loaded[1]
 
 
-_open: dict[tuple, tuple[dict, dict]] = {}  # per worker process: (location, dataset id) -> its tables
+_open: dict[tuple, tuple[dict, _ChunkLocks]] = {}  # per worker process: (location, dataset id) -> its tables
 
 
-def _tables(location: Location, dataset_id: str, names: Sequence[str]) -> tuple[dict, dict]:
+def _tables(location: Location, dataset_id: str, names: Sequence[str]) -> tuple[dict, _ChunkLocks]:
+    """The dataset's tables, opened once per worker process, and the cluster-wide locks of its chunks."""
     key = (location.url, repr(sorted(location.storage_options.items())), dataset_id)
     if key not in _open:
         store = location.store("w")
-        locks = _ChunkLocks(f"zarrfeed/{dataset_id}")
         _open.clear()  # one dataset at a time per worker process is the common case: keep memory flat
-        _open[key] = ({t: zarr.Array(store, path=t) for t in names},
-                      {t: zarr.Array(store, path=t, synchronizer=locks, cache_metadata=False) for t in names})
+        _open[key] = ({t: zarr.Array(store, path=t) for t in names}, _ChunkLocks(f"zarrfeed/{dataset_id}"))
     return _open[key]
 
 
@@ -154,7 +153,7 @@ def _write(loaded: tuple[list, dict], location: Location, dataset_id: str, schem
         raise RuntimeError("to_episodes gave other episodes when Dask ran it again (after a worker was lost); "
                            "it must be deterministic")
     schema = Schema.from_json(schema_doc)
-    arrays, locked = _tables(location, dataset_id, list(schema.tables))
+    arrays, locks = _tables(location, dataset_id, list(schema.tables))
     # the source's rows in one array per table, relocated in place (one copy, as `relocate` then concatenate
     # would make two)
     out = {t: np.empty(sum(len(e[t]) for e in episodes), tab.dtype) for t, tab in schema.tables.items()}
@@ -167,11 +166,10 @@ def _write(loaded: tuple[list, dict], location: Location, dataset_id: str, schem
             part[link.field] += starts[link.child] + at[link.child]
         for t, arr in tables.items():
             at[t] += len(arr)
-    shared = 0
+    writes = []
     for t, rows in out.items():
-        if len(rows):
-            shared += write_rows(arrays[t], locked[t], starts[t], rows)
-    return {"seconds": time.perf_counter() - t0, "shared_chunks": shared}
+        writes += write_rows(arrays[t], starts[t], rows, locks)
+    return {"seconds": time.perf_counter() - t0, "shared_chunks": sum(w.shared for w in writes), "writes": writes}
 
 
 # ----------------------------------------------------------------------------------------------------- client
@@ -243,7 +241,7 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
                 result = fut.result()
                 summary.task_seconds += result["seconds"]
                 key, rows = writes.pop(i)
-                writer.written(key)
+                writer.written(key, result["writes"])
                 del loads[i]  # the episodes may leave the worker's memory
                 summary.written += 1
                 for t, n in rows.items():

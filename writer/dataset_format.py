@@ -20,15 +20,17 @@ import numcodecs
 import numpy as np
 import zarr
 
+from .commit_log import ChunkRecord, CommitLog, Segment, SegmentRef
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
-from .store import FormatError, Location
+from .store import FormatError, Location, get_many
 
 __all__ = ["FormatError", "Location", "MANIFEST_KEY", "create", "detect_schema", "open_group", "open_store",
            "open_table", "read_manifest", "write_manifest"]
 
 MANIFEST_KEY = "zarrfeed.json"
 COMMITS_PREFIX = "zarrfeed.commits"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3  # 3: the caller's episode keys and the chunks' digests in the commit log
+DIGEST = "xxh3_64"  # how chunk digests are computed (chunkio.digest)
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
 
@@ -85,11 +87,66 @@ def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", **kwar
 def _parse(raw: Any, key: str) -> dict[str, Any]:
     try:
         doc = json.loads(bytes(raw))
-        doc["committed"] = {k: int(v) for k, v in doc["committed"].items()}
-        doc.setdefault("commit", 0)
-        return doc
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError) as exc:
         raise FormatError(f"{key}: unreadable manifest ({exc})") from None
+    why = _manifest_problem(doc)
+    if why:
+        raise FormatError(f"{key}: {why}; the manifest is damaged (restore it from a copy, or rewrite the dataset)")
+    doc.setdefault("commit", 0)
+    return doc
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _manifest_problem(doc: Any) -> str | None:
+    """What is wrong with the shape of a manifest (or a numbered commit), in a few words naming the field, or
+    None. Readers trust these fields to pick rows: a wrong type must never read as a valid dataset."""
+    if not isinstance(doc, dict):
+        return f"a JSON {type(doc).__name__}, not an object"
+    if not isinstance(doc.get("committed"), dict):
+        return "field 'committed' is missing or not an object"
+    for table, n in doc["committed"].items():
+        if not _count(n):
+            return f"field 'committed.{table}' is {n!r}, not a row count (a whole number >= 0)"
+    if "commit" in doc and not _count(doc["commit"]):
+        return f"field 'commit' is {doc['commit']!r}, not a commit number (a whole number >= 0)"
+    if "zarrfeed" in doc and not _count(doc["zarrfeed"]):
+        return f"field 'zarrfeed' is {doc['zarrfeed']!r}, not a format version"
+    if "dataset_id" in doc and not isinstance(doc["dataset_id"], str):
+        return f"field 'dataset_id' is {doc['dataset_id']!r}, not a string"
+    if "schema" in doc and not isinstance(doc["schema"], dict):
+        return "field 'schema' is not an object"
+    journal = doc.get("journal", {})
+    if not isinstance(journal, dict):
+        return f"field 'journal' is {journal!r}, not an object"
+    inputs = journal.get("inputs", {})
+    if not isinstance(inputs, dict):
+        return "field 'journal.inputs' is not an object"
+    for name, sets in inputs.items():
+        if not isinstance(sets, dict) or not all(
+                isinstance(r, list) and len(r) == 2 and all(_count(x) for x in r)
+                for part in ("committed", "skipped") for r in _list(sets.get(part, []))):
+            return f"field 'journal.inputs.{name}' is not lists of [start, end) ranges"
+    keys = journal.get("keys", {})
+    if not isinstance(keys, dict) or not all(isinstance(keys.get(p, []), list) for p in ("committed", "skipped")):
+        return "field 'journal.keys' is not lists of keys"
+    pending = journal.get("pending", [])
+    if not isinstance(pending, list) or not all(isinstance(p, list) and len(p) == 2 for p in pending):
+        return "field 'journal.pending' is not a list of [key, fingerprint] pairs"
+    if not isinstance(journal.get("last_input"), (str, type(None))):
+        return "field 'journal.last_input' is not a string"
+    log = doc.get("log", [])
+    if not isinstance(log, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("key"), str) and _count(r.get("level"))
+            and _count(r.get("entries")) for r in log):
+        return "field 'log' is not a list of log segments ({key, level, entries})"
+    return None
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else [None]
 
 
 def commit_key(number: int) -> str:
@@ -118,16 +175,71 @@ def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> d
     return {**doc, "commit": commit, "committed": pinned["committed"]}
 
 
-def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> None:
-    """Publish commit `doc["commit"]`: its row counts as an immutable numbered object, then the whole manifest
-    as one object. Each is one atomic write on every store (a PUT; a temporary file renamed on local disks),
-    and readers only ever read the manifest, so they see the old commit or the new one, never a mixture."""
+def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None
+                   ) -> None:
+    """Publish commit `doc["commit"]`: the new commit log segments it lists, its row counts as an immutable
+    numbered object, then the whole manifest as one object. Each is one atomic write on every store (a PUT; a
+    temporary file renamed on local disks), and readers only ever start from the manifest, so they see the
+    old commit or the new one, never a mixture. Log segments merged into a new one are deleted by the writer
+    only once this returned (a call that timed out may still land, and must not delete what the next
+    attempt lists)."""
     number = int(doc["commit"])
-    put(store, commit_key(number), json.dumps({"commit": number, "committed": doc["committed"]}).encode())
+    put_all(store, {**(log_objects or {}),
+                    commit_key(number): json.dumps({"commit": number, "committed": doc["committed"]}).encode()})
     put(store, MANIFEST_KEY, json.dumps(doc).encode())
     if number >= KEEP_COMMITS:
+        delete(store, [commit_key(number - KEEP_COMMITS)])
+
+
+def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
+    """The commit log the manifest `doc` lists, every segment read (concurrently on an object store). A segment
+    that is gone raises `KeyError` (a writer merged it since `doc` was read: read the manifest again)."""
+    refs = [SegmentRef.from_json(r) for r in doc.get("log", [])]
+    keys = [r.key for r in refs]
+    got = get_many(store, keys)
+    missing = [k for k in keys if k not in got]
+    if missing:
+        raise KeyError(missing[0])
+    return CommitLog(refs, {k: Segment.from_json(got[k], k) for k in keys})
+
+
+def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str, Any] | None, CommitLog]:
+    """The latest manifest and its commit log, read again if a writer merged a segment away meanwhile."""
+    for _ in range(tries):
+        doc = read_manifest(store)
+        if doc is None:
+            return None, CommitLog()
         try:
-            del store[commit_key(number - KEEP_COMMITS)]
+            return doc, read_log(store, doc)
+        except KeyError:
+            continue
+    raise FormatError(f"{MANIFEST_KEY}: its commit log keeps changing while it is read ({tries} tries)")
+
+
+def sealed_chunks(store: zarr.storage.BaseStore, rows: dict[str, int], chunk_rows: dict[str, int],
+                  commit: int | None = None) -> dict[str, dict[int, ChunkRecord]] | None:
+    """The size and digest recorded for each chunk of `rows` (a commit's row counts) that no writer changes any
+    more: chunks whose rows are all below `rows`, and a table's last, partly filled chunk only when `commit`
+    is the latest and its writer closed (sealed it). None for a dataset whose commits record no digests
+    (written by another tool or by zarrfeed before format 3): it cannot be verified."""
+    doc, log = latest_log(store)
+    if doc is None or doc.get("digest") != DIGEST:
+        return None
+    chunks = log.whole().chunks
+    latest = commit is None or commit == doc["commit"]
+    out = {}
+    for t, n in rows.items():
+        c = chunk_rows[t]
+        out[t] = {i: r for i, r in chunks.get(t, {}).items()
+                  if r is not None and ((i + 1) * c <= n or (latest and i * c < n))}
+    return out
+
+
+def delete(store: zarr.storage.BaseStore, keys: list[str]) -> None:
+    """Delete `keys`, those already gone included."""
+    for key in keys:
+        try:
+            del store[key]
         except KeyError:
             pass
 

@@ -27,8 +27,9 @@ import zarr
 from tqdm.auto import tqdm
 
 from . import dataset_format
-from .chunkio import write_rows
-from .commit import CommitTracker
+from .chunkio import ChunkWrite, write_rows
+from .commit import ChunkDigests, CommitTracker
+from .commit_log import CommitLog, Segment
 from .coordinator import Coordinator, LocalCoordinator
 from .episode import check_episode, relocate
 from .journal import Journal
@@ -111,6 +112,7 @@ class DatasetWriter:
                 self.schema, self._dataset_id = dataset_format.create(store, schema, chunks=dict(chunks or {}) or None,
                                                                       compressor=compressor)
                 committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
+                self._log = CommitLog()
                 self._published = (dict(committed), self._journal.to_json())
             else:
                 self.schema, committed = self._open_existing(schema)
@@ -127,6 +129,8 @@ class DatasetWriter:
             self._length = dict(committed)  # the arrays' lengths: only this process resizes them
             self._coordinator = coordinator or LocalCoordinator(committed)
             self._tracker = CommitTracker(committed)
+            self._digests = ChunkDigests({t: tab.chunk_rows for t, tab in self.schema.tables.items()})
+            self._withdrawn = self._withdraw_tails(committed)
             self._submitted: set[Key] = set()  # keys submitted by this writer and not yet committed
             self._external: dict[Key, tuple[dict[str, int], dict[str, int]]] = {}  # reserved, not yet written
             self._input: str | None = None  # the fingerprint of the input that keyless submits continue
@@ -160,6 +164,12 @@ class DatasetWriter:
             raise
         self._closed = False
         self._last_flush = self._last_commit = time.monotonic()
+        if self._withdrawn:  # before any write can change those chunks
+            try:
+                self._commit(force=True)
+            except BaseException as exc:
+                self._fail(exc)
+                raise
         self._rows_in = {t: 0 for t in self.schema.tables}
         self._episodes_in = 0
 
@@ -193,13 +203,35 @@ class DatasetWriter:
                 group.create_dataset(name, shape=(0,), chunks=(table.chunk_rows,), dtype=table.dtype,
                                      compressor=found.compressor, fill_value=np.zeros(1, table.dtype)[0])
         doc = dataset_format.read_manifest(group.store)
+        self._log = CommitLog()
         if doc is None:  # written by another tool: its shapes are its rows
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
             return found, {n: group[n].shape[0] for n in found.tables}
-        self._journal = Journal.from_json(doc.get("journal"))
+        try:
+            self._log = dataset_format.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
+        except KeyError as exc:
+            raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
+                from None
+        logged = self._log.whole()
+        self._journal = Journal.from_json(doc.get("journal"), logged.committed, logged.skipped)
         self._commit_no = doc["commit"]
         self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
         return found, doc["committed"]
+
+    def _withdraw_tails(self, committed: Mapping[str, int]) -> dict[str, tuple[int, tuple[int, str]]]:
+        """The digests of each table's last, partly filled chunk that the log records (sealed when the last
+        writer closed): this writer's first write there changes the chunk, so the next commit withdraws them
+        (until this writer closes and seals the chunk again)."""
+        if not self._log.refs:
+            return {}
+        chunks = self._log.whole().chunks
+        out = {}
+        for t, n in committed.items():
+            c = self.schema.tables[t].chunk_rows
+            record = chunks.get(t, {}).get(n // c) if n % c else None
+            if record is not None:
+                out[t] = (n // c, record)
+        return out
 
     # ---------------------------------------------------------------- public API
     @property
@@ -380,9 +412,11 @@ class DatasetWriter:
         self._external[key] = (starts, ends)
         return starts
 
-    def written(self, key: Key) -> None:
-        """The rows placed under `key` by `reserve` are stored: they commit with everything placed before."""
+    def written(self, key: Key, writes: Iterable[ChunkWrite] = ()) -> None:
+        """The rows placed under `key` by `reserve` are stored, as `writes` say (what `chunkio.write_rows`
+        returned): they commit with everything placed before, with the digests of their chunks."""
         starts, ends = self._external.pop(key)
+        self._digests.add(writes)
         for t in starts:
             if ends[t] > starts[t]:
                 self._tracker.segment_done(t, starts[t], ends[t])
@@ -423,6 +457,7 @@ class DatasetWriter:
             for t, n in self._tracker.committed.items():  # nothing lies past the committed rows: trim the shape
                 if self._length[t] != n:
                     self._bounded(lambda: dataset_format.set_length(self._arrays[t], n), f"setting the length of {t}")
+            self._write_manifest(seal_tail=True)
             self._bounded(lambda: dataset_format.consolidate(self._store), "consolidating the metadata")
         finally:
             self._shutdown()
@@ -494,7 +529,9 @@ class DatasetWriter:
         self._inflight[seg.id] = seg
         if self._pool is None:
             rows = np.frombuffer(self._blocks[seg.block].buf, self._arrays[table].dtype, count=seg.n)
-            self._shared_chunks += write_rows(self._arrays[table], self._locked[table], seg.start, rows)
+            writes = write_rows(self._arrays[table], seg.start, rows, self._sync)
+            self._shared_chunks += sum(w.shared for w in writes)
+            self._digests.add(writes)
             del rows
             self._done(seg.id)
             return
@@ -523,7 +560,8 @@ class DatasetWriter:
                     seg = self._inflight.get(seg_id[0]) if seg_id else None
                     where = f" writing {seg.table} rows [{seg.start}, {seg.start + seg.n})" if seg else ""
                     raise WorkerError(f"writer worker {wid} failed{where}: {detail}", detail) from detail.exc
-                self._shared_chunks += detail
+                self._shared_chunks += sum(w.shared for w in detail)
+                self._digests.add(detail)
                 self._done(seg_id)
             if self._pool.dead():
                 raise WorkerError(self._lost())
@@ -565,15 +603,40 @@ class DatasetWriter:
         self._write_manifest()
         self._last_commit = time.monotonic()
 
-    def _write_manifest(self) -> None:
+    def _write_manifest(self, seal_tail: bool = False) -> None:
+        """Publish a commit: the committed rows, the journal, and in a new log segment the caller's keys and the
+        digests of the chunks sealed since the last commit (`seal_tail`: the last chunk of each table too, when
+        the writer closes). If it fails, nothing of it counts: the same is published by the next commit."""
         self._lease.check()  # never publish a commit once another writer holds the dataset, or may
-        state = (dict(self._tracker.committed), self._journal.to_json())
-        if state == self._published:
+        committed = dict(self._tracker.committed)
+        chunks = self._digests.seal(committed, seal_tail)
+        for t, (index, record) in self._withdrawn.items():
+            if seal_tail and committed[t] // self.schema.tables[t].chunk_rows == index:
+                chunks.setdefault(t, {}).setdefault(index, record)  # still the chunk it was: sealed again
+            else:
+                chunks.setdefault(t, {}).setdefault(index, None)
+        new_keys = self._journal.take_new()
+        segment = Segment(new_keys[0], new_keys[1], chunks)
+        state = (committed, self._journal.to_json())
+        if state == self._published and not len(segment):
             return
+        before = (list(self._log.refs), dict(self._log.contents))
+        try:
+            objects, doomed = self._log.add(segment, self._commit_no + 1)
+            doc = dataset_format.manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
+                                          journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST)
+            self._bounded(lambda: dataset_format.write_manifest(self._store, doc, objects),
+                          f"publishing commit {self._commit_no + 1}")
+        except BaseException:
+            self._log.refs, self._log.contents = before
+            self._journal.give_back(new_keys)
+            raise
         self._commit_no += 1
-        doc = dataset_format.manifest(self.schema, state[0], self._commit_no, self._dataset_id, journal=state[1])
-        self._bounded(lambda: dataset_format.write_manifest(self._store, doc), f"publishing commit {self._commit_no}")
+        self._digests.forget(chunks)
+        self._withdrawn = {}
         self._published = state
+        if doomed:  # merged into the new segment; the manifest that listed them is replaced
+            within(_FAIL_SECONDS, lambda: dataset_format.delete(self._store, doomed))
 
     def _bounded(self, fn: Any, what: str) -> Any:
         return bounded(self._store_timeout, fn, f"{self.location}: {what}")

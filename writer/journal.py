@@ -50,9 +50,11 @@ class IndexRanges:
 class Journal:
     """Which episode keys are committed or skipped, and which were submitted but not yet committed.
 
-    Positional keys are kept per input as index ranges (compact for ordered input); the caller's keys as sets.
-    `pending` maps a submitted, uncommitted key to its episode's fingerprint, so a resume can check that it is
-    given the same episode again. It all travels in the manifest, written in one piece at each commit.
+    Positional keys are kept per input as index ranges (compact for ordered input) and travel in the manifest.
+    The caller's keys are sets in memory; in the store they live in the commit log (`commit_log`): each commit
+    writes only the keys it adds (`take_new`), so a commit costs the same after a million keyed episodes as
+    after one. `pending` maps a submitted, uncommitted key to its episode's fingerprint, so a resume can check
+    that it is given the same episode again.
     """
 
     def __init__(self) -> None:
@@ -61,18 +63,13 @@ class Journal:
         self.pending: dict[Key, str] = {}
         self.last_input: str | None = None  # the input of the latest ingest
         self.legacy = False  # the manifest numbered episodes before keys existed: no input can be matched
+        self._new: tuple[list, list] = ([], [])  # caller's keys committed, skipped since the last take_new()
 
     def known_input(self, input_id: str) -> bool:
         return input_id in self.inputs
 
     def add_input(self, input_id: str) -> None:
         self.inputs.setdefault(input_id, (IndexRanges(), IndexRanges()))
-
-    def _sets(self, key: Key) -> tuple[Any, Any]:
-        if isinstance(key, Position):
-            self.add_input(key.input)
-            return self.inputs[key.input]
-        return self.keys
 
     def done(self, key: Key) -> bool:
         """Committed or skipped."""
@@ -82,35 +79,57 @@ class Journal:
         return key in self.keys[0] or key in self.keys[1]
 
     def commit(self, key: Key) -> None:
-        committed, _ = self._sets(key)
-        committed.add(key.index if isinstance(key, Position) else key)
-        self.pending.pop(key, None)
+        self._record(key, 0)
 
     def skip(self, key: Key) -> None:
-        _, skipped = self._sets(key)
-        skipped.add(key.index if isinstance(key, Position) else key)
+        self._record(key, 1)
+
+    def _record(self, key: Key, part: int) -> None:
+        if isinstance(key, Position):
+            self.add_input(key.input)
+            self.inputs[key.input][part].add(key.index)
+        elif key not in self.keys[part]:
+            self.keys[part].add(key)
+            self._new[part].append(key)
         self.pending.pop(key, None)
+
+    def take_new(self) -> tuple[list, list]:
+        """The caller's keys committed and skipped since the last call (for the next commit's log segment)."""
+        new, self._new = self._new, ([], [])
+        return new
+
+    def give_back(self, new: tuple[list, list]) -> None:
+        """Undo `take_new` (the commit that would have carried them failed)."""
+        self._new = (new[0] + self._new[0], new[1] + self._new[1])
 
     def committed_count(self) -> int:
         return sum(len(c) for c, _ in self.inputs.values()) + len(self.keys[0])
 
     def to_json(self) -> dict[str, Any]:
+        """The part kept in the manifest (the caller's keys are in the commit log)."""
         return {
             "inputs": {i: {"committed": c.to_json(), "skipped": s.to_json()} for i, (c, s) in self.inputs.items()},
-            "keys": {"committed": sorted(self.keys[0], key=repr), "skipped": sorted(self.keys[1], key=repr)},
             "pending": [[key_to_json(k), digest] for k, digest in self.pending.items()],
             "last_input": self.last_input,
         }
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any] | None) -> "Journal":
-        """A journal from a manifest; one written before keys existed (numbered input only) starts empty."""
+    def from_json(cls, doc: dict[str, Any] | None, committed: Iterable[Key] = (), skipped: Iterable[Key] = ()
+                  ) -> "Journal":
+        """A journal from a manifest's part and the caller's keys from the commit log. A manifest of format 2
+        kept the caller's keys inline: they are read, and written to the log at the next commit. One written
+        before keys existed (numbered input only) starts empty."""
         j = cls()
         doc = doc or {}
         for input_id, sets in doc.get("inputs", {}).items():
             j.inputs[input_id] = (IndexRanges(sets.get("committed", [])), IndexRanges(sets.get("skipped", [])))
-        keys = doc.get("keys", {})
-        j.keys = (set(keys.get("committed", [])), set(keys.get("skipped", [])))
+        j.keys = (set(committed), set(skipped))
+        inline = doc.get("keys", {})
+        for part, name in enumerate(("committed", "skipped")):
+            for key in inline.get(name, []):
+                if key not in j.keys[part]:
+                    j.keys[part].add(key)
+                    j._new[part].append(key)
         j.pending = {key_from_json(k): digest for k, digest in doc.get("pending", [])}
         j.last_input = doc.get("last_input")
         j.legacy = bool(doc.get("committed"))  # a journal of version 1: {"committed": ranges, "skipped": ranges}

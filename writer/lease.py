@@ -84,8 +84,6 @@ class Holder:
     def gone(self, timeout: float) -> str | None:
         """Why this holder is gone (a dead process on this host, a stale heartbeat), or None if it may live."""
         if self.host == socket.gethostname():
-            if self.pid == os.getpid():  # this process: its live leases are in `_held_here`, checked before
-                return "this process released it"
             start = _process_start(self.pid)
             if start is None or (self.pid_start is not None and start != self.pid_start):
                 return f"process {self.pid} on this host has exited"
@@ -254,7 +252,10 @@ class _FileBackend(_Backend):
             previous = self._doc()
             # the document, not the lock file, is the truth: a lock file someone deleted admits a second
             # writer, whose lock is on a new file, while the holder it names is alive and beating
-            why = previous.gone(timeout) if previous is not None and previous.token != me.token else None
+            why = None
+            if previous is not None and previous.token != me.token:  # this process's live leases are in _held_here
+                mine = previous.host == me.host and previous.pid == me.pid
+                why = "this process released it" if mine else previous.gone(timeout)
             if previous is not None and previous.token != me.token and why is None:
                 lock.release()
                 raise _refuse(self.location, previous, timeout)

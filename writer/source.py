@@ -29,8 +29,9 @@ def root_table(schema: Schema) -> str:
 class Episodes:
     """The episodes of linked tables (zarr or numpy arrays, anything sliceable), in row order."""
 
-    def __init__(self, schema: Schema, tables: dict, rows: dict[str, int]) -> None:
-        self.schema, self.tables, self.rows = schema, tables, rows
+    def __init__(self, schema: Schema, tables: dict, rows: dict[str, int],
+                 digests: dict[str, dict[int, tuple[int, str]]] | None = None) -> None:
+        self.schema, self.tables, self.rows, self.digests = schema, tables, rows, digests
         self.root = root_table(schema)
 
     def __len__(self) -> int:
@@ -49,7 +50,7 @@ class Episodes:
     def _rows(self, table: str, start: int, stop: int) -> np.ndarray:
         array = self.tables[table]
         if isinstance(array, zarr.Array):  # a corrupt chunk is named, not "error during blosc decompression"
-            return read_rows(array, start, stop)
+            return read_rows(array, start, stop, digests=self.digests.get(table) if self.digests else None)
         return array[start:stop] if stop > start else np.zeros(0, self.schema.tables[table].dtype)
 
     def _episode(self, root_rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -75,8 +76,12 @@ class DatasetSource(Episodes):
         schema, arrays, _ = dataset_format.open_tables(group)  # other arrays are not episodes' (not copied)
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
         doc = dataset_format.read_manifest(group.store)
-        super().__init__(schema, tables, {n: doc["committed"].get(n, 0) if doc else a.shape[0]
-                                          for n, a in tables.items()})
+        rows = {n: doc["committed"].get(n, 0) if doc else a.shape[0] for n, a in tables.items()}
+        # every chunk read is checked against the digest its commit recorded (a copy must not carry on a
+        # changed chunk as valid data)
+        digests = dataset_format.sealed_chunks(group.store, rows, {n: a.chunks[0] for n, a in tables.items()},
+                                               doc["commit"] if doc else None)
+        super().__init__(schema, tables, rows, digests)
 
 
 def dataset_episodes(source: tuple) -> Iterator[dict[str, np.ndarray]]:

@@ -74,6 +74,30 @@ def within(seconds: float | None, fn: Callable[[], Any]) -> bool:
         return False
 
 
+def get_many(store: zarr.storage.BaseStore, keys: list[str]) -> dict[str, bytes]:
+    """The stored values of `keys` that exist (absent ones are left out); on an FSStore as concurrent requests
+    (opened with `exceptions=()`, so any error but a missing key propagates)."""
+    if not keys:
+        return {}
+    if isinstance(store, zarr.storage.FSStore):  # its getitems would raise for a missing key (exceptions=())
+        named = {store._normalize_key(k): k for k in keys}
+        out = {}
+        for k, v in store.map.getitems(list(named), on_error="return").items():
+            if isinstance(v, (KeyError, FileNotFoundError)):
+                continue
+            if isinstance(v, BaseException):
+                raise v
+            out[named[k]] = v
+        return out
+    out = {}
+    for key in keys:
+        try:
+            out[key] = store[key]
+        except KeyError:
+            pass
+    return out
+
+
 def parse_storage_option(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` from the command line; VALUE is read as JSON when it is JSON (true, 3, {"a": 1}), else text."""
     key, sep, value = text.partition("=")

@@ -18,11 +18,10 @@ def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronize
           blocks: list[SharedBlock]) -> Callable[[tuple], tuple]:
     """Open the store in this process (no zarr handle is inherited; tables at first use); return the handler.
 
-    A message is (segment id, table, first row, row count, block); the reply (done, worker, segment id,
-    chunks that needed the lock)."""
+    A message is (segment id, table, first row, row count, block); the reply (done, worker, segment id, the
+    `ChunkWrite`s of what was stored)."""
     store = location.store("w")
     arrays: dict[str, zarr.Array] = {}
-    locked: dict[str, zarr.Array] = {}
 
     def handle(msg: tuple) -> tuple:
         seg_id, table, start, n, block = msg
@@ -31,9 +30,7 @@ def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronize
             # (a fraction of a second), which then overlaps the parent's filling of the next segment. The
             # parent made or checked the table: open it directly (zarr's checks are two more requests).
             arrays[table] = zarr.Array(store, path=table)
-            locked[table] = zarr.Array(store, path=table, synchronizer=synchronizer, cache_metadata=False)
         rows = np.frombuffer(blocks[block].buf, dtypes[table], count=n)
-        shared = write_rows(arrays[table], locked[table], start, rows)
-        return ("done", wid, seg_id, shared)
+        return ("done", wid, seg_id, write_rows(arrays[table], start, rows, synchronizer))
 
     return handle

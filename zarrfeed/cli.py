@@ -63,16 +63,25 @@ def format_info(info: dict) -> str:
     return "\n".join(lines)
 
 
-def _validate(ds: Dataset, progress: bool) -> int:
+def _validate(ds: Dataset, progress: bool, deep: bool = False) -> int:
     total = sum(ds.rows.values())
     with tqdm(total=total, unit="row", unit_scale=True, desc="validating", disable=not progress,
               leave=False) as bar:
         report = ds.validate(progress=bar.update)
-    if report.ok:
+    verified = None
+    if deep:
+        chunks = sum(-(-ds.rows[t] // a.chunks[0]) for t, a in ds.tables.items())
+        with tqdm(total=chunks, unit="chunk", desc="verifying", disable=not progress, leave=False) as bar:
+            verified = ds.verify(progress=bar.update)
+    if report.ok and (verified is None or verified.ok):
         notes = "".join(f"\n{line}" for line in str(report).splitlines()[1:])  # arrays not checked, if any
-        print(f"{ds.location}: valid ({_counts(ds.rows)}){notes}")
+        if verified is not None and not verified.recorded:
+            print(f"{ds.location}: links valid, chunks {verified} ({_counts(ds.rows)}){notes}")
+        else:
+            print(f"{ds.location}: valid ({_counts(ds.rows)}){notes}" + (f"\n{verified}" if verified else ""))
         return 0
-    print(f"{ds.location}: INVALID\n{report}")
+    print(f"{ds.location}: INVALID" + (f"\n{report}" if not report.ok else "") +
+          (f"\n{verified}" if verified is not None else ""))
     return 1
 
 
@@ -154,7 +163,7 @@ def _info_remote(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     with _open(args) as ds:
-        return _validate(ds, progress=_progress(args))
+        return _validate(ds, progress=_progress(args), deep=args.deep)
 
 
 def _print_summary(summary: dict, committed: dict[str, int]) -> None:
@@ -455,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
     p = command("validate", "check every interval link and decode every chunk; exit 1 if invalid")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
+    p.add_argument("--deep", action="store_true",
+                   help="also check every chunk's stored bytes against the size and digest its commit recorded")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_validate)
     for name, p in sub.choices.items():

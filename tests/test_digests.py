@@ -1,0 +1,171 @@
+"""Issue 19, items 4, 5, 7 and 8: every commit records each chunk's size and digest, `validate --deep` and
+`Dataset.verify()` check them, `ingest --from` and the disk cache read only what was committed, the manifest's
+shape is checked, and a commit costs the same after thousands of keyed episodes as after one."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from expected import expected_tables
+from loader import Dataset, Loader
+from writer import synthetic
+from writer.dataset_format import MANIFEST_KEY, read_manifest
+from writer.dataset_writer import DatasetWriter
+
+SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
+
+
+def episodes(n: int, seed: int, frames: int = 40, agents: int = 40) -> list[dict]:
+    return list(synthetic.episodes(n, seed=seed, frames=frames, agents_per_frame=agents))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zarrfeed", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def written(tmp_path):
+    out = tmp_path / "d.zarr"
+    with DatasetWriter(out, workers=0, chunks=SMALL) as w:
+        w.ingest(episodes(6, seed=0))
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_chunk_of_a_closed_dataset_is_recorded_shared_chunks_included(tmp_path, workers):
+    """Small episodes flushed often: many chunks are written by two segments (read, merged, written back)."""
+    out = tmp_path / "d.zarr"
+    eps = episodes(30, seed=1, frames=7, agents=13)
+    with DatasetWriter(out, workers=workers, chunks=SMALL, commit_interval=0.0) as w:
+        for i, ep in enumerate(eps[:20]):
+            w.submit(ep)
+            if i % 3 == 0:
+                w.sync()
+        assert w._shared_chunks > 0
+    with DatasetWriter(out, workers=workers, mode="a") as w:  # the tail chunk is rewritten by the append
+        w.ingest(eps[20:])
+    ds = Dataset.open(out)
+    report = ds.verify()
+    chunks = sum(-(-ds.rows[t] // a.chunks[0]) for t, a in ds.tables.items())
+    assert report.ok and report.verified == chunks and report.unverifiable == 0, str(report)
+    for name, arr in expected_tables(eps).items():
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+
+
+def test_validate_deep_names_a_replaced_chunk_and_a_flipped_bit(written):
+    assert cli("validate", str(written), "--deep", "-q").returncode == 0
+    shutil.copyfile(written / "agents" / "2", written / "agents" / "1")  # decodes fine, links still valid
+    assert cli("validate", str(written), "-q").returncode == 0  # what plain validate cannot see
+    r = cli("validate", str(written), "--deep", "-q")
+    assert r.returncode == 1 and "chunk 'agents/1' is not the chunk that was committed" in r.stdout, r
+    raw = bytearray((written / "frames" / "0").read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    (written / "frames" / "0").write_bytes(bytes(raw))
+    report = Dataset.open(written).verify()
+    assert not report.ok and {p.split("'")[3] for p in report.problems} == {"agents/1", "frames/0"}
+
+
+def test_ingest_from_refuses_a_chunk_that_is_not_the_committed_one(written, tmp_path):
+    shutil.copyfile(written / "agents" / "2", written / "agents" / "1")
+    r = cli("ingest", str(tmp_path / "c.zarr"), "--from", str(written), "-q")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r
+    assert "chunk 'agents/1' is not the chunk that was committed" in r.stderr
+    assert not (tmp_path / "c.zarr").exists()
+
+
+def test_a_dataset_without_digests_is_not_verifiable_rather_than_valid(real_scene):
+    r = cli("validate", str(real_scene), "--deep", "-q")
+    assert r.returncode == 0 and "not verifiable" in r.stdout and ": valid" not in r.stdout, r
+    assert not Dataset.open(real_scene).verify().recorded
+
+
+def test_the_disk_cache_never_serves_a_copys_chunks(s3, tmp_path):
+    """Item 4: the cache keyed chunks by dataset id, which a copy keeps: after different appends, a loader of
+    the copy read 19,165 of 41,679 rows from the original."""
+    bucket, server = s3
+    fs = server.fs()
+    a, b = f"{bucket}/a.zarr", f"{bucket}/b.zarr"
+    base = episodes(3, seed=2)
+    with DatasetWriter(a, workers=0, chunks=SMALL, storage_options=server.options) as w:
+        w.ingest(base)
+    fs.copy(f"{a}/", f"{b}/", recursive=True)  # a copy: same dataset id
+    more = {a: episodes(3, seed=3), b: episodes(3, seed=4)}
+    for url, eps in more.items():
+        with DatasetWriter(url, workers=0, mode="a", storage_options=server.options) as w:
+            w.ingest(eps)
+    assert Dataset.open(a, storage_options=server.options).dataset_id == \
+        Dataset.open(b, storage_options=server.options).dataset_id
+    cache = tmp_path / "cache"
+    for url in (a, b, a):
+        with Loader(url, "agents", batch_size=500, num_workers=1, shuffle=False, storage_options=server.options,
+                    cache_dir=cache, copy=True) as loader:
+            got = np.concatenate([batch["centroid"] for batch in loader])
+        want = expected_tables(base + more[url])["agents"]["centroid"]
+        np.testing.assert_array_equal(got, want)
+    assert list(cache.glob("*.chunk"))
+
+
+def test_a_cached_chunk_damaged_on_disk_is_fetched_again(s3, tmp_path):
+    bucket, server = s3
+    url = f"{bucket}/d.zarr"
+    eps = episodes(4, seed=5)
+    with DatasetWriter(url, workers=0, chunks=SMALL, storage_options=server.options) as w:
+        w.ingest(eps)
+    cache = tmp_path / "cache"
+    kw = dict(batch_size=500, num_workers=1, shuffle=False, storage_options=server.options, cache_dir=cache,
+              copy=True)
+    with Loader(url, "agents", **kw) as loader:
+        list(loader)
+    for path in cache.glob("*.chunk"):
+        path.write_bytes(b"x" + path.read_bytes()[1:])
+    with Loader(url, "agents", **kw) as loader:
+        got = np.concatenate([batch["centroid"] for batch in loader])
+    np.testing.assert_array_equal(got, expected_tables(eps)["agents"]["centroid"])
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("commit", "abc", "'commit'"), ("journal", "x", "'journal'"), ("committed", {"scenes": -1}, "'committed.scenes'"),
+    ("log", [{"key": 3}], "'log'")])
+def test_a_manifest_with_a_field_of_the_wrong_type_is_one_line_naming_it(written, tmp_path, field, value, named):
+    """Item 7: `info` and `validate` said valid, `--append` printed a traceback."""
+    doc = json.loads((written / MANIFEST_KEY).read_bytes())
+    doc[field] = value
+    (written / MANIFEST_KEY).write_text(json.dumps(doc))
+    before = sorted(p.relative_to(written).as_posix() for p in written.rglob("*"))
+    for args in (["info", str(written)], ["validate", str(written), "-q"],
+                 ["ingest", str(written), "--synthetic", "1", "--append", "-q"]):
+        r = cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r)
+        assert len(r.stderr.strip().splitlines()) == 1 and named in r.stderr, (args, r.stderr)
+    assert sorted(p.relative_to(written).as_posix() for p in written.rglob("*")) == before
+
+
+def test_a_commit_costs_the_same_after_thousands_of_keyed_episodes(tmp_path):
+    """Item 8: the journal was rewritten whole at every commit (38 bytes per key: 20,000 keyed episodes made a
+    762 KiB manifest rewritten every second). Keys now go to log segments written once and merged like a
+    binary counter; resume stays exact."""
+    out = tmp_path / "d.zarr"
+    tiny = next(synthetic.episodes(1, seed=6, frames=1, agents_per_frame=1))
+    sizes, commits = {}, 0
+    with DatasetWriter(out, workers=0, commit_interval=3600) as w:
+        for i in range(3000):
+            w.submit(tiny, key=f"drive-{i:06d}-{'x' * 20}")
+            if i % 10 == 9:
+                w.sync()
+                commits += 1
+            if i + 1 in (300, 3000):
+                sizes[i + 1] = len((out / MANIFEST_KEY).read_bytes())
+        assert not w.submit(tiny, key="drive-000007-" + "x" * 20)
+    doc = read_manifest(__import__("zarr").DirectoryStore(str(out)))
+    assert sizes[3000] < 2 * sizes[300] + 1000, sizes  # not 10 times: the manifest does not hold the keys
+    assert len(doc["log"]) <= commits.bit_length() + 2, doc["log"]
+    assert len(os.listdir(out / "zarrfeed.log")) == len(doc["log"])  # merged-away segments are deleted
+    with DatasetWriter(out, workers=0, mode="a") as w:  # resume: every key is known, nothing is written twice
+        assert all(w.is_committed(f"drive-{i:06d}-{'x' * 20}") for i in range(3000))
+        assert not any(w.submit(tiny, key=f"drive-{i:06d}-{'x' * 20}") for i in range(0, 3000, 7))
+    assert Dataset.open(out).rows["scenes"] == 3000
+    assert Dataset.open(out).verify().ok
