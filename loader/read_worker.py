@@ -78,7 +78,7 @@ class Source:
     @classmethod
     def of(cls, ds, fetch: FetchOptions) -> "Source":
         cached = fetch.cache_dir is not None and not ds.location.is_local
-        return cls(ds.location, dict(ds.rows), fetch, ds.digests() if cached else None)
+        return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None)
 
 
 def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:

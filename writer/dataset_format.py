@@ -217,11 +217,13 @@ def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str,
 
 
 def sealed_chunks(store: zarr.storage.BaseStore, rows: dict[str, int], chunk_rows: dict[str, int],
-                  commit: int | None = None) -> dict[str, dict[int, ChunkRecord]] | None:
+                  commit: int | None = None, tail: bool = True) -> dict[str, dict[int, ChunkRecord]] | None:
     """The size and digest recorded for each chunk of `rows` (a commit's row counts) that no writer changes any
-    more: chunks whose rows are all below `rows`, and a table's last, partly filled chunk only when `commit`
-    is the latest and its writer closed (sealed it). None for a dataset whose commits record no digests
-    (written by another tool or by zarrfeed before format 3): it cannot be verified."""
+    more: chunks whose rows are all below `rows`, and with `tail` a table's last, partly filled chunk when
+    `commit` is the latest and its writer closed (sealed it). A writer that opens the dataset later withdraws
+    that seal before it rewrites the chunk, so a reader that keeps these records for long (a loader's disk
+    cache) asks for `tail=False`. None for a dataset whose commits record no digests (written by another
+    tool or by zarrfeed before format 3): it cannot be verified."""
     doc, log = latest_log(store)
     if doc is None or doc.get("digest") != DIGEST:
         return None
@@ -231,7 +233,7 @@ def sealed_chunks(store: zarr.storage.BaseStore, rows: dict[str, int], chunk_row
     for t, n in rows.items():
         c = chunk_rows[t]
         out[t] = {i: r for i, r in chunks.get(t, {}).items()
-                  if r is not None and ((i + 1) * c <= n or (latest and i * c < n))}
+                  if r is not None and ((i + 1) * c <= n or (tail and latest and i * c < n))}
     return out
 
 
