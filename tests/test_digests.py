@@ -182,3 +182,12 @@ def test_verify_while_a_writer_appends_reports_no_false_corruption(written):
         report = ds.verify()
         assert report.ok and report.unverifiable >= 1, str(report)
     assert Dataset.open(written).verify().unverifiable == 0
+
+
+def test_a_segment_of_a_commit_that_never_published_is_removed_by_the_next_writer(written):
+    orphan = written / "zarrfeed.log" / "0000000099-deadbeef.json"
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_text('{"committed": ["k"], "skipped": [], "chunks": {}}')
+    with DatasetWriter(written, workers=0, mode="a") as w:
+        assert not w.is_committed("k")
+    assert not orphan.exists()

@@ -20,7 +20,7 @@ import numcodecs
 import numpy as np
 import zarr
 
-from .commit_log import ChunkRecord, CommitLog, Segment, SegmentRef
+from .commit_log import LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
 from .store import FormatError, Location, get_many
 
@@ -235,6 +235,14 @@ def sealed_chunks(store: zarr.storage.BaseStore, rows: dict[str, int], chunk_row
         out[t] = {i: r for i, r in chunks.get(t, {}).items()
                   if r is not None and ((i + 1) * c <= n or (tail and latest and i * c < n))}
     return out
+
+
+def log_keys(store: zarr.storage.BaseStore) -> list[str]:
+    """The keys of every commit log segment stored, listed or not by the manifest."""
+    try:
+        return [f"{LOG_PREFIX}/{name}" for name in store.listdir(LOG_PREFIX)]
+    except (KeyError, FileNotFoundError):
+        return []
 
 
 def delete(store: zarr.storage.BaseStore, keys: list[str]) -> None:

@@ -212,6 +212,10 @@ class DatasetWriter:
         except KeyError as exc:
             raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
                 from None
+        listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
+        orphans = [k for k in dataset_format.log_keys(group.store) if k not in listed]
+        if orphans:
+            within(_FAIL_SECONDS, lambda: dataset_format.delete(group.store, orphans))
         logged = self._log.whole()
         self._journal = Journal.from_json(doc.get("journal"), logged.committed, logged.skipped)
         self._commit_no = doc["commit"]
