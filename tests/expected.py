@@ -19,6 +19,14 @@ def expected_tables(episodes, schema=L5KIT_SCHEMA):
     return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
+def assert_holds(ds, episodes) -> None:
+    """The opened dataset `ds` is valid and holds exactly `episodes`, in order, each once."""
+    assert ds.validate().ok
+    for name, arr in expected_tables(episodes).items():
+        assert ds.rows[name] == len(arr), name
+        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+
+
 def wait_for_scenes(path, n: int, storage_options=None, timeout: float = 60, alive=None) -> int:
     """Wait until a writer has committed at least `n` scenes at `path` (while `alive()`, if given, is true);
     return the count seen. For tests that interrupt a writer mid-ingest."""

@@ -7,10 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from expected import expected_tables
+from expected import assert_holds
 from loader import Dataset
 from writer import synthetic
 from writer.dataset_writer import DatasetWriter
@@ -22,13 +21,6 @@ SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 
 def small_episodes(n: int, seed: int) -> list[dict]:
     return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
-
-
-def assert_holds(ds: Dataset, episodes) -> None:
-    assert ds.validate().ok
-    for name, arr in expected_tables(episodes).items():
-        assert ds.rows[name] == len(arr), name
-        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
 
 
 def lease_child(url: str, timeout: float, env: dict | None = None, *extra: str) -> subprocess.Popen:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from expected import expected_tables, wait_for_scenes
+from expected import assert_holds, expected_tables, wait_for_scenes
 from loader import Dataset, Loader
 from loader import export_parquet
 from zarrfeed.cli import main
@@ -29,13 +29,6 @@ CHILD_EPISODES = dict(seed=5, frames=40, agents_per_frame=300)  # what writer_ch
 
 def small_episodes(n: int, seed: int) -> list[dict]:
     return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
-
-
-def assert_holds(ds: Dataset, episodes) -> None:
-    assert ds.validate().ok
-    for name, arr in expected_tables(episodes).items():
-        assert ds.rows[name] == len(arr), name
-        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
 
 
 def decoded(ds: Dataset) -> dict[str, bytes]:
