@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from expected import assert_holds, expected_tables, wait_for_scenes
+from expected import assert_holds, wait_for_scenes
 from loader import Dataset, Loader
 from loader import export_parquet
 from zarrfeed.cli import main
