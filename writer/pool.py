@@ -68,29 +68,46 @@ class WorkerError(RuntimeError):
         return self.remote.traceback if self.remote else None
 
 
-def _parent_gone(parent_pid: int) -> bool:
+def _parent_gone(parent_pid: int, direct: bool) -> bool:
     """Whether the process that started this worker has exited. Under "fork" and "spawn" it is our parent
-    until it dies (then we are reparented); under "forkserver" our parent is the fork server, so the pid
-    itself is asked. (A parent that dies also closes its end of our pipe, which ends the loop above: this
-    check is for the "fork" case, where siblings forked later may hold that end too.)"""
+    (`direct`) until it dies, and then we are reparented; under "forkserver" our parent is the fork server, so
+    the pid itself is asked, and a zombie (killed, not yet reaped by its own parent) counts as gone. (A parent
+    that dies also closes its end of our pipe, which ends the loop below: this check is for the "fork" case,
+    where siblings forked later may hold that end too.)"""
     if os.getppid() == parent_pid:
         return False
+    if direct:
+        return True
     try:
         os.kill(parent_pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # alive, another user's: not ours, so ours is gone
         return True
-    return False
+    try:
+        with open(f"/proc/{parent_pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):  # no /proc (not Linux): the signal check above is all there is
+        return False
 
 
 def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
            setup: Callable[..., Callable[[Any], tuple]], args: tuple) -> None:
+    """A worker's life (see the module docstring). A parent that dies (even SIGKILLed with replies unread,
+    which resets the pipe) ends it quietly: the parent's death is the message, not a traceback per worker."""
     import numcodecs.blosc
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
     numcodecs.blosc.set_nthreads(blosc_threads)
     numcodecs.blosc.use_threads = blosc_threads > 1
+    try:
+        _answer(wid, conn, parent_pid, os.getppid() == parent_pid, setup, args)
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the pipe's other end, the parent, is gone
+        pass
+
+
+def _answer(wid: int, conn: Any, parent_pid: int, direct: bool, setup: Callable[..., Callable[[Any], tuple]],
+            args: tuple) -> None:
     def send(reply: tuple) -> None:
         conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
 
@@ -104,21 +121,18 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
     backlog: list = []
     while True:
         if not backlog and not conn.poll(0.5):
-            if _parent_gone(parent_pid):
+            if _parent_gone(parent_pid, direct):
                 return
             continue
-        try:
-            if not backlog:
-                backlog.append(pickle.loads(conn.recv_bytes()))
-            while urgent and conn.poll(0):  # everything waiting, to pick the urgent ones first
-                backlog.append(pickle.loads(conn.recv_bytes()))
-        except EOFError:
-            return
+        if not backlog:
+            backlog.append(pickle.loads(conn.recv_bytes()))
+        while urgent and conn.poll(0):  # everything waiting, to pick the urgent ones first
+            backlog.append(pickle.loads(conn.recv_bytes()))
         pick = next((i for i, m in enumerate(backlog) if m is None or urgent(m)), 0) if urgent else 0
         msg = backlog.pop(pick)
         if waiting is not None and backlog:
             waiting(backlog)
-        if msg is None:
+        if msg is None or _parent_gone(parent_pid, direct):  # messages still buffered from a dead parent: not done
             return
         try:
             reply = handle(msg)
