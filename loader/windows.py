@@ -294,7 +294,7 @@ class WindowLoader(Loader):
         else:
             columns = _probe_in_process(make_batch, transform, k, self.start_method,
                                         lambda err: self._probe_failed(k, plan, err), "frame_index")
-        return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
+        return self._slot_layout(columns, k, plan)
 
 
 def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:
