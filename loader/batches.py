@@ -78,6 +78,14 @@ class _InlinePool:
         pass
 
 
+def fetch_options(ds: Dataset, cache_dir: str | os.PathLike | None, cache_dir_bytes: int) -> FetchOptions:
+    """How workers fetch chunks: the local cache, and as many tries as the store's timeout budget allows
+    (`Location.fetch_tries`: on S3, s3fs retries each try itself)."""
+    tries = ds.location.fetch_tries
+    return FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes,
+                        *(() if tries is None else (tries,)))
+
+
 def default_cache_bytes() -> int:
     """A quarter of the memory available now: what decoded chunks may keep across epochs by default."""
     return available_memory() // 4
@@ -324,7 +332,7 @@ class Loader:
         _Cast.check({c.name: c.dtype for c in records.columns}, dtypes or {}, casting)
         self._start(ds, table, config, selection, records, num_workers, prefetch, _Cast.around(transform, dtypes),
                     copy, start_method, restart_workers, output,
-                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views,
+                    fetch_options(ds, cache_dir, cache_dir_bytes), check_views,
                     cache_bytes)
 
     def _start(self, ds: Dataset, table: str, config: PlanConfig, selection: list[np.ndarray] | None,
