@@ -304,3 +304,18 @@ def test_the_store_timeout_is_an_option_and_set_options_win(s3):
     assert main(["info", f"{bucket}/none.zarr", f"--storage-option=endpoint_url={server.endpoint}",
                  "--storage-option=zarrfeed_timeout=soon"]) == 2
 
+
+def test_missing_credentials_are_one_line_saying_where_they_are_read_from(s3, tmp_path):
+    """Issue 19 item 9: S3 without credentials printed botocore's traceback ("Unable to locate credentials")."""
+    bucket, server = s3
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}  # no ~/.aws, no instance role
+    endpoint = f"--storage-option=endpoint_url={server.endpoint}"
+    partial = "Partial credentials found in env, missing: AWS_SECRET_ACCESS_KEY"
+    for extra, missing in (({}, "none found"), ({"AWS_ACCESS_KEY_ID": "testing"}, partial)):
+        for command in (["info", f"{bucket}/d.zarr"], ["ingest", f"{bucket}/d.zarr", "--synthetic", "1", "-q"]):
+            r = subprocess.run([sys.executable, "-m", "zarrfeed", *command, endpoint], capture_output=True,
+                               text=True, timeout=60, env=env | extra)
+            assert r.returncode == 2 and "Traceback" not in r.stderr
+            assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"zarrfeed: error: S3 credentials: {missing}")
+            assert "AWS_ACCESS_KEY_ID" in r.stderr and f"{tmp_path}/.aws/credentials" in r.stderr
