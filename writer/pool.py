@@ -156,6 +156,54 @@ def preload_in_workers(*modules: str) -> None:
     _PRELOAD.update(modules)
 
 
+_RERUN_EXIT = 87  # a worker's exit code: it ran the user's script again, whose top-level code starts workers
+
+
+def _leave_if_rerunning_the_script() -> None:
+    """In a worker that is running the user's script again while starting (as "forkserver" and "spawn" do, as
+    `__mp_main__`), the script's unguarded top-level code is making a pool of its own: exit at once, quietly,
+    with `_RERUN_EXIT`. The parent then says so in one line (see `WorkerPool._wait_ready`) instead of every
+    worker printing multiprocessing's RuntimeError about the bootstrapping phase."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        os._exit(_RERUN_EXIT)
+
+
+def _quiet_when_the_script_fails_again(previous: Callable[..., Any] = sys.excepthook) -> None:
+    """Installed in every process that imports this module (a fork server preloads it, a spawned worker imports
+    it with the script): an exception raised while a starting worker runs the user's script again
+    (multiprocessing's `_fixup_main_from_path` / `_fixup_main_from_name` in the traceback) ends that worker
+    quietly with `_RERUN_EXIT`, so that the parent says it once; any other exception is printed as before."""
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        names = {frame.f_code.co_name for frame, _ in traceback.walk_tb(tb)}
+        if {"_fixup_main_from_path", "_fixup_main_from_name"} & names:
+            os._exit(_RERUN_EXIT)
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+_quiet_when_the_script_fails_again()
+
+
+def _one_line_if_uncaught(exc: BaseException) -> None:
+    """Have Python print `exc`, should it end the program, as its last line alone: the fix it names is in the
+    user's script, and the traceback through zarrfeed would only hide it. Caught, it is an exception as any."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        chain: BaseException | None = value
+        seen: set[int] = set()
+        while chain is not None and id(chain) not in seen and chain is not exc:
+            seen.add(id(chain))
+            chain = chain.__cause__ or chain.__context__
+        if chain is exc:
+            print(traceback.format_exception_only(kind, value)[-1].rstrip("\n"), file=sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 def context(start_method: str | None, setup: Callable | None = None) -> Any:
     """The multiprocessing context for workers: `start_method`, or by default "forkserver" where there is
     one. Why not "fork", the fastest: the process that starts workers has threads (the writer's lease
@@ -165,6 +213,7 @@ def context(start_method: str | None, setup: Callable | None = None) -> Any:
     about 0.05 s more than forked ones (measured: the first batch of a Loader 0.1 s against 0.03 s; the first
     pool of a process pays about 0.5 s to start the server). Pass start_method="fork" to trade that safety
     for speed."""
+    _leave_if_rerunning_the_script()
     methods = mp.get_all_start_methods()
     ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else None))
     if ctx.get_start_method() == "forkserver" and setup is not None:
@@ -223,6 +272,10 @@ class WorkerPool:
             dead = [d for d in self.dead() if d[0] in waiting]
             if dead:
                 self.kill()
+                if dead[0][2] == _RERUN_EXIT:
+                    err = WorkerError(self._rerun_message(*dead[0][:2]))
+                    _one_line_if_uncaught(err)
+                    raise err
                 raise WorkerError(describe_exit(self.name, *dead[0]) + " while starting" + self._start_hint())
             if time.monotonic() > deadline:
                 self.kill()
@@ -236,6 +289,13 @@ class WorkerPool:
             return ""
         return (f" (with start method {self._ctx.get_start_method()!r} every worker imports {script} again: put "
                 f"its top-level code under `if __name__ == \"__main__\":`)")
+
+    def _rerun_message(self, wid: int, pid: int) -> str:
+        script = getattr(sys.modules.get("__main__"), "__file__", "the script")
+        return (f"{self.name} {wid} (pid {pid}) ran {script} again while starting, as start method "
+                f"{self._ctx.get_start_method()!r} does, and its top-level code failed there or started workers "
+                "of its own: put its "
+                "top-level code under `if __name__ == \"__main__\":` (or pass start_method=\"fork\")")
 
     def restart(self, wid: int) -> None:
         """Start a new process in place of dead worker `wid` (its unanswered messages must be sent again)."""
