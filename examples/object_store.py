@@ -11,6 +11,8 @@ from loader import Dataset, Loader
 from writer import DatasetWriter, synthetic
 
 if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
+    if len(sys.argv) < 3:
+        sys.exit(f"usage: python {sys.argv[0]} s3://BUCKET/PREFIX ENDPOINT_URL")
     url = sys.argv[1].rstrip("/") + "/scenes.zarr"
     options = {"endpoint_url": sys.argv[2]}  # anything the filesystem takes: key, secret, profile, anon, ...
 

@@ -12,9 +12,6 @@ from loader import Dataset
 from writer import dask as zdask
 from writer import synthetic
 
-url = sys.argv[1].rstrip("/") + "/fleet.zarr"
-options = {"endpoint_url": sys.argv[2]}
-
 
 def read_log(source):
     """Runs on the workers: one source (a file name, a URL, here a seed) in, its episodes out."""
@@ -23,6 +20,10 @@ def read_log(source):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(f"usage: python {sys.argv[0]} s3://BUCKET/PREFIX ENDPOINT_URL [SCHEDULER_ADDRESS]")
+    url = sys.argv[1].rstrip("/") + "/fleet.zarr"
+    options = {"endpoint_url": sys.argv[2]}
     cluster = None if len(sys.argv) > 3 else LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
                                                           dashboard_address="127.0.0.1:0")
     with Client(sys.argv[3] if len(sys.argv) > 3 else cluster) as client:

@@ -78,6 +78,14 @@ class _InlinePool:
         pass
 
 
+def fetch_options(ds: Dataset, cache_dir: str | os.PathLike | None, cache_dir_bytes: int) -> FetchOptions:
+    """How workers fetch chunks: the local cache, and as many tries as the store's timeout budget allows
+    (`Location.fetch_tries`: on S3, s3fs retries each try itself)."""
+    tries = ds.location.fetch_tries
+    return FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes,
+                        *(() if tries is None else (tries,)))
+
+
 def default_cache_bytes() -> int:
     """A quarter of the memory available now: what decoded chunks may keep across epochs by default."""
     return available_memory() // 4
@@ -288,7 +296,9 @@ class Loader:
     views into shared memory, VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED; pass `copy=True` to keep them.
     `output="arrow"` yields RecordBatches sharing the batch's memory (same validity). `check_views=True` (or
     ZARRFEED_CHECK_VIEWS=1) is a debug mode in which a view used after the next batch faults loudly (see
-    `loader.view_check`). `dtypes={"centroid": "float32"}` converts fields in the workers. Decoded chunks are
+    `loader.view_check`). `dtypes={"centroid": "float32"}` converts fields in the workers; a cast that can
+    change values other than by rounding a float (float to int, a narrower int) is refused unless `casting`
+    (numpy's rule: "same_kind", "unsafe", ...) allows it. Decoded chunks are
     kept across epochs within `cache_bytes` (default a quarter of the available memory, 0: off).
     Iterating continues where the previous iteration stopped; after a complete epoch the epoch advances.
     """
@@ -302,7 +312,7 @@ class Loader:
                  output: str = "numpy", storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
-                 cache_bytes: int | None = None) -> None:
+                 cache_bytes: int | None = None, casting: str | None = None) -> None:
         ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
             Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
         if output not in ("numpy", "arrow"):
@@ -319,9 +329,10 @@ class Loader:
         if unknown:
             raise ValueError(f"dtypes: no field {unknown[0]!r} in this loader's batches "
                              f"(fields: {', '.join(c.name for c in records.columns)})")
+        _Cast.check({c.name: c.dtype for c in records.columns}, dtypes or {}, casting)
         self._start(ds, table, config, selection, records, num_workers, prefetch, _Cast.around(transform, dtypes),
                     copy, start_method, restart_workers, output,
-                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views,
+                    fetch_options(ds, cache_dir, cache_dir_bytes), check_views,
                     cache_bytes)
 
     def _start(self, ds: Dataset, table: str, config: PlanConfig, selection: list[np.ndarray] | None,
@@ -411,6 +422,7 @@ class Loader:
         line naming what differs."""
         saved = LoaderState.from_dict(state)
         saved.check_resumes(self.state())
+        saved.check_position(len(self.plan(saved.epoch)) if saved.epoch >= 0 else 0)
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
 
     def _settings(self) -> dict[str, Any]:
@@ -486,6 +498,17 @@ class Loader:
         else:
             columns = _probe_in_process(make_batch, transform, k, self.start_method,
                                         lambda err: self._probe_failed(k, plan, err))
+        return self._slot_layout(columns, k, plan)
+
+    def _slot_layout(self, columns: list[tuple[str, str, tuple[int, ...]]], k: int, plan: EpochPlan) -> Layout:
+        """The ring slots' layout for a transform's output columns; LoaderError naming a column whose dtype
+        holds Python objects, which cannot live in shared memory (numpy would say only "cannot create an
+        OBJECT array from memory buffer")."""
+        for name, dtype, _ in columns:
+            if np.dtype(dtype).hasobject:
+                raise LoaderError(f"transform output {name!r} of batch {k} of epoch {plan.epoch} (table "
+                                  f"'{self.table}') is an array of Python objects (dtype {np.dtype(dtype)}); "
+                                  "batches live in shared memory: return numbers, bools or fixed-width strings")
         return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
 
     def _probe_failed(self, k: int, plan: EpochPlan, err: RemoteError) -> str:
@@ -613,6 +636,24 @@ class _Cast:
     @classmethod
     def around(cls, transform: Callable | None, dtypes: dict[str, Any] | None) -> Callable | None:
         return cls({k: np.dtype(v) for k, v in dtypes.items()}, transform) if dtypes else transform
+
+    @staticmethod
+    def check(fields: dict[str, np.dtype], dtypes: dict[str, Any], casting: str | None) -> None:
+        """Refuse (one line naming the field) a cast that `casting` does not allow. By default (None): numpy's
+        "safe" casts, and a float to a narrower float (it rounds, the reason `dtypes=` exists); anything that
+        can wrap or truncate values (float64 to int8 wraps 300.0 to 44) only when asked for."""
+        rules = ("no", "equiv", "safe", "same_kind", "unsafe")
+        if casting is not None and casting not in rules:
+            raise ValueError(f"casting must be one of {', '.join(map(repr, rules))} (or None), got {casting!r}")
+        for name, want in dtypes.items():
+            src, dst = fields[name], np.dtype(want)
+            if np.can_cast(src, dst, cast(Any, casting or "safe")):  # a rule checked above
+                continue
+            if casting is None and src.kind == dst.kind == "f":
+                continue
+            rule = f"casting={casting!r} refuses it" if casting else "refused by default"
+            raise ValueError(f"dtypes: casting field {name!r} from {src} to {dst} can change its values ({rule}); "
+                             "pass casting='unsafe' to allow it")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = sorted(set(self.dtypes) - set(batch))

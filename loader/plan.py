@@ -45,6 +45,8 @@ def selected_rows_per_chunk(n_rows: int, chunk_rows: int, rows: np.ndarray | Non
     if rows is None:
         return None
     rows = np.asarray(rows)
+    if rows.size == 0 and rows.ndim == 1:  # `rows=[]` is float64 to numpy, but it selects nothing: an empty epoch
+        rows = rows.astype(np.int64)
     if rows.dtype == bool:
         if rows.shape != (n_rows,):
             raise ValueError(f"rows: a boolean mask must have one entry per committed row ({n_rows}), "

@@ -183,6 +183,7 @@ class _RemoteFeed:
     def load_state_dict(self, state: dict[str, Any] | LoaderState) -> None:
         saved = LoaderState.from_dict(state)
         saved.check_resumes(self.state())
+        saved.check_position(self._plan(saved.epoch)[1] if saved.epoch >= 0 else 0)
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
 
     def close(self) -> None:

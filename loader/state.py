@@ -80,3 +80,10 @@ class LoaderState:
                 raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}")
         if self.selection != here.selection:
             raise ValueError("loader state was made with another row selection (rows=); pass the same rows")
+
+    def check_position(self, batches: int) -> None:
+        """Raise ValueError (one line) unless batch `batch` can come next in an epoch of `batches` batches: a
+        position past the end was never saved by a loader with these settings (edited, or another rank's)."""
+        if self.epoch < 0 or not 0 <= self.batch <= batches:
+            raise ValueError(f"loader state is at batch {self.batch} of epoch {self.epoch}, outside that epoch "
+                             f"(it has {batches} batches for this loader)")

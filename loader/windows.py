@@ -23,9 +23,8 @@ from writer.store import Location
 
 from . import read_worker
 from .gather import gather_runs
-from .batches import Loader, LoaderError, _Epoch, _probe, _probe_in_process
+from .batches import Loader, LoaderError, _Epoch, _probe, _probe_in_process, fetch_options
 from .dataset import Dataset
-from .fetch import FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
@@ -237,7 +236,7 @@ class WindowLoader(Loader):
         # output is numpy: ragged columns of different lengths make no single RecordBatch
         self._start(ds, "frames", config, selection, _window_layout(ds, self.samples, batch_size), num_workers,
                     prefetch, transform, copy, start_method, restart_workers, "numpy",
-                    FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes), check_views,
+                    fetch_options(ds, cache_dir, cache_dir_bytes), check_views,
                     cache_bytes)
 
     def _settings(self) -> dict[str, Any]:
@@ -295,7 +294,7 @@ class WindowLoader(Loader):
         else:
             columns = _probe_in_process(make_batch, transform, k, self.start_method,
                                         lambda err: self._probe_failed(k, plan, err), "frame_index")
-        return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
+        return self._slot_layout(columns, k, plan)
 
 
 def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:

@@ -239,3 +239,22 @@ def test_readers_see_only_committed_rows_during_ingest(tmp_path):
         np.testing.assert_array_equal(ds["agents"][: n["agents"]], want["agents"][: n["agents"]])
         partial += 0 < n["agents"] < len(want["agents"])  # read while the writer was still going
     assert child.returncode == 0 and partial >= 1
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_killed_parent_workers_exit_quietly(tmp_path, method):
+    """Issue 19 item 9: each worker printed a ConnectionResetError/BrokenPipeError traceback when its parent was
+    SIGKILLed with replies unread (the parent's death is the message). The parent is paused first, so that
+    replies wait unread in every worker's pipe when it dies."""
+    out = tmp_path / "d.zarr"
+    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "200", "2", "0",
+                              "--start-method", method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers = [int(x) for x in child.stdout.readline().split()[1:]]
+    wait_for_scenes(out, 4)
+    child.send_signal(signal.SIGSTOP)
+    time.sleep(1.0)  # the workers finish what they hold and reply into pipes no one reads
+    child.send_signal(signal.SIGKILL)
+    _, err = child.communicate(timeout=30)  # complete once every worker (and a fork server) has exited
+    assert err == ""
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]

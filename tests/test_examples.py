@@ -51,3 +51,14 @@ def test_scaling_out(s3_server):
                          capture_output=True, text=True, timeout=240, env={**os.environ, **s3_server.env})
     assert out.returncode == 0, out.stderr
     assert "wrote 24 episodes from 8 sources" in out.stdout and "agents: " in out.stdout
+
+
+@pytest.mark.parametrize("name", ["object_store.py", "scaling_out.py"])
+def test_examples_without_their_arguments_print_their_usage(name):
+    """Issue 19 item 9: they printed an IndexError traceback."""
+    if name == "scaling_out.py":
+        pytest.importorskip("distributed")
+    out = subprocess.run([sys.executable, EXAMPLES / name], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.stderr == f"usage: python {EXAMPLES / name} s3://BUCKET/PREFIX ENDPOINT_URL" \
+        f"{' [SCHEDULER_ADDRESS]' if name == 'scaling_out.py' else ''}\n"

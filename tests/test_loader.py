@@ -441,3 +441,70 @@ def test_resume_state_is_named_versioned_and_exact(data, tmp_path):
                                          f"{old + 1} \\(open it with commit={old}"):
         Loader(other, batch_size=2, num_workers=0).load_state_dict(saved)
     Loader(other, batch_size=2, num_workers=0, commit=old).load_state_dict(saved)
+
+
+def test_a_state_past_the_end_of_its_epoch_is_refused(data):
+    """Issue 19 item 9: a resume state whose batch is past its epoch's end was accepted silently (and the
+    loader went on with the next epoch). The end itself (every batch of the epoch read) is a valid state."""
+    with Loader(data, batch_size=100, num_workers=0, seed=3) as loader:
+        n = len(loader)
+        batches = iter(loader)
+        for _ in range(n):
+            next(batches)
+        at_end = loader.state_dict()  # every batch read, the epoch not yet advanced
+    assert at_end["batch"] == n
+    resumed = Loader(data, batch_size=100, num_workers=2, seed=3)
+    resumed.load_state_dict(at_end)
+    assert len(collect(resumed)) == n and resumed.epoch == 2  # epoch 0 was over: epoch 1 is read whole
+    resumed.close()
+    for bad in ({"batch": n + 1}, {"batch": -1}, {"epoch": -1}):
+        with pytest.raises(ValueError, match=r"^loader state is at batch -?\d+ of epoch -?\d+, outside that "
+                                             r"epoch \(it has \d+ batches for this loader\)$"):
+            Loader(data, batch_size=100, num_workers=0, seed=3).load_state_dict({**at_end, **bad})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_empty_row_list_is_an_empty_epoch(data, workers):
+    """Issue 19 item 9: `rows=[]` (a Python list, which numpy makes float64) was refused as float64."""
+    with Loader(data, batch_size=100, rows=[], num_workers=workers) as loader:
+        assert len(loader) == 0 and list(loader) == [] and loader.worker_pids == []
+        state = loader.state_dict()
+    Loader(data, batch_size=100, rows=np.array([], np.int64), num_workers=0).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"rows: expected a 1-D integer index array or a boolean mask, got float64"):
+        Loader(data, rows=[1.0, 2.0], num_workers=0)
+
+
+def test_lossy_dtypes_are_refused_unless_asked_for(data):
+    """Issue 19 item 9: `dtypes={"centroid": "int8"}` wrapped values silently (300.0 became 44)."""
+    table = zarr.open_array(str(data / "agents"), mode="r")[:]
+    with pytest.raises(ValueError, match=r"^dtypes: casting field 'centroid' from float64 to int8 can change its "
+                                         r"values \(refused by default\); pass casting='unsafe' to allow it$"):
+        Loader(data, dtypes={"centroid": "int8"}, num_workers=0)
+    with pytest.raises(ValueError, match=r"field 'track_id' from uint64 to int32 can change its values "
+                                         r"\(casting='safe' refuses it\)"):
+        Loader(data, dtypes={"track_id": "int32"}, casting="safe", num_workers=0)
+    with pytest.raises(ValueError, match="casting must be one of"):
+        Loader(data, dtypes={"track_id": "int32"}, casting="wrap", num_workers=0)
+    # allowed: rounding a float (what dtypes= is for), widening, and whatever casting= asks for
+    with Loader(data, batch_size=100, shuffle=False, num_workers=2, copy=True,
+                dtypes={"centroid": "float32", "yaw": "float64", "track_id": "int16"}, casting="unsafe") as loader:
+        first = next(iter(loader))
+    rows = table[:100]
+    np.testing.assert_array_equal(first["centroid"], rows["centroid"].astype(np.float32))
+    np.testing.assert_array_equal(first["track_id"], rows["track_id"].astype(np.int16))
+    assert first["yaw"].dtype == np.float64
+    with Loader(data, batch_size=100, shuffle=False, num_workers=0, dtypes={"centroid": "float32"}) as loader:
+        assert next(iter(loader))["centroid"].dtype == np.float32  # the default allows it
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transform_returning_objects_is_a_loader_error_naming_the_field(data, workers):
+    """Issue 19 item 9: an object array from a transform gave numpy's raw ValueError ("cannot create an OBJECT
+    array from memory buffer")."""
+    def objects(batch):
+        return {"xy": batch["centroid"], "names": np.array([f"agent {i}" for i in batch["track_id"]], object)}
+
+    with pytest.raises(LoaderError, match=r"^transform output 'names' of batch 0 of epoch 0 \(table 'agents'\) is "
+                                          r"an array of Python objects \(dtype object\)"):
+        with Loader(data, batch_size=100, transform=objects, num_workers=workers) as loader:
+            next(iter(loader))

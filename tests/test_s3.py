@@ -1,5 +1,6 @@
 """Writing and reading on an S3-compatible object store: a real moto server on 127.0.0.1 (see conftest.py)."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -252,3 +253,62 @@ def test_fetch_retries_a_pause_and_names_the_key_when_the_store_stays_down(s3):
             fetcher.fetch(["agents/0"], [None])
     finally:
         server.proc.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", ["killed", "paused"])
+def test_a_store_that_goes_away_mid_read_is_reported_within_its_timeout(how):
+    """Issue 19 item 9: a killed S3 server was reported after 74-79 s (botocore's, s3fs's and the loader's
+    retries multiplied), a paused one after more than 6 minutes; now within `zarrfeed_timeout` (15 s) and
+    about a read-ahead's fetch more, as one line naming the chunk."""
+    from loader import LoaderError
+    from s3server import S3Server
+
+    server = S3Server()  # its own: this test stops it
+    try:
+        url = f"{server.bucket()}/d.zarr"
+        with DatasetWriter(url, workers=0, chunks=SMALL, storage_options=server.options) as w:
+            w.ingest(small_episodes(4, seed=6))
+        with Loader(url, "agents", batch_size=256, num_workers=2, storage_options=server.options,
+                    cache_bytes=0) as loader:
+            assert sum(len(b["centroid"]) for b in loader) == loader.dataset.rows["agents"]  # workers reading
+            server.proc.send_signal(signal.SIGSTOP if how == "paused" else signal.SIGKILL)
+            t0 = time.monotonic()
+            with pytest.raises(LoaderError) as err:
+                list(loader)  # epoch 1: every chunk is fetched again (no cache)
+            took = time.monotonic() - t0
+    finally:
+        server.stop()
+    assert "\n" not in str(err.value)
+    assert re.match(r"table 'agents': chunk 'agents/\d+' could not be fetched from s3://.*"
+                    r"(ReadTimeoutError|ConnectTimeoutError|EndpointConnectionError)", str(err.value)), str(err.value)
+    assert took < (45 if how == "paused" else 10)
+
+
+def test_the_store_timeout_is_an_option_and_set_options_win(s3):
+    """`zarrfeed_timeout` sets the S3 client's timeouts (a tenth of it per try, botocore's retries off, s3fs's
+    on), options the user sets are kept, and zarrfeed's option never reaches fsspec."""
+    bucket, server = s3
+    fs, _ = Location.of(bucket, {**server.options, "zarrfeed_timeout": 30, "skip_instance_cache": True}).filesystem()
+    assert fs.config_kwargs == {"connect_timeout": 3.0, "read_timeout": 3.0, "retries": {"total_max_attempts": 1}}
+    mine = {"read_timeout": 60, "retries": {"mode": "standard"}}
+    fs, _ = Location.of(bucket, {**server.options, "config_kwargs": mine, "skip_instance_cache": True}).filesystem()
+    assert fs.config_kwargs == {"connect_timeout": 1.5, **mine}
+    assert fs.ls(bucket) == []
+    assert main(["info", f"{bucket}/none.zarr", f"--storage-option=endpoint_url={server.endpoint}",
+                 "--storage-option=zarrfeed_timeout=soon"]) == 2
+
+
+def test_missing_credentials_are_one_line_saying_where_they_are_read_from(s3, tmp_path):
+    """Issue 19 item 9: S3 without credentials printed botocore's traceback ("Unable to locate credentials")."""
+    bucket, server = s3
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}  # no ~/.aws, no instance role
+    endpoint = f"--storage-option=endpoint_url={server.endpoint}"
+    partial = "Partial credentials found in env, missing: AWS_SECRET_ACCESS_KEY"
+    for extra, missing in (({}, "none found"), ({"AWS_ACCESS_KEY_ID": "testing"}, partial)):
+        for command in (["info", f"{bucket}/d.zarr"], ["ingest", f"{bucket}/d.zarr", "--synthetic", "1", "-q"]):
+            r = subprocess.run([sys.executable, "-m", "zarrfeed", *command, endpoint], capture_output=True,
+                               text=True, timeout=60, env=env | extra)
+            assert r.returncode == 2 and "Traceback" not in r.stderr
+            assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"zarrfeed: error: S3 credentials: {missing}")
+            assert "AWS_ACCESS_KEY_ID" in r.stderr and f"{tmp_path}/.aws/credentials" in r.stderr

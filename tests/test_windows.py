@@ -161,3 +161,18 @@ def test_window_state_refuses_other_windows(scenes):
     with pytest.raises(ValueError, match=r"loader state (has samples=|has chunk_rows=|was made with another row)"):
         WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0,
                      rows=np.arange(0, 400, 2)).load_state_dict(state)
+
+
+def test_an_empty_row_list_is_an_empty_epoch_of_windows(scenes):
+    """Issue 19 item 9: `rows=[]` was refused as float64; it selects no frames."""
+    with WindowLoader(scenes, history=2, future=2, rows=[], num_workers=2) as loader:
+        assert len(loader) == 0 and list(loader) == []
+
+
+def test_a_window_transform_returning_objects_is_a_loader_error(scenes):
+    from loader import LoaderError
+
+    with pytest.raises(LoaderError, match=r"transform output 'o' of batch 0 of epoch 0 .* Python objects"):
+        with WindowLoader(scenes, history=2, future=2, num_workers=0,
+                          transform=lambda b: {"o": np.array([None] * len(b["frame_index"]))}) as loader:
+            next(iter(loader))

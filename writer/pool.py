@@ -68,29 +68,46 @@ class WorkerError(RuntimeError):
         return self.remote.traceback if self.remote else None
 
 
-def _parent_gone(parent_pid: int) -> bool:
+def _parent_gone(parent_pid: int, direct: bool) -> bool:
     """Whether the process that started this worker has exited. Under "fork" and "spawn" it is our parent
-    until it dies (then we are reparented); under "forkserver" our parent is the fork server, so the pid
-    itself is asked. (A parent that dies also closes its end of our pipe, which ends the loop above: this
-    check is for the "fork" case, where siblings forked later may hold that end too.)"""
+    (`direct`) until it dies, and then we are reparented; under "forkserver" our parent is the fork server, so
+    the pid itself is asked, and a zombie (killed, not yet reaped by its own parent) counts as gone. (A parent
+    that dies also closes its end of our pipe, which ends the loop below: this check is for the "fork" case,
+    where siblings forked later may hold that end too.)"""
     if os.getppid() == parent_pid:
         return False
+    if direct:
+        return True
     try:
         os.kill(parent_pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # alive, another user's: not ours, so ours is gone
         return True
-    return False
+    try:
+        with open(f"/proc/{parent_pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):  # no /proc (not Linux): the signal check above is all there is
+        return False
 
 
 def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
            setup: Callable[..., Callable[[Any], tuple]], args: tuple) -> None:
+    """A worker's life (see the module docstring). A parent that dies (even SIGKILLed with replies unread,
+    which resets the pipe) ends it quietly: the parent's death is the message, not a traceback per worker."""
     import numcodecs.blosc
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
     numcodecs.blosc.set_nthreads(blosc_threads)
     numcodecs.blosc.use_threads = blosc_threads > 1
+    try:
+        _answer(wid, conn, parent_pid, os.getppid() == parent_pid, setup, args)
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the pipe's other end, the parent, is gone
+        pass
+
+
+def _answer(wid: int, conn: Any, parent_pid: int, direct: bool, setup: Callable[..., Callable[[Any], tuple]],
+            args: tuple) -> None:
     def send(reply: tuple) -> None:
         conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
 
@@ -104,21 +121,18 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
     backlog: list = []
     while True:
         if not backlog and not conn.poll(0.5):
-            if _parent_gone(parent_pid):
+            if _parent_gone(parent_pid, direct):
                 return
             continue
-        try:
-            if not backlog:
-                backlog.append(pickle.loads(conn.recv_bytes()))
-            while urgent and conn.poll(0):  # everything waiting, to pick the urgent ones first
-                backlog.append(pickle.loads(conn.recv_bytes()))
-        except EOFError:
-            return
+        if not backlog:
+            backlog.append(pickle.loads(conn.recv_bytes()))
+        while urgent and conn.poll(0):  # everything waiting, to pick the urgent ones first
+            backlog.append(pickle.loads(conn.recv_bytes()))
         pick = next((i for i, m in enumerate(backlog) if m is None or urgent(m)), 0) if urgent else 0
         msg = backlog.pop(pick)
         if waiting is not None and backlog:
             waiting(backlog)
-        if msg is None:
+        if msg is None or _parent_gone(parent_pid, direct):  # messages still buffered from a dead parent: not done
             return
         try:
             reply = handle(msg)
@@ -142,6 +156,54 @@ def preload_in_workers(*modules: str) -> None:
     _PRELOAD.update(modules)
 
 
+_RERUN_EXIT = 87  # a worker's exit code: it ran the user's script again, whose top-level code starts workers
+
+
+def _leave_if_rerunning_the_script() -> None:
+    """In a worker that is running the user's script again while starting (as "forkserver" and "spawn" do, as
+    `__mp_main__`), the script's unguarded top-level code is making a pool of its own: exit at once, quietly,
+    with `_RERUN_EXIT`. The parent then says so in one line (see `WorkerPool._wait_ready`) instead of every
+    worker printing multiprocessing's RuntimeError about the bootstrapping phase."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        os._exit(_RERUN_EXIT)
+
+
+def _quiet_when_the_script_fails_again(previous: Callable[..., Any] = sys.excepthook) -> None:
+    """Installed in every process that imports this module (a fork server preloads it, a spawned worker imports
+    it with the script): an exception raised while a starting worker runs the user's script again
+    (multiprocessing's `_fixup_main_from_path` / `_fixup_main_from_name` in the traceback) ends that worker
+    quietly with `_RERUN_EXIT`, so that the parent says it once; any other exception is printed as before."""
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        names = {frame.f_code.co_name for frame, _ in traceback.walk_tb(tb)}
+        if {"_fixup_main_from_path", "_fixup_main_from_name"} & names:
+            os._exit(_RERUN_EXIT)
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+_quiet_when_the_script_fails_again()
+
+
+def _one_line_if_uncaught(exc: BaseException) -> None:
+    """Have Python print `exc`, should it end the program, as its last line alone: the fix it names is in the
+    user's script, and the traceback through zarrfeed would only hide it. Caught, it is an exception as any."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        chain: BaseException | None = value
+        seen: set[int] = set()
+        while chain is not None and id(chain) not in seen and chain is not exc:
+            seen.add(id(chain))
+            chain = chain.__cause__ or chain.__context__
+        if chain is exc:
+            print(traceback.format_exception_only(kind, value)[-1].rstrip("\n"), file=sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 def context(start_method: str | None, setup: Callable | None = None) -> Any:
     """The multiprocessing context for workers: `start_method`, or by default "forkserver" where there is
     one. Why not "fork", the fastest: the process that starts workers has threads (the writer's lease
@@ -151,6 +213,7 @@ def context(start_method: str | None, setup: Callable | None = None) -> Any:
     about 0.05 s more than forked ones (measured: the first batch of a Loader 0.1 s against 0.03 s; the first
     pool of a process pays about 0.5 s to start the server). Pass start_method="fork" to trade that safety
     for speed."""
+    _leave_if_rerunning_the_script()
     methods = mp.get_all_start_methods()
     ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else None))
     if ctx.get_start_method() == "forkserver" and setup is not None:
@@ -209,6 +272,10 @@ class WorkerPool:
             dead = [d for d in self.dead() if d[0] in waiting]
             if dead:
                 self.kill()
+                if dead[0][2] == _RERUN_EXIT:
+                    err = WorkerError(self._rerun_message(*dead[0][:2]))
+                    _one_line_if_uncaught(err)
+                    raise err
                 raise WorkerError(describe_exit(self.name, *dead[0]) + " while starting" + self._start_hint())
             if time.monotonic() > deadline:
                 self.kill()
@@ -222,6 +289,13 @@ class WorkerPool:
             return ""
         return (f" (with start method {self._ctx.get_start_method()!r} every worker imports {script} again: put "
                 f"its top-level code under `if __name__ == \"__main__\":`)")
+
+    def _rerun_message(self, wid: int, pid: int) -> str:
+        script = getattr(sys.modules.get("__main__"), "__file__", "the script")
+        return (f"{self.name} {wid} (pid {pid}) ran {script} again while starting, as start method "
+                f"{self._ctx.get_start_method()!r} does, and its top-level code failed there or started workers "
+                "of its own: put its "
+                "top-level code under `if __name__ == \"__main__\":` (or pass start_method=\"fork\")")
 
     def restart(self, wid: int) -> None:
         """Start a new process in place of dead worker `wid` (its unanswered messages must be sent again)."""

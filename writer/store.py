@@ -26,6 +26,40 @@ import zarr
 log = logging.getLogger("zarrfeed")
 T = TypeVar("T")
 
+TIMEOUT_OPTION = "zarrfeed_timeout"  # a storage option of zarrfeed's own (taken out before fsspec sees them)
+S3_TIMEOUT = 15.0  # seconds: its default
+S3_TRIES = 10  # tries of a call that gets no answer within the budget: s3fs's 5, twice (see s3_defaults)
+
+
+def s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """S3 storage options with timeouts and retries that report a store that stops answering within about
+    `zarrfeed_timeout` seconds (default 15), for those the user has not set (in `options`, in fsspec's
+    configuration, or botocore's retries in its environment variables).
+
+    Why: left to themselves the layers multiply. s3fs tries a call 5 times after a timeout, botocore tries
+    each of those up to 5 times (its "legacy" mode) with 5 s connect and 15 s read timeouts, and the loader
+    tried a window's chunks 4 times on top: a killed server was reported after 74 to 79 s, a paused one after
+    more than 6 minutes. Here botocore tries once (s3fs's retries remain, with their backoff of under 2 s a
+    call) and the connect and read timeouts are a tenth of the budget; on S3 the loader fetches once
+    (`Location.fetch_tries`), which is at most two calls (a read-ahead, then one more). A refused connection
+    fails at once."""
+    import fsspec.config
+
+    try:
+        budget = float(options.get(TIMEOUT_OPTION, S3_TIMEOUT))
+    except (TypeError, ValueError):
+        budget = 0.0
+    if not budget > 0:
+        raise FormatError(f"storage option {TIMEOUT_OPTION} must be a number of seconds > 0, "
+                          f"got {options.get(TIMEOUT_OPTION)!r}")
+    configured = fsspec.config.conf.get("s3", {})
+    config = {**configured.get("config_kwargs", {}), **options.get("config_kwargs", {})}
+    config.setdefault("connect_timeout", budget / S3_TRIES)
+    config.setdefault("read_timeout", budget / S3_TRIES)
+    if not {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & set(os.environ):
+        config.setdefault("retries", {"total_max_attempts": 1})
+    return {**options, "config_kwargs": config}
+
 
 class FormatError(ValueError):
     """A dataset cannot be read or written as asked; the message is one line saying what and where."""
@@ -164,9 +198,20 @@ class Location:
     # ------------------------------------------------------------ fsspec
     @property
     def options(self) -> dict[str, Any]:
-        """The storage options as given, with fsspec's listings cache off unless asked for: a dataset changes
-        while it is written, and a cached listing would hide new keys (a reader would find no dataset)."""
-        return {"use_listings_cache": False, **self.storage_options}
+        """The storage options for fsspec: as given, with fsspec's listings cache off unless asked for (a
+        dataset changes while it is written, and a cached listing would hide new keys: a reader would find no
+        dataset), and on S3 the timeouts of `s3_defaults`; zarrfeed's own option taken out."""
+        options = {"use_listings_cache": False, **self.storage_options}
+        if self.protocol in ("s3", "s3a"):
+            options = s3_defaults(options)
+        options.pop(TIMEOUT_OPTION, None)
+        return options
+
+    @property
+    def fetch_tries(self) -> int | None:
+        """How often the loader fetches a chunk before it gives up: on S3 once, since s3fs retries each call
+        itself (see `s3_defaults`); elsewhere None (the loader's default)."""
+        return 1 if self.protocol in ("s3", "s3a") else None
 
     def filesystem(self) -> tuple[Any, str]:
         """(fsspec filesystem, path within it); one line naming the package to install if it is missing."""

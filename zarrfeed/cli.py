@@ -478,6 +478,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _credential_errors() -> tuple[type[BaseException], ...]:
+    """botocore's "no credentials" errors (none when botocore is not installed)."""
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:
+        return ()
+    return NoCredentialsError, PartialCredentialsError
+
+
+def _credentials_message(exc: BaseException) -> str:
+    """One line for missing S3 credentials: botocore's own words (which are missing) and where it looks."""
+    home = os.path.expanduser("~")
+    files = [os.environ.get("AWS_SHARED_CREDENTIALS_FILE", f"{home}/.aws/credentials"),
+             os.environ.get("AWS_CONFIG_FILE", f"{home}/.aws/config")]
+    what = "none found" if type(exc).__name__ == "NoCredentialsError" else str(exc).rstrip(".")
+    return (f"S3 credentials: {what}; they are read from --storage-option key=... secret=... "
+            "(or profile=...), the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), "
+            f"the files {files[0]} and {files[1]}, and a container or EC2 instance role; for a public bucket "
+            "pass --storage-option anon=true")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -497,6 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"zarrfeed: error: a --storage-option is not an option of this store's filesystem ({exc})",
               file=sys.stderr)
+        return 2
+    except _credential_errors() as exc:  # botocore's traceback says only "Unable to locate credentials"
+        print(f"zarrfeed: error: {_credentials_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("zarrfeed: interrupted", file=sys.stderr)
