@@ -191,3 +191,12 @@ def test_a_segment_of_a_commit_that_never_published_is_removed_by_the_next_write
     with DatasetWriter(written, workers=0, mode="a") as w:
         assert not w.is_committed("k")
     assert not orphan.exists()
+
+
+def test_a_writer_that_appends_nothing_leaves_every_chunk_verifiable(written):
+    """Found by a probe: a resume with nothing left to write withdrew the last chunks' records at open and
+    never sealed them again ("3 not verifiable")."""
+    with DatasetWriter(written, workers=2, mode="a") as w:
+        assert w.committed == Dataset.open(written).rows
+    report = Dataset.open(written).verify()
+    assert report.ok and report.unverifiable == 0, str(report)

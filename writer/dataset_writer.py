@@ -130,7 +130,8 @@ class DatasetWriter:
             self._coordinator = coordinator or LocalCoordinator(committed)
             self._tracker = CommitTracker(committed)
             self._digests = ChunkDigests({t: tab.chunk_rows for t, tab in self.schema.tables.items()})
-            self._withdrawn = self._withdraw_tails(committed)
+            self._tails = self._withdraw_tails(committed)  # sealed again at close if no write changed them
+            self._withdrawn = dict(self._tails)  # withdrawn by the next commit
             self._submitted: set[Key] = set()  # keys submitted by this writer and not yet committed
             self._external: dict[Key, tuple[dict[str, int], dict[str, int]]] = {}  # reserved, not yet written
             self._input: str | None = None  # the fingerprint of the input that keyless submits continue
@@ -614,10 +615,10 @@ class DatasetWriter:
         self._lease.check()  # never publish a commit once another writer holds the dataset, or may
         committed = dict(self._tracker.committed)
         chunks = self._digests.seal(committed, seal_tail)
-        for t, (index, record) in self._withdrawn.items():
+        for t, (index, record) in self._tails.items():
             if seal_tail and committed[t] // self.schema.tables[t].chunk_rows == index:
-                chunks.setdefault(t, {}).setdefault(index, record)  # still the chunk it was: sealed again
-            else:
+                chunks.setdefault(t, {}).setdefault(index, record)  # no write changed it: sealed again as it was
+            elif t in self._withdrawn:
                 chunks.setdefault(t, {}).setdefault(index, None)
         new_keys = self._journal.take_new()
         segment = Segment(new_keys[0], new_keys[1], chunks)
