@@ -63,6 +63,15 @@ def assert_same(a: dict, b: dict) -> None:
     assert not different, different[:5]
 
 
+def assert_recorded_as_local(path, local, storage_options=None) -> None:
+    """Every chunk's digest is recorded, checks out, and equals the local ingest's record (the committer found
+    the last write of each shared chunk, whatever order the tasks reported in, reruns included)."""
+    ds = Dataset.open(path, storage_options=storage_options)
+    report = ds.verify()
+    assert report.ok and report.unverifiable == 0, str(report)
+    assert ds.digests() == Dataset.open(local).digests()
+
+
 def test_cluster_ingest_is_chunk_for_chunk_a_local_ingest(client, tmp_path):
     summary = zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", chunks=src.SMALL)
     local_ingest(tmp_path / "local.zarr", SOURCES)
@@ -70,6 +79,7 @@ def test_cluster_ingest_is_chunk_for_chunk_a_local_ingest(client, tmp_path):
     ds = Dataset.open(tmp_path / "d.zarr")
     assert ds.validate().ok and ds.rows["scenes"] == summary.episodes == 20
     assert summary.written == 8 and summary.rows["agents"] == ds.rows["agents"] and summary.task_seconds > 0
+    assert_recorded_as_local(tmp_path / "d.zarr", tmp_path / "local.zarr")
     # the same sources again: refused without resume; with resume nothing is left to do
     with pytest.raises(ValueError, match="ingested before"):
         zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", mode="a")
@@ -85,6 +95,7 @@ def test_cluster_ingest_to_s3_equals_a_local_ingest(client, s3, tmp_path):
     local_ingest(tmp_path / "local.zarr", SOURCES)
     assert_same(stored(url, server.options), stored(tmp_path / "local.zarr"))
     assert Dataset.open(url, storage_options=server.options).validate().ok
+    assert_recorded_as_local(url, tmp_path / "local.zarr", server.options)
 
 
 def test_a_worker_killed_mid_task_changes_nothing(client, tmp_path):
@@ -94,6 +105,7 @@ def test_a_worker_killed_mid_task_changes_nothing(client, tmp_path):
     assert marker.exists()  # a worker really died
     local_ingest(tmp_path / "local.zarr", SOURCES)
     assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+    assert_recorded_as_local(tmp_path / "d.zarr", tmp_path / "local.zarr")
     client.wait_for_workers(2, timeout=60)
 
 
