@@ -185,8 +185,9 @@ class ChunkFetcher:
             last = failed[0][1] if failed else None
         if todo:
             key = keys[todo[0]]
+            tries = "1 try" if self.options.tries == 1 else f"{self.options.tries} tries"
             raise ChunkError(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' could not be fetched from "
-                             f"{self.location} after {self.options.tries} tries ({type(last).__name__}: "
+                             f"{self.location} after {tries} ({type(last).__name__}: "
                              f"{str(last).strip().splitlines()[0] if str(last).strip() else ''})")
         return out
 
