@@ -111,3 +111,22 @@ def test_a_local_writer_whose_lease_was_taken_stops_and_leaves_the_new_holders_d
         a.send_signal(signal.SIGCONT)
         a.kill()
     assert_holds(Dataset.open(out), eps)
+
+
+def test_an_s3_renewal_whose_earlier_reply_was_lost_keeps_the_lease(s3):
+    """A renewal that landed but whose reply was lost (a client retry after a short read timeout) leaves this
+    writer with a stale ETag: the next conditional PUT is refused with 412 although the lease is still its
+    own. The document's token says so; the writer must not stop as if another had taken it over."""
+    from writer.lease import Lease
+    from writer.store import Location
+
+    bucket, server = s3
+    lease = Lease(Location.of(f"{bucket}/x.zarr", server.options), timeout=60)
+    lease.acquire()
+    try:
+        stale = lease._backend.etag
+        assert lease.confirm()  # lands: the ETag changes
+        lease._backend.etag = stale  # as if that reply had been lost
+        assert lease.confirm() and not lease.lost
+    finally:
+        lease.release()

@@ -336,7 +336,15 @@ class _S3Backend(_Backend):
         raise _refuse(self.location, self._get()[0], timeout)
 
     def renew(self, me: Holder) -> bool:
-        return self.etag is not None and self._put(me, IfMatch=self.etag)
+        if self.etag is not None and self._put(me, IfMatch=self.etag):
+            return True
+        # refused: taken over, or our own earlier PUT landed and its reply was lost (the client retried it, or
+        # the call timed out), which changed the ETag; the document says which (the token is ours alone)
+        holder, etag = self._get()
+        if holder is not None and holder.token == me.token and etag is not None:
+            self.etag = etag
+            return self._put(me, IfMatch=etag)
+        return False
 
     def release(self, me: Holder) -> None:
         try:
