@@ -34,15 +34,15 @@ class KillOnce:
 
 
 class Broken:
-    """`small`, but while `broken`, source 3 raises after its first episode and source 5 yields an episode
-    with an interval past the agents."""
+    """`small`, but while `broken`, source 3 raises after its first episode (if `raises`) and source 5 yields
+    an episode with an interval past the agents."""
 
-    def __init__(self, broken: bool = True) -> None:
-        self.broken = broken
+    def __init__(self, broken: bool = True, raises: bool = True) -> None:
+        self.broken, self.raises = broken, raises
 
     def __call__(self, seed: int):
         for i, ep in enumerate(small(seed)):
-            if self.broken and seed == 3 and i == 1:
+            if self.broken and self.raises and seed == 3 and i == 1:
                 raise OSError("cannot read log-3.bin: truncated")
             if self.broken and seed == 5 and i == 1:
                 ep["frames"]["agent_index_interval"][4] = (10**6, 10**6 + 1)

@@ -84,7 +84,7 @@ def test_cluster_ingest_is_chunk_for_chunk_a_local_ingest(client, tmp_path):
     with pytest.raises(ValueError, match="ingested before"):
         zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", mode="a")
     again = zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", resume=True)
-    assert again.passed_over == 8 and again.written == 0
+    assert again.passed_over == 20 and again.written == 0 and again.episodes == 0
     assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
 
 
@@ -109,38 +109,51 @@ def test_a_worker_killed_mid_task_changes_nothing(client, tmp_path):
     client.wait_for_workers(2, timeout=60)
 
 
-def test_bad_sources_are_named_the_others_commit_and_resume_writes_them(client, tmp_path):
+def test_a_failing_source_ends_the_ingest_there_and_resume_finishes_it_as_a_local_ingest(client, tmp_path):
+    """Source 3 raises at its episode 1: everything before it is committed (its episode 0 too); resumed after
+    the fix, the dataset is a local ingest of all the sources, chunk for chunk."""
     with pytest.raises(zdask.IngestError) as err:
         zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", chunks=src.SMALL)
     msg = str(err.value)
+    before = sum(len(list(src.small(s))) for s in range(3)) + 1
     assert "\n" not in msg and msg.startswith("source 3 (3), episode 1: OSError: cannot read log-3.bin")
-    assert "and 1 other sources" in msg and "the other 6 sources are committed" in msg
-    assert [(f.index, f.episode) for f in err.value.failures] == [(3, 1), (5, 1)]
-    assert "agent_index_interval" in str(err.value.failures[1]) and "row 4" in str(err.value.failures[1])
-    good = [s for s in SOURCES if s not in (3, 5)]
+    assert f"the {before} episodes before it are committed" in msg
+    assert [(f.index, f.episode) for f in err.value.failures] == [(3, 1)]
     ds = Dataset.open(tmp_path / "d.zarr")
-    assert ds.validate().ok and ds.rows["scenes"] == sum(len(list(src.small(s))) for s in good)
-    # fixed, resumed: the two sources are written after the others, every episode once
+    assert ds.validate().ok and ds.rows["scenes"] == before
+    # a bad episode (source 5, episode 1) ends a resumed ingest the same way, naming table, field and row
+    with pytest.raises(zdask.IngestError) as err:
+        zdask.ingest(client, SOURCES, src.Broken(raises=False), tmp_path / "d.zarr", resume=True)
+    assert [(f.index, f.episode) for f in err.value.failures] == [(5, 1)]
+    assert "agent_index_interval" in str(err.value) and "row 4" in str(err.value)
     summary = zdask.ingest(client, SOURCES, src.Broken(broken=False), tmp_path / "d.zarr", resume=True)
-    assert summary.written == 2 and summary.passed_over == 6
-    order = good + [3, 5]
-    expected = expected_tables(list(chain.from_iterable(src.small(s) for s in order)))
-    ds = Dataset.open(tmp_path / "d.zarr")
-    assert ds.validate().ok
-    for name, arr in expected.items():
-        np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
+    total = sum(len(list(src.small(s))) for s in SOURCES)
+    assert summary.passed_over + summary.episodes == total and summary.passed_over > before
+    local_ingest(tmp_path / "local.zarr", SOURCES)
+    assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+    assert_recorded_as_local(tmp_path / "d.zarr", tmp_path / "local.zarr")
 
 
 def test_skip_mode_leaves_out_bad_episodes_and_lists_them(client, tmp_path):
-    summary = zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", chunks=src.SMALL, on_error="skip")
-    assert [(f.index, f.episode) for f in summary.skipped] == [(3, 1), (5, 1)]
-    kept = [ep for s in SOURCES if s != 3 for i, ep in enumerate(src.small(s)) if (s, i) != (5, 1)]
+    broken = src.Broken(raises=False)
+    summary = zdask.ingest(client, SOURCES, broken, tmp_path / "d.zarr", chunks=src.SMALL, on_error="skip")
+    assert [(f.index, f.episode) for f in summary.skipped] == [(5, 1)]
+    kept = [ep for s in SOURCES for i, ep in enumerate(src.small(s)) if (s, i) != (5, 1)]
     ds = Dataset.open(tmp_path / "d.zarr")
     assert ds.validate().ok
     for name, arr in expected_tables(kept).items():
         np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
-    again = zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", resume=True, on_error="skip")
-    assert again.written == 0 and again.passed_over == 8  # a skipped source counts as done
+    again = zdask.ingest(client, SOURCES, broken, tmp_path / "d.zarr", resume=True, on_error="skip")
+    assert again.episodes == 0 and again.passed_over == len(kept)  # the skipped one counts as done
+    # skipped locally too: a local resume of the same episodes writes nothing either
+    with DatasetWriter(tmp_path / "d.zarr", mode="a", on_error="skip") as w:
+        assert w.ingest(chain.from_iterable(broken(s) for s in SOURCES), resume=True)["episodes"] == 0
+
+
+def test_a_source_that_raises_ends_a_skip_mode_ingest_too(client, tmp_path):
+    """Its episodes after the failure have no known positions, so nothing after it can be placed."""
+    with pytest.raises(zdask.IngestError, match="source 3 .*episode 1: OSError"):
+        zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", chunks=src.SMALL, on_error="skip")
 
 
 def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path):
@@ -161,7 +174,8 @@ def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path
     committed = Dataset.open(path).rows["scenes"]
     assert 4 <= committed < 40
     summary = zdask.ingest(client, sources, src.slow, path, resume=True)
-    assert summary.passed_over >= 1 and summary.passed_over + summary.written == 16
+    assert summary.passed_over >= 4 and summary.passed_over + summary.episodes == \
+        sum(len(list(src.small(s))) for s in sources)
     local_ingest(tmp_path / "local.zarr", sources)
     assert_same(stored(path), stored(tmp_path / "local.zarr"))
 

@@ -69,6 +69,18 @@ def test_validate_deep_names_a_replaced_chunk_and_a_flipped_bit(written):
     assert not report.ok and {p.split("'")[3] for p in report.problems} == {"agents/1", "frames/0"}
 
 
+def test_a_missing_commit_log_segment_is_named_as_damage_not_as_a_busy_writer(written):
+    """With `zarrfeed.log/*` deleted, validate --deep said "its commit log keeps changing while it is read"."""
+    segments = sorted((written / "zarrfeed.log").iterdir())
+    assert segments
+    for seg in segments:
+        seg.unlink()
+    r = cli("validate", str(written), "--deep", "-q")
+    assert r.returncode == 2 and "keeps changing" not in r.stderr, r
+    assert f"commit log segment 'zarrfeed.log/{segments[-1].name}', which is missing" in r.stderr, r.stderr
+    assert "damaged" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_ingest_from_refuses_a_chunk_that_is_not_the_committed_one(written, tmp_path):
     shutil.copyfile(written / "agents" / "2", written / "agents" / "1")
     r = cli("ingest", str(tmp_path / "c.zarr"), "--from", str(written), "-q")

@@ -130,3 +130,79 @@ def test_an_s3_renewal_whose_earlier_reply_was_lost_keeps_the_lease(s3):
         assert lease.confirm() and not lease.lost
     finally:
         lease.release()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_a_writer_paused_past_its_lease_writes_no_chunk_over_its_successor(where, workers, request, tmp_path):
+    """A commits an episode, is paused (SIGSTOP) past its lease, B takes the lease over, appends and closes; A
+    wakes and submits more. It used to write its rows over B's committed chunks (only a commit checked the
+    lease), leaving rows of two writers mixed; now it stops before writing anything."""
+    if where == "s3":
+        bucket, server = request.getfixturevalue("s3")
+        url, env, options = f"{bucket}/x.zarr", server.env, server.options
+    else:
+        url, env, options = str(tmp_path / "x.zarr"), None, None
+    a = lease_child(url, 1.5, env, "--first", "--workers", str(workers))
+    if where == "local":
+        (Path(url) / LOCK_FILE).unlink()  # a stopped local process keeps its file lock; its document is stale
+    a.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.0)
+        eps = small_episodes(3, seed=4)
+        with DatasetWriter(url, workers=0, mode="a", lease_timeout=1.5, storage_options=options) as b:
+            b.ingest(eps)
+    finally:
+        a.send_signal(signal.SIGCONT)
+    out, err = a.communicate("go\n", timeout=60)
+    assert a.returncode == 1 and "failed: LeaseLost" in out, (out, err)
+    ds = Dataset.open(url, storage_options=options)
+    assert_holds(ds, small_episodes(1, seed=8) + eps)
+    report = ds.verify()
+    assert report.ok and report.unverifiable == 0, str(report)
+
+
+def test_the_fence_stops_a_worker_process_once_the_lease_is_released_or_lost(tmp_path):
+    """Worker processes share the lease's deadline: a check in another process sees the parent revoke it."""
+    import multiprocess
+
+    from writer.lease import Lease, LeaseLost
+    from writer.store import Location
+
+    lease = Lease(Location.of(tmp_path / "d.zarr"), timeout=60)
+    lease.acquire()
+    ctx = multiprocess.get_context("spawn")
+    go, result = ctx.Event(), ctx.Queue()
+
+    def child(fence, go, result):
+        fence.check()  # held: passes
+        result.put("ready")
+        go.wait(30)
+        try:
+            fence.check()
+            result.put("wrote")
+        except LeaseLost as exc:
+            result.put(f"stopped: {exc}")
+
+    proc = ctx.Process(target=child, args=(lease.fence, go, result))
+    proc.start()
+    try:
+        assert result.get(timeout=60) == "ready"
+        lease.release()
+        go.set()
+        assert result.get(timeout=30).startswith("stopped:")
+    finally:
+        proc.join(30)
+
+
+def test_a_cluster_task_writes_only_while_its_client_holds_the_lease(tmp_path):
+    """A Dask write task shares no memory with its client: it reads the lease document before writing."""
+    from writer.lease import LeaseLost, check_held
+
+    with DatasetWriter(tmp_path / "d.zarr", workers=0) as w:
+        store = w.location.store("r")
+        check_held(store, w.lease_token, w.location)
+        with pytest.raises(LeaseLost, match="no longer holds the write lease"):
+            check_held(store, "another-token", w.location)
+    with pytest.raises(LeaseLost):  # released at close
+        check_held(store, w.lease_token, w.location)

@@ -343,9 +343,18 @@ def test_info_of_a_server(server, data):
 
 
 # ---------------------------------------------------------------- ingestion (do_put, RemoteWriter)
+def content_key(episode) -> str:
+    """A digest of every byte of an episode (per table: name, dtype, records)."""
+    import hashlib
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(episode):
+        a = np.ascontiguousarray(episode[name])
+        h.update(name.encode() + b"\0" + a.dtype.str.encode() + a.view(np.uint8).tobytes())
+    return h.hexdigest()
+
+
 def episodes_in(path) -> list[str]:
     """The content keys of a dataset's episodes, sorted: equal lists mean every episode exactly once."""
-    from writer.remote import content_key
     from writer.source import DatasetSource
     return sorted(content_key(ep) for ep in DatasetSource(path))
 
@@ -501,7 +510,6 @@ def test_many_producers_and_trainers_at_once_every_episode_exactly_once(target, 
         s.stop()
     want = [synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)] + \
         [synthetic.episodes(4, seed=seed, frames=30, agents_per_frame=20) for seed in (1, 2, 3, 4)]
-    from writer.remote import content_key
     assert episodes_in(target) == sorted(content_key(ep) for it in want for ep in it)
     assert rows == Dataset.open(target).rows["agents"] and read >= 0
 
@@ -527,7 +535,6 @@ def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(t
     finally:
         restarted.send_signal(signal.SIGTERM)
         restarted.wait(10)
-    from writer.remote import content_key
     want = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)) + \
         list(synthetic.episodes(12, seed=5, frames=30, agents_per_frame=20))
     assert episodes_in(target) == sorted(content_key(ep) for ep in want)

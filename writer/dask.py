@@ -7,26 +7,27 @@ workers and the order in which tasks finish:
 1. One task per source runs `to_episodes(source)`, checks every episode and keeps them in the worker's memory
    (a Dask future); only its row counts and fingerprints travel to the client.
 2. The client holds the dataset's lease through a `DatasetWriter` with no workers of its own (the one
-   committer). It places sources in source order as their counts arrive (`DatasetWriter.reserve`), which is
-   what makes the rows deterministic, and sends each source's first row per table to a write task on the
-   worker that holds its episodes.
+   committer). It places sources in source order as their counts arrive (`DatasetWriter.reserve`, one
+   episode at a time), which is what makes the rows deterministic, and sends the first row per table of the
+   source's episodes not yet committed to a write task on the worker that holds them.
 3. The write task relocates the intervals and writes the rows straight to the store. Whole chunks of its
    region have exactly one writer (this task) and are stored without a lock; the chunk at each end of the
    region may be shared with the neighbouring source, so it is read, merged and written through zarr under a
    synchronizer whose locks are `distributed.Lock`s, one per chunk key (zarr's synchronizer interface).
+   It first reads the lease document: a client that lost the lease has its tasks write nothing.
 4. Only the client grows arrays, commits and consolidates. Commits advance over the contiguous prefix of
-   placed sources whose writes finished, so a crash of the client loses nothing committed, and
-   `resume=True` runs only the sources not committed.
+   placed episodes whose writes finished, so a crash of the client loses nothing committed, and
+   `resume=True` writes only the episodes not committed.
 
 A task rerun by Dask (its worker died) writes the same bytes to the same rows again: writes are idempotent.
-Keys in the journal are `Position(input, source index)`, where the input is the digest of the sources and of
-`to_episodes`'s name. `dask[distributed]` is an optional extra (`zarrfeed[dask]`); the core never imports it.
+Keys in the journal are those of a local ingest of the same episodes, `Position(input, index)`: the input's
+identity is its first episode's fingerprint and `index` the episode's position in the sources' episodes,
+so local, Dask and server ingests recognise each other's inputs. `dask[distributed]` is an optional extra
+(`zarrfeed[dask]`); the core never imports it.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -34,10 +35,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import zarr
 
-from .chunkio import write_rows
+from .chunkio import ChunkWrite, write_rows
 from .dataset_writer import DatasetWriter
 from .episode import check_episode
 from .keys import Position, fingerprint
+from .lease import check_held
 from .schema import L5KIT_SCHEMA, Schema
 from .store import Location
 
@@ -45,8 +47,8 @@ log = logging.getLogger("zarrfeed")
 
 
 class IngestError(ValueError):
-    """Sources that could not be ingested (the message, one line, names the first: source, episode and what
-    is wrong); every other source is committed. `failures` lists them all; fix them and resume."""
+    """The source where an ingest ended (the message, one line, names source, episode and what is wrong);
+    every episode before it is committed. `failures` holds it; fix it and resume."""
 
     def __init__(self, message: str, failures: list["SourceFailure"]) -> None:
         super().__init__(message)
@@ -73,9 +75,9 @@ class IngestSummary:
     the rate of one worker, the figure that says how a bigger cluster would scale."""
 
     sources: int = 0
-    written: int = 0
-    passed_over: int = 0  # committed before (resume)
-    episodes: int = 0
+    written: int = 0  # sources with episodes written
+    passed_over: int = 0  # episodes committed before (resume)
+    episodes: int = 0  # episodes written
     rows: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
     seconds: float = 0.0
@@ -96,37 +98,52 @@ class _ChunkLocks:
         return Lock(f"{self.prefix}/{key}")
 
 
+@dataclass
+class _Counted:
+    """What the client needs of a loaded source to place it: per episode yielded, its fingerprint (the
+    episode's identity, as a local ingest computes it) and rows per table (0 for a bad one); the bad ones
+    (index, reason); and where `to_episodes` raised, if it did (index of the episode it was making, reason)."""
+
+    fingerprints: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)  # of each episode as checked ("" if bad): reruns must match
+    rows: list[dict[str, int]] = field(default_factory=list)
+    bad: list[tuple[int, str]] = field(default_factory=list)
+    error: tuple[int, str] | None = None
+    seconds: float = 0.0
+
+
 def _load(to_episodes: Callable[[Any], Iterable[Any]], source: Any, schema_doc: dict, on_error: str
-          ) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
-    """Run `to_episodes(source)` and check its episodes; return them and their summary (what the client
-    needs to place them: rows per table, fingerprints, bad episodes)."""
+          ) -> tuple[list[dict[str, np.ndarray] | None], _Counted]:
+    """Run `to_episodes(source)` and check its episodes; return them (None for a bad one) and their counts.
+    With on_error="raise", it stops at the first bad episode (nothing after it can be placed)."""
     schema = Schema.from_json(schema_doc)
     t0 = time.perf_counter()
-    kept: list[dict[str, np.ndarray]] = []
-    summary: dict[str, Any] = {"rows": {t: 0 for t in schema.tables}, "fingerprints": [], "bad": [],
-                               "error": None, "episodes": 0}
+    kept: list[dict[str, np.ndarray] | None] = []
+    counted = _Counted()
     i = -1
     try:
         for i, episode in enumerate(to_episodes(source)):
-            summary["episodes"] += 1
+            counted.fingerprints.append(fingerprint(episode))
             try:
                 tables = check_episode(episode, schema)
             except ValueError as exc:
-                summary["bad"].append((i, str(exc)))
+                counted.bad.append((i, str(exc)))
+                counted.rows.append({t: 0 for t in schema.tables})
+                counted.checked.append("")
+                kept.append(None)
                 if on_error == "raise":
                     break
                 continue
             kept.append(tables)
-            summary["fingerprints"].append(fingerprint(tables))
-            for t, arr in tables.items():
-                summary["rows"][t] += len(arr)
+            counted.checked.append(fingerprint(tables))
+            counted.rows.append({t: len(tables.get(t, ())) for t in schema.tables})
     except Exception as exc:  # the user's code failed: the client reports it with the source and episode
-        summary["error"] = (i + 1, f"{type(exc).__name__}: {exc}".splitlines()[0])
-    summary["seconds"] = time.perf_counter() - t0
-    return kept, summary
+        counted.error = (i + 1, f"{type(exc).__name__}: {exc}".splitlines()[0])
+    counted.seconds = time.perf_counter() - t0
+    return kept, counted
 
 
-def _summary(loaded: tuple[list, dict]) -> dict[str, Any]:
+def _counts(loaded: tuple[list, _Counted]) -> _Counted:
     return loaded[1]
 
 
@@ -143,46 +160,47 @@ def _tables(location: Location, dataset_id: str, names: Sequence[str]) -> tuple[
     return _open[key]
 
 
-def _write(loaded: tuple[list, dict], location: Location, dataset_id: str, schema_doc: dict,
-           starts: Mapping[str, int], expected: list[str]) -> dict[str, Any]:
-    """Write a source's episodes at `starts` (rows per table): relocate, concatenate, write."""
+def _write(loaded: tuple[list, _Counted], which: list[int], expected: list[str], location: Location,
+           dataset_id: str, lease_token: str, schema_doc: dict, starts: Mapping[str, int]) -> dict[str, Any]:
+    """Write the source's episodes `which` (indices among those it yielded; `expected`, their fingerprints
+    when the client placed them), one after another from `starts` (the first row per table): relocate,
+    concatenate, write. Nothing is written unless the client that placed them still holds the lease."""
     t0 = time.perf_counter()
     episodes, _ = loaded
-    got = [fingerprint(e) for e in episodes]
-    if got != expected:  # Dask recomputed the source after a worker died, and it came out different
+    chosen = [episodes[j] for j in which]
+    if [fingerprint(e) for e in chosen] != expected:
+        # Dask recomputed the source after a worker died, and it came out different
         raise RuntimeError("to_episodes gave other episodes when Dask ran it again (after a worker was lost); "
                            "it must be deterministic")
     schema = Schema.from_json(schema_doc)
     arrays, locks = _tables(location, dataset_id, list(schema.tables))
-    # the source's rows in one array per table, relocated in place (one copy, as `relocate` then concatenate
-    # would make two)
-    out = {t: np.empty(sum(len(e[t]) for e in episodes), tab.dtype) for t, tab in schema.tables.items()}
+    # the rows in one array per table, relocated in place (one copy, as `relocate` then concatenate would make
+    # two)
+    out = {t: np.empty(sum(len(e.get(t, ())) for e in chosen), tab.dtype) for t, tab in schema.tables.items()}
     at = {t: 0 for t in schema.tables}
-    for tables in episodes:
+    for tables in chosen:
         for t, arr in tables.items():
             out[t][at[t]:at[t] + len(arr)] = arr
         for link in schema.links:
-            part = out[link.parent][at[link.parent]:at[link.parent] + len(tables[link.parent])]
+            part = out[link.parent][at[link.parent]:at[link.parent] + len(tables.get(link.parent, ()))]
             part[link.field] += starts[link.child] + at[link.child]
         for t, arr in tables.items():
             at[t] += len(arr)
+    store = next(iter(arrays.values())).store
+    checked = [-1.0]
+
+    def guard() -> None:  # the lease document, read again before a write at most once a second
+        if time.monotonic() - checked[0] > 1.0:
+            check_held(store, lease_token, location)
+            checked[0] = time.monotonic()
+
     writes = []
     for t, rows in out.items():
-        writes += write_rows(arrays[t], starts[t], rows, locks)
+        writes += write_rows(arrays[t], starts[t], rows, locks, guard)
     return {"seconds": time.perf_counter() - t0, "shared_chunks": sum(w.shared for w in writes), "writes": writes}
 
 
 # ----------------------------------------------------------------------------------------------------- client
-def input_id(sources: Sequence[Any], to_episodes: Callable) -> str:
-    """The identity of an ingest: a digest of the sources and of the name of the function that reads them."""
-    fn = getattr(to_episodes, "func", to_episodes)  # a functools.partial: the function it calls
-    name = getattr(fn, "__qualname__", type(fn).__qualname__)
-    h = hashlib.blake2b(digest_size=8)
-    h.update(f"{getattr(fn, '__module__', '')}.{name}".encode())
-    h.update(pickle.dumps(list(sources), protocol=4))
-    return "sources-" + h.hexdigest()
-
-
 def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Iterable[Mapping[str, np.ndarray]]],
            path: Any, schema: Schema = L5KIT_SCHEMA, storage_options: Mapping[str, Any] | None = None,
            resume: bool = False, on_error: str = "raise", progress: bool = False, overwrite: bool = False,
@@ -191,11 +209,14 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
     """Ingest `to_episodes(s)` for every `s` in `sources` on the Dask cluster of `client`, into `path`.
 
     `sources` are small picklable items (file names, URLs, seeds); `to_episodes` runs on the workers and must
-    give the same episodes each time it is called with the same source. `mode="a"` appends to an existing
-    dataset; `resume=True` finishes an interrupted ingest of the same sources (and appends). A source that
-    raises or yields a bad episode is not written: with `on_error="raise"` every other source is committed
-    and then `IngestError` names it (source, episode, table/field/row); resume after fixing it writes it.
-    With `on_error="skip"` bad episodes are left out (a source that raises, whole) and listed in the summary.
+    give the same episodes each time it is called with the same source. The input is the sources' episodes one
+    after another, with the identity a local ingest gives it: its first episode's fingerprint, and each
+    episode's position in it. So the same episodes ingested before by any path (a local writer, this, the
+    server) are refused without `resume=True`, and with it passed over. `mode="a"` appends to an existing
+    dataset. A bad episode (with on_error="raise") or a source that raises ends the ingest there: everything
+    before it is committed and `IngestError` names it (source, episode, table/field/row); fix it and resume.
+    With on_error="skip", bad episodes are left out and listed in the summary. Resume loads every source
+    again (to know its episodes' positions) and writes only what is not committed.
     """
     from distributed import as_completed
 
@@ -207,45 +228,42 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
                            chunks=chunks, compressor=compressor, storage_options=storage_options,
                            commit_interval=commit_interval, on_error=on_error, segment_bytes=0)
     summary = IngestSummary(sources=len(sources))
-    failures: list[SourceFailure] = []
+    placer = _Placer(client, writer, resume, on_error, summary)
     try:
-        ingest_id = input_id(sources, to_episodes)
-        writer.begin_input(ingest_id, resume, "its sources have the digest", "sources")
-        schema_doc = writer.schema.to_json()
-        todo = [i for i in range(len(sources)) if not writer.is_committed(Position(ingest_id, i))]
-        summary.passed_over = len(sources) - len(todo)
-        loads = {i: client.submit(_load, to_episodes, sources[i], schema_doc, on_error, pure=False) for i in todo}
+        loads = {i: client.submit(_load, to_episodes, s, placer.schema_doc, on_error, pure=False)
+                 for i, s in enumerate(sources)}
         pending = as_completed()
         what: dict[Any, tuple[str, int]] = {}
         for i, fut in loads.items():
-            s = client.submit(_summary, fut, pure=False)
-            what[s.key] = ("summary", i)
-            pending.add(s)
-        counted: dict[int, dict[str, Any]] = {}
-        writes: dict[int, tuple[Position, dict]] = {}
-        order = iter(todo)
-        next_i = next(order, None)
-        bar = _bar(progress, len(todo))
+            c = client.submit(_counts, fut, pure=False)
+            what[c.key] = ("counts", i)
+            pending.add(c)
+        counted: dict[int, _Counted] = {}
+        next_i = 0
+        bar = _bar(progress, len(sources))
         for fut in pending:
             kind, i = what.pop(fut.key)
-            if kind == "summary":
+            if kind == "counts":
+                if placer.failure is not None:
+                    continue  # cancelled: the ingest ends at the failure
                 counted[i] = fut.result()
-                summary.task_seconds += counted[i]["seconds"]
-                while next_i is not None and next_i in counted:  # place sources in source order
-                    _place(client, writer, next_i, sources[next_i], counted.pop(next_i), loads, ingest_id,
-                           schema_doc, on_error, failures, summary, writes, what, pending)
-                    if next_i not in writes:
+                summary.task_seconds += counted[i].seconds
+                while next_i in counted and placer.failure is None:  # place sources in source order
+                    write = placer.place(next_i, sources[next_i], counted.pop(next_i), loads[next_i])
+                    if write is None:
+                        del loads[next_i]
                         bar.update(1)
-                    next_i = next(order, None)
+                    else:
+                        what[write.key] = ("write", next_i)
+                        pending.add(write)
+                    next_i += 1
+                if placer.failure is not None:
+                    client.cancel([f for j, f in loads.items() if j >= next_i])
             else:
                 result = fut.result()
                 summary.task_seconds += result["seconds"]
-                key, rows = writes.pop(i)
-                writer.written(key, result["writes"])
+                placer.written(i, result["writes"])
                 del loads[i]  # the episodes may leave the worker's memory
-                summary.written += 1
-                for t, n in rows.items():
-                    summary.rows[t] = summary.rows.get(t, 0) + n
                 bar.update(1)
         bar.close()
         writer.close()
@@ -254,44 +272,71 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
         raise
     summary.seconds = time.perf_counter() - t0
     summary.bytes = sum(n * writer.schema.tables[t].dtype.itemsize for t, n in summary.rows.items())
-    if failures and on_error == "raise":
-        first = failures[0]
-        more = f" (and {len(failures) - 1} other sources)" if len(failures) > 1 else ""
-        raise IngestError(f"{first}{more}; the other {summary.written} sources are committed: fix it and "
-                          "ingest again with resume=True", failures)
-    summary.skipped = failures
+    if placer.failure is not None:
+        failure = placer.failure
+        raise IngestError(f"{failure}; the {summary.passed_over + summary.episodes} episodes before it are "
+                          "committed: fix it and ingest again with resume=True", [failure])
     return summary
 
 
-def _place(client: Any, writer: DatasetWriter, i: int, source: Any, counted: dict[str, Any], loads: dict,
-           ingest_id: str, schema_doc: dict, on_error: str, failures: list[SourceFailure],
-           summary: IngestSummary, writes: dict, what: dict, pending: Any) -> None:
-    """Place source `i` after everything placed so far and start its write; or record why it is not written."""
-    key = Position(ingest_id, i)
-    failed = None
-    if counted["error"] is not None:
-        failed = SourceFailure(i, source, counted["error"][0], counted["error"][1])
-    elif counted["bad"] and on_error == "raise":
-        failed = SourceFailure(i, source, counted["bad"][0][0], counted["bad"][0][1])
-    if failed is not None:
-        failures.append(failed)
-        del loads[i]
-        if on_error == "skip":
-            log.warning("skipping %s", failed)
-            writer.skip(key)
-        return
-    for j, reason in counted["bad"]:  # on_error="skip": the bad episodes are left out
-        failures.append(SourceFailure(i, source, j, reason))
-        log.warning("skipping %s", failures[-1])
-    summary.episodes += len(counted["fingerprints"])
-    rows = counted["rows"]
-    digest = hashlib.blake2b("".join(counted["fingerprints"]).encode(), digest_size=8).hexdigest()
-    starts = writer.reserve(key, rows, digest)
-    fut = client.submit(_write, loads[i], writer.location, writer.dataset_id, schema_doc, starts,
-                        counted["fingerprints"], pure=False)
-    what[fut.key] = ("write", i)
-    writes[i] = (key, rows)
-    pending.add(fut)
+class _Placer:
+    """Places sources, in source order, in the input's positions (the client's side of `ingest`)."""
+
+    def __init__(self, client: Any, writer: DatasetWriter, resume: bool, on_error: str, summary: IngestSummary
+                 ) -> None:
+        self.client, self.writer, self.resume, self.on_error, self.summary = client, writer, resume, on_error, summary
+        self.schema_doc = writer.schema.to_json()
+        self.input: str | None = None  # the input's identity: its first episode's fingerprint
+        self.base = 0  # episodes in the sources placed so far
+        self.failure: SourceFailure | None = None  # where the ingest ends (a source raised, a bad episode)
+        self._writes: dict[int, list[tuple[Position, dict[str, int]]]] = {}  # source -> keys placed, rows
+
+    def place(self, i: int, source: Any, counted: _Counted, loaded: Any) -> Any:
+        """Place source `i`'s episodes not yet committed and return the task that writes them (None: none)."""
+        yielded = len(counted.fingerprints)
+        if self.input is None and yielded:
+            self.input = counted.fingerprints[0]
+            self.writer.begin_input(self.input, self.resume, "its first episode has fingerprint", "episodes")
+        stop = yielded
+        if counted.error is not None:
+            stop = counted.error[0]
+            self.failure = SourceFailure(i, source, counted.error[0], counted.error[1])
+        bad = dict(counted.bad)
+        if bad and self.on_error == "raise":
+            stop = min(bad)
+            self.failure = SourceFailure(i, source, stop, bad[stop])
+        which, placed, starts = [], [], None
+        for j in range(stop):
+            key = Position(self.input, self.base + j)  # type: ignore[arg-type]  # set: the source yielded j
+            if j in bad:  # on_error="skip"
+                self.summary.skipped.append(SourceFailure(i, source, j, bad[j]))
+                log.warning("skipping %s", self.summary.skipped[-1])
+                if not self.writer.is_committed(key):
+                    self.writer.skip(key)
+            elif self.writer.is_committed(key):
+                self.summary.passed_over += 1
+            else:
+                first = self.writer.reserve(key, counted.rows[j], counted.fingerprints[j])
+                starts = starts or first  # the source's episodes follow one another from there
+                which.append(j)
+                placed.append((key, counted.rows[j]))
+        self.base += yielded
+        if not which:
+            return None
+        self._writes[i] = placed
+        expected = [counted.checked[j] for j in which]
+        return self.client.submit(_write, loaded, which, expected, self.writer.location, self.writer.dataset_id,
+                                  self.writer.lease_token, self.schema_doc, starts, pure=False)
+
+    def written(self, i: int, writes: list[ChunkWrite]) -> None:
+        """Source `i`'s write task finished: its episodes commit (in the order placed) with these chunks."""
+        placed = self._writes.pop(i)
+        for n, (key, rows) in enumerate(placed):
+            self.writer.written(key, writes if n == 0 else ())
+            for t, k in rows.items():
+                self.summary.rows[t] = self.summary.rows.get(t, 0) + k
+        self.summary.episodes += len(placed)
+        self.summary.written += 1
 
 
 def _bar(progress: bool, total: int) -> Any:

@@ -204,15 +204,21 @@ def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
 
 
 def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str, Any] | None, CommitLog]:
-    """The latest manifest and its commit log, read again if a writer merged a segment away meanwhile."""
+    """The latest manifest and its commit log, read again if a writer merged a segment away meanwhile. A segment
+    missing from a manifest that did not change meanwhile is damage (deleted by hand, a lost object), named."""
+    previous: dict[str, Any] | None = None
+    missing = ""
     for _ in range(tries):
         doc = read_manifest(store)
         if doc is None:
             return None, CommitLog()
+        if doc == previous:  # the same manifest, and a segment it lists is gone: not a merge, damage
+            raise FormatError(f"{MANIFEST_KEY}: commit {doc.get('commit')} lists commit log segment {missing!r}, "
+                              "which is missing: the dataset is damaged (restore that object from a copy)")
         try:
             return doc, read_log(store, doc)
-        except KeyError:
-            continue
+        except KeyError as exc:
+            missing, previous = str(exc.args[0]), doc
     raise FormatError(f"{MANIFEST_KEY}: its commit log keeps changing while it is read ({tries} tries)")
 
 

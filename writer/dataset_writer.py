@@ -155,7 +155,8 @@ class DatasetWriter:
             self._shared_chunks = 0
             if workers > 0:
                 dtypes = {n: t.dtype for n, t in self.schema.tables.items()}
-                self._pool = WorkerPool(workers, write_worker.setup, (self.location, dtypes, self._sync, self._blocks),
+                self._pool = WorkerPool(workers, write_worker.setup,
+                                        (self.location, dtypes, self._sync, self._blocks, self._lease.fence),
                                         "writer worker", start_method)
             self._load = [0] * max(workers, 1)
         except BaseException as exc:
@@ -253,6 +254,12 @@ class DatasetWriter:
     def dataset_id(self) -> str:
         """The dataset's identity (new with each dataset made or overwritten)."""
         return self._dataset_id
+
+    @property
+    def lease_token(self) -> str:
+        """The token of this writer's lease: a task elsewhere writing rows it placed checks the dataset's lease
+        document still names it (`lease.check_held`)."""
+        return self._lease.holder.token
 
     @property
     def commit(self) -> int:
@@ -459,6 +466,7 @@ class DatasetWriter:
             self.sync()
             if self._pool:
                 self._pool.stop()
+            self._lease.check()
             for t, n in self._tracker.committed.items():  # nothing lies past the committed rows: trim the shape
                 if self._length[t] != n:
                     self._bounded(lambda: dataset_format.set_length(self._arrays[t], n), f"setting the length of {t}")
@@ -530,11 +538,12 @@ class DatasetWriter:
             self._free.append(seg.block)
             return
         end = seg.start + seg.n
+        self._lease.check()  # a writer that lost its lease, or was paused past it, writes nothing more
         self._grow(table, end)
         self._inflight[seg.id] = seg
         if self._pool is None:
             rows = np.frombuffer(self._blocks[seg.block].buf, self._arrays[table].dtype, count=seg.n)
-            writes = write_rows(self._arrays[table], seg.start, rows, self._sync)
+            writes = write_rows(self._arrays[table], seg.start, rows, self._sync, self._lease.check)
             self._shared_chunks += sum(w.shared for w in writes)
             self._digests.add(writes)
             del rows
@@ -562,6 +571,7 @@ class DatasetWriter:
         if self._pool is not None:
             for kind, wid, seg_id, detail in self._pool.poll(timeout):
                 if kind == "error":
+                    self._lease.check()  # a worker stopped by the lease's fence: say that, not "worker failed"
                     seg = self._inflight.get(seg_id[0]) if seg_id else None
                     where = f" writing {seg.table} rows [{seg.start}, {seg.start + seg.n})" if seg else ""
                     raise WorkerError(f"writer worker {wid} failed{where}: {detail}", detail) from detail.exc
@@ -581,6 +591,7 @@ class DatasetWriter:
     def _grow(self, table: str, end: int) -> None:
         """Make the array at least `end` rows long, in large steps (each is a metadata write)."""
         if end > self._length[table]:
+            self._lease.check()
             step = 4 if self.location.is_local else 64
             n = self._length[table] = max(end, 2 * self._length[table], step * self._arrays[table].chunks[0])
             self._bounded(lambda: dataset_format.set_length(self._arrays[table], n), f"growing {table} to {n:,} rows")

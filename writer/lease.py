@@ -27,6 +27,7 @@ from typing import Any
 
 import fasteners
 
+from .shm import SharedBlock
 from .store import FormatError, Location, bounded, within
 
 log = logging.getLogger("zarrfeed.writer")
@@ -44,6 +45,55 @@ class LeaseHeld(FormatError):
 
 class LeaseLost(RuntimeError):
     """This writer's lease was taken over (its heartbeat stopped for longer than the timeout)."""
+
+
+class Fence:
+    """Until when this writer may write: a deadline on `time.monotonic()` (one clock for every process of a
+    host, running on while a process is stopped) in shared memory, moved on by each renewal of the lease and
+    set to 0 when it is lost, and checked by the writer and its worker processes before they store a chunk:
+    a writer that was stopped (SIGSTOP, a long pause) past it stops writing everywhere, not only before its
+    next commit. The deadline ends two heartbeats before another writer may take the lease over. It is a
+    check, not a fence on the store's side (no store here offers one for chunk writes): a write already sent
+    when it passes still lands, so `timeout` must be well above the time one segment takes to store."""
+
+    def __init__(self, block: SharedBlock | None = None) -> None:
+        self._block = block or SharedBlock(8)
+        self._until: "memoryview[float] | None" = self._block.buf.cast("d")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a worker gets the same shared deadline
+        return Fence, (self._block,)
+
+    def extend(self, until: float) -> None:
+        if self._until is not None:
+            self._until[0] = until
+
+    def revoke(self) -> None:
+        if self._until is not None:
+            self._until[0] = 0.0
+
+    def close(self) -> None:
+        """Revoke and unmap (the memory goes with the last process that maps it)."""
+        self.revoke()
+        if self._until is not None:
+            self._until.release()
+            self._until = None
+            self._block.close()
+
+    def check(self, location: Any = "the dataset") -> None:
+        """Raise `LeaseLost` if this writer may no longer write."""
+        if self._until is None or self._until[0] <= time.monotonic():
+            raise LeaseLost(f"{location}: the write lease was lost or has not been renewed in time, so another "
+                            "writer may hold it; stopped before writing")
+
+
+def check_held(store: Any, token: str, location: Any) -> None:
+    """Raise `LeaseLost` unless the lease document in `store` (a zarr store of the dataset) names `token`. A
+    task on a cluster, which shares no memory with the writer that placed its rows, asks this before it writes
+    (one request: a check just before the write, not a fence)."""
+    holder = Holder.parse(store.get(LEASE_KEY))
+    if holder is None or holder.token != token:
+        raise LeaseLost(f"{location}: the writer that placed these rows no longer holds the write lease; "
+                        "stopped before writing")
 
 
 def _process_start(pid: int) -> int | None:
@@ -128,6 +178,12 @@ class Lease:
         self._thread: threading.Thread | None = None
         self._renewed = 0.0  # time.monotonic() of the last successful take or renewal
         self._held = False  # acquired and not released
+        self.fence = Fence()  # checked before every chunk write, here and in worker processes
+
+    def _fresh(self) -> None:
+        """The lease was just taken or renewed: writes may go on until two heartbeats before it can expire."""
+        self._renewed = time.monotonic()
+        self.fence.extend(self._renewed + self.timeout - 2 * self.interval)
 
     def acquire(self) -> None:
         """Take the lease or raise `LeaseHeld` naming its holder; nothing in the dataset changes before."""
@@ -141,7 +197,7 @@ class Lease:
         backend, limit = self._backend, None if loc.is_local else self.timeout
         previous = bounded(limit, lambda: backend.take(self.holder, self.timeout), f"{loc}: taking the write lease")
         self._held = True
-        self._renewed = time.monotonic()
+        self._fresh()
         if previous is not None:
             log.warning("%s: took over the write lease of %s: %s", loc, previous[0], previous[1])
         self._thread = threading.Thread(target=self._beat, name="zarrfeed-lease", daemon=True)
@@ -164,9 +220,10 @@ class Lease:
         self.holder.heartbeat = time.time()
         if not bounded(limit, lambda: backend.renew(self.holder), f"{self.location}: renewing the lease"):
             self.lost = f"{self.location}: the write lease was taken over by another writer"
+            self.fence.revoke()
             log.error("%s", self.lost)
             return False
-        self._renewed = time.monotonic()
+        self._fresh()
         return True
 
     def confirm(self) -> bool:
@@ -182,21 +239,27 @@ class Lease:
 
     def check(self) -> None:
         """Raise `LeaseLost` if another writer has taken the lease over, or may have: once the lease has not
-        been renewed for almost its timeout, another writer is free to take it, so this one must not commit."""
+        been renewed for almost its timeout, another writer is free to take it, so this one must not write or
+        commit anything."""
         if self.lost:
             raise LeaseLost(self.lost)
         stale = time.monotonic() - self._renewed
         if self._thread is not None and stale > self.timeout - 2 * self.interval:
             raise LeaseLost(f"{self.location}: the write lease has not been renewed for {stale:.0f} s (the store "
-                            "does not answer), so another writer may take it over; stopping before any commit")
+                            "did not answer, or this process was paused), so another writer may have taken it "
+                            "over; stopped before writing")
 
     def release(self, seconds: float | None = None) -> None:
         """Give the lease up (within `seconds`, if given: a store that does not answer lets it expire)."""
         self._stop.set()
         self._held = False
+        self.fence.revoke()
+        stuck = False
         if self._thread is not None:
             self._thread.join(seconds if seconds is not None else 5)
-            self._thread = None
+            stuck, self._thread = self._thread.is_alive(), None
+        if not stuck:  # else a renewal the store never answered may still touch the fence: leave it mapped
+            self.fence.close()
         backend, self._backend = self._backend, None
         if backend is not None and not within(seconds, lambda: backend.release(self.holder)):
             log.debug("%s: the write lease was not released; it expires after %.0f s", self.location,

@@ -11,12 +11,13 @@ writes them (`episode_schema(..., records=False)`); the server reads both.
 `submit` returns once the server has accepted the episode (its ack comes back on the same call); `sync()`
 and `close()` return once every accepted episode is committed. Keys make retries safe: the server's writer
 passes over a key that is committed or in flight, and commits record keys with the rows, so a producer that
-re-sends after a lost reply or a server restart never duplicates an episode. Without a key, an episode's
-key is a digest of all its bytes.
+re-sends after a lost reply or a server restart never duplicates an episode. Without keys, episodes get the
+keys a local `DatasetWriter` gives them, `Position(input, index)` with the input's first episode's
+fingerprint, and the server refuses an input it has seen before (from any producer, a local ingest or Dask)
+unless `ingest(..., resume=True)`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Iterable, Mapping
 
@@ -25,7 +26,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from .arrow_records import arrow_schema, from_arrow, records_to_arrow
-from .keys import Key, check_key
+from .keys import Key, Position, check_key, fingerprint, key_from_json, key_to_json
 from .schema import dtype_from_descr
 
 DESCRIPTOR = flight.FlightDescriptor.for_path("episodes")
@@ -36,16 +37,6 @@ def call_options(token: str | None, timeout: float | None = None) -> flight.Flig
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     return flight.FlightCallOptions(headers=headers, timeout=timeout)
 DTYPES_KEY = b"zarrfeed.dtypes"
-
-
-def content_key(episode: Mapping[str, np.ndarray]) -> str:
-    """A key from every byte of the episode: the same episode always has the same key."""
-    h = hashlib.blake2b(digest_size=16)
-    for name in sorted(episode):
-        a = np.ascontiguousarray(episode[name])
-        h.update(name.encode() + b"\0" + a.dtype.str.encode() + str(a.shape).encode())
-        h.update(a.view(np.uint8).reshape(-1).data if a.nbytes else b"")
-    return "blake2b:" + h.hexdigest()
 
 
 def episode_schema(dtypes: Mapping[str, np.dtype], records: bool = True) -> pa.Schema:
@@ -67,7 +58,7 @@ def encode_episode(episode: Mapping[str, np.ndarray], key: Key, schema: pa.Schem
     unknown = sorted(set(episode) - set(dtypes))
     if unknown:
         raise ValueError(f"table {unknown[0]!r}: not a table of this dataset (tables: {', '.join(dtypes)})")
-    columns: list[pa.Array] = [_one_string(json.dumps(key))]
+    columns: list[pa.Array] = [_one_string(json.dumps(key_to_json(key)))]
     for table, descr in dtypes.items():
         dtype = dtype_from_descr(descr)
         records = np.asarray(episode.get(table, np.zeros(0, dtype)))
@@ -105,8 +96,8 @@ def decode_episodes(batch: pa.RecordBatch) -> list[tuple[Key, dict[str, np.ndarr
     out = []
     for i in range(batch.num_rows):
         try:
-            key = check_key(json.loads(batch.column("key")[i].as_py()))
-        except (ValueError, TypeError) as exc:
+            key = check_key(key_from_json(json.loads(batch.column("key")[i].as_py())))
+        except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"row {i}: bad key ({exc})") from None
         episode = {}
         for table, dtype in dtypes.items():
@@ -149,6 +140,8 @@ class RemoteWriter:
         self._unsynced: list[tuple[Key, Mapping[str, np.ndarray]]] = []
         self._unsynced_bytes = 0
         self._broken = False
+        self._input: str | None = None  # the input that keyless submits continue (as DatasetWriter's)
+        self._position = 0
 
     def _gone(self, exc: BaseException) -> ConnectionError:
         self._drop_put()
@@ -166,9 +159,10 @@ class RemoteWriter:
             self._write(episode, key)
             self._ack(key)
 
-    def _action(self, name: str) -> dict[str, Any]:
+    def _action(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
-            results = list(self._client.do_action(flight.Action(name, b""), self._options))
+            payload = json.dumps(body).encode() if body is not None else b""
+            results = list(self._client.do_action(flight.Action(name, payload), self._options))
         except flight.FlightUnauthenticatedError:
             raise PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))") from None
         except flight.FlightServerError as exc:
@@ -179,9 +173,14 @@ class RemoteWriter:
 
     def submit(self, episode: Mapping[str, np.ndarray], key: Key | None = None) -> bool:
         """Send one episode; returns once the server accepted it (True) or passed it over because its key is
-        committed or in flight (False). Bad input raises ValueError naming table, field and row; the writer
-        stays usable."""
-        key = check_key(key) if key is not None else content_key(episode)
+        committed or in flight (False). Without a key, the episode is the next of the current input, as with
+        `DatasetWriter.submit`. Bad input raises ValueError naming table, field and row; the writer stays
+        usable."""
+        if key is None:
+            if self._input is None:
+                self._begin_input(episode, resume=False)
+            key, self._position = Position(self._input, self._position), self._position + 1  # type: ignore[arg-type]
+        key = check_key(key)
         if self._broken:
             self._recover()
         self._write(episode, key)
@@ -192,20 +191,26 @@ class RemoteWriter:
         return accepted
 
     def ingest(self, episodes: Iterable[Mapping[str, np.ndarray]], keys: Iterable[Key] | None = None,
-               window: int = 8) -> int:
+               window: int = 8, resume: bool = False) -> int:
         """Submit every episode (with `keys`, one per episode), then `sync()`; returns how many were written.
+        Without keys, the episodes are one input, keyed and refused or resumed as by `DatasetWriter.ingest`.
         Up to `window` episodes are on their way at once (their acks are read as the next ones go out), so
         the producer encodes and sends while the server writes. A refused episode raises ValueError naming
         it; the episodes after it in this call are not written (ingest them again)."""
         it = iter(keys) if keys is not None else None
         if self._broken:
             self._recover()
+        self._input = None
         pending: list[Key] = []
         written = 0
         try:
-            for episode in episodes:
-                key = next(it) if it is not None else None
-                key = check_key(key) if key is not None else content_key(episode)
+            for i, episode in enumerate(episodes):
+                if it is not None:
+                    key = check_key(next(it))
+                else:
+                    if i == 0:
+                        self._begin_input(episode, resume)
+                    key, self._position = Position(self._input, i), i + 1  # type: ignore[arg-type]
                 self._write(episode, key)
                 self._keep(key, episode)
                 pending.append(key)
@@ -224,6 +229,14 @@ class RemoteWriter:
             raise ValueError(f"{exc}{after}") from None
         self.sync()
         return written
+
+    def _begin_input(self, first: Mapping[str, np.ndarray], resume: bool) -> None:
+        """The server records the input whose first episode is `first` (refusing a repeat without resume)."""
+        if self._broken:
+            self._recover()
+        input_id = fingerprint(first)
+        self._action("begin_input", {"input": input_id, "resume": resume})
+        self._input, self._position = input_id, 0
 
     def _keep(self, key: Key, episode: Mapping[str, np.ndarray]) -> None:
         """Remember a sent episode until a sync confirms it committed (re-sent after a reconnect)."""

@@ -7,6 +7,7 @@ import numpy as np
 import zarr
 
 from .chunkio import write_rows
+from .lease import Fence
 from .pool import preload_in_workers
 from .shm import SharedBlock
 from .store import Location
@@ -15,8 +16,9 @@ preload_in_workers(__name__)  # see writer.pool
 
 
 def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronizer: Any,
-          blocks: list[SharedBlock]) -> Callable[[tuple], tuple]:
+          blocks: list[SharedBlock], fence: Fence) -> Callable[[tuple], tuple]:
     """Open the store in this process (no zarr handle is inherited; tables at first use); return the handler.
+    Every chunk write first checks the writer's lease `fence` (a writer paused past its lease stops here).
 
     A message is (segment id, table, first row, row count, block); the reply (done, worker, segment id, the
     `ChunkWrite`s of what was stored)."""
@@ -31,6 +33,7 @@ def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronize
             # parent made or checked the table: open it directly (zarr's checks are two more requests).
             arrays[table] = zarr.Array(store, path=table)
         rows = np.frombuffer(blocks[block].buf, dtypes[table], count=n)
-        return ("done", wid, seg_id, write_rows(arrays[table], start, rows, synchronizer))
+        return ("done", wid, seg_id, write_rows(arrays[table], start, rows, synchronizer,
+                                                lambda: fence.check(location)))
 
     return handle

@@ -40,6 +40,7 @@ from loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from loader.remote import Ticket
 from writer.arrow_records import arrow_schema
 from writer.dataset_writer import DatasetWriter
+from writer.keys import key_to_json
 from writer.pool import WorkerError
 from writer.remote import decode_episodes
 from writer.store import Location
@@ -193,7 +194,28 @@ class FeedServer(flight.FlightServerBase):
                     except (WorkerError, RuntimeError) as exc:
                         self._writer = None  # stopped; the next upload reopens (mode "a" resumes)
                         raise flight.FlightServerError(f"zarrfeed: the writer stopped: {exc}") from None
-                writer.write(pa.py_buffer(json.dumps({"key": key, "accepted": accepted}).encode()))
+                writer.write(pa.py_buffer(json.dumps({"key": key_to_json(key), "accepted": accepted}).encode()))
+
+    def _begin_input(self, body: bytes) -> dict[str, Any]:
+        """Record an input (its first episode's fingerprint) as a local ingest does, so an input ingested
+        before by any path is refused unless resumed."""
+        try:
+            doc = json.loads(body)
+            input_id, resume = doc["input"], doc.get("resume", False)
+            if not isinstance(input_id, str) or not isinstance(resume, bool):
+                raise TypeError("input must be a string and resume a boolean")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise flight.FlightServerError(f"zarrfeed: begin_input: bad request ({exc})") from None
+        with self._write_lock:
+            try:
+                self._dataset_writer().begin_input(input_id, resume, "its first episode has fingerprint",
+                                                   "episodes")
+            except ValueError as exc:
+                raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+            except (WorkerError, RuntimeError) as exc:
+                self._writer = None
+                raise flight.FlightServerError(f"zarrfeed: the writer stopped: {exc}") from None
+        return {"input": input_id}
 
     def _sync(self) -> dict[str, Any]:
         with self._write_lock:
@@ -222,6 +244,8 @@ class FeedServer(flight.FlightServerBase):
     def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
         if action.type == "sync":
             doc = self._sync()
+        elif action.type == "begin_input":
+            doc = self._begin_input(action.body.to_pybytes())
         elif action.type == "plan":
             doc = self._plan(action.body.to_pybytes())
         elif action.type == "describe":
@@ -232,13 +256,16 @@ class FeedServer(flight.FlightServerBase):
                               for name, arr in ds.tables.items()},
                    "transforms": self.transforms.describe()}
         else:
-            raise flight.FlightServerError(f"unknown action {action.type!r} (actions: describe, plan, sync)")
+            raise flight.FlightServerError(f"unknown action {action.type!r} (actions: describe, plan, sync, "
+                                         "begin_input)")
         yield flight.Result(json.dumps(doc).encode())
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
         return [("describe", "the dataset: id, commit, per table its rows, chunk rows and numpy dtype; transforms"),
                 ("plan", "for a ticket (JSON): its loader's resume state and the batches of its epoch"),
-                ("sync", "wait until every accepted episode is committed; the committed rows")]
+                ("sync", "wait until every accepted episode is committed; the committed rows"),
+                ("begin_input", "{input, resume}: start an input of Position-keyed episodes (refused if seen "
+                                "before, unless resume)")]
 
     def _info(self, ds: Dataset, table: str) -> flight.FlightInfo:
         descriptor = flight.FlightDescriptor.for_path(table)
