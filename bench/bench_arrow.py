@@ -17,12 +17,10 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from loader import Dataset, Loader
-from loader import export_parquet, to_arrow
-from writer.arrow_records import records_to_arrow
-
 from common import parser, print_ratios, synthetic_dataset
+from zarrfeed.loader import Dataset, Loader, export_parquet, to_arrow
+
+from zarrfeed.core.arrow_records import records_to_arrow
 
 
 def timed(fn) -> float:

@@ -21,10 +21,9 @@ import time
 from itertools import chain
 from pathlib import Path
 
-from writer import synthetic
-from writer.dataset_writer import DatasetWriter
-
 from common import parser, print_ratios
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
 
 
 def read_source(path: str):
@@ -43,8 +42,7 @@ def main() -> None:
     p.add_argument("--sources", type=int, default=20)
     args = p.parse_args()
     from distributed import Client, LocalCluster
-
-    from writer import dask as zdask
+    from zarrfeed.writer import dask as zdask
 
     tmp = Path(tempfile.mkdtemp(prefix="zarrfeed-bench-dask-"))
     try:

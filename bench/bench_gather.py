@@ -9,10 +9,10 @@ import statistics
 import time
 
 import numpy as np
+from zarrfeed.loader import _gather, gather_numpy
+from zarrfeed.loader.layout import Layout
 
-from loader import _gather, gather_numpy
-from loader.layout import Layout
-from writer.schema import AGENT_DTYPE
+from zarrfeed.core.schema import AGENT_DTYPE
 
 
 def main() -> None:

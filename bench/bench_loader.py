@@ -31,11 +31,10 @@ from pathlib import Path
 import multiprocess as mp
 import numpy as np
 import zarr
-
-from loader import Dataset, Loader, WindowLoader
-from writer.chunkio import chunk_key
-
 from common import parser, print_ratios, synthetic_dataset
+from zarrfeed.loader import Dataset, Loader, WindowLoader
+
+from zarrfeed.core.chunks import chunk_key
 
 
 def _slice_reader(path: str):

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 from common import parser, print_ratios, synthetic_dataset
+from zarrfeed.loader import Loader
 
-from loader import Loader
-from loader.remote import RemoteLoader
-from writer.remote import RemoteWriter
+from zarrfeed.flight import RemoteLoader, RemoteWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,8 +62,8 @@ def main() -> None:
 
 PRODUCER = """
 import sys
-from writer import synthetic
-from writer.remote import RemoteWriter
+from zarrfeed.writer import synthetic
+from zarrfeed.flight import RemoteWriter
 if __name__ == "__main__":
     url, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     eps = list(synthetic.episodes(first + n, seed=0))[first:]
@@ -80,7 +79,7 @@ def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
     import shutil
     import tempfile
 
-    from writer import DatasetWriter, synthetic
+    from zarrfeed.writer import DatasetWriter, synthetic
     eps = list(synthetic.episodes(scenes, seed=0))
     nbytes = sum(a.nbytes for ep in eps for a in ep.values())
     times: dict[str, list[float]] = {"remote ingest": [], "local ingest": []}

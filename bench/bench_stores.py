@@ -25,13 +25,11 @@ import numcodecs
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from s3server import S3Server  # noqa: E402
-
-from loader import Dataset, Loader  # noqa: E402
-from writer import synthetic  # noqa: E402
-from writer.dataset_writer import DatasetWriter  # noqa: E402
-
 from common import parser, print_ratios  # noqa: E402
+from s3server import S3Server  # noqa: E402
+from zarrfeed.loader import Dataset, Loader  # noqa: E402
+from zarrfeed.writer import synthetic  # noqa: E402
+from zarrfeed.writer.dataset_writer import DatasetWriter  # noqa: E402
 
 
 def load_epoch(loader: Loader) -> int:

@@ -26,11 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-
-from writer import L5KIT_SCHEMA, relocate, synthetic
-from writer.dataset_writer import DatasetWriter
-
 from common import print_ratios
+from zarrfeed.writer import L5KIT_SCHEMA, relocate, synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
 
 VARIANTS = ["zarrfeed-1", "zarrfeed-2", "zarr-bulk", "concat+bulk", "zarr-append"]
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from writer import synthetic, write_dataset
+from zarrfeed.writer import synthetic, write_dataset
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

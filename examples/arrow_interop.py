@@ -8,10 +8,8 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
-
-from loader import Dataset
-from loader import export_parquet
-from writer import synthetic, write_dataset
+from zarrfeed.loader import Dataset, export_parquet
+from zarrfeed.writer import synthetic, write_dataset
 
 if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
     tmp = Path(tempfile.mkdtemp())

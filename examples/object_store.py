@@ -7,8 +7,8 @@ Run: python examples/object_store.py s3://BUCKET/PREFIX ENDPOINT_URL
 import sys
 import tempfile
 
-from loader import Dataset, Loader
-from writer import DatasetWriter, synthetic
+from zarrfeed.loader import Dataset, Loader
+from zarrfeed.writer import DatasetWriter, synthetic
 
 if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
     if len(sys.argv) < 3:

@@ -6,8 +6,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loader import Dataset
-from writer import DatasetWriter, synthetic
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import DatasetWriter, synthetic
 
 if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()) / "scenes.zarr"

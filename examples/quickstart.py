@@ -7,9 +7,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from loader import Dataset
-from writer import Schema, synthetic, write_dataset
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import Schema, synthetic, write_dataset
 
 if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())

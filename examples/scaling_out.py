@@ -7,10 +7,9 @@ Run: python examples/scaling_out.py s3://BUCKET/PREFIX ENDPOINT_URL [SCHEDULER_A
 import sys
 
 from distributed import Client, LocalCluster
-
-from loader import Dataset
-from writer import dask as zdask
-from writer import synthetic
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import dask as zdask
+from zarrfeed.writer import synthetic
 
 
 def read_log(source):

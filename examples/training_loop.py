@@ -7,9 +7,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from loader import Dataset, Loader
-from writer import synthetic, write_dataset
+from zarrfeed.loader import Dataset, Loader
+from zarrfeed.writer import synthetic, write_dataset
 
 
 def features(batch):  # runs in the loader's worker processes; closures and lambdas are fine

@@ -1,7 +1,6 @@
 """zarrfeed's reading side: open, describe and check datasets; load shuffled batches; Arrow and Parquet out."""
-from writer.arrow_records import from_arrow
-from writer.dataset_format import FormatError
-
+from ..core.arrow_records import from_arrow
+from ..core.dataset_format import FormatError
 from .arrow_bridge import to_arrow
 from .batches import Loader, LoaderError
 from .dataset import Dataset, ValidationReport

@@ -86,13 +86,38 @@ static __attribute__((noinline)) void gather_rows(const char *s, Py_ssize_t row_
 }
 
 
+/* An index argument (rows, runs, fields): a C-contiguous buffer of int64, checked by its format, so that a
+   float64 or int32 array is refused instead of being read as other numbers. */
+static int int64_buffer(PyObject *obj, Py_buffer *view, const char *fn, const char *what, Py_ssize_t group) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) return -1;
+    const char *fmt = view->format ? view->format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@') fmt++;
+    if (view->itemsize != 8 || (strcmp(fmt, "q") != 0 && strcmp(fmt, "l") != 0) || view->len % (8 * group)
+        || !PyBuffer_IsContiguous(view, 'C')) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a C-contiguous int64 array%s, got format '%s' item size %zd",
+                     fn, what, group > 1 ? " of whole groups" : "", view->format ? view->format : "B", view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+
 /* gather(src, row_bytes, rows, out, fields, first, scale): for each i, the record of row_bytes bytes at
    src + rows[i] * scale is split into fields; field k = (offset, size, base) goes to
    out[base + (first + i) * size]. scale is row_bytes when rows are row numbers, 1 when they are byte offsets. */
 static PyObject *gather(PyObject *self, PyObject *args) {
     Py_buffer src, rows, out, fields;
+    PyObject *rows_obj, *fields_obj;
     Py_ssize_t row_bytes, first, scale;
-    if (!PyArg_ParseTuple(args, "y*ny*w*y*nn", &src, &row_bytes, &rows, &out, &fields, &first, &scale)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nOw*Onn", &src, &row_bytes, &rows_obj, &out, &fields_obj, &first, &scale))
+        return NULL;
+    if (int64_buffer(rows_obj, &rows, "gather", "rows", 1) < 0) {
+        PyBuffer_Release(&src); PyBuffer_Release(&out); return NULL;
+    }
+    if (int64_buffer(fields_obj, &fields, "gather", "fields", 3) < 0) {
+        PyBuffer_Release(&src); PyBuffer_Release(&rows); PyBuffer_Release(&out); return NULL;
+    }
     const int64_t *r = rows.buf; Py_ssize_t n = rows.len / 8;
     const int64_t *f = fields.buf; Py_ssize_t nf = fields.len / 24;
     const char *s = src.buf; char *o = out.buf;
@@ -128,8 +153,15 @@ fail:
    Sequential reads, no index per row: what WindowLoader needs for each sample's agents. */
 static PyObject *gather_runs(PyObject *self, PyObject *args) {
     Py_buffer src, runs, out, fields;
+    PyObject *runs_obj, *fields_obj;
     Py_ssize_t row_bytes, first;
-    if (!PyArg_ParseTuple(args, "y*ny*w*y*n", &src, &row_bytes, &runs, &out, &fields, &first)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nOw*On", &src, &row_bytes, &runs_obj, &out, &fields_obj, &first)) return NULL;
+    if (int64_buffer(runs_obj, &runs, "gather_runs", "runs", 2) < 0) {
+        PyBuffer_Release(&src); PyBuffer_Release(&out); return NULL;
+    }
+    if (int64_buffer(fields_obj, &fields, "gather_runs", "fields", 3) < 0) {
+        PyBuffer_Release(&src); PyBuffer_Release(&runs); PyBuffer_Release(&out); return NULL;
+    }
     const int64_t *r = runs.buf; Py_ssize_t nr = runs.len / 16;
     const int64_t *f = fields.buf; Py_ssize_t nf = fields.len / 24;
     const char *s = src.buf; char *o = out.buf;

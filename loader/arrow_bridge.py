@@ -15,10 +15,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 
-from writer.arrow_records import (arrow_schema, column_to_arrow, columns_from_arrow, dtype_of, from_arrow,
-                                   records_to_arrow)
-from writer.chunkio import read_rows
-from writer.schema import dtype_from_descr
+from ..core.arrow_records import (
+    arrow_schema,
+    column_to_arrow,
+    columns_from_arrow,
+    dtype_of,
+    from_arrow,
+    records_to_arrow,
+)
+from ..core.chunks import read_rows
+from ..core.schema import dtype_from_descr
 
 if TYPE_CHECKING:
     from .dataset import Dataset

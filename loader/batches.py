@@ -24,18 +24,17 @@ from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 
-from writer.chunkio import ChunkError, read_coordinates
-from writer.pool import RemoteError, WorkerPool, describe_exit, start_fork_server
-from writer.shm import available_memory
-from writer.store import Location
-
+from ..core._proc.pool import RemoteError, WorkerPool, describe_exit, start_fork_server
+from ..core._proc.shm import available_memory
+from ..core.chunks import ChunkError, read_coordinates
+from ..core.store import Location
 from . import read_worker, view_check
 from .arrow_bridge import to_arrow
+from .chunk_cache import ChunkSlots
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
-from .chunk_cache import ChunkSlots
 from .state import LoaderState, selection_digest
 
 log = logging.getLogger("zarrfeed.loader")

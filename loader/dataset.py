@@ -10,14 +10,13 @@ import numpy as np
 import pyarrow as pa
 import zarr
 
-from writer import dataset_format
-from writer.arrow_records import records_to_arrow
-from writer.chunkio import ChunkError, check_chunk, chunk_key, read_rows
-from writer.dataset_format import FormatError
-from writer.links import IntervalChecker, Violation
-from writer.schema import Schema
-from writer.store import Location, get_many
-
+from ..core import dataset_format
+from ..core.arrow_records import records_to_arrow
+from ..core.chunks import ChunkError, check_chunk, chunk_key, read_rows
+from ..core.dataset_format import FormatError
+from ..core.links import IntervalChecker, Violation
+from ..core.schema import Schema
+from ..core.store import Location, get_many
 from .arrow_bridge import ArrowStream, table_batches
 
 
@@ -243,7 +242,7 @@ class Dataset:
 
     def to_batches(self, table: str, batch_size: int = 65_536, fields: list[str] | None = None,
                    join: dict[str, str] | None = None, row_index: str | None = None) -> ArrowStream:
-        """`table` in row order as an Arrow stream (see `loader.arrow_bridge.table_batches`): iterate it for
+        """`table` in row order as an Arrow stream (see `zarrfeed.loader.arrow_bridge.table_batches`): iterate it for
         RecordBatches, or pass it to polars, DuckDB or pyarrow, which read its Arrow C stream."""
         return table_batches(self, table, batch_size, fields, join, row_index)
 
@@ -270,8 +269,9 @@ class Dataset:
         return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)
 
     def chunk_key(self, table: str, row: int) -> str:
+        """The store key of the chunk of `table` that holds `row`."""
         arr = self.tables[table]
-        return arr._chunk_key((row // arr.chunks[0],))
+        return chunk_key(arr, row // arr.chunks[0])
 
 
 class ChunkReader:

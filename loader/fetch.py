@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from writer.chunkio import ChunkError, check_chunk, digest
-from writer.store import Location
+from ..core.chunks import ChunkError, check_chunk, digest
+from ..core.store import Location
 
 Record = tuple[int, str]  # a chunk's recorded size and digest
 

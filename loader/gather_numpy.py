@@ -11,12 +11,24 @@ from typing import Any
 import numpy as np
 
 
-def _fields(fields: Any) -> np.ndarray:
-    return np.frombuffer(fields, np.int64).reshape(-1, 3)
+def _int64(arg: Any, fn: str, what: str, group: int) -> np.ndarray:
+    """An index argument as the C kernel takes it: C-contiguous int64 (a float64 or int32 array is refused, not
+    read as other numbers), in whole groups of `group`."""
+    view = memoryview(arg)
+    fmt = view.format.lstrip("<=@")
+    if view.itemsize != 8 or fmt not in ("q", "l") or not view.c_contiguous or view.nbytes % (8 * group):
+        whole = " of whole groups" if group > 1 else ""
+        raise TypeError(f"{fn}: {what} must be a C-contiguous int64 array{whole}, got format '{view.format}' "
+                        f"item size {view.itemsize}")
+    return np.frombuffer(view, np.int64).reshape(-1, group) if group > 1 else np.frombuffer(view, np.int64)
+
+
+def _fields(fields: Any, fn: str) -> np.ndarray:
+    return _int64(fields, fn, "fields", 3)
 
 
 def _copy(src: Any, row_bytes: int, starts: np.ndarray, out: Any, fields: Any, first: int, what: str) -> None:
-    s, o, f = np.frombuffer(src, np.uint8), np.frombuffer(out, np.uint8), _fields(fields)
+    s, o, f = np.frombuffer(src, np.uint8), np.frombuffer(out, np.uint8), _fields(fields, what)
     n = len(starts)
     for off, size, base in f.tolist():
         if off < 0 or size < 0 or off + size > row_bytes or base < 0 or base + (first + n) * size > len(o):
@@ -32,7 +44,7 @@ def gather(src: Any, row_bytes: int, rows: Any, out: Any, fields: Any, first: in
     """gather(src, row_bytes, rows, out, fields, first, scale): see `loader/_gather.c`."""
     if row_bytes <= 0 or scale <= 0 or first < 0:
         raise ValueError("gather: row_bytes and scale must be positive, first >= 0")
-    r = np.frombuffer(rows, np.int64) if not isinstance(rows, np.ndarray) else rows.astype(np.int64, copy=False)
+    r = _int64(rows, "gather", "rows", 1)
     size = np.frombuffer(src, np.uint8).nbytes
     bad = (r < 0) | (r > (size - row_bytes) // scale)
     if bad.any():
@@ -44,8 +56,7 @@ def gather_runs(src: Any, row_bytes: int, runs: Any, out: Any, fields: Any, firs
     """gather_runs(src, row_bytes, runs, out, fields, first): see `loader/_gather.c`."""
     if row_bytes <= 0 or first < 0:
         raise ValueError("gather_runs: bad row_bytes or first")
-    r = np.frombuffer(runs, np.int64).reshape(-1, 2) if not isinstance(runs, np.ndarray) else \
-        runs.astype(np.int64, copy=False).reshape(-1, 2)
+    r = _int64(runs, "gather_runs", "runs", 2)
     size = np.frombuffer(src, np.uint8).nbytes
     if ((r[:, 0] < 0) | (r[:, 1] < 0) | (r[:, 0] + r[:, 1] * row_bytes > size)).any():
         raise IndexError("gather_runs: a run is outside the source")

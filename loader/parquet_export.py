@@ -14,11 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from writer.arrow_records import records_to_arrow, schema_metadata
-from writer.chunkio import read_rows
-from writer.pool import context
-from writer.store import Location
-
+from ..core._proc.pool import context
+from ..core.arrow_records import records_to_arrow, schema_metadata
+from ..core.chunks import read_rows
+from ..core.store import Location
 from .dataset import Dataset
 
 __all__ = ["export_parquet"]

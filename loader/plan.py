@@ -9,9 +9,8 @@ small numbers, so the consumer and a resumed run compute the same plan without r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import bisect
+from dataclasses import dataclass
 
 import numpy as np
 

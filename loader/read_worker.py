@@ -20,14 +20,13 @@ from typing import Callable
 
 import numpy as np
 
-from writer import dataset_format
-from writer.chunkio import chunk_key, decode_chunk_into
-from writer.pool import RemoteError, preload_in_workers
-from writer.shm import SharedBlock, check_room
-from writer.store import Location
-
-from .gather import gather
+from ..core import dataset_format
+from ..core._proc.pool import RemoteError, preload_in_workers
+from ..core._proc.shm import SharedBlock, check_room
+from ..core.chunks import chunk_key, decode_chunk_into
+from ..core.store import Location
 from .fetch import ChunkFetcher, FetchOptions
+from .gather import gather
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig
 

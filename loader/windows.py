@@ -17,14 +17,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from writer.chunkio import read_rows
-from writer.pool import RemoteError, preload_in_workers
-from writer.store import Location
-
+from ..core._proc.pool import RemoteError, preload_in_workers
+from ..core.chunks import read_rows
+from ..core.store import Location
 from . import read_worker
-from .gather import gather_runs
 from .batches import Loader, LoaderError, _Epoch, _probe, _probe_in_process, fetch_options
 from .dataset import Dataset
+from .gather import gather_runs
 from .layout import Layout
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 

@@ -5,7 +5,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from s3server import S3Server
 
 REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")

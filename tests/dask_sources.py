@@ -4,7 +4,7 @@ import signal
 import time
 from pathlib import Path
 
-from writer import synthetic
+from zarrfeed.writer import synthetic
 
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 

@@ -1,7 +1,6 @@
 """Independent statements of what the writer must produce, for tests to compare against."""
 import numpy as np
-
-from writer import L5KIT_SCHEMA
+from zarrfeed.writer import L5KIT_SCHEMA
 
 
 def expected_tables(episodes, schema=L5KIT_SCHEMA):
@@ -32,7 +31,7 @@ def wait_for_scenes(path, n: int, storage_options=None, timeout: float = 60, ali
     return the count seen. For tests that interrupt a writer mid-ingest."""
     import time
 
-    from loader import Dataset
+    from zarrfeed.loader import Dataset
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and (alive is None or alive()):

@@ -8,8 +8,8 @@ continuing that input, so no commit comes before their rows are written); otherw
 """
 import sys
 
-from writer import synthetic
-from writer.dataset_writer import DatasetWriter
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
 
 
 def episodes(n: int, seed: int):

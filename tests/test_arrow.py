@@ -10,12 +10,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from zarrfeed.loader import Dataset, Loader, export_parquet, from_arrow, to_arrow
+from zarrfeed.writer import (
+    AGENT_DTYPE,
+    FRAME_DTYPE,
+    SCENE_DTYPE,
+    TL_FACE_DTYPE,
+    ingest_parquet,
+    synthetic,
+    write_dataset,
+)
 
-from loader import Dataset, Loader
-from loader import export_parquet, from_arrow, to_arrow
-from writer.arrow_records import arrow_schema
-from writer import AGENT_DTYPE, FRAME_DTYPE, SCENE_DTYPE, TL_FACE_DTYPE, ingest_parquet, synthetic, write_dataset
+from zarrfeed.core.arrow_records import arrow_schema
 
 
 def test_type_mapping():

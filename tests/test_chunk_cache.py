@@ -4,10 +4,9 @@ import logging
 
 import numpy as np
 import pytest
-
-from loader import Loader, WindowLoader, batches
-from loader.chunk_cache import ChunkSlots
-from writer import synthetic, write_dataset
+from zarrfeed.loader import Loader, WindowLoader, batches
+from zarrfeed.loader.chunk_cache import ChunkSlots
+from zarrfeed.writer import synthetic, write_dataset
 
 
 @pytest.fixture(scope="module")

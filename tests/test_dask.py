@@ -14,9 +14,9 @@ pytest.importorskip("distributed")
 
 import dask_sources as src  # noqa: E402
 from expected import expected_tables, wait_for_scenes  # noqa: E402
-from loader import Dataset  # noqa: E402
-from writer import dask as zdask  # noqa: E402
-from writer.dataset_writer import DatasetWriter  # noqa: E402
+from zarrfeed.loader import Dataset  # noqa: E402
+from zarrfeed.writer import dask as zdask  # noqa: E402
+from zarrfeed.writer.dataset_writer import DatasetWriter  # noqa: E402
 
 HERE = Path(__file__).parent
 SOURCES = list(range(8))
@@ -159,7 +159,8 @@ def test_a_source_that_raises_ends_a_skip_mode_ingest_too(client, tmp_path):
 def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path):
     path = tmp_path / "d.zarr"
     sources = list(range(16))
-    script = ("import sys; from distributed import Client; import dask_sources as src; from writer import dask\n"
+    script = ("import sys; from distributed import Client; import dask_sources as src\n"
+              "from zarrfeed.writer import dask\n"
               f"with Client({cluster.scheduler_address!r}) as c:\n"
               f"    dask.ingest(c, {sources!r}, src.slow, {str(path)!r}, chunks=src.SMALL, commit_interval=0.1)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(HERE)},
@@ -205,8 +206,7 @@ def test_cli_ingest_on_a_scheduler_equals_a_local_ingest(cluster, tmp_path, caps
 def test_a_table_as_a_dask_dataframe_and_parquet_export_on_the_cluster(client, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from loader import export_parquet
+    from zarrfeed.loader import export_parquet
 
     local_ingest(tmp_path / "d.zarr", SOURCES)
     ds = Dataset.open(tmp_path / "d.zarr")

@@ -4,10 +4,10 @@ import shutil
 import numpy as np
 import pytest
 import zarr
+from zarrfeed.loader import Dataset, FormatError
+from zarrfeed.writer import L5KIT_SCHEMA, TL_FACE_DTYPE, synthetic, write_dataset
 
-from loader import Dataset, FormatError
-from writer import L5KIT_SCHEMA, TL_FACE_DTYPE, synthetic, write_dataset
-from writer.dataset_format import MANIFEST_KEY
+from zarrfeed.core.dataset_format import MANIFEST_KEY
 
 
 def test_real_scene_opens_with_its_counts_and_dtypes(real_scene):

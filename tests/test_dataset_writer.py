@@ -1,8 +1,8 @@
 """The parallel writer: identical output for any worker count, relocation, commits, bad input, crashes."""
 import json
 import logging
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
-from loader import Dataset
 from expected import expected_tables, own_shared_memory, shared_memory_held, wait_for_scenes
-from writer import L5KIT_SCHEMA, synthetic
-from writer.dataset_writer import DatasetWriter
-from writer.dataset_format import MANIFEST_KEY, FormatError
-from writer.keys import Position, fingerprint
-from writer.pool import WorkerError
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import L5KIT_SCHEMA, synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
+
+from zarrfeed import WorkerError
+from zarrfeed.core.dataset_format import MANIFEST_KEY, FormatError
+from zarrfeed.core.keys import Position, fingerprint
 
 HERE = Path(__file__).parent
 SMALL_CHUNKS = {"agents": 3000, "frames": 200, "scenes": 5, "traffic_light_faces": 700}
@@ -61,6 +61,22 @@ def test_ordered_output_is_identical_for_any_worker_count(tmp_path):
     for workers in (1, 2, 3):
         assert chunks[workers].keys() == chunks[0].keys()
         assert chunks[workers] == chunks[0], f"{workers} workers differ from a single-process write"
+
+
+def test_relocate_all_is_relocate_then_concatenate():
+    """What Dask's write tasks use (one copy) equals relocating each episode and concatenating."""
+    from zarrfeed.writer.episode import relocate, relocate_all
+    eps = mixed_episodes()[:7]
+    starts = {"scenes": 3, "frames": 1000, "agents": 123_456, "traffic_light_faces": 77}
+    at, want = dict(starts), {t: [] for t in L5KIT_SCHEMA.tables}
+    for e in eps:
+        for t, arr in relocate(e, L5KIT_SCHEMA, at).items():
+            want[t].append(arr)
+            at[t] += len(arr)
+    got = relocate_all(eps, L5KIT_SCHEMA, starts)
+    for t in L5KIT_SCHEMA.tables:
+        np.testing.assert_array_equal(got[t], np.concatenate(want[t]))
+    assert got["frames"]["agent_index_interval"][0, 0] == 123_456
 
 
 def test_intervals_are_relocated_globally(tmp_path):

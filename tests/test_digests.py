@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-
 from expected import expected_tables
-from loader import Dataset, Loader
-from writer import synthetic
-from writer.dataset_format import MANIFEST_KEY, read_manifest
-from writer.dataset_writer import DatasetWriter
+from zarrfeed.loader import Dataset, Loader
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
+
+from zarrfeed.core.dataset_format import MANIFEST_KEY, read_manifest
 
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 

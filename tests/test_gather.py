@@ -6,9 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from loader import _gather as c
-from loader import gather_numpy as py
+from zarrfeed.loader import _gather as c
+from zarrfeed.loader import gather_numpy as py
 
 HERE = Path(__file__).parent
 
@@ -79,11 +78,31 @@ def test_both_refuse_out_of_bounds(kernel):
     assert not out.any()  # nothing written before a refusal
 
 
+@pytest.mark.parametrize("kernel", [c, py], ids=["c", "numpy"])
+def test_both_refuse_index_arrays_that_are_not_int64(kernel):
+    """A float64 or int32 index array is refused by its format, not reinterpreted as other row numbers."""
+    rng = np.random.default_rng(3)
+    dtype, src, spec, out_bytes = setup(rng)
+    out = np.zeros(out_bytes, np.uint8)
+    for bad in (np.array([1.0, 2.0]), np.array([1, 2, 3, 4], np.int32), np.arange(20, dtype=np.int64)[::2]):
+        with pytest.raises((TypeError, ValueError), match="rows must be a C-contiguous int64 array"):
+            kernel.gather(src, dtype.itemsize, bad, out, spec, 0, dtype.itemsize)
+    with pytest.raises(TypeError, match="fields must be a C-contiguous int64 array"):
+        kernel.gather(src, dtype.itemsize, np.array([1], np.int64), out, spec.astype(np.float64), 0, dtype.itemsize)
+    with pytest.raises(TypeError, match="fields must be a C-contiguous int64 array of whole groups"):
+        kernel.gather(src, dtype.itemsize, np.array([1], np.int64), out, spec[:-1], 0, dtype.itemsize)
+    with pytest.raises(TypeError, match="runs must be a C-contiguous int64 array of whole groups"):
+        kernel.gather_runs(src, dtype.itemsize, np.array([0, 1, 2], np.int64), out, spec, 0)
+    with pytest.raises(TypeError, match="runs must be a C-contiguous int64 array"):
+        kernel.gather_runs(src, dtype.itemsize, np.array([0.0, 1.0]), out, spec, 0)
+    assert not out.any()
+
+
 def test_loaders_give_the_same_batches_with_the_numpy_kernel(tmp_path):
     script = f"""
 import hashlib, numpy as np
-from loader import Loader, WindowLoader, gather
-from writer import synthetic, write_dataset
+from zarrfeed.loader import Loader, WindowLoader, gather
+from zarrfeed.writer import synthetic, write_dataset
 if __name__ == "__main__":
     import os
     path = {str(tmp_path / 'd.zarr')!r}

@@ -1,6 +1,7 @@
-"""The package layout holds: `writer` never imports `loader` or `zarrfeed`, `loader` never imports `zarrfeed`,
-and no two modules import each other, directly or through others (imports inside functions count too, type
-annotations under `if TYPE_CHECKING:` do not)."""
+"""The package layout holds: one package, `zarrfeed`, in layers. `zarrfeed.core` imports no other part;
+`zarrfeed.writer` and `zarrfeed.loader` import the core and never each other; `zarrfeed.flight` composes them;
+the command line composes everything. No two modules import each other, directly or through others (imports
+inside functions count too, type annotations under `if TYPE_CHECKING:` do not)."""
 import ast
 import subprocess
 import sys
@@ -9,14 +10,33 @@ from pathlib import Path
 import zarrfeed
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("writer", "loader", "zarrfeed")
+# folder -> the package it installs as (pyproject's package-dir)
+FOLDERS = {"zarrfeed": "zarrfeed", "zarrfeed/core": "zarrfeed.core", "zarrfeed/flight": "zarrfeed.flight",
+           "writer": "zarrfeed.writer", "loader": "zarrfeed.loader"}
+# part -> the parts it may import
+ALLOWED = {
+    "core": {"core"},
+    "transforms": set(),  # the server's named transforms: numpy only
+    "writer": {"core", "writer"},
+    "loader": {"core", "loader"},
+    "flight": {"core", "writer", "loader", "flight", "transforms"},
+    "top": {"core", "writer", "loader", "flight", "transforms", "top"},
+}
+
+
+def part(module: str) -> str:
+    """Which layer a module (or package) belongs to."""
+    if module == "zarrfeed.transforms":
+        return "transforms"
+    bits = module.split(".")
+    return bits[1] if len(bits) > 1 and bits[1] in ("core", "writer", "loader", "flight") else "top"
 
 
 def imports() -> dict[str, set[str]]:
     """Every project module -> the project modules it imports, anywhere in its body."""
     graph: dict[str, set[str]] = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).glob("*.py"):
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).glob("*.py"):
             name = f"{package}.{path.stem}" if path.stem != "__init__" else package
             found = set()
             tree = ast.parse(path.read_text())
@@ -28,33 +48,49 @@ def imports() -> dict[str, set[str]]:
                     found |= {a.name for a in node.names}
                 elif isinstance(node, ast.ImportFrom):
                     base = node.module or ""
-                    if node.level:  # relative: from the module's package
-                        base = f"{package}.{base}" if base else package
+                    if node.level:  # relative: from the module's package (a package's __init__ is its own)
+                        here = package.split(".")
+                        up = here[: len(here) - node.level + 1]
+                        assert up, f"{name}: relative import above the package"
+                        base = ".".join(up + ([base] if base else []))
                     found.add(base)
                     found |= {f"{base}.{a.name}" for a in node.names}
-            graph[name] = {m for m in found if m.split(".")[0] in PACKAGES}
+            graph[name] = {m for m in found if m.split(".")[0] == "zarrfeed"}
     return {name: {m for m in deps if m in graph and m != name} for name, deps in graph.items()}
 
 
-def test_writer_never_imports_loader_and_neither_imports_zarrfeed():
-    for name, deps in imports().items():
-        top = name.split(".")[0]
-        allowed = {"writer": {"writer"}, "loader": {"writer", "loader"}, "zarrfeed": set(PACKAGES)}[top]
-        assert {d.split(".")[0] for d in deps} <= allowed, (name, deps)
+def test_each_layer_imports_only_the_layers_below_it():
+    graph = imports()
+    assert {"zarrfeed.core.store", "zarrfeed.writer.dataset_writer", "zarrfeed.loader.batches",
+            "zarrfeed.flight.server", "zarrfeed.cli"} <= set(graph)  # the walk sees every layer
+    for name, deps in graph.items():
+        if name == "zarrfeed":  # the package's __init__ names both sides lazily
+            continue
+        assert {part(d) for d in deps} <= ALLOWED[part(name)], (name, sorted(deps))
 
 
 def test_no_import_cycles_between_modules():
     graph = imports()
+    packages = set(FOLDERS.values())
     for name in graph:
-        if name in PACKAGES:  # a package's __init__ gathers its modules' names; modules must not need it back
+        if name in packages:  # a package's __init__ gathers its modules' names; modules must not need it back
             continue
-        seen, todo = set(), [d for d in graph[name] if d not in PACKAGES]
+        seen, todo = set(), [d for d in graph[name] if d not in packages]
         while todo:
             m = todo.pop()
             assert m != name, f"{name} imports itself through {sorted(seen)}"
             if m not in seen:
                 seen.add(m)
-                todo.extend(d for d in graph[m] if d not in PACKAGES)
+                todo.extend(d for d in graph[m] if d not in packages)
+
+
+def test_the_folders_are_not_packages_of_their_own():
+    """`writer/` and `loader/` install as `zarrfeed.writer` and `zarrfeed.loader`: from the checkout's root
+    `import loader` must not load a second copy of the code under another name."""
+    for folder in ("writer", "loader"):
+        r = subprocess.run([sys.executable, "-c", f"import {folder}"], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+        assert r.returncode == 1 and "attempted relative import beyond top-level package" in r.stderr, r.stderr
 
 
 def test_version_and_entry_points():
@@ -63,8 +99,8 @@ def test_version_and_entry_points():
         command = [sys.executable, "-m", module, "--version"]
         out = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 0 and out.stdout.strip() == f"zarrfeed {zarrfeed.__version__}"
-    from zarrfeed import DatasetWriter, Loader
+    from zarrfeed.loader import Loader as L
+    from zarrfeed.writer import DatasetWriter as W
 
-    from loader import Loader as L
-    from writer import DatasetWriter as W
+    from zarrfeed import DatasetWriter, Loader
     assert (DatasetWriter, Loader) == (W, L)

@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from expected import assert_holds
-from loader import Dataset
-from writer import synthetic
-from writer.dataset_writer import DatasetWriter
-from writer.lease import LOCK_FILE, LeaseHeld
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
+from zarrfeed.writer.lease import LOCK_FILE, LeaseHeld
 
 HERE = Path(__file__).parent
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
@@ -117,8 +116,9 @@ def test_an_s3_renewal_whose_earlier_reply_was_lost_keeps_the_lease(s3):
     """A renewal that landed but whose reply was lost (a client retry after a short read timeout) leaves this
     writer with a stale ETag: the next conditional PUT is refused with 412 although the lease is still its
     own. The document's token says so; the writer must not stop as if another had taken it over."""
-    from writer.lease import Lease
-    from writer.store import Location
+    from zarrfeed.writer.lease import Lease
+
+    from zarrfeed.core.store import Location
 
     bucket, server = s3
     lease = Lease(Location.of(f"{bucket}/x.zarr", server.options), timeout=60)
@@ -128,6 +128,39 @@ def test_an_s3_renewal_whose_earlier_reply_was_lost_keeps_the_lease(s3):
         assert lease.confirm()  # lands: the ETag changes
         lease._backend.etag = stale  # as if that reply had been lost
         assert lease.confirm() and not lease.lost
+    finally:
+        lease.release()
+
+
+def test_a_lease_is_judged_by_its_holders_own_timeout(s3):
+    """A writer with a long lease timeout heartbeats seldom and its fence lets it write until that timeout is
+    nearly over; a writer with a shorter timeout must not take the lease over by its own, shorter rule. A
+    lease document from another host is taken over only after the holder's own timeout without a heartbeat,
+    and the refusal quotes that timeout."""
+    import json
+
+    from zarrfeed.core.store import Location
+    from zarrfeed.writer.lease import LEASE_KEY, Holder, Lease
+
+    bucket, server = s3
+    location = Location.of(f"{bucket}/x.zarr", server.options)
+    fs = server.fs()
+    key = f"{bucket}/x.zarr/{LEASE_KEY}"
+    old = time.time() - 20  # 20 s without a heartbeat
+    holder = Holder("another-host", 4242, None, old, old, "t0k3n", timeout=300.0)
+    fs.pipe(key, holder.encode())
+    with pytest.raises(LeaseHeld, match=r"pid 4242 on another-host .* after 300 s without a heartbeat"):
+        Lease(location, timeout=5).acquire()
+    assert json.loads(fs.cat(key))["token"] == "t0k3n"  # untouched
+    assert holder.gone(5) is None and "no heartbeat for 20 s (timeout 10 s)" in Holder(
+        "another-host", 4242, None, old, old, "t", timeout=10.0).gone(300)
+    legacy = json.loads(holder.encode())
+    del legacy["timeout"]  # a document written before holders recorded their timeout: the taker's rule
+    fs.pipe(key, json.dumps(legacy).encode())
+    lease = Lease(location, timeout=5)
+    lease.acquire()  # no heartbeat for 20 s > 5 s: taken over
+    try:
+        assert json.loads(fs.cat(key))["token"] == lease.holder.token
     finally:
         lease.release()
 
@@ -165,9 +198,9 @@ def test_a_writer_paused_past_its_lease_writes_no_chunk_over_its_successor(where
 def test_the_fence_stops_a_worker_process_once_the_lease_is_released_or_lost(tmp_path):
     """Worker processes share the lease's deadline: a check in another process sees the parent revoke it."""
     import multiprocess
+    from zarrfeed.writer.lease import Lease, LeaseLost
 
-    from writer.lease import Lease, LeaseLost
-    from writer.store import Location
+    from zarrfeed.core.store import Location
 
     lease = Lease(Location.of(tmp_path / "d.zarr"), timeout=60)
     lease.acquire()
@@ -197,7 +230,7 @@ def test_the_fence_stops_a_worker_process_once_the_lease_is_released_or_lost(tmp
 
 def test_a_cluster_task_writes_only_while_its_client_holds_the_lease(tmp_path):
     """A Dask write task shares no memory with its client: it reads the lease document before writing."""
-    from writer.lease import LeaseLost, check_held
+    from zarrfeed.writer.lease import LeaseLost, check_held
 
     with DatasetWriter(tmp_path / "d.zarr", workers=0) as w:
         store = w.location.store("r")

@@ -1,8 +1,9 @@
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from writer.links import IntervalChecker, check_link
-from writer.schema import Link
+from zarrfeed.core.links import IntervalChecker, check_link
+from zarrfeed.core.schema import Link
 
 LINK = Link("frames", "agent_index_interval", "agents")
 

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
 from expected import shared_memory_held
-from loader import Dataset, FormatError, Loader, LoaderError
-from writer import synthetic, write_dataset
+from zarrfeed.loader import Dataset, FormatError, Loader, LoaderError
+from zarrfeed.writer import synthetic, write_dataset
 
 HERE = Path(__file__).parent
 
@@ -277,7 +276,7 @@ def test_no_descriptors_accumulate_over_epochs(data):
 
 
 def test_nothing_left_when_the_consumer_is_killed(data):
-    code = ("import sys, time; from loader import Loader\n"
+    code = ("import sys, time; from zarrfeed.loader import Loader\n"
             f"loader = Loader({str(data)!r}, batch_size=50, num_workers=2)\n"
             "it = iter(loader); next(it)\n"
             "print(*loader.worker_pids, flush=True)\n"
@@ -316,7 +315,7 @@ def test_reads_only_committed_rows_while_a_writer_ingests(tmp_path):
 
 
 def test_too_large_a_ring_is_refused_up_front_saying_how_much(data):
-    from writer.shm import ShmSpaceError
+    from zarrfeed.core._proc.shm import ShmSpaceError
     with pytest.raises(ShmSpaceError, match=r"needs \d+ MiB of shared memory but only \d+ MiB is available"):
         with Loader(data, batch_size=400_000_000, num_workers=1) as loader:
             next(iter(loader))
@@ -389,7 +388,7 @@ def test_a_bad_first_output_is_a_loader_error(data, workers):
 def test_a_corrupt_chunk_is_one_line_carrying_the_chunk_error(data, tmp_path):
     import shutil
 
-    from writer.chunkio import ChunkError
+    from zarrfeed.core.chunks import ChunkError
     copy = tmp_path / "d.zarr"
     shutil.copytree(data, copy)
     (copy / "agents" / "0").write_bytes(b"garbage")
@@ -432,7 +431,7 @@ def test_resume_state_is_named_versioned_and_exact(data, tmp_path):
     with pytest.raises(ValueError, match="made on another dataset"):
         Loader(other, batch_size=2, num_workers=0).load_state_dict(state())
 
-    from writer import DatasetWriter
+    from zarrfeed.writer import DatasetWriter
     with DatasetWriter(other, mode="a", workers=0) as w:  # a later commit: other rows, another plan
         w.ingest(synthetic.episodes(1, seed=99, frames=20, agents_per_frame=10))
     old = Dataset.open(other).commit - 1

@@ -7,12 +7,12 @@ import sys
 
 import numpy as np
 import pytest
+from zarrfeed.loader import Dataset, Loader, WindowLoader, export_parquet
+from zarrfeed.loader.batches import LoaderError
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
 
-from loader import Dataset, Loader, WindowLoader, export_parquet
-from loader.batches import LoaderError
-from writer import synthetic
-from writer.chunkio import ChunkError
-from writer.dataset_writer import DatasetWriter
+from zarrfeed.core.chunks import ChunkError
 
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 
@@ -77,8 +77,7 @@ def test_arrow_parquet_and_dask_refuse_a_missing_chunk(holed, tmp_path):
 
 
 def test_a_served_loader_refuses_a_missing_chunk(holed):
-    from loader.remote import RemoteLoader
-    from zarrfeed.service import FeedServer
+    from zarrfeed.flight import FeedServer, RemoteLoader
 
     with FeedServer(str(holed), port=0, workers=1) as server:
         with RemoteLoader(server.url, "agents", batch_size=1000, seed=0) as loader:

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
 from expected import expected_tables, wait_for_scenes
-from loader import Dataset
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
+from zarrfeed.writer.lease import LeaseHeld
+
 from zarrfeed.cli import main
-from writer import synthetic
-from writer.dataset_writer import DatasetWriter
-from writer.dataset_format import read_manifest
-from writer.lease import LeaseHeld
+from zarrfeed.core.dataset_format import read_manifest
 
 HERE = Path(__file__).parent
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
@@ -262,8 +262,9 @@ def test_readers_pin_a_commit(tmp_path):
 
 def test_create_never_writes_over_a_dataset_made_meanwhile(tmp_path):
     """Two mode-"w" writers that both found the folder empty: the second must not reset the first's manifest."""
-    from writer.dataset_format import create
-    from writer import L5KIT_SCHEMA
+    from zarrfeed.writer import L5KIT_SCHEMA
+
+    from zarrfeed.core.dataset_format import create
 
     out = tmp_path / "d.zarr"
     eps = small_episodes(2, seed=12)
@@ -277,8 +278,9 @@ def test_create_never_writes_over_a_dataset_made_meanwhile(tmp_path):
 def test_a_lease_that_cannot_be_renewed_stops_commits_before_another_writer_may_take_it(tmp_path, monkeypatch):
     """Heartbeats that fail (a store that does not answer) must stop this writer's commits before the lease
     expires for everyone else; otherwise two writers could both commit."""
-    from writer.lease import Lease, LeaseLost
-    from writer.store import Location
+    from zarrfeed.writer.lease import Lease, LeaseLost
+
+    from zarrfeed.core.store import Location
 
     (tmp_path / "d").mkdir()
     lease = Lease(Location.of(tmp_path / "d"), timeout=0.6)
@@ -300,7 +302,7 @@ def test_a_lease_that_cannot_be_renewed_stops_commits_before_another_writer_may_
 
 
 def test_a_store_call_that_never_returns_is_one_line_after_its_bound():
-    from writer.store import StoreTimeout, bounded
+    from zarrfeed.core.store import StoreTimeout, bounded
 
     t0 = time.monotonic()
     with pytest.raises(StoreTimeout) as err:

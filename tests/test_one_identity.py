@@ -9,11 +9,11 @@ import pytest
 pytest.importorskip("distributed")
 
 import dask_sources as src  # noqa: E402
-from loader import Dataset  # noqa: E402
-from writer import dask as zdask  # noqa: E402
-from writer.dataset_writer import DatasetWriter  # noqa: E402
-from writer.remote import RemoteWriter  # noqa: E402
-from zarrfeed.service import FeedServer  # noqa: E402
+from zarrfeed.loader import Dataset  # noqa: E402
+from zarrfeed.writer import dask as zdask  # noqa: E402
+from zarrfeed.writer.dataset_writer import DatasetWriter  # noqa: E402
+
+from zarrfeed.flight import FeedServer, RemoteWriter  # noqa: E402
 
 SOURCES = list(range(6))
 PATHS = ("local", "dask", "server")

@@ -41,7 +41,9 @@ def test_a_wheel_without_a_c_compiler_installs_and_warns_once(tmp_path):
     wheel = build("wheel", tmp_path / "w", env={"CC": "/bin/false", "CXX": "/bin/false"})
     names = zipfile.ZipFile(wheel).namelist()
     assert not any(n.endswith(".so") for n in names)  # the extensions were skipped, not fatal
-    assert {"writer/py.typed", "loader/py.typed", "zarrfeed/py.typed"} <= set(names)
+    assert {"zarrfeed/writer/py.typed", "zarrfeed/loader/py.typed", "zarrfeed/py.typed"} <= set(names)
+    # one top-level package and its metadata: nothing that another distribution could own or overwrite
+    assert {n.split("/")[0] for n in names if not n.startswith("zarrfeed-")} == {"zarrfeed"}, names
     meta = next(n for n in names if n.endswith("/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: Apache-2.0" in text and "Operating System :: POSIX :: Linux" in text
@@ -49,9 +51,9 @@ def test_a_wheel_without_a_c_compiler_installs_and_warns_once(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # as pip would install it, without the compiled kernel
     code = ("import warnings; warnings.simplefilter('always')\n"
-            "from loader import Loader, gather\n"
-            "import loader.gather, loader.shuffle\n"
-            "print(gather.KERNEL, loader.shuffle._fast)")
+            "from zarrfeed.loader import Loader, gather\n"
+            "import zarrfeed.loader.gather, zarrfeed.loader.shuffle\n"
+            "print(gather.KERNEL, zarrfeed.loader.shuffle._fast)")
     # -S: without site, this checkout's editable install is not on the path; the dependencies are
     deps = sysconfig.get_paths()["purelib"]
     r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
@@ -63,6 +65,6 @@ def test_a_wheel_without_a_c_compiler_installs_and_warns_once(tmp_path):
 
 
 def test_another_os_is_told_plainly():
-    r = subprocess.run([sys.executable, "-c", "import os; del os.memfd_create; import writer"], capture_output=True,
-                       text=True, timeout=60, cwd=ROOT)
+    code = "import os; del os.memfd_create; import zarrfeed.writer"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 1 and "ImportError: zarrfeed runs on Linux" in r.stderr

@@ -1,9 +1,9 @@
 """The epoch plan, against direct statements of its contract."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from loader.plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from zarrfeed.loader.plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 
 
 def batches(plan: EpochPlan, selection=None) -> list[np.ndarray]:

@@ -11,17 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
 from expected import assert_holds, wait_for_scenes
-from loader import Dataset, Loader
-from loader import export_parquet
+from zarrfeed.loader import Dataset, Loader, export_parquet
+from zarrfeed.loader.fetch import ChunkFetcher, FetchOptions
+from zarrfeed.writer import ingest_parquet, synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
+from zarrfeed.writer.lease import LeaseHeld
+
 from zarrfeed.cli import main
-from loader.fetch import ChunkFetcher, FetchOptions
-from writer import ingest_parquet, synthetic
-from writer.chunkio import ChunkError
-from writer.dataset_writer import DatasetWriter
-from writer.lease import LeaseHeld
-from writer.store import Location
+from zarrfeed.core.chunks import ChunkError
+from zarrfeed.core.store import Location
 
 HERE = Path(__file__).parent
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
@@ -108,7 +107,7 @@ def test_killed_ingest_on_s3_resumes_to_the_same_chunks_as_a_local_ingest(s3, tm
 
 def test_server_paused_mid_ingest_is_one_line_within_seconds_then_resume_completes(s3):
     """A store that accepts connections and never answers (the server paused) must not hang the writer."""
-    from writer.pool import WorkerError
+    from zarrfeed import WorkerError
 
     bucket, server = s3
     url = f"{bucket}/d.zarr"
@@ -260,8 +259,8 @@ def test_a_store_that_goes_away_mid_read_is_reported_within_its_timeout(how):
     """Issue 19 item 9: a killed S3 server was reported after 74-79 s (botocore's, s3fs's and the loader's
     retries multiplied), a paused one after more than 6 minutes; now within `zarrfeed_timeout` (15 s) and
     about a read-ahead's fetch more, as one line naming the chunk."""
-    from loader import LoaderError
     from s3server import S3Server
+    from zarrfeed.loader import LoaderError
 
     server = S3Server()  # its own: this test stops it
     try:

@@ -2,9 +2,17 @@ import json
 
 import numpy as np
 import pytest
+from zarrfeed.writer import (
+    AGENT_DTYPE,
+    FRAME_DTYPE,
+    L5KIT_SCHEMA,
+    PERCEPTION_LABELS,
+    SCENE_DTYPE,
+    TL_FACE_DTYPE,
+    Schema,
+)
 
-from writer import AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE, Schema
-from writer.schema import dtype_difference
+from zarrfeed.core.schema import dtype_difference
 
 
 def test_l5kit_dtypes_match_the_format():

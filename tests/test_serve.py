@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.flight as flight
 import pytest
+from zarrfeed.loader import Dataset, Loader, LoaderError, WindowLoader
+from zarrfeed.writer import synthetic, write_dataset
 
-from loader import Dataset, Loader, LoaderError, WindowLoader
-from loader.remote import RemoteLoader, RemoteWindowLoader
-from writer import synthetic, write_dataset
+from zarrfeed.flight import RemoteLoader, RemoteWindowLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,7 +183,7 @@ def test_remote_windows_resume_as_arrow_and_through_a_transform(server, data):
         rest = list(resumed)
     assert all(rb.num_rows == len(b["frame_index"]) for rb, b in zip(rest, full[2:], strict=True))
     assert rest[0].schema.field("agents/centroid").type.value_type.list_size == 2  # one row per sample
-    from loader.arrow_bridge import window_batch_from_arrow
+    from zarrfeed.loader.arrow_bridge import window_batch_from_arrow
     assert equal_batches(head + [window_batch_from_arrow(rb) for rb in rest], full) == len(full)
     with RemoteWindowLoader(server.url, 3, 4, batch_size=8, seed=3, transform="window_summary") as remote, \
             WindowLoader(data, 3, 4, batch_size=8, seed=3, num_workers=0, copy=True,
@@ -313,7 +313,7 @@ def test_tls(tmp_path):
             RemoteLoader(s.url, "agents", token="tls-token")
         with pytest.raises(ConnectionError):  # plain gRPC to a TLS port
             RemoteLoader(s.url.replace("grpc+tls", "grpc"), "agents", token="tls-token", timeout=5)
-        from writer.remote import RemoteWriter
+        from zarrfeed.flight import RemoteWriter
         with RemoteWriter(s.url, token="tls-token", tls_root_certs=root) as producer:
             assert producer.submit(next(iter(synthetic.episodes(1, seed=77, frames=20, agents_per_frame=5))))
     finally:
@@ -355,7 +355,7 @@ def content_key(episode) -> str:
 
 def episodes_in(path) -> list[str]:
     """The content keys of a dataset's episodes, sorted: equal lists mean every episode exactly once."""
-    from writer.source import DatasetSource
+    from zarrfeed.writer.source import DatasetSource
     return sorted(content_key(ep) for ep in DatasetSource(path))
 
 
@@ -369,7 +369,8 @@ def target(tmp_path):
 
 def test_remote_writer_writes_exactly_what_a_local_writer_would(target):
     from expected import expected_tables
-    from writer.remote import RemoteWriter
+
+    from zarrfeed.flight import RemoteWriter
     first = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20))
     eps = list(synthetic.episodes(5, seed=7, frames=30, agents_per_frame=20))
     s = Server(target)
@@ -390,7 +391,7 @@ def test_remote_writer_writes_exactly_what_a_local_writer_would(target):
 
 
 def test_bad_input_is_refused_by_name_and_the_server_goes_on(target):
-    from writer.remote import RemoteWriter
+    from zarrfeed.flight import RemoteWriter
     eps = list(synthetic.episodes(2, seed=8, frames=30, agents_per_frame=20))
     bad = dict(eps[0])
     frames = bad["frames"].copy()
@@ -434,7 +435,7 @@ def test_episodes_as_arrow_columns_from_a_plain_flight_client(target):
     the bytes form are refused by table, nothing written."""
     import pyarrow as pa
 
-    from writer.remote import DESCRIPTOR, encode_episode, episode_schema
+    from zarrfeed.flight.protocol import DESCRIPTOR, encode_episode, episode_schema
     eps = list(synthetic.episodes(3, seed=11, frames=30, agents_per_frame=20))
     dtypes = {t: a.dtype for t, a in eps[0].items()}
     s = Server(target)
@@ -468,8 +469,8 @@ def test_episodes_as_arrow_columns_from_a_plain_flight_client(target):
 
 PRODUCER = """
 import sys, time
-from writer import synthetic
-from writer.remote import RemoteWriter
+from zarrfeed.writer import synthetic
+from zarrfeed.flight import RemoteWriter
 if __name__ == "__main__":
     url, seed, n, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
     eps = list(synthetic.episodes(n, seed=seed, frames=30, agents_per_frame=20))
@@ -544,7 +545,7 @@ def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(t
 def test_uploads_need_the_token(data, tmp_path):
     import shutil
 
-    from writer.remote import RemoteWriter
+    from zarrfeed.flight import RemoteWriter
     copy = tmp_path / "d.zarr"
     shutil.copytree(data, copy)
     token = tmp_path / "token"

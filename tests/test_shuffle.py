@@ -1,10 +1,9 @@
-"""loader.shuffle against numpy's own Generator.shuffle: the same order and the same generator state after it,
+"""zarrfeed.loader.shuffle against numpy's own Generator.shuffle: the same order and the same generator state after it,
 so the loader's batch order (and saved resume states) do not depend on whether the C extension was built."""
 import numpy as np
 import pytest
-
-from loader import shuffle as shuffle_module
-from loader.shuffle import shuffle
+from zarrfeed.loader import shuffle as shuffle_module
+from zarrfeed.loader.shuffle import shuffle
 
 
 def test_the_c_extension_was_built():

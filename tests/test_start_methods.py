@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from zarrfeed.loader import Loader, WindowLoader
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
 
-from loader import Loader, WindowLoader
-from writer import synthetic
-from writer.dataset_writer import DatasetWriter
-from writer.pool import context
+from zarrfeed.core._proc.pool import context
 
 HERE = Path(__file__).parent
 METHODS = ["fork", "forkserver", "spawn"]
@@ -91,7 +91,7 @@ def test_a_guarded_script_works_and_an_unguarded_one_gets_one_line(tmp_path, met
     if guarded:
         body = "if __name__ == '__main__':\n" + "".join(f"    {line}\n" for line in body.splitlines())
     script = tmp_path / "script.py"
-    script.write_text("from loader import Loader\n" + body)
+    script.write_text("from zarrfeed.loader import Loader\n" + body)
     out = run_script(script)
     if guarded or method == "fork":
         assert out.returncode == 0, out.stderr
@@ -99,7 +99,7 @@ def test_a_guarded_script_works_and_an_unguarded_one_gets_one_line(tmp_path, met
     else:
         assert out.returncode == 1 and out.stdout == ""
         assert len(out.stderr.splitlines()) == 1, out.stderr
-        assert out.stderr.startswith("writer.pool.WorkerError: transform probe 0 (pid ")  # the first pool started
+        assert out.stderr.startswith("zarrfeed.WorkerError: transform probe 0 (pid ")  # the first pool started
         assert f"ran {script} again while starting, as start method '{method or 'forkserver'}' does" in out.stderr
         assert HINT in out.stderr
     assert context(None).get_start_method() == "forkserver"
@@ -111,7 +111,7 @@ def test_an_unguarded_writer_script_gets_one_line_and_leaves_nothing(tmp_path, m
     (nothing was written); under "fork" the same script works."""
     target = tmp_path / "w.zarr"
     script = tmp_path / "unguarded_writer.py"
-    script.write_text("from writer import synthetic, write_dataset\n"
+    script.write_text("from zarrfeed.writer import synthetic, write_dataset\n"
                       f"write_dataset({str(target)!r}, synthetic.episodes(3, seed=1, frames=20, agents_per_frame=5), "
                       f"workers=2, start_method={method!r})\n")
     out = run_script(script)
@@ -120,7 +120,7 @@ def test_an_unguarded_writer_script_gets_one_line_and_leaves_nothing(tmp_path, m
         return
     assert out.returncode == 1
     assert len(out.stderr.splitlines()) == 1, out.stderr
-    assert out.stderr.startswith("writer.pool.WorkerError: writer worker") and HINT in out.stderr
+    assert out.stderr.startswith("zarrfeed.WorkerError: writer worker") and HINT in out.stderr
     assert not target.exists()
 
 
@@ -128,10 +128,10 @@ def test_the_fork_server_preloads_every_worker_module_whichever_pool_starts_it()
     """A Loader's workers forked from a server that a writer started imported the loader themselves (40 ms of CPU
     each before the first batch): the preload list names the modules of both, and numpy.random."""
     from multiprocess import forkserver
-
-    from writer import write_worker
+    from zarrfeed.writer import write_worker
 
     ctx = context("forkserver", write_worker.setup)  # as a DatasetWriter made first would
     assert ctx.get_start_method() == "forkserver"
-    wanted = {"loader.read_worker", "loader.windows", "writer.write_worker", "numpy.random", "zarr", "fsspec"}
+    wanted = {"zarrfeed.loader.read_worker", "zarrfeed.loader.windows", "zarrfeed.writer.write_worker",
+              "numpy.random", "zarr", "fsspec"}
     assert wanted <= set(forkserver._forkserver._preload_modules)

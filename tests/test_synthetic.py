@@ -1,8 +1,7 @@
 import numcodecs
 import numpy as np
 import zarr
-
-from writer import L5KIT_SCHEMA, check_episode, synthetic
+from zarrfeed.writer import L5KIT_SCHEMA, check_episode, synthetic
 
 
 def test_episodes_are_seeded_and_independent_of_count():

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from loader import Dataset, Loader, WindowLoader
-from writer import synthetic, write_dataset
+from zarrfeed.loader import Dataset, Loader, WindowLoader
+from zarrfeed.writer import synthetic, write_dataset
 
 torch = pytest.importorskip("torch")
 HERE = Path(__file__).parent
@@ -83,7 +82,7 @@ def test_ranks_come_from_torch_distributed(data, tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(f"""
 import sys, torch, torch.distributed as dist
-from loader import Loader
+from zarrfeed.loader import Loader
 if __name__ == "__main__":
     dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=2, init_method=sys.argv[2])
     with Loader({str(data)!r}, batch_size=64, num_workers=1, seed=2, drop_last=True) as loader:
@@ -112,7 +111,7 @@ def test_a_view_kept_past_the_next_batch_faults_loudly(data, tmp_path):
     script = tmp_path / "stale.py"
     script.write_text(f"""
 import sys
-from loader import Loader
+from zarrfeed.loader import Loader
 if __name__ == "__main__":
     with Loader({str(data)!r}, batch_size=64, num_workers=1, check_views=sys.argv[1] == "1") as loader:
         it = iter(loader)

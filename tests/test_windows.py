@@ -2,9 +2,8 @@
 import numpy as np
 import pytest
 import zarr
-
-from loader import Dataset, WindowLoader
-from writer import synthetic, write_dataset
+from zarrfeed.loader import Dataset, WindowLoader
+from zarrfeed.writer import synthetic, write_dataset
 
 
 def check_against_numpy(path, batches, history, future):
@@ -99,7 +98,7 @@ def test_ranks_split_samples(scenes):
 
 def test_needs_an_l5kit_dataset(tmp_path):
     import numpy as np
-    from writer import Schema
+    from zarrfeed.writer import Schema
     schema = Schema({"x": (np.dtype([("a", "<f4")]), 10)})
     write_dataset(tmp_path / "c.zarr", [{"x": np.zeros(3, schema.tables["x"].dtype)}], schema)
     with pytest.raises(ValueError, match="table 'scenes' is missing"):
@@ -107,7 +106,7 @@ def test_needs_an_l5kit_dataset(tmp_path):
 
 
 def test_empty_tables_and_scenes_shorter_than_a_window(tmp_path):
-    from loader import Loader
+    from zarrfeed.loader import Loader
     write_dataset(tmp_path / "e.zarr", synthetic.episodes(2, frames=5, agents_per_frame=0))
     with Loader(tmp_path / "e.zarr", "agents", batch_size=10) as loader:
         assert len(loader) == 0 and list(loader) == []
@@ -170,7 +169,7 @@ def test_an_empty_row_list_is_an_empty_epoch_of_windows(scenes):
 
 
 def test_a_window_transform_returning_objects_is_a_loader_error(scenes):
-    from loader import LoaderError
+    from zarrfeed.loader import LoaderError
 
     with pytest.raises(LoaderError, match=r"transform output 'o' of batch 0 of epoch 0 .* Python objects"):
         with WindowLoader(scenes, history=2, future=2, num_workers=0,

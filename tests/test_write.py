@@ -1,10 +1,9 @@
 import numpy as np
 import pytest
 import zarr
-
-from loader import Dataset
 from expected import expected_tables
-from writer import L5KIT_SCHEMA, Schema, synthetic, write_dataset
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import L5KIT_SCHEMA, Schema, synthetic, write_dataset
 
 
 def test_written_dataset_is_plain_l5kit_zarr(tmp_path):

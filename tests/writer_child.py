@@ -5,8 +5,8 @@
 import sys
 import time
 
-from writer import synthetic
-from writer.dataset_writer import DatasetWriter
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
 
 
 def slowly(n: int, pause: float):

@@ -1,14 +1,23 @@
 """zarrfeed's writing side: the dataset format, schemas, episodes and writers."""
+from ..core._proc.pool import WorkerError
+from ..core.dataset_format import FormatError
+from ..core.links import Violation
+from ..core.schema import (
+           AGENT_DTYPE,
+           FRAME_DTYPE,
+           L5KIT_SCHEMA,
+           PERCEPTION_LABELS,
+           SCENE_DTYPE,
+           TL_FACE_DTYPE,
+           Link,
+           Schema,
+           Table,
+)
 from . import synthetic
 from .coordinator import Coordinator, LocalCoordinator
 from .dataset_writer import DatasetWriter
 from .episode import check_episode, relocate
-from .dataset_format import FormatError
-from .links import Violation
 from .parquet_ingest import ingest_parquet
-from .pool import WorkerError
-from .schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE,
-                     Link, Schema, Table)
 from .write import write_dataset
 
 __all__ = ["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE", "TL_FACE_DTYPE",

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Mapping
 
-from .chunkio import ChunkWrite
-from .commit_log import ChunkRecord
-from .keys import Key
+from ..core.commit_log import ChunkRecord
+from ..core.keys import Key
+from .chunk_write import ChunkWrite
 
 
 class CommitTracker:

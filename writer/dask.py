@@ -35,13 +35,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import zarr
 
-from .chunkio import ChunkWrite, write_rows
+from ..core.keys import Position, fingerprint
+from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.store import Location
+from .chunk_write import ChunkWrite, write_rows
 from .dataset_writer import DatasetWriter
-from .episode import check_episode
-from .keys import Position, fingerprint
+from .episode import check_episode, relocate_all
 from .lease import check_held
-from .schema import L5KIT_SCHEMA, Schema
-from .store import Location
 
 log = logging.getLogger("zarrfeed")
 
@@ -174,18 +174,7 @@ def _write(loaded: tuple[list, _Counted], which: list[int], expected: list[str],
                            "it must be deterministic")
     schema = Schema.from_json(schema_doc)
     arrays, locks = _tables(location, dataset_id, list(schema.tables))
-    # the rows in one array per table, relocated in place (one copy, as `relocate` then concatenate would make
-    # two)
-    out = {t: np.empty(sum(len(e.get(t, ())) for e in chosen), tab.dtype) for t, tab in schema.tables.items()}
-    at = {t: 0 for t in schema.tables}
-    for tables in chosen:
-        for t, arr in tables.items():
-            out[t][at[t]:at[t] + len(arr)] = arr
-        for link in schema.links:
-            part = out[link.parent][at[link.parent]:at[link.parent] + len(tables.get(link.parent, ()))]
-            part[link.field] += starts[link.child] + at[link.child]
-        for t, arr in tables.items():
-            at[t] += len(arr)
+    out = relocate_all(chosen, schema, starts)
     store = next(iter(arrays.values())).store
     checked = [-1.0]
 

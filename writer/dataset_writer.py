@@ -26,20 +26,20 @@ import numpy as np
 import zarr
 from tqdm.auto import tqdm
 
-from . import dataset_format
-from .chunkio import ChunkWrite, write_rows
+from ..core import dataset_format
+from ..core._proc.pool import WorkerError, WorkerPool, describe_exit
+from ..core._proc.shm import SharedBlock, check_room
+from ..core.commit_log import CommitLog, Segment
+from ..core.keys import Key, Position, check_key, fingerprint
+from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.store import FormatError, Location, bounded, within
+from . import write_worker
+from .chunk_write import ChunkWrite, write_rows
 from .commit import ChunkDigests, CommitTracker
-from .commit_log import CommitLog, Segment
 from .coordinator import Coordinator, LocalCoordinator
 from .episode import check_episode, relocate
 from .journal import Journal
-from .keys import Key, Position, check_key, fingerprint
 from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Lease
-from . import write_worker
-from .pool import WorkerError, WorkerPool, describe_exit
-from .schema import L5KIT_SCHEMA, Schema
-from .shm import SharedBlock, check_room
-from .store import FormatError, Location, bounded, within
 
 log = logging.getLogger("zarrfeed.writer")
 _FAIL_SECONDS = 2.0  # after an error, the last commit and the lease's release may take this long (a store that
@@ -382,7 +382,7 @@ class DatasetWriter:
                     ) -> None:
         """Start the input `input_id` (see `ingest`), whose keys are `Position(input_id, i)`; `what` introduces
         the id and `unit` names its parts in messages. For committers of rows written elsewhere (`reserve`),
-        such as `writer.dask`."""
+        such as `zarrfeed.writer.dask`."""
         self._check_open()
         j = self._journal
         if resume and not j.known_input(input_id) and (j.inputs or j.legacy):
@@ -425,7 +425,7 @@ class DatasetWriter:
         return starts
 
     def written(self, key: Key, writes: Iterable[ChunkWrite] = ()) -> None:
-        """The rows placed under `key` by `reserve` are stored, as `writes` say (what `chunkio.write_rows`
+        """The rows placed under `key` by `reserve` are stored, as `writes` say (what `chunk_write.write_rows`
         returned): they commit with everything placed before, with the digests of their chunks."""
         starts, ends = self._external.pop(key)
         self._digests.add(writes)

@@ -4,12 +4,12 @@
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .links import check_link
-from .schema import Schema, dtype_difference
+from ..core.links import check_link
+from ..core.schema import Schema, dtype_difference
 
 Episode = Mapping[str, np.ndarray]
 
@@ -57,4 +57,21 @@ def relocate(episode: Episode, schema: Schema, offsets: Mapping[str, int]) -> di
         if out[link.parent] is episode[link.parent]:
             out[link.parent] = episode[link.parent].copy()
         out[link.parent][link.field] += offsets[link.child]
+    return out
+
+
+def relocate_all(episodes: Sequence[Episode], schema: Schema, starts: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """The episodes one after another, one array per table, their intervals pointing at global rows as
+    `relocate` makes them when the first episode's rows go at `starts` (the first row per table). One copy
+    (`relocate` per episode, then concatenate, would make two)."""
+    out = {t: np.empty(sum(len(e.get(t, ())) for e in episodes), tab.dtype) for t, tab in schema.tables.items()}
+    at = {t: 0 for t in schema.tables}
+    for tables in episodes:
+        for t, arr in tables.items():
+            out[t][at[t]:at[t] + len(arr)] = arr
+        for link in schema.links:
+            part = out[link.parent][at[link.parent]:at[link.parent] + len(tables.get(link.parent, ()))]
+            part[link.field] += starts[link.child] + at[link.child]
+        for t, arr in tables.items():
+            at[t] += len(arr)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable, Iterator
 
-from .keys import Key, Position, key_from_json, key_to_json
+from ..core.keys import Key, Position, key_from_json, key_to_json
 
 
 class IndexRanges:

@@ -27,8 +27,8 @@ from typing import Any
 
 import fasteners
 
-from .shm import SharedBlock
-from .store import FormatError, Location, bounded, within
+from ..core._proc.shm import SharedBlock
+from ..core.store import FormatError, Location, bounded, within
 
 log = logging.getLogger("zarrfeed.writer")
 
@@ -115,24 +115,34 @@ class Holder:
     started: float
     heartbeat: float
     token: str
+    # the holder's own timeout: the one a taker applies, since the holder's fence stops its writes by that one
+    # (None: a document written before this field, judged by the taker's timeout)
+    timeout: float | None = None
 
     @classmethod
-    def me(cls) -> "Holder":
+    def me(cls, timeout: float) -> "Holder":
         now = time.time()
-        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now, uuid.uuid4().hex)
+        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now, uuid.uuid4().hex,
+                   timeout)
 
     @classmethod
     def parse(cls, raw: bytes | None) -> "Holder | None":
         try:
-            return cls(**json.loads(bytes(raw))) if raw is not None else None
+            holder = cls(**json.loads(bytes(raw))) if raw is not None else None
         except (TypeError, ValueError):
             return None
+        if holder is not None and not (holder.timeout is None or (isinstance(holder.timeout, (int, float))
+                                                                  and holder.timeout > 0)):
+            return None  # unreadable, as a document that is not JSON
+        return holder
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
 
     def gone(self, timeout: float) -> str | None:
-        """Why this holder is gone (a dead process on this host, a stale heartbeat), or None if it may live."""
+        """Why this holder is gone (a dead process on this host, a heartbeat older than the holder's own timeout,
+        or `timeout` for a document that does not say), or None if it may live."""
+        timeout = self.timeout if self.timeout is not None else timeout
         if self.host == socket.gethostname():
             start = _process_start(self.pid)
             if start is None or (self.pid_start is not None and start != self.pid_start):
@@ -150,6 +160,8 @@ class Holder:
 
 def _refuse(location: Location, holder: Holder | None, timeout: float) -> LeaseHeld:
     who = str(holder) if holder else "another writer"
+    if holder is not None and holder.timeout is not None:
+        timeout = holder.timeout
     return LeaseHeld(f"{location}: being written by {who}; wait for it to finish, or stop it "
                      "(a lease whose holder died is taken over at once on the same host, otherwise after "
                      f"{timeout:.0f} s without a heartbeat)")
@@ -171,7 +183,7 @@ class Lease:
     def __init__(self, location: Location, timeout: float = TIMEOUT, interval: float | None = None) -> None:
         self.location, self.timeout = location, timeout
         self.interval = interval if interval is not None else max(0.05, timeout / 6)
-        self.holder = Holder.me()
+        self.holder = Holder.me(timeout)
         self.lost: str | None = None
         self._backend: _Backend | None = None
         self._stop = threading.Event()

@@ -1,5 +1,5 @@
-"""Reading a Parquet export (`loader.parquet_export.export_parquet`, or any Parquet with the same columns) back into a
-dataset through the writer, so every interval is checked and relocated as for any other input.
+"""Reading a Parquet export (`zarrfeed.loader.parquet_export.export_parquet`, or any Parquet with the same columns)
+back into a dataset through the writer, so every interval is checked and relocated as for any other input.
 
 Every file is checked before anything is written: a file that is not Parquet, a missing column, a column whose
 type does not match the table's dtype, or a list of the wrong length is refused with one line naming the file
@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .arrow_records import _field_type, from_arrow
+from ..core.arrow_records import _field_type, from_arrow
+from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.store import Location
 from .dataset_writer import DatasetWriter
-from .schema import L5KIT_SCHEMA, Schema
 from .source import Episodes
-from .store import Location
 
 
 def _fix_lists(data: pa.Table, dtype: np.dtype, where: str) -> pa.Table:

@@ -11,9 +11,9 @@ from typing import Iterator
 import numpy as np
 import zarr
 
-from . import dataset_format
-from .chunkio import read_rows
-from .schema import Schema
+from ..core import dataset_format
+from ..core.chunks import read_rows
+from ..core.schema import Schema
 
 
 def root_table(schema: Schema) -> str:

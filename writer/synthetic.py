@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .schema import AGENT_DTYPE, FRAME_DTYPE, SCENE_DTYPE, TL_FACE_DTYPE
+from ..core.schema import AGENT_DTYPE, FRAME_DTYPE, SCENE_DTYPE, TL_FACE_DTYPE
 
 _DT_NS = 100_000_000
 _BASE_NS = 1_571_846_881_502_692_276

@@ -6,8 +6,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..core.schema import L5KIT_SCHEMA, Schema
 from .dataset_writer import DatasetWriter
-from .schema import L5KIT_SCHEMA, Schema
 
 
 def write_dataset(path: str | os.PathLike, episodes: Iterable[Mapping[str, np.ndarray]],

@@ -6,13 +6,13 @@ from typing import Any, Callable
 import numpy as np
 import zarr
 
-from .chunkio import write_rows
+from ..core._proc.pool import preload_in_workers
+from ..core._proc.shm import SharedBlock
+from ..core.store import Location
+from .chunk_write import write_rows
 from .lease import Fence
-from .pool import preload_in_workers
-from .shm import SharedBlock
-from .store import Location
 
-preload_in_workers(__name__)  # see writer.pool
+preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
 
 def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronizer: Any,

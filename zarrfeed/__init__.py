@@ -1,10 +1,12 @@
 """zarrfeed: a training-data pipeline for datasets of numpy structured records in zarr (L5Kit's format).
 
-Three packages: `writer` writes datasets (schemas, episodes, `DatasetWriter`, ingestion on Dask), `loader`
-reads them (`Dataset`, `Loader`, `WindowLoader`, the Arrow bridge), and this one holds what composes both:
-the command line (`zarrfeed.cli`). The main names of both sides are importable from here too
-(`from zarrfeed import DatasetWriter, Loader`); they are imported on first use, so `zarrfeed --version`
-starts without numpy or zarr.
+Layers, each importing only those below it:
+`zarrfeed.core` (the dataset format, schemas, links, keys, chunks, stores, worker pools, shared memory),
+`zarrfeed.writer` (writing: `DatasetWriter`, episodes, leases, ingestion on Dask) and `zarrfeed.loader`
+(reading: `Dataset`, `Loader`, `WindowLoader`, the Arrow bridge), which never import each other, then what
+composes them: `zarrfeed.flight` (the Flight service and its clients) and the command line
+(`zarrfeed.cli`). The main names of both sides are importable from here too (`from zarrfeed import
+DatasetWriter, Loader`); they are imported on first use, so `zarrfeed --version` starts without numpy or zarr.
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 _NAMES = {
-    "writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
-               "FormatError", "WorkerError", "synthetic"],
-    "loader": ["Dataset", "Loader", "LoaderError", "WindowLoader", "ValidationReport", "export_parquet",
+    "zarrfeed.writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
+               "FormatError", "synthetic"],
+    "zarrfeed.loader": ["Dataset", "Loader", "LoaderError", "WindowLoader", "ValidationReport", "export_parquet",
                "from_arrow", "to_arrow"],
+    "zarrfeed.core._proc.pool": ["WorkerError"],
 }
 _HOME = {name: package for package, names in _NAMES.items() for name in names}
 __all__ = ["__version__", *_HOME]

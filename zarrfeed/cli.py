@@ -17,17 +17,15 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-import writer
-from loader import Dataset, Loader, LoaderError
-from writer.dataset_format import FormatError
-from writer.dataset_writer import DatasetWriter
-from writer.lease import LeaseLost
-from writer.pool import WorkerError
-from writer.shm import ShmSpaceError
-from writer.source import DatasetSource
-from writer.store import Location, parse_storage_option
-
-from . import __version__
+from . import __version__, writer
+from .core._proc.pool import WorkerError
+from .core._proc.shm import ShmSpaceError
+from .core.dataset_format import FormatError
+from .core.store import Location, parse_storage_option
+from .loader import Dataset, Loader, LoaderError
+from .writer.dataset_writer import DatasetWriter
+from .writer.lease import LeaseLost
+from .writer.source import DatasetSource
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:
@@ -110,7 +108,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve the dataset's batches over Arrow Flight until SIGTERM or Ctrl+C."""
-    from .service import FeedServer, read_token
+    from .flight.server import FeedServer, read_token
 
     token = read_token(args.token_file) if args.token_file else None
     tls = None
@@ -141,8 +139,7 @@ def _info_remote(args: argparse.Namespace) -> int:
     """`zarrfeed info grpc://host:port`: what a zarrfeed server serves (token from ZARRFEED_TOKEN)."""
     import pyarrow.flight as flight
 
-    from loader.remote import describe
-    from writer.remote import call_options
+    from .flight.protocol import call_options, describe
 
     try:
         doc = describe(flight.connect(args.path), call_options(os.environ.get("ZARRFEED_TOKEN"), 10))
@@ -220,7 +217,7 @@ def _ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Sche
     try:
         from distributed import Client, LocalCluster
 
-        from writer import dask as zdask
+        from .writer import dask as zdask
     except ImportError:
         raise ValueError("--scheduler/--dask-workers need Dask: pip install 'zarrfeed[dask]'") from None
     n = len(episodes)
@@ -301,8 +298,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from loader.arrow_bridge import write_ipc_stream
-    from loader.parquet_export import export_parquet
+    from .loader.arrow_bridge import write_ipc_stream
+    from .loader.parquet_export import export_parquet
 
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     if args.out == "-" and args.format != "arrow":
@@ -343,7 +340,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         r = _load(ds, "agents", 4096, args.workers, 1, progress=_progress(args))
         print(f"loaded {r['rows']:,} agents in shuffled batches of 4096 with {args.workers} loader workers: "
               f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.0f} MB/s")
-        from loader.parquet_export import export_parquet
+        from .loader.parquet_export import export_parquet
 
         parquet = out.with_name(out.name + ".parquet")
         r = export_parquet(ds, parquet, workers=args.workers, progress=_progress(args))

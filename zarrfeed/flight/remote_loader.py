@@ -13,87 +13,18 @@ runs code or unpickles objects a client sends.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from writer.arrow_records import columns_from_arrow, dtype_from_descr
-from writer.remote import call_options, server_message
-
-from .arrow_bridge import window_batch_from_arrow
-from .batches import LoaderError
-from .state import LoaderState
-
-PROTOCOL = 1
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader), the
-    commit and where to start. Sent as JSON."""
-
-    table: str
-    batch_size: int
-    seed: int = 0
-    shuffle: bool = True
-    shuffle_window: int = 8
-    rank: int = 0
-    world_size: int = 1
-    fields: list[str] | None = None
-    drop_last: bool = False
-    commit: int | None = None
-    epoch: int = 0
-    batch: int = 0
-    version: int = PROTOCOL
-    kind: str = "batches"
-    history: int = 10
-    future: int = 50
-    transform: str | None = None
-    transform_args: dict[str, Any] | None = field(default=None)
-
-    def encode(self) -> flight.Ticket:
-        return flight.Ticket(self.to_json())
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "Ticket":
-        """A ticket from its JSON; ValueError (one line) for anything else."""
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            raise ValueError("ticket: not JSON") from None
-        if not isinstance(doc, dict) or doc.get("version") != PROTOCOL:
-            raise ValueError(f"ticket: expected a zarrfeed ticket of version {PROTOCOL}")
-        try:
-            ticket = cls(**doc)
-        except TypeError as exc:
-            raise ValueError(f"ticket: {exc}") from None
-        if ticket.kind not in ("batches", "windows"):
-            raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {ticket.kind!r}")
-        return ticket
-
-
-def describe(client: flight.FlightClient, options: flight.FlightCallOptions) -> dict[str, Any]:
-    """The server's dataset: id, commit, per table its rows, chunk rows and numpy dtype; its transforms."""
-    results = list(client.do_action(flight.Action("describe", b""), options))
-    return json.loads(results[0].body.to_pybytes())
-
-
-def _json_args(args: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`transform_args` as they travel: a JSON object (the server takes nothing else)."""
-    if args is None:
-        return None
-    if not isinstance(args, dict):
-        raise ValueError(f"transform_args must be a dict, got {type(args).__name__}")
-    try:
-        return json.loads(json.dumps(args))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"transform_args must be JSON (numbers, strings, lists, dicts): {exc}") from None
+from ..core.arrow_records import columns_from_arrow, dtype_from_descr
+from ..loader.arrow_bridge import window_batch_from_arrow
+from ..loader.batches import LoaderError
+from ..loader.state import LoaderState
+from .protocol import Ticket, _json_args, call_options, describe, server_message
 
 
 class _RemoteFeed:
@@ -233,7 +164,7 @@ class RemoteWindowLoader(_RemoteFeed):
     """L5Kit-style samples from the zarrfeed server at `url`, as a local `WindowLoader` with the same
     arguments would yield them (`frame_index`, `frames/<field>`, ragged `agents/<field>` with
     `agents_offsets`, likewise traffic-light faces). Each batch travels as one record batch with a row per
-    sample: ragged columns as lists, the offsets as columns (`loader.arrow_bridge.window_batch_to_arrow`);
+    sample: ragged columns as lists, the offsets as columns (`zarrfeed.loader.arrow_bridge.window_batch_to_arrow`);
     `output="arrow"` gives those. A transform (by name, see RemoteLoader) makes the server send its compact
     arrays instead of raw windows, about 0.6 MB each."""
 

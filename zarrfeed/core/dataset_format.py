@@ -30,7 +30,7 @@ __all__ = ["FormatError", "Location", "MANIFEST_KEY", "create", "detect_schema",
 MANIFEST_KEY = "zarrfeed.json"
 COMMITS_PREFIX = "zarrfeed.commits"
 MANIFEST_VERSION = 3  # 3: the caller's episode keys and the chunks' digests in the commit log
-DIGEST = "xxh3_64"  # how chunk digests are computed (chunkio.digest)
+DIGEST = "xxh3_64"  # how chunk digests are computed (zarrfeed.core.chunks.digest)
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
 

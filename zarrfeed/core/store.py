@@ -22,7 +22,6 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import zarr
 
-
 log = logging.getLogger("zarrfeed")
 T = TypeVar("T")
 

@@ -68,6 +68,11 @@ class WorkerError(RuntimeError):
         return self.remote.traceback if self.remote else None
 
 
+# A public error, raised to users from either side: named where users import it (`zarrfeed.WorkerError`, which
+# is also where pickle finds it), not after this private module.
+WorkerError.__module__ = "zarrfeed"
+
+
 def _parent_gone(parent_pid: int, direct: bool) -> bool:
     """Whether the process that started this worker has exited. Under "fork" and "spawn" it is our parent
     (`direct`) until it dies, and then we are reparented; under "forkserver" our parent is the fork server, so

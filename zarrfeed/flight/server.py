@@ -1,7 +1,7 @@
 """`zarrfeed serve`: a dataset's batches over Arrow Flight, for trainers on other machines or in other languages.
 
 One server process holds the dataset open. Each do_get stream (one per trainer rank and epoch) runs a Loader
-with the ticket's arguments (`loader.remote.Ticket`) at the ticket's commit: its worker processes decode and
+with the ticket's arguments (`zarrfeed.flight.protocol.Ticket`) at the ticket's commit: its worker processes decode and
 gather, and the server's gRPC thread only wraps each finished batch as an Arrow record batch (numeric columns
 without a copy) and hands it to Flight. Batches are made with `copy=True`: Flight may still be sending a
 batch's buffers when the ring slot would be reused. Discovery: `list_flights` / `get_flight_info` describe the
@@ -9,11 +9,11 @@ tables (schema, committed rows), the action "describe" the dataset (id, commit, 
 action "plan" a ticket's epoch (its loader's length and resume state, so remote and local states are one
 kind). With a token, every
 call without it is refused before anything is read. Windows (`RemoteWindowLoader`) travel a sample per row,
-ragged tables as list columns with their offsets (`loader.arrow_bridge.window_batch_to_arrow`). A ticket may
+ragged tables as list columns with their offsets (`zarrfeed.loader.arrow_bridge.window_batch_to_arrow`). A ticket may
 name one of the server's transforms (`--transforms MODULE`, `zarrfeed.transforms`) with JSON arguments: the
 loader's workers apply it and the stream carries its arrays; no code or pickle from a client is ever run.
 
-Ingestion (do_put, `writer.remote.RemoteWriter`): the server holds the dataset's writer lease from the first
+Ingestion (do_put, `zarrfeed.flight.RemoteWriter`): the server holds the dataset's writer lease from the first
 upload until it stops, and writes every producer's episodes through one DatasetWriter (calls are serialised
 by a lock: the writer places episodes in one order). Each episode is acknowledged once accepted; the writer
 commits as it goes while uploads arrive, a thread commits what is left once they pause for a second, and
@@ -35,17 +35,15 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from loader import Dataset, Loader, LoaderError, WindowLoader
-from loader.arrow_bridge import to_arrow, window_batch_to_arrow
-from loader.remote import Ticket
-from writer.arrow_records import arrow_schema
-from writer.dataset_writer import DatasetWriter
-from writer.keys import key_to_json
-from writer.pool import WorkerError
-from writer.remote import decode_episodes
-from writer.store import Location
-
-from .transforms import Transforms
+from ..core._proc.pool import WorkerError
+from ..core.arrow_records import arrow_schema
+from ..core.keys import key_to_json
+from ..core.store import Location
+from ..loader import Dataset, Loader, LoaderError, WindowLoader
+from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
+from ..transforms import Transforms
+from ..writer.dataset_writer import DatasetWriter
+from .protocol import Ticket, decode_episodes
 
 log = logging.getLogger("zarrfeed.serve")
 

@@ -22,100 +22,11 @@ import json
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.flight as flight
 
-from .arrow_records import arrow_schema, from_arrow, records_to_arrow
-from .keys import Key, Position, check_key, fingerprint, key_from_json, key_to_json
-from .schema import dtype_from_descr
-
-DESCRIPTOR = flight.FlightDescriptor.for_path("episodes")
-
-
-def call_options(token: str | None, timeout: float | None = None) -> flight.FlightCallOptions:
-    """Flight call options carrying `token` as `authorization: Bearer <token>` (what the server checks)."""
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    return flight.FlightCallOptions(headers=headers, timeout=timeout)
-DTYPES_KEY = b"zarrfeed.dtypes"
-
-
-def episode_schema(dtypes: Mapping[str, np.dtype], records: bool = True) -> pa.Schema:
-    """The schema of a batch of episodes with these tables: each table a column of the numpy records' bytes
-    (`records=True`, what RemoteWriter sends: no conversion on either side) or of list<struct> (columns, as
-    any Arrow producer makes them). The server reads both; the dtypes travel in the metadata."""
-    fields = [pa.field("key", pa.string(), nullable=False)]
-    for table, dtype in dtypes.items():
-        kind = pa.large_binary() if records else pa.list_(pa.struct(list(arrow_schema(dtype))))
-        fields.append(pa.field(table, kind, nullable=False))
-    meta = {DTYPES_KEY: json.dumps({t: [list(f) for f in d.descr] for t, d in dtypes.items()}).encode()}
-    return pa.schema(fields, metadata=meta)
-
-
-def encode_episode(episode: Mapping[str, np.ndarray], key: Key, schema: pa.Schema) -> pa.RecordBatch:
-    """One episode as a one-row record batch of `schema` (tables the episode lacks are empty). Records
-    columns share the episode's memory when it is C-contiguous."""
-    dtypes = json.loads(schema.metadata[DTYPES_KEY])
-    unknown = sorted(set(episode) - set(dtypes))
-    if unknown:
-        raise ValueError(f"table {unknown[0]!r}: not a table of this dataset (tables: {', '.join(dtypes)})")
-    columns: list[pa.Array] = [_one_string(json.dumps(key_to_json(key)))]
-    for table, descr in dtypes.items():
-        dtype = dtype_from_descr(descr)
-        records = np.asarray(episode.get(table, np.zeros(0, dtype)))
-        if records.dtype != dtype:
-            raise ValueError(f"table {table!r}: dtype {records.dtype}, the dataset's is {dtype}")
-        if schema.field(table).type == pa.large_binary():
-            raw = np.ascontiguousarray(records).reshape(-1).view(np.uint8)
-            offsets = pa.py_buffer(np.array([0, raw.nbytes], np.int64))
-            columns.append(pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(raw)]))
-            continue
-        rb = records_to_arrow(records)
-        struct = pa.StructArray.from_arrays(rb.columns, fields=list(rb.schema))
-        columns.append(pa.ListArray.from_arrays(pa.array([0, len(records)], pa.int32()), struct))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def _one_string(text: str) -> pa.Array:
-    """A one-value string array, made from its buffers: `pa.array([text])` imports pandas the first time it
-    runs in a process (measured: 0.4 s, paid by every new producer)."""
-    data = text.encode()
-    offsets = pa.py_buffer(np.array([0, len(data)], np.int32))
-    return pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)])
-
-
-def decode_episodes(batch: pa.RecordBatch) -> list[tuple[Key, dict[str, np.ndarray]]]:
-    """The (key, episode) pairs of a batch made by `encode_episode` (either form); ValueError naming table
-    and row. Records columns become read-only views of the batch's buffers (no copy)."""
-    raw = (batch.schema.metadata or {}).get(DTYPES_KEY)
-    if raw is None or "key" not in batch.schema.names:
-        raise ValueError("not a batch of zarrfeed episodes (no key column or no dtypes in its metadata)")
-    dtypes = {t: dtype_from_descr(d) for t, d in json.loads(raw).items()}
-    missing = [t for t in dtypes if t not in batch.schema.names]
-    if missing:
-        raise ValueError(f"table {missing[0]!r}: no column for it")
-    out = []
-    for i in range(batch.num_rows):
-        try:
-            key = check_key(key_from_json(json.loads(batch.column("key")[i].as_py())))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"row {i}: bad key ({exc})") from None
-        episode = {}
-        for table, dtype in dtypes.items():
-            column = batch.column(table)
-            if pa.types.is_large_binary(column.type) or pa.types.is_binary(column.type):
-                buf = column[i].as_buffer()
-                if buf is None or buf.size % dtype.itemsize:
-                    size = 0 if buf is None else buf.size
-                    raise ValueError(f"episode {key}, table '{table}': {size} bytes is not a whole number of "
-                                     f"{dtype.itemsize}-byte records")
-                episode[table] = np.frombuffer(buf, dtype)
-                continue
-            struct = column[i].values
-            records = pa.RecordBatch.from_struct_array(struct) if len(struct) else \
-                records_to_arrow(np.zeros(0, dtype))
-            episode[table] = from_arrow(records, dtype, where=f"episode {key}, table '{table}'")
-        out.append((key, episode))
-    return out
+from ..core.keys import Key, Position, check_key, fingerprint
+from ..core.schema import dtype_from_descr
+from .protocol import DESCRIPTOR, call_options, encode_episode, episode_schema, server_message
 
 
 class RemoteWriter:
@@ -331,7 +242,3 @@ def _nbytes(episode: Mapping[str, np.ndarray]) -> int:
     return sum(np.asarray(a).nbytes for a in episode.values())
 
 
-def server_message(exc: Exception) -> str:
-    """The server's one line, without gRPC's details."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text.split(". Detail:")[0]

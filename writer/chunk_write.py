@@ -1,0 +1,90 @@
+"""Writing rows into a table's chunks: whole chunks with no lock, shared chunks merged under their lock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import zarr
+
+from ..core.chunks import chunk_key, decode_chunk_into, digest, encode_chunk
+from ..core.store import get_many
+
+
+@dataclass(frozen=True)
+class ChunkWrite:
+    """One chunk object stored by a writer: its table and index, the size and digest of the bytes stored, and
+    for a chunk shared with another writer (read, merged, written back under its lock) the digest of the
+    object it replaced (None: there was none). The committer follows these links to tell which write of a
+    shared chunk came last, whatever order the reports arrive in."""
+
+    table: str
+    index: int
+    size: int
+    digest: str
+    replaced: str | None = None
+    shared: bool = False
+
+
+def write_rows(array: zarr.Array, start: int, rows: np.ndarray, synchronizer: Any,
+               guard: Callable[[], None] | None = None) -> list[ChunkWrite]:
+    """Write `rows` at `start`; `synchronizer[key]` is a lock for a chunk key (zarr's synchronizer protocol).
+    Whole chunks are encoded and stored with no lock and no read; a chunk the rows only partly cover is read,
+    merged and written back under its lock. `guard()` is called just before each store write and raises to
+    stop it (a writer whose lease may be lost). Returns what was stored, chunk by chunk."""
+    guard = guard or _no_guard
+    c = array.chunks[0]
+    end = start + len(rows)
+    if not len(rows):
+        return []
+    first_whole = -(-start // c) * c
+    last_whole = end // c * c
+    out = []
+    if first_whole >= last_whole:  # no whole chunk: one or two partial chunks
+        for lo in sorted({start // c * c, (end - 1) // c * c}):
+            a, b = max(start, lo), min(end, lo + c)
+            out.append(_merge(array, synchronizer, lo // c, a - lo, rows[a - start:b - start], guard))
+        return out
+    if start < first_whole:
+        out.append(_merge(array, synchronizer, start // c, start % c, rows[: first_whole - start], guard))
+    whole = {lo // c: encode_chunk(array, rows[lo - start: lo - start + c]) for lo in range(first_whole, last_whole, c)}
+    keyed = {chunk_key(array, i): data for i, data in whole.items()}
+    store = array.chunk_store
+    guard()
+    if isinstance(store, zarr.storage.FSStore):  # one concurrent request per chunk, not one after another
+        store.setitems(keyed)
+    else:
+        for key, data in keyed.items():
+            store[key] = data
+    out.extend(ChunkWrite(array.path, i, len(data), digest(data)) for i, data in whole.items())
+    if last_whole < end:
+        out.append(_merge(array, synchronizer, last_whole // c, 0, rows[last_whole - start:], guard))
+    return out
+
+
+def _no_guard() -> None:
+    pass
+
+
+def _merge(array: zarr.Array, synchronizer: Any, index: int, offset: int, rows: np.ndarray,
+           guard: Callable[[], None]) -> ChunkWrite:
+    """Write `rows` at row `offset` of chunk `index`, which another writer may share: under the chunk's lock,
+    read it (a chunk not yet written holds zeros, as zarr's fill value), merge, encode, store."""
+    key = chunk_key(array, index)
+    store = array.chunk_store
+    c, size = array.chunks[0], array.dtype.itemsize
+    buf = np.zeros(c * size, np.uint8)
+    with synchronizer[key]:
+        before = get_many(store, [key]).get(key)
+        if before is not None:
+            decode_chunk_into(array, key, before, buf)
+        buf[offset * size:(offset + len(rows)) * size] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
+        data = encode_chunk(array, buf.view(array.dtype))
+        guard()
+        if isinstance(store, zarr.storage.FSStore):
+            store.setitems({key: data})
+        else:
+            store[key] = data
+    return ChunkWrite(array.path, index, len(data), digest(data), digest(before) if before is not None else None,
+                      shared=True)
