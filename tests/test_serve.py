@@ -207,6 +207,29 @@ def test_discovery_with_a_plain_flight_client(server, data):
         RemoteLoader(server.url, "nope")
 
 
+def test_the_actions_listed_are_the_protocols_and_each_is_answered(server, data):
+    """list_actions is the protocol's table; each action in it has a handler; another name is refused in one
+    line that lists them."""
+    import json
+
+    from zarrfeed.flight.protocol import ACTIONS, Ticket
+
+    client = flight.connect(server.url)
+    listed = {a.type: a.description for a in client.list_actions()}
+    assert listed == {name: a.description for name, a in ACTIONS.items()}
+    bodies = {"describe": b"", "plan": Ticket("agents", 100).to_json(), "sync": b"", "begin_input": b"{"}
+    assert bodies.keys() == ACTIONS.keys()
+    for name, body in bodies.items():
+        if name == "begin_input":  # a bad body: answered by its handler with one line, nothing taken
+            with pytest.raises(flight.FlightServerError, match="begin_input: bad request"):
+                list(client.do_action(flight.Action(name, body)))
+            continue
+        (result,) = client.do_action(flight.Action(name, body))
+        assert isinstance(json.loads(result.body.to_pybytes()), dict)
+    with pytest.raises(flight.FlightServerError, match="unknown action 'nope' .actions: describe, plan, "):
+        list(client.do_action(flight.Action("nope", b"")))
+
+
 def test_a_trainers_next_epoch_goes_on_with_the_servers_loader(server, data):
     """The loader that finished epoch 0 is kept for the same ticket's epoch 1: no new worker processes (its
     decoded chunks stay cached), and the batches are still the local Loader's."""

@@ -1,6 +1,6 @@
-"""zarrfeed's Flight protocol, shared by the server and both clients: tickets, the episode codec, the auth header."""
-
-
+"""zarrfeed's Flight protocol, shared by the server and its clients and versioned together (`PROTOCOL`):
+tickets (what a do_get stream is), the actions and what they answer, the auth header and the server's error
+line, and the episode codec of do_put uploads."""
 from __future__ import annotations
 
 import json
@@ -15,13 +15,118 @@ from ..core.arrow_records import arrow_schema, from_arrow, records_to_arrow
 from ..core.keys import Key, check_key, key_from_json, key_to_json
 from ..core.schema import dtype_from_descr
 
-DESCRIPTOR = flight.FlightDescriptor.for_path("episodes")
+
+# --------------------------------------------------------------------------------------------- tickets
+PROTOCOL = 1
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader), the
+    commit and where to start. Sent as JSON."""
+
+    table: str
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    shuffle_window: int = 8
+    rank: int = 0
+    world_size: int = 1
+    fields: list[str] | None = None
+    drop_last: bool = False
+    commit: int | None = None
+    epoch: int = 0
+    batch: int = 0
+    version: int = PROTOCOL
+    kind: str = "batches"
+    history: int = 10
+    future: int = 50
+    transform: str | None = None
+    transform_args: dict[str, Any] | None = field(default=None)
+
+    def encode(self) -> flight.Ticket:
+        return flight.Ticket(self.to_json())
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Ticket":
+        """A ticket from its JSON; ValueError (one line) for anything else."""
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise ValueError("ticket: not JSON") from None
+        if not isinstance(doc, dict) or doc.get("version") != PROTOCOL:
+            raise ValueError(f"ticket: expected a zarrfeed ticket of version {PROTOCOL}")
+        try:
+            ticket = cls(**doc)
+        except TypeError as exc:
+            raise ValueError(f"ticket: {exc}") from None
+        if ticket.kind not in ("batches", "windows"):
+            raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {ticket.kind!r}")
+        return ticket
+
+
+def _json_args(args: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`transform_args` as they travel: a JSON object (the server takes nothing else)."""
+    if args is None:
+        return None
+    if not isinstance(args, dict):
+        raise ValueError(f"transform_args must be a dict, got {type(args).__name__}")
+    try:
+        return json.loads(json.dumps(args))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"transform_args must be JSON (numbers, strings, lists, dicts): {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------- actions
+@dataclass(frozen=True)
+class Action:
+    """One Flight action of zarrfeed's server: its name, what its body holds and what it answers (JSON)."""
+
+    name: str
+    request: str
+    reply: str
+
+    @property
+    def description(self) -> str:
+        return f"{self.request} -> {self.reply}"
+
+
+# The server's actions, versioned with the tickets (PROTOCOL): the server dispatches by this table and
+# `list_actions` reports it, so the two cannot drift apart.
+ACTIONS = {a.name: a for a in (
+    Action("describe", "empty", "the dataset: id, commit, per table its rows, chunk rows and numpy dtype; the "
+                                "server's transforms"),
+    Action("plan", "a ticket (JSON)", "its loader's resume state and the number of batches of its epoch"),
+    Action("begin_input", '{"input": first episode\'s fingerprint, "resume": bool}',
+           "starts an input of Position-keyed episodes: refused if it was ingested before, unless resume"),
+    Action("sync", "empty", "once every accepted episode is committed: the committed rows per table"),
+)}
+
+
+def describe(client: flight.FlightClient, options: flight.FlightCallOptions) -> dict[str, Any]:
+    """The server's dataset: id, commit, per table its rows, chunk rows and numpy dtype; its transforms."""
+    results = list(client.do_action(flight.Action("describe", b""), options))
+    return json.loads(results[0].body.to_pybytes())
+
+
+# ------------------------------------------------------------------------------ credentials and errors
 def call_options(token: str | None, timeout: float | None = None) -> flight.FlightCallOptions:
     """Flight call options carrying `token` as `authorization: Bearer <token>` (what the server checks)."""
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     return flight.FlightCallOptions(headers=headers, timeout=timeout)
+
+
+def server_message(exc: Exception) -> str:
+    """The server's one line, without gRPC's details."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split(". Detail:")[0]
+
+
+# ----------------------------------------------------------------------------------- episodes (do_put)
+DESCRIPTOR = flight.FlightDescriptor.for_path("episodes")
 
 
 DTYPES_KEY = b"zarrfeed.dtypes"
@@ -104,78 +209,3 @@ def decode_episodes(batch: pa.RecordBatch) -> list[tuple[Key, dict[str, np.ndarr
             episode[table] = from_arrow(records, dtype, where=f"episode {key}, table '{table}'")
         out.append((key, episode))
     return out
-
-
-def server_message(exc: Exception) -> str:
-    """The server's one line, without gRPC's details."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text.split(". Detail:")[0]
-
-
-PROTOCOL = 1
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader), the
-    commit and where to start. Sent as JSON."""
-
-    table: str
-    batch_size: int
-    seed: int = 0
-    shuffle: bool = True
-    shuffle_window: int = 8
-    rank: int = 0
-    world_size: int = 1
-    fields: list[str] | None = None
-    drop_last: bool = False
-    commit: int | None = None
-    epoch: int = 0
-    batch: int = 0
-    version: int = PROTOCOL
-    kind: str = "batches"
-    history: int = 10
-    future: int = 50
-    transform: str | None = None
-    transform_args: dict[str, Any] | None = field(default=None)
-
-    def encode(self) -> flight.Ticket:
-        return flight.Ticket(self.to_json())
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "Ticket":
-        """A ticket from its JSON; ValueError (one line) for anything else."""
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            raise ValueError("ticket: not JSON") from None
-        if not isinstance(doc, dict) or doc.get("version") != PROTOCOL:
-            raise ValueError(f"ticket: expected a zarrfeed ticket of version {PROTOCOL}")
-        try:
-            ticket = cls(**doc)
-        except TypeError as exc:
-            raise ValueError(f"ticket: {exc}") from None
-        if ticket.kind not in ("batches", "windows"):
-            raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {ticket.kind!r}")
-        return ticket
-
-
-def describe(client: flight.FlightClient, options: flight.FlightCallOptions) -> dict[str, Any]:
-    """The server's dataset: id, commit, per table its rows, chunk rows and numpy dtype; its transforms."""
-    results = list(client.do_action(flight.Action("describe", b""), options))
-    return json.loads(results[0].body.to_pybytes())
-
-
-def _json_args(args: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`transform_args` as they travel: a JSON object (the server takes nothing else)."""
-    if args is None:
-        return None
-    if not isinstance(args, dict):
-        raise ValueError(f"transform_args must be a dict, got {type(args).__name__}")
-    try:
-        return json.loads(json.dumps(args))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"transform_args must be JSON (numbers, strings, lists, dicts): {exc}") from None

@@ -1,0 +1,191 @@
+"""The feeding side of `zarrfeed serve`: discovery (list_flights, get_flight_info, the actions "describe" and
+"plan") and do_get streams of batches or windows, each run by a Loader with the ticket's arguments at the
+ticket's commit.
+
+Its worker processes decode and gather; the server's gRPC thread only wraps each finished batch as an Arrow
+record batch (numeric columns without a copy) and hands it to Flight. Batches are made with `copy=True`:
+Flight may still be sending a batch's buffers when the ring slot would be reused. A ticket may name one of
+the server's transforms with JSON arguments: the loader's workers apply it and the stream carries its arrays;
+no code or pickle from a client is ever run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from ..core.arrow_records import arrow_schema
+from ..core.store import Location
+from ..loader import Dataset, Loader, LoaderError, WindowLoader
+from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
+from ..transforms import Transforms
+from .protocol import Ticket
+
+
+class IdleLoaders:
+    """Loaders whose stream finished an epoch, kept for the same trainer's next epoch (the same ticket but its
+    epoch): their workers are running and their decoded chunks cached, so the next epoch neither starts
+    processes nor decodes again. At most `limit` are kept, each for `seconds`; the oldest go first."""
+
+    def __init__(self, limit: int = 8, seconds: float = 120.0) -> None:
+        self.limit, self.seconds = limit, seconds
+        self._items: list[tuple[float, str, Loader]] = []
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> Loader | None:
+        with self._lock:
+            for i, (_, k, loader) in enumerate(self._items):
+                if k == key:
+                    del self._items[i]
+                    return loader
+        return None
+
+    def put(self, key: str, loader: Loader) -> None:
+        with self._lock:
+            self._items.append((time.monotonic(), key, loader))
+            gone, self._items = self._items[:-self.limit], self._items[-self.limit:]
+        for _, _, old in gone:
+            old.close()
+
+    def expire(self, everything: bool = False) -> None:
+        """Close the loaders kept longer than `seconds` (all of them with `everything`)."""
+        cut = float("inf") if everything else time.monotonic() - self.seconds
+        with self._lock:
+            gone = [item for item in self._items if item[0] <= cut]
+            self._items = [item for item in self._items if item[0] > cut]
+        for _, _, loader in gone:
+            loader.close()
+
+
+class Feeding:
+    """Feeds the dataset at `location` to trainers: `workers` loader processes per stream, the named
+    `transforms`; `url()` is where the server listens (what flight infos point to)."""
+
+    def __init__(self, location: Location, workers: int, transforms: Transforms, url: Callable[[], str]) -> None:
+        self.location, self.workers, self.transforms, self._url = location, workers, transforms, url
+        self._datasets: dict[int | None, Dataset] = {}
+        self._lock = threading.Lock()
+        self.idle = IdleLoaders()
+        self.dataset(None)  # unreadable: one line now, before any client connects
+
+    def dataset(self, commit: int | None) -> Dataset:
+        """The dataset at `commit` (None: the latest when first asked), opened once and kept."""
+        with self._lock:
+            if commit not in self._datasets:
+                self._datasets[commit] = Dataset.open(self.location, commit=commit)
+            return self._datasets[commit]
+
+    def latest(self) -> Dataset:
+        """The dataset at its newest commit, looked up again on each call."""
+        with self._lock:
+            self._datasets.pop(None, None)
+        return self.dataset(None)
+
+    def close(self) -> None:
+        """Stop the loaders kept for a next epoch."""
+        self.idle.expire(everything=True)
+
+    # ------------------------------------------------------------ discovery
+    def describe(self, body: bytes) -> dict[str, Any]:
+        """The action "describe": the dataset's id, commit, per table its rows, chunk rows and dtype."""
+        ds = self.latest()
+        return {"dataset_id": ds.dataset_id, "commit": ds.commit, "schema": ds.schema.name,
+                "tables": {name: {"rows": ds.rows[name], "chunk_rows": arr.chunks[0],
+                                  "dtype": [list(f) for f in arr.dtype.descr]}
+                           for name, arr in ds.tables.items()},
+                "transforms": self.transforms.describe()}
+
+    def plan(self, body: bytes) -> dict[str, Any]:
+        """The action "plan": a ticket's loader's resume state and the number of batches of its epoch."""
+        _, loader = self._loader(body)
+        try:
+            return {"state": loader.state_dict(), "batches": len(loader)}
+        finally:
+            loader.close()
+
+    def _info(self, ds: Dataset, table: str) -> flight.FlightInfo:
+        descriptor = flight.FlightDescriptor.for_path(table)
+        ticket = Ticket(table, 65_536, shuffle=False, commit=ds.commit).encode()  # the table in row order
+        endpoint = flight.FlightEndpoint(ticket, [self._url()])
+        rows = ds.rows[table]
+        return flight.FlightInfo(arrow_schema(ds[table].dtype), descriptor, [endpoint], rows,
+                                 rows * ds[table].dtype.itemsize)
+
+    def flights(self) -> Iterator[flight.FlightInfo]:
+        """One flight per table: its schema, committed rows and a ticket that reads it in row order."""
+        ds = self.latest()
+        for table in ds.tables:
+            yield self._info(ds, table)
+
+    def flight_info(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        ds = self.latest()
+        table = descriptor.path[0].decode() if descriptor.path else ""
+        if table not in ds.tables:
+            raise flight.FlightServerError(f"no table {table!r} (tables: {', '.join(ds.tables)})")
+        return self._info(ds, table)
+
+    # ------------------------------------------------------------ streams
+    def _loader(self, raw: bytes, reuse: bool = False) -> tuple[Ticket, Loader]:
+        """The loader a ticket names, at its epoch and batch (workers start when it is iterated); with `reuse`,
+        the one kept from this ticket's previous epoch if there is one."""
+        try:
+            t = Ticket.decode(raw)
+            loader = self.idle.take(_reuse_key(t)) if reuse else None
+            if loader is None:
+                ds = self.dataset(t.commit)
+                transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
+                options: dict[str, Any] = dict(
+                    batch_size=t.batch_size, shuffle=t.shuffle, seed=t.seed, shuffle_window=t.shuffle_window,
+                    num_workers=self.workers, drop_last=t.drop_last, rank=t.rank, world_size=t.world_size,
+                    transform=transform, copy=True)
+                loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
+                    Loader(ds, t.table, fields=t.fields, **options)
+            loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+        return t, loader
+
+    def stream(self, raw: bytes, context: Any) -> flight.FlightDataStream:
+        """do_get: the ticket's batches as a stream of record batches."""
+        t, loader = self._loader(raw, reuse=True)
+        convert = window_batch_to_arrow if t.kind == "windows" and not t.transform else to_arrow
+        batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader))
+        try:  # the first batch now: its schema is the stream's, and a transform that fails says so at once
+            first = next(batches, None)
+        except LoaderError as exc:
+            raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+        if first is None:
+            schema = arrow_schema(loader.dataset[t.table].dtype, t.fields) if t.kind == "batches" and \
+                not t.transform else pa.schema([])
+            return flight.GeneratorStream(schema, iter(()))
+        return flight.GeneratorStream(first.schema, itertools.chain([first], batches))
+
+
+def _reuse_key(t: Ticket) -> str:
+    """What makes two streams the same trainer's: the ticket but where it starts."""
+    return json.dumps(dataclasses.asdict(dataclasses.replace(t, epoch=0, batch=0)), sort_keys=True)
+
+
+def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch],
+             keep: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+    """The loader's batches as record batches. When the epoch ends, `keep()` parks the loader for the next
+    one; when the client cancels or disconnects, or anything fails, the loader stops (its workers and
+    memory are freed)."""
+    finished = False
+    try:
+        for batch in loader:
+            if context.is_cancelled():
+                return
+            yield convert(batch)
+        finished = True
+    finally:
+        if finished:
+            keep()
+        else:
+            loader.close()

@@ -1,0 +1,137 @@
+"""The ingesting side of `zarrfeed serve` (do_put, `zarrfeed.flight.RemoteWriter`).
+
+The server holds the dataset's writer lease from the first upload until it stops, and writes every
+producer's episodes through one DatasetWriter (calls are serialised by a lock: the writer places episodes in
+one order). Each episode is acknowledged once accepted; the writer commits as it goes while uploads arrive,
+a thread commits what is left once they pause for a second, and the action "sync" waits until everything
+accepted is committed. Bad input is refused with the writer's one line (table, field, row) and nothing of it
+written; the other producers go on.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from ..core._proc.pool import WorkerError
+from ..core.keys import key_to_json
+from ..core.store import Location
+from ..writer.dataset_writer import DatasetWriter
+from .protocol import decode_episodes
+
+log = logging.getLogger("zarrfeed.serve")
+T = TypeVar("T")
+
+
+class Ingestion:
+    """Writes the episodes producers upload into the dataset at `location` with `workers` writer processes;
+    `committed()` gives the committed rows when no writer is open (the dataset's latest commit)."""
+
+    def __init__(self, location: Location, workers: int, committed: Callable[[], dict[str, int]]) -> None:
+        self.location, self.workers, self._committed = location, workers, committed
+        self._writer: DatasetWriter | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_submit, self._unsynced = 0.0, False
+        self._thread = threading.Thread(target=self._commit_loop, name="zarrfeed-commit", daemon=True)
+
+    def start(self, every_second: Callable[[], None] = lambda: None) -> None:
+        """Start the thread that commits what is left once uploads pause (and calls `every_second`)."""
+        self._every_second = every_second
+        self._thread.start()
+
+    def close(self) -> dict[str, int] | None:
+        """Commit everything accepted and release the lease; the committed rows (None: nothing was uploaded)."""
+        self._stop.set()
+        with self._lock:
+            committed = self._writer.close() if self._writer is not None else None
+            self._writer = None
+        return committed
+
+    def _open(self) -> DatasetWriter:
+        """The writer, opened (taking the dataset's lease) at the first upload; call with the lock."""
+        if self._writer is None:
+            self._writer = DatasetWriter(self.location, mode="a", workers=self.workers)
+        return self._writer
+
+    def _with_writer(self, call: Callable[[DatasetWriter], T]) -> T:
+        with self._lock:
+            return self._call(call)
+
+    def _call(self, call: Callable[[DatasetWriter], T]) -> T:
+        """`call(writer)`, with the lock held: bad input is one line to the client, a writer that stopped is
+        dropped (the next upload reopens it in mode "a", which resumes)."""
+        try:
+            return call(self._open())
+        except ValueError as exc:  # bad input: nothing of it written, the writer goes on
+            raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+        except (WorkerError, RuntimeError) as exc:
+            self._writer = None
+            raise flight.FlightServerError(f"zarrfeed: the writer stopped: {exc}") from None
+
+    def _commit_loop(self) -> None:
+        """While uploads arrive, the writer commits as it goes (every second, within submit); once they pause
+        for a second, this commits what is left. It never waits on the writer while producers are sending."""
+        while not self._stop.wait(1.0):
+            self._every_second()
+            if time.monotonic() - self._last_submit < 1.0 or not self._unsynced:
+                continue
+            with self._lock:
+                self._unsynced = False
+                if self._writer is not None:
+                    try:
+                        self._writer.sync()
+                    except Exception as exc:  # the writer stopped (a dead worker): the next upload reopens it
+                        log.error("zarrfeed: the writer stopped: %s", exc)
+                        self._writer = None
+
+    def put(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        """do_put: each uploaded episode submitted, then acknowledged (accepted, or passed over as committed)."""
+        if list(descriptor.path or []) != [b"episodes"]:
+            raise flight.FlightServerError("zarrfeed: upload episodes with the descriptor path 'episodes'")
+        for chunk in _chunks(reader):
+            try:
+                episodes = decode_episodes(chunk.data)
+            except (ValueError, KeyError, pa.ArrowException) as exc:
+                raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+            for key, episode in episodes:
+                accepted = self._with_writer(lambda w: w.submit(episode, key=key))  # noqa: B023  # called now
+                self._last_submit, self._unsynced = time.monotonic(), True
+                writer.write(pa.py_buffer(json.dumps({"key": key_to_json(key), "accepted": accepted}).encode()))
+
+    def begin_input(self, body: bytes) -> dict[str, Any]:
+        """The action "begin_input": record an input (its first episode's fingerprint) as a local ingest does,
+        so an input ingested before by any path is refused unless resumed."""
+        try:
+            doc = json.loads(body)
+            input_id, resume = doc["input"], doc.get("resume", False)
+            if not isinstance(input_id, str) or not isinstance(resume, bool):
+                raise TypeError("input must be a string and resume a boolean")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise flight.FlightServerError(f"zarrfeed: begin_input: bad request ({exc})") from None
+        self._with_writer(lambda w: w.begin_input(input_id, resume, "its first episode has fingerprint", "episodes"))
+        return {"input": input_id}
+
+    def sync(self, body: bytes) -> dict[str, Any]:
+        """The action "sync": wait until every accepted episode is committed; the committed rows."""
+        def sync(w: DatasetWriter) -> dict[str, Any]:
+            w.sync()
+            return {"committed": w.committed}
+
+        with self._lock:
+            if self._writer is None:  # nothing uploaded since the last writer closed: no lease taken for this
+                return {"committed": self._committed()}
+            return self._call(sync)
+
+
+def _chunks(reader: Any) -> Iterator[Any]:
+    while True:
+        try:
+            yield reader.read_chunk()
+        except StopIteration:
+            return
