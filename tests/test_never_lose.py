@@ -170,7 +170,7 @@ def test_a_resumed_episode_must_be_the_one_submitted_before(tmp_path):
     w = DatasetWriter(out, workers=0, commit_interval=3600)
     w.ingest(eps[:1])
     w.submit(eps[1])
-    w._commit(force=True)  # recorded as submitted, not yet committed
+    w.committer.commit(force=True)  # recorded as submitted, not yet committed
     w._pool = None
     w._shutdown()  # a crash: nothing more is written or committed
     other = small_episodes(3, seed=7)
@@ -222,7 +222,7 @@ def test_nothing_of_the_locks_is_left_in_the_dataset_after_a_crash(tmp_path):
     zarr.consolidate_metadata(zarr.storage.DirectoryStore(str(out)))
     assert sorted(zarr.open_consolidated(str(out), mode="r").array_keys()) == \
         ["agents", "frames", "scenes", "traffic_light_faces"]
-    w._lease.release()
+    w.committer.release()
 
 
 def test_zip_is_read_only_and_a_missing_backend_is_one_line(tmp_path, capsys):

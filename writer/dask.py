@@ -6,8 +6,8 @@ workers and the order in which tasks finish:
 
 1. One task per source runs `to_episodes(source)`, checks every episode and keeps them in the worker's memory
    (a Dask future); only its row counts and fingerprints travel to the client.
-2. The client holds the dataset's lease through a `DatasetWriter` with no workers of its own (the one
-   committer). It places sources in source order as their counts arrive (`DatasetWriter.reserve`, one
+2. The client holds the dataset's lease through a `Committer` (the only one; no writer processes of its
+   own). It places sources in source order as their counts arrive (`Committer.reserve`, one
    episode at a time), which is what makes the rows deterministic, and sends the first row per table of the
    source's episodes not yet committed to a write task on the worker that holds them.
 3. The write task relocates the intervals and writes the rows straight to the store. Whole chunks of its
@@ -39,7 +39,7 @@ from ..core.keys import Position, fingerprint
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import Location
 from .chunk_write import ChunkWrite, write_rows
-from .dataset_writer import DatasetWriter
+from .committer import Committer
 from .episode import check_episode, relocate_all
 from .lease import check_held
 
@@ -213,9 +213,10 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     sources = list(sources)
     t0 = time.perf_counter()
-    writer = DatasetWriter(path, schema, workers=0, mode="a" if resume else mode, overwrite=overwrite,
-                           chunks=chunks, compressor=compressor, storage_options=storage_options,
-                           commit_interval=commit_interval, on_error=on_error, segment_bytes=0)
+    location = Location.of(path, storage_options)
+    writer = Committer(location, schema, mode="a" if resume else mode, overwrite=overwrite, chunks=chunks,
+                       compressor=compressor, commit_interval=commit_interval,
+                       store_timeout=None if location.is_local else 120.0)
     summary = IngestSummary(sources=len(sources))
     placer = _Placer(client, writer, resume, on_error, summary)
     try:
@@ -256,8 +257,8 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
                 bar.update(1)
         bar.close()
         writer.close()
-    except BaseException:
-        writer.abort()  # commits what is written; nothing if closed already
+    except BaseException as exc:
+        writer.fail(exc, remove=False)  # commits what is written; nothing if closed already
         raise
     summary.seconds = time.perf_counter() - t0
     summary.bytes = sum(n * writer.schema.tables[t].dtype.itemsize for t, n in summary.rows.items())
@@ -271,7 +272,7 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
 class _Placer:
     """Places sources, in source order, in the input's positions (the client's side of `ingest`)."""
 
-    def __init__(self, client: Any, writer: DatasetWriter, resume: bool, on_error: str, summary: IngestSummary
+    def __init__(self, client: Any, writer: Committer, resume: bool, on_error: str, summary: IngestSummary
                  ) -> None:
         self.client, self.writer, self.resume, self.on_error, self.summary = client, writer, resume, on_error, summary
         self.schema_doc = writer.schema.to_json()

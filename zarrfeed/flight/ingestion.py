@@ -114,7 +114,8 @@ class Ingestion:
                 raise TypeError("input must be a string and resume a boolean")
         except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"zarrfeed: begin_input: bad request ({exc})") from None
-        self._with_writer(lambda w: w.begin_input(input_id, resume, "its first episode has fingerprint", "episodes"))
+        self._with_writer(lambda w: w.committer.begin_input(input_id, resume, "its first episode has fingerprint",
+                                                            "episodes"))
         return {"input": input_id}
 
     def sync(self, body: bytes) -> dict[str, Any]:

@@ -1,0 +1,439 @@
+"""`Committer`: the commit protocol of one dataset, for the one writer that holds its lease.
+
+It owns everything that decides what readers see, and nothing that moves rows: the lease (taken first,
+checked before every metadata write, released last), the journal of inputs and episode keys, the placement
+of each episode's rows (`place`, or `reserve` for rows another process writes), the tracking of which rows
+are durable, the digests of the chunks written, and the manifest each commit publishes in one atomic write.
+`DatasetWriter` adds episode checks, shared-memory segments and worker processes on top; Dask ingestion
+places rows here and writes them on the cluster; the server's ingestion writes through a DatasetWriter.
+
+Commit protocol. Rows are placed in order; an episode is committed once every row of it, in every table, is
+stored, and only after every episode placed before it. A commit publishes the committed row counts, the
+journal, and in a new commit log segment the keys and the digests of the chunks sealed since the last
+commit. Readers trust those counts, never the array shapes.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+import numcodecs
+import numpy as np
+import zarr
+
+from ..core import dataset_format
+from ..core.commit_log import CommitLog, Segment
+from ..core.keys import Key, Position, check_key
+from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.store import FormatError, Location, bounded, within
+from .chunk_write import ChunkWrite
+from .commit import ChunkDigests, CommitTracker
+from .coordinator import Coordinator, LocalCoordinator
+from .journal import Journal
+from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Fence, Lease
+
+log = logging.getLogger("zarrfeed.writer")
+T = TypeVar("T")
+FAIL_SECONDS = 2.0  # after an error, the last commit and the lease's release may take this long (a store that
+                    # does not answer would otherwise hold the user for every retry of every call)
+
+
+class Committer:
+    """The commit protocol of the dataset at `location`: mode "w" creates it (refusing a non-empty location
+    unless `overwrite`, and anything that is not a zarr dataset even then), mode "a" opens it and drops rows
+    that were written but never committed. Holds the dataset's lease from here until `close()` or `fail()`.
+    `store_timeout` bounds each metadata call on an object store (None: unbounded); commits are published at
+    most every `commit_interval` seconds unless forced."""
+
+    def __init__(self, location: Location, schema: Schema = L5KIT_SCHEMA, *, mode: str = "w",
+                 overwrite: bool = False, chunks: Mapping[str, int] | None = None,
+                 compressor: numcodecs.abc.Codec | None = None, coordinator: Coordinator | None = None,
+                 lease_timeout: float = TIMEOUT, store_timeout: float | None = None,
+                 commit_interval: float = 1.0) -> None:
+        if mode not in ("w", "a"):
+            raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
+        self.location, self.commit_interval, self._store_timeout = location, commit_interval, store_timeout
+        self._published: tuple | None = None  # what the last commit published (the same again is not written)
+        self.closed = True
+        self.error: BaseException | None = None
+        store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
+        # a dataset created here is removed again if it never gets a commit (see fail); a directory that was
+        # there, empty, stays
+        self._created = mode == "w" and not location.exists()
+        self._had_root = location.is_local and location.path.is_dir()
+        if mode == "w":
+            self._check_new(store, overwrite)
+        self._lease = Lease(location, lease_timeout)
+        self._lease.acquire()
+        self._released = False
+        try:
+            self.store = store
+            if mode == "w":
+                if overwrite:
+                    self._clear()
+                self.schema, self._dataset_id = dataset_format.create(store, schema, chunks=dict(chunks or {}) or None,
+                                                                      compressor=compressor)
+                committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
+                self._log = CommitLog()
+                self._published = (dict(committed), self._journal.to_json())
+            else:
+                self.schema, committed = self._open_existing(schema)
+            # the tables were checked (or just made): open them directly, without zarr's checks for a group
+            self.arrays = {t: zarr.Array(store, path=t) for t in self.schema.tables}
+            for t, n in committed.items():  # rows past the committed count were never committed: drop them
+                if self.arrays[t].shape[0] != n:
+                    self.arrays[t].resize(n)
+            self._length = dict(committed)  # the arrays' lengths: only this writer resizes them
+            self._coordinator = coordinator or LocalCoordinator(committed)
+            self._tracker = CommitTracker(committed)
+            self._digests = ChunkDigests({t: tab.chunk_rows for t, tab in self.schema.tables.items()})
+            self._tails = self._withdraw_tails(committed)  # sealed again at close if no write changed them
+            self._withdrawn = dict(self._tails)  # withdrawn by the next commit
+            self._placed: set[Key] = set()  # keys placed by this writer and not yet committed
+            self._external: dict[Key, tuple[dict[str, int], dict[str, int]]] = {}  # reserved, not yet written
+        except BaseException as exc:
+            self.error = exc
+            self.abandon()
+            raise
+        self.closed = False
+        self._last_commit = time.monotonic()
+        if self._withdrawn:  # before any write can change those chunks
+            try:
+                self.commit(force=True)
+            except BaseException as exc:
+                self.fail(exc)
+                raise
+
+    # ---------------------------------------------------------------- opening
+    def _check_new(self, store: zarr.storage.BaseStore, overwrite: bool) -> None:
+        """Mode "w": refuse, before anything changes, a location that holds something we may not replace."""
+        if not self.location.exists():
+            return
+        if not overwrite:
+            raise FormatError(f"{self.location}: already exists and is not empty; append to it (mode='a'), "
+                              "resume an interrupted ingest into it, or overwrite it")
+        if ".zgroup" not in store:
+            held = self.location.entries(4)
+            raise FormatError(f"{self.location}: not a zarr dataset (it holds {', '.join(held)}"
+                              f"{', ...' if len(held) == 4 else ''}); refusing to overwrite it")
+
+    def _clear(self) -> None:
+        """Delete the dataset being overwritten (everything but the lease we hold)."""
+        self.location.clear(lambda name: name in (LEASE_KEY, LOCK_FILE) or name.startswith(f".{LEASE_KEY}."))
+
+    def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
+        group = dataset_format.open_group(self.location, mode="a")
+        found, arrays, _ = dataset_format.open_tables(group)  # other arrays are left as they are
+        for name, table in schema.tables.items():
+            if name not in found.tables or found.tables[name].dtype != table.dtype:
+                raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")
+        if [str(x) for x in found.links] != [str(x) for x in schema.links]:
+            raise FormatError(f"{self.location}: its links differ from the schema to append")
+        for name, table in found.tables.items():
+            if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
+                group.create_dataset(name, shape=(0,), chunks=(table.chunk_rows,), dtype=table.dtype,
+                                     compressor=found.compressor, fill_value=np.zeros(1, table.dtype)[0])
+        doc = dataset_format.read_manifest(group.store)
+        self._log = CommitLog()
+        if doc is None:  # written by another tool: its shapes are its rows
+            self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
+            return found, {n: group[n].shape[0] for n in found.tables}
+        try:
+            self._log = dataset_format.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
+        except KeyError as exc:
+            raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
+                from None
+        listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
+        orphans = [k for k in dataset_format.log_keys(group.store) if k not in listed]
+        if orphans:
+            within(FAIL_SECONDS, lambda: dataset_format.delete(group.store, orphans))
+        logged = self._log.whole()
+        self._journal = Journal.from_json(doc.get("journal"), logged.committed, logged.skipped)
+        self._commit_no = doc["commit"]
+        self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
+        return found, doc["committed"]
+
+    def _withdraw_tails(self, committed: Mapping[str, int]) -> dict[str, tuple[int, tuple[int, str]]]:
+        """The digests of each table's last, partly filled chunk that the log records (sealed when the last
+        writer closed): this writer's first write there changes the chunk, so the next commit withdraws them
+        (until this writer closes and seals the chunk again)."""
+        if not self._log.refs:
+            return {}
+        chunks = self._log.whole().chunks
+        out = {}
+        for t, n in committed.items():
+            c = self.schema.tables[t].chunk_rows
+            record = chunks.get(t, {}).get(n // c) if n % c else None
+            if record is not None:
+                out[t] = (n // c, record)
+        return out
+
+    # ---------------------------------------------------------------- what is committed
+    @property
+    def committed(self) -> dict[str, int]:
+        """Rows per table that are committed (readers see these)."""
+        return dict(self._tracker.committed)
+
+    @property
+    def commit_number(self) -> int:
+        """The number of the last commit published."""
+        return self._commit_no
+
+    @property
+    def dataset_id(self) -> str:
+        """The dataset's identity (new with each dataset made or overwritten)."""
+        return self._dataset_id
+
+    @property
+    def lease_token(self) -> str:
+        """The token of the lease held: a task elsewhere writing rows placed here checks that the dataset's
+        lease document still names it (`lease.check_held`)."""
+        return self._lease.holder.token
+
+    @property
+    def fence(self) -> Fence:
+        """The lease's deadline in shared memory: worker processes check it before every chunk write."""
+        return self._lease.fence
+
+    @property
+    def committed_episodes(self) -> int:
+        return self._journal.committed_count()
+
+    def check_lease(self) -> None:
+        """Raise `LeaseLost` if the lease is lost or may be (before a write that others must not see)."""
+        self._lease.check()
+
+    def is_committed(self, key: Key) -> bool:
+        """Whether the episode with this key is committed (or was skipped as bad input)."""
+        return self._journal.done(key)
+
+    def is_known(self, key: Key) -> bool:
+        """Whether the key is committed, skipped, or placed by this writer: a second episode under it would be
+        a duplicate."""
+        return self._journal.done(key) or key in self._placed
+
+    def missing(self) -> list[Key]:
+        """Keys placed (by this writer, or by an interrupted one up to its last commit) and not committed."""
+        return sorted((k for k in self._journal.pending if not self._journal.done(k)), key=key_order)
+
+    def episodes_touching(self, table: str, start: int, end: int) -> list[Key]:
+        """Keys of the placed, uncommitted episodes with rows of `table` in [start, end)."""
+        return self._tracker.episodes_touching(table, start, end)
+
+    # ---------------------------------------------------------------- inputs and placement
+    def begin_input(self, input_id: str, resume: bool, what: str = "its fingerprint is", unit: str = "parts"
+                    ) -> None:
+        """Start the input `input_id`, whose keys are `Position(input_id, i)`: refuse a repeat without
+        `resume`, or a resume with an input this dataset has not seen; record it with one commit before any of
+        its rows are written. `what` introduces the id and `unit` names its parts in messages."""
+        self._check_open()
+        j = self._journal
+        if resume and not j.known_input(input_id) and (j.inputs or j.legacy):
+            last = j.last_input or "unknown"
+            raise ValueError(f"{self.location}: cannot resume with this input ({what} {input_id}): the "
+                             f"interrupted ingest had another ({last}); resume with the same input, or append "
+                             "this one without resume (--append)")
+        if not resume and j.known_input(input_id):
+            done = len(j.inputs[input_id][0])
+            raise ValueError(f"{self.location}: this input was ingested before ({done} of its {unit} are "
+                             f"committed; {what} {input_id}); resume it to finish it (resume=True, --resume), "
+                             "or pass keys= to write it again")
+        j.add_input(input_id)
+        j.last_input = input_id
+        self.commit(force=True)
+
+    def check_resubmitted(self, key: Key, fingerprint: str) -> None:
+        """Refuse an episode under a key that an interrupted writer placed with another fingerprint."""
+        earlier = self._journal.pending.get(key)
+        if earlier is not None and earlier != fingerprint:
+            raise ValueError(f"episode {key}: not the episode submitted under this key before the interruption "
+                             f"(fingerprint {fingerprint}, was {earlier}); resume with the same input")
+
+    def place(self, key: Key, rows: Mapping[str, int], fingerprint: str = "") -> dict[str, int]:
+        """Place an episode of `rows[t]` rows per table under `key`, after everything placed so far; return its
+        first row per table. The caller writes the rows and reports them with `stored`."""
+        self._check_open()
+        key = check_key(key)
+        if self.is_known(key):
+            raise ValueError(f"key {key}: already committed or placed")
+        rows = {t: int(rows.get(t, 0)) for t in self.schema.tables}
+        starts = self._coordinator.reserve(rows)
+        self._journal.pending[key] = fingerprint
+        self._placed.add(key)
+        self._tracker.add_episode(key, starts, {t: starts[t] + rows[t] for t in rows})
+        return starts
+
+    def reserve(self, key: Key, rows: Mapping[str, int], fingerprint: str = "") -> dict[str, int]:
+        """Place rows that another process writes (a task on a cluster) under `key` and grow the arrays to hold
+        them; return the first row per table. They commit, in the order placed, once `written(key)` says
+        they are stored."""
+        starts = self.place(key, rows, fingerprint)
+        ends = {t: starts[t] + int(rows.get(t, 0)) for t in starts}
+        self._external[key] = (starts, ends)
+
+        def grow_and_commit() -> None:
+            for t in ends:
+                self.grow(t, ends[t])
+            self.commit()
+        self.guarded(grow_and_commit)
+        return starts
+
+    def skip(self, key: Key) -> None:
+        """Record `key` as skipped (bad input): resume passes over it, as over a committed key."""
+        self._journal.skip(check_key(key))
+
+    # ---------------------------------------------------------------- rows stored
+    def grow(self, table: str, end: int) -> None:
+        """Make the array at least `end` rows long, in large steps (each is a metadata write)."""
+        if end > self._length[table]:
+            self._lease.check()
+            step = 4 if self.location.is_local else 64
+            n = self._length[table] = max(end, 2 * self._length[table], step * self.arrays[table].chunks[0])
+            self._bounded(lambda: dataset_format.set_length(self.arrays[table], n), f"growing {table} to {n:,} rows")
+
+    def stored(self, table: str, start: int, end: int, writes: Iterable[ChunkWrite]) -> None:
+        """Rows [start, end) of `table` are stored, as `writes` say (what `chunk_write.write_rows` returned)."""
+        self._digests.add(writes)
+        if end > start:
+            self._tracker.segment_done(table, start, end)
+
+    def written(self, key: Key, writes: Iterable[ChunkWrite] = ()) -> dict[str, int]:
+        """The rows reserved under `key` are stored, as `writes` say: they commit with everything placed before,
+        with the digests of their chunks. Returns their rows per table."""
+        starts, ends = self._external.pop(key)
+        self._digests.add(writes)
+        for t in starts:
+            self.stored(t, starts[t], ends[t], ())
+        self.guarded(self.commit)
+        return {t: ends[t] - starts[t] for t in starts}
+
+    # ---------------------------------------------------------------- commits
+    def commit(self, force: bool = False) -> None:
+        """Publish a commit of every episode now durable (at most every `commit_interval` s unless `force`)."""
+        if not force and time.monotonic() - self._last_commit < self.commit_interval:
+            return
+        for key in self._tracker.advance():
+            self._journal.commit(key)
+            self._placed.discard(key)
+        self._write_manifest()
+        self._last_commit = time.monotonic()
+
+    def _write_manifest(self, seal_tail: bool = False) -> None:
+        """Publish a commit: the committed rows, the journal, and in a new log segment the caller's keys and the
+        digests of the chunks sealed since the last commit (`seal_tail`: the last chunk of each table too, when
+        the writer closes). If it fails, nothing of it counts: the same is published by the next commit."""
+        self._lease.check()  # never publish a commit once another writer holds the dataset, or may
+        committed = dict(self._tracker.committed)
+        chunks = self._digests.seal(committed, seal_tail)
+        for t, (index, record) in self._tails.items():
+            if seal_tail and committed[t] // self.schema.tables[t].chunk_rows == index:
+                chunks.setdefault(t, {}).setdefault(index, record)  # no write changed it: sealed again as it was
+            elif t in self._withdrawn:
+                chunks.setdefault(t, {}).setdefault(index, None)
+        new_keys = self._journal.take_new()
+        segment = Segment(new_keys[0], new_keys[1], chunks)
+        state = (committed, self._journal.to_json())
+        if state == self._published and not len(segment):
+            return
+        before = (list(self._log.refs), dict(self._log.contents))
+        try:
+            objects, doomed = self._log.add(segment, self._commit_no + 1)
+            doc = dataset_format.manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
+                                          journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST)
+            self._bounded(lambda: dataset_format.write_manifest(self.store, doc, objects),
+                          f"publishing commit {self._commit_no + 1}")
+        except BaseException:
+            self._log.refs, self._log.contents = before
+            self._journal.give_back(new_keys)
+            raise
+        self._commit_no += 1
+        self._digests.forget(chunks)
+        self._withdrawn = {}
+        self._published = state
+        if doomed:  # merged into the new segment; the manifest that listed them is replaced
+            within(FAIL_SECONDS, lambda: dataset_format.delete(self.store, doomed))
+
+    def close(self) -> dict[str, int]:
+        """Everything placed is stored (the caller waited for it): commit it, trim the arrays to the committed
+        rows, seal the last chunks, consolidate the metadata and release the lease. The committed rows."""
+        if self.closed:
+            return self.committed
+        try:
+            self.commit(force=True)
+            self._lease.check()
+            for t, n in self._tracker.committed.items():  # nothing lies past the committed rows: trim the shape
+                if self._length[t] != n:
+                    self._bounded(lambda: dataset_format.set_length(self.arrays[t], n), f"setting the length of {t}")
+            self._write_manifest(seal_tail=True)
+            self._bounded(lambda: dataset_format.consolidate(self.store), "consolidating the metadata")
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self.release()
+        return self.committed
+
+    def guarded(self, call: Callable[[], T]) -> T:
+        """`call()`; if it raises, stop as `fail` does, then raise."""
+        try:
+            return call()
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+
+    def fail(self, exc: BaseException | None, remove: bool = True) -> None:
+        """Stop after an error (whatever wrote rows has stopped): commit what is durable, then release the
+        lease. With `remove`, a dataset this writer created that holds no commit is removed (an ingest whose
+        input fails at once leaves nothing, and the next run needs no --overwrite); runs meant to be resumed
+        (Ctrl+C, a dead worker) pass remove=False."""
+        if self.closed:
+            return
+        self.error = exc
+        try:
+            for key in self._tracker.advance():
+                self._journal.commit(key)
+            if not self._lease.lost and not within(FAIL_SECONDS, self._write_manifest):
+                log.debug("%s: no last commit after %s (the store does not answer)", self.location, exc)
+            if remove and not any(self.committed.values()):
+                self._remove_if_created()
+        finally:
+            self.release()
+
+    def abandon(self) -> None:
+        """Give up before anything was placed: remove the dataset if this writer created it, release."""
+        self._remove_if_created()
+        self.release()
+
+    def _remove_if_created(self) -> None:
+        """Remove the dataset this writer created, only while it provably holds the lease (renewed on the store
+        just before; the lease is released only after the removal): a writer that lost its lease must never
+        delete what the writer that took it over has written."""
+        if not self._created:
+            return
+        if not self._lease.confirm():
+            log.warning("%s: not removing the dataset this writer created: its lease is no longer held",
+                        self.location)
+            return
+        within(FAIL_SECONDS, lambda: self.location.remove(keep_root=self._had_root))
+
+    def release(self) -> None:
+        """Release the lease (within FAIL_SECONDS after an error). Idempotent."""
+        self.closed = True
+        if not self._released:
+            self._released = True
+            self._lease.release(FAIL_SECONDS if self.error is not None else None)
+
+    # ---------------------------------------------------------------- helpers
+    def _bounded(self, fn: Callable[[], Any], what: str) -> Any:
+        return bounded(self._store_timeout, fn, f"{self.location}: {what}")
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"the writer of {self.location} is closed"
+                               + (f" after an error: {self.error}" if self.error else ""))
+
+
+def key_order(key: Key) -> tuple:
+    """Keys in a stable order: positions (by input, then index), then the others by their repr."""
+    return (0, key.input, key.index, "") if isinstance(key, Position) else (1, "", 0, repr(key))
