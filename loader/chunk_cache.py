@@ -16,26 +16,26 @@ class ChunkSlots:
     """`n` cache slots: the chunk each holds, whether it is decoded, and which windows pin it."""
 
     def __init__(self, n: int) -> None:
-        self.slots: dict[Key, int] = {}
-        self.decoded: set[int] = set()
-        self.users: dict[Key, set[int]] = {}
+        self._slots: dict[Key, int] = {}
+        self._decoded: set[int] = set()
+        self._users: dict[Key, set[int]] = {}
         self._free = list(range(n))[::-1]
         self._idle: dict[Key, None] = {}  # unpinned and still cached, in the order they were unpinned
 
     def new_epoch(self, keep: bool = True) -> None:
         """Unpin everything (windows are per epoch); slots whose decode never finished become free, and all
         of them without `keep`."""
-        for key, slot in list(self.slots.items()):
-            if not keep or slot not in self.decoded:
-                self.decoded.discard(slot)
-                del self.slots[key]
+        for key, slot in list(self._slots.items()):
+            if not keep or slot not in self._decoded:
+                self._decoded.discard(slot)
+                del self._slots[key]
                 self._free.append(slot)
-        self.users = {key: set() for key in self.slots}
-        self._idle = dict.fromkeys(self.slots)
+        self._users = {key: set() for key in self._slots}
+        self._idle = dict.fromkeys(self._slots)
 
     def fits(self, keys: list[Key]) -> bool:
         """Whether `keys` can all be held at once with what is free or unpinned now."""
-        new = sum(key not in self.slots for key in keys)
+        new = sum(key not in self._slots for key in keys)
         if new <= len(self._free):
             return True
         needed = set(keys)
@@ -44,23 +44,38 @@ class ChunkSlots:
     def pin(self, key: Key, window: int) -> tuple[int, bool]:
         """The slot of `key`, taken if needed (call `fits` first), pinned by `window`; and whether it is new
         (its decode must be asked for)."""
-        new = key not in self.slots
+        new = key not in self._slots
         if new:
             if self._free:
                 slot = self._free.pop()
             else:
                 gone, _ = self._idle.popitem()  # the most recently unpinned (see the module docstring)
-                slot = self.slots.pop(gone)
-                del self.users[gone]
-                self.decoded.discard(slot)
-            self.slots[key] = slot
-            self.users[key] = set()
+                slot = self._slots.pop(gone)
+                del self._users[gone]
+                self._decoded.discard(slot)
+            self._slots[key] = slot
+            self._users[key] = set()
         self._idle.pop(key, None)
-        self.users[key].add(window)
-        return self.slots[key], new
+        self._users[key].add(window)
+        return self._slots[key], new
+
+    def slot(self, table: str, chunk: int) -> int:
+        """The slot holding chunk `chunk` of `table` (it must be pinned)."""
+        return self._slots[(table, chunk)]
+
+    def cached(self) -> set[Key]:
+        """The chunks in the cache, decoded or being decoded."""
+        return set(self._slots)
+
+    def is_decoded(self, slot: int) -> bool:
+        return slot in self._decoded
+
+    def mark_decoded(self, slot: int) -> None:
+        """A worker finished decoding into `slot`."""
+        self._decoded.add(slot)
 
     def unpin(self, key: Key, window: int) -> None:
-        users = self.users[key]
+        users = self._users[key]
         users.discard(window)
         if not users:
             self._idle[key] = None

@@ -1,22 +1,17 @@
-"""The reader worker: prepares windows (shuffled row order + decoded chunks) and gathers batches.
+"""The reader worker of row batches: decodes chunks, writes windows' shuffled rows into the index, gathers.
 
-Messages (all small; the worker computes the plan itself from the settings it was started with):
-  ("decode", [(table, chunk, cache slot), ...]) -> ("decoded", worker, (cache slots))  the chunks, fetched
-                                                  together (concurrently from an object store), into the cache
-  ("window", epoch, window, index region, [cache slot of each chunk of the window])
-                                           -> ("window", worker, window)      the window's shuffled rows,
-                                                                              as cache rows, into the index
-  ("gather", epoch, first batch, count, {window: index region}) -> ("gathered", worker, first batch, count)
-                                                  or, if the transform fails, ("failed", worker, first batch,
-                                                  failed batch, RemoteError)
-A gather copies, for each batch row, the cache row the index names into the batch's ring slot, one column
-per field, in one pass (`_gather.gather`). With a transform, rows are gathered into a private buffer, the
-transform runs on views of it, and only its outputs are copied into the slot.
+Messages (`loader.messages`; all small, the worker computes the plan itself from the settings it was
+started with): `Decode` -> `Decoded` (the chunks, fetched together, concurrently from an object store, into
+the cache); `FillIndex` -> `IndexFilled` (the window's shuffled rows, as cache rows, into the index);
+`GatherRows` -> `Gathered`, or `TransformFailed` if the user's transform raises. A gather copies, for each
+batch row, the cache row the index names into the batch's ring slot, one column per field, in one pass
+(`_gather.gather`). With a transform, rows are gathered into a private buffer, the transform runs on views
+of it, and only its outputs are copied into the slot.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,9 +23,10 @@ from ..core.store import Location
 from .fetch import ChunkFetcher, FetchOptions
 from .gather import gather
 from .layout import Layout
+from .messages import Decode, Decoded, FillIndex, Gathered, GatherRows, IndexFilled, TransformFailed
 from .plan import EpochPlan, PlanConfig
 
-preload_in_workers(__name__)  # see writer.pool
+preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
 
 class Shared:
@@ -80,20 +76,20 @@ class Source:
         return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None)
 
 
-def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[tuple], tuple]:
-    """Handles ("decode", [(table, chunk, cache slot), ...]); returns the cache slots filled."""
+def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[Decode], tuple[int, ...]]:
+    """Handles `Decode`; returns the cache slots filled."""
     store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
     arrays = {t: dataset_format.open_table(store, t) for t in tables}  # object store each check is a request)
     fetcher = ChunkFetcher(source.location, store, source.fetch)
     cache, _ = shared.arrays()
     digests = source.digests or {}
 
-    def keys_of(items: list[tuple]) -> tuple[list[str], list[tuple[int, str] | None]]:
+    def keys_of(items: tuple | list) -> tuple[list[str], list[tuple[int, str] | None]]:
         """Chunk keys, and the size and digest recorded for each (None: not recorded, or not needed)."""
         return ([chunk_key(arrays[t], c) for t, c, _ in items], [digests.get(t, {}).get(c) for t, c, _ in items])
 
-    def decode(msg: tuple) -> tuple[int, ...]:
-        items = msg[1]
+    def decode(msg: Decode) -> tuple[int, ...]:
+        items = msg.items
         keys, complete = keys_of(items)
         for (table, _, slot), key, raw in zip(items, keys, fetcher.fetch(keys, complete), strict=True):
             nbytes = arrays[table].chunks[0] * arrays[table].dtype.itemsize
@@ -103,7 +99,7 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
 
     def waiting(msgs: list) -> None:
         """Decode messages waiting behind the current one: start fetching their chunks now."""
-        items = [item for m in msgs if m is not None and m[0] == "decode" for item in m[1]]
+        items = [item for m in msgs if isinstance(m, Decode) for item in m.items]
         if items:
             fetcher.prefetch(*keys_of(items))
 
@@ -113,7 +109,7 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
 
 def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConfig, itemsize: int,
           selection: list[np.ndarray] | None, records: Layout, outputs: Layout | None,
-          transform: Callable | None) -> Callable[[tuple], tuple]:
+          transform: Callable | None) -> Callable[[Decode | FillIndex | GatherRows], Any]:
     """Open the dataset in this process (no zarr handle is inherited); return the message handler."""
     decode = chunk_decoder(source, [table], shared)
     cache, index = shared.arrays()
@@ -128,18 +124,16 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
             plans[epoch] = EpochPlan(config, epoch, selection)
         return plans[epoch]
 
-    def handle(msg: tuple) -> tuple:
-        kind = msg[0]
-        if kind == "decode":
-            return ("decoded", wid, decode(msg))
-        if kind == "window":  # the shuffled rows of the window, as cache rows: slots[j] * chunk_rows + r
-            _, epoch, w, region, slots = msg
-            order = plan(epoch).window_order(w, np.asarray(slots, np.int64) * chunk_rows)
-            start = region * shared.region_rows
+    def handle(msg: Decode | FillIndex | GatherRows) -> Any:
+        if isinstance(msg, Decode):
+            return Decoded(wid, decode(msg))
+        if isinstance(msg, FillIndex):  # the shuffled rows of the window, as cache rows: slot * chunk_rows + r
+            order = plan(msg.epoch).window_order(msg.window, np.asarray(msg.slots, np.int64) * chunk_rows)
+            start = msg.region * shared.region_rows
             index[start:start + len(order)] = order
-            return ("window", wid, w)
-        _, epoch, k0, count, regions = msg
-        p = plan(epoch)
+            return IndexFilled(wid, msg.window)
+        k0, count, regions = msg.first, msg.count, msg.regions
+        p = plan(msg.epoch)
         pieces = p.group_pieces(k0, count)
         for i in range(count):
             k = k0 + i
@@ -154,15 +148,15 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
                     out = transform(records.views(scratch, rows))
                     outputs.check(out, k, rows)
                 except Exception as exc:  # the user's code: report which batch, keep serving
-                    return ("failed", wid, k0, k, RemoteError.capture(exc))
+                    return TransformFailed(wid, k0, k, RemoteError.capture(exc))
                 for name, view in outputs.views(shared.slot(k), rows).items():
                     view[...] = out[name]
-        return ("gathered", wid, k0, count)
+        return Gathered(wid, k0, count)
 
-    handle.urgent, handle.waiting = _urgent, decode.waiting  # type: ignore[attr-defined]
+    handle.urgent, handle.waiting = urgent, decode.waiting  # type: ignore[attr-defined]
     return handle
 
 
-def _urgent(msg: tuple) -> bool:
+def urgent(msg: object) -> bool:
     """Everything but fetching and decoding chunks (read-ahead) goes first: a batch may be waiting on it."""
-    return msg[0] != "decode"
+    return not isinstance(msg, Decode)

@@ -11,8 +11,10 @@ the window is gathered from there, instead of decoding a whole chunk for every s
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -21,13 +23,17 @@ from ..core._proc.pool import RemoteError, preload_in_workers
 from ..core.chunks import read_rows
 from ..core.store import Location
 from . import read_worker
-from .batches import Loader, LoaderError, _Epoch, _probe, _probe_in_process, fetch_options
+from .batches import Loader, fetch_options, open_dataset
 from .dataset import Dataset
+from .fetch import FetchOptions
 from .gather import gather_runs
 from .layout import Layout
+from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .scheduler import WorkerOptions
+from .source import Residency
 
-preload_in_workers(__name__)  # see writer.pool
+preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
 TABLES = ("frames", "agents", "traffic_light_faces")
 LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light_faces_index_interval"}
@@ -118,7 +124,7 @@ def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
 
 def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig, samples: Samples,
           dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
-          transform: Callable | None) -> Callable[[tuple], tuple]:
+          transform: Callable | None) -> Callable[[Decode | GatherWindows], Any]:
     """The WindowLoader worker's message handler (see `loader.read_worker` for decode)."""
     decode = read_worker.chunk_decoder(source, list(TABLES), shared)
     cache, _ = shared.arrays()
@@ -171,11 +177,11 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             counts.update({c.name: total for c in layout.columns if c.name.startswith(table + "/")})
         return counts
 
-    def handle(msg: tuple) -> tuple:
-        if msg[0] == "decode":
-            return ("decoded", wid, decode(msg))
-        _, epoch, k0, count, slots = msg
-        p, orders = plan(epoch)
+    def handle(msg: Decode | GatherWindows) -> Any:
+        if isinstance(msg, Decode):
+            return Decoded(wid, decode(msg))
+        p, orders = plan(msg.epoch)
+        k0, count, slots = msg.first, msg.count, msg.slots
         all_counts: list[dict[str, int] | None] = []
         for k in range(k0, k0 + count):
             if not transform:
@@ -188,14 +194,80 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
                 out = transform(views)
                 outputs.check(out, k, p.batch_rows(k))
             except Exception as exc:
-                return ("failed", wid, k0, k, RemoteError.capture(exc))
+                return TransformFailed(wid, k0, k, RemoteError.capture(exc))
             for name, view in outputs.views(shared.slot(k), p.batch_rows(k)).items():
                 view[...] = out[name]
             all_counts.append(None)
-        return ("gathered", wid, k0, count, all_counts)
+        return Gathered(wid, k0, count, all_counts)
 
-    handle.urgent, handle.waiting = read_worker._urgent, decode.waiting  # type: ignore[attr-defined]
+    handle.urgent, handle.waiting = read_worker.urgent, decode.waiting  # type: ignore[attr-defined]
     return handle
+
+
+@dataclass
+class WindowSource:
+    """Batches of window samples (see `WindowLoader`), gathered from the cached chunks of frames, agents and
+    traffic-light faces they read: the plan's 'chunks' are groups of samples, one per agents chunk."""
+
+    dataset: Dataset
+    samples: Samples
+    config: PlanConfig
+    selection: list[np.ndarray] | None
+    layout: Layout
+    reader: read_worker.Source
+    fetch: FetchOptions
+    kind: str = "WindowLoader"
+    table: str = "frames"
+    uses_index: bool = False
+    rows_column: str | None = "frame_index"
+
+    @property
+    def dtypes(self) -> dict[str, np.dtype]:
+        return {t: self.dataset[t].dtype for t in TABLES}
+
+    @property
+    def chunk_bytes(self) -> int:
+        return max(self.dataset[t].chunks[0] * self.dataset[t].dtype.itemsize for t in TABLES)
+
+    def rows_touched(self) -> int:
+        return self.config.batch_size * max(self.samples.T + self.samples.max_rows["agents"], 1)
+
+    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
+        return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
+
+    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
+                       residency: Residency) -> GatherWindows:
+        slots: dict[str, dict[int, int]] = {t: {} for t in TABLES}
+        for w in windows:
+            for table, chunk, slot in residency.slots(w):
+                slots[table][chunk] = slot
+        return GatherWindows(plan.epoch, first, count, slots)
+
+    def shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
+        return read_worker.Shared(self.chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
+
+    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
+               transform: Callable | None) -> tuple[Callable, tuple]:
+        return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)
+
+    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
+        """A picklable call that makes batch k with a one-process WindowLoader over the same samples."""
+        c = self.config
+        options = dict(history=self.samples.history, future=self.samples.future, batch_size=c.batch_size,
+                       shuffle=c.shuffle, seed=c.seed, shuffle_window=c.shuffle_window, drop_last=c.drop_last,
+                       rank=c.rank, world_size=c.world_size, rows=self.samples.t, cache_dir=self.fetch.cache_dir,
+                       cache_dir_bytes=self.fetch.cache_bytes)
+        return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, options, plan.epoch, k)
+
+    def settings(self) -> dict[str, Any]:
+        c = self.config
+        return {"table": self.table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
+                "shuffle": c.shuffle, "seed": c.seed, "shuffle_window": c.shuffle_window, "rank": c.rank,
+                "world_size": c.world_size, "drop_last": c.drop_last, "history": self.samples.history,
+                "future": self.samples.future, "samples": len(self.samples)}
+
+    def selection_parts(self) -> list[np.ndarray]:
+        return [self.samples.t]  # the sample frames, exactly
 
 
 class WindowLoader(Loader):
@@ -204,13 +276,14 @@ class WindowLoader(Loader):
 
     A batch holds `frame_index` (B,), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
     `agents_offsets` (B, T + 1): sample i's frame j has agents[agents_offsets[i, j]:agents_offsets[i, j + 1]],
-    and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. Options as `Loader`
-    (`shuffle_window` counts groups of samples, one per agents chunk: default 4; `rows` selects frames, as an
-    index array or a boolean mask over the frames table). A `transform` receives the
-    whole batch and returns fixed-shape arrays whose first axis is the batch's samples.
+    and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. Options as `Loader`, all
+    keyword-only (`shuffle_window` counts groups of samples, one per agents chunk: default 4; `rows` selects
+    frames, as an index array or a boolean mask over the frames table). A `transform` receives the whole batch
+    and returns fixed-shape arrays whose first axis is the batch's samples. Batches are numpy: ragged columns
+    of different lengths make no single RecordBatch.
     """
 
-    def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50,
+    def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
                  batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int = 4,
                  num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
                  world_size: int = 1, rows: np.ndarray | None = None,
@@ -219,87 +292,28 @@ class WindowLoader(Loader):
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None) -> None:
-        ds = dataset_or_path if isinstance(dataset_or_path, Dataset) else \
-            Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
+        ds = open_dataset(dataset_or_path, storage_options, commit)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
-        self.samples = Samples(ds, history, future, rows)
-        self.history, self.future = history, future
-        g = self.samples.group_rows
-        selection = self.samples.selection()
+        samples = Samples(ds, history, future, rows)
+        self.samples, self.history, self.future = samples, history, future
+        g = samples.group_rows
+        selection = samples.selection()
         config = PlanConfig(len(selection) * g, g, batch_size, shuffle, seed, shuffle_window, rank, world_size,
                             drop_last)
-        self._dtypes = {t: ds[t].dtype for t in TABLES}
-        self._chunk_bytes = max(ds[t].chunks[0] * ds[t].dtype.itemsize for t in TABLES)
-        # output is numpy: ragged columns of different lengths make no single RecordBatch
-        self._start(ds, "frames", config, selection, _window_layout(ds, self.samples, batch_size), num_workers,
-                    prefetch, transform, copy, start_method, restart_workers, "numpy",
-                    fetch_options(ds, cache_dir, cache_dir_bytes), check_views,
-                    cache_bytes)
-
-    def _settings(self) -> dict[str, Any]:
-        return {**super()._settings(), "history": self.history, "future": self.future, "samples": len(self.samples)}
-
-    def _selection_parts(self) -> list[np.ndarray]:
-        return [self.samples.t]  # the sample frames, exactly
-
-    # ------------------------------------------------------------ what the scheduler asks
-    def _group_divisor(self) -> int:
-        per_sample = self.samples.T + self.samples.max_rows["agents"]
-        return self._config.batch_size * max(per_sample, 1)
-
-    def _uses_index(self) -> bool:
-        return False
-
-    def _chunk_slot_bytes(self) -> int:
-        return self._chunk_bytes
-
-    def _shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
-        return read_worker.Shared(self._chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
-
-    def _worker(self, shared: read_worker.Shared, outputs: Layout | None) -> tuple[Callable, tuple]:
-        return setup, (self._source, shared, self._config, self.samples, self._dtypes, self._records,
-                       outputs, self.transform)
-
-    def _chunks_of(self, plan: EpochPlan, w: int) -> list[tuple[str, int]]:
-        return list(dict.fromkeys(key for g in plan.windows[w] for key in self.samples.reads[g]))
-
-    def _gather_msg(self, epoch: _Epoch, k: int, count: int, windows: list[int]) -> tuple:
-        slots: dict[str, dict[int, int]] = {t: {} for t in TABLES}
-        for w in windows:
-            for table, chunk in epoch.resident[w]:
-                slots[table][chunk] = epoch.slots[(table, chunk)]
-        return ("wgather", epoch.plan.epoch, k, count, slots)
-
-    def _probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        """A picklable call that makes batch k with a one-process WindowLoader over the same samples."""
-        c = self._config
-        options = dict(history=self.history, future=self.future, batch_size=c.batch_size, shuffle=c.shuffle,
-                       seed=c.seed, shuffle_window=c.shuffle_window, drop_last=c.drop_last, rank=c.rank,
-                       world_size=c.world_size, rows=self.samples.t, cache_dir=self._fetch.cache_dir,
-                       cache_dir_bytes=self._fetch.cache_bytes)
-        return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, options, plan.epoch, k)
-
-    def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
-        make_batch, transform = self._probe_batch(plan, k), self.transform
-        assert transform is not None  # sizing is for a transform's output
-        if self.num_workers == 0:
-            try:
-                columns = _probe(make_batch, transform, k, "frame_index")
-            except Exception as exc:
-                err = RemoteError.capture(exc)
-                raise LoaderError(self._probe_failed(k, plan, err), err) from exc
-        else:
-            columns = _probe_in_process(make_batch, transform, k, self.start_method,
-                                        lambda err: self._probe_failed(k, plan, err), "frame_index")
-        return self._slot_layout(columns, k, plan)
+        fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
+        source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
+                              read_worker.Source.of(ds, fetch), fetch)
+        workers = WorkerOptions(num_workers, prefetch, start_method, restart_workers, transform)
+        self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
+                    cache_bytes=cache_bytes)
 
 
 def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:
     """Batch k of `epoch` of a WindowLoader with `options`, made in this process and copied out of its ring."""
     loader = WindowLoader(Dataset.reopen(location, commit), num_workers=0, copy=True, **options)
-    loader.epoch, loader._position = epoch, k
+    loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
     try:
         return next(iter(loader))
     finally:

@@ -4,7 +4,7 @@ import logging
 
 import numpy as np
 import pytest
-from zarrfeed.loader import Loader, WindowLoader, batches
+from zarrfeed.loader import Loader, WindowLoader, scheduler
 from zarrfeed.loader.chunk_cache import ChunkSlots
 from zarrfeed.writer import synthetic, write_dataset
 
@@ -26,7 +26,7 @@ def same(a, b):
 
 
 def chunks_of(loader):
-    return len({key for w in loader.plan().window_batches() for key in loader._chunks_of(loader.plan(), w)})
+    return len({key for w in loader.plan().window_batches() for key in loader.source.chunks_of(loader.plan(), w)})
 
 
 @pytest.mark.parametrize("make", [
@@ -51,11 +51,11 @@ def larger(tmp_path_factory):
 
 
 def test_a_smaller_budget_keeps_what_fits_and_says_so(larger, caplog, monkeypatch):
-    monkeypatch.setattr(batches, "_GROUP_ROWS", 4096)  # a smaller ring, so the table is many times its span
+    monkeypatch.setattr(scheduler, "_GROUP_ROWS", 4096)  # a smaller ring, so the table is many times its span
     args = dict(batch_size=1000, seed=1, shuffle_window=1, copy=True)
     with Loader(larger, "agents", cache_bytes=0, **args) as plain:
-        n, chunk_bytes = chunks_of(plain), 2000 * plain._itemsize
-        need = plain._cache_need(plain.plan())[0]
+        n, chunk_bytes = chunks_of(plain), plain.source.chunk_bytes
+        need = plain.sizing.cache_need(plain.plan())[0]
         expected = [list(plain) for _ in range(3)]
     assert need + 8 < n  # what an epoch needs at once is well below the table
     keep = need + 8
@@ -64,7 +64,7 @@ def test_a_smaller_budget_keeps_what_fits_and_says_so(larger, caplog, monkeypatc
         got = []
         for _ in range(3):
             got.append(list(loader))
-            assert loader._run.shared.chunk_slots == keep  # the budget is the cache's size, exactly
+            assert loader.cache_chunks == keep  # the budget is the cache's size, exactly
         assert 0 < loader.chunks_decoded <= n - (keep - need)  # the chunks kept are not decoded again
     for a, b in zip(got, expected, strict=True):
         same(a, b)
@@ -93,12 +93,12 @@ def test_the_most_recently_unpinned_chunk_is_given_up_first():
     for epoch_keys in ([("a", 0), ("a", 1), ("a", 2)],):
         for w, key in enumerate(epoch_keys):
             assert slots.pin(key, w)[1]
-            slots.decoded.add(slots.slots[key])
+            slots.mark_decoded(slots.slot(*key))
             slots.unpin(key, w)
     slots.new_epoch()
     assert slots.fits([("a", 3)])
     slot, new = slots.pin(("a", 3), 0)
     assert new and slot == 2  # the slot of ("a", 2), unpinned last; ("a", 0) and ("a", 1) stay cached
-    assert set(slots.slots) == {("a", 0), ("a", 1), ("a", 3)}
+    assert slots.cached() == {("a", 0), ("a", 1), ("a", 3)}
     assert slots.pin(("a", 0), 1) == (0, False)
     assert not slots.fits([("a", 4), ("a", 5)])  # one slot is unpinned, two are needed

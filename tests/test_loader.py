@@ -36,7 +36,8 @@ def big(tmp_path_factory):
 
 def expected_rows(loader: Loader, epoch: int) -> list[np.ndarray]:
     """Global row indices of each batch, from the plan (itself checked against its contract in test_plan)."""
-    plan, c = loader.plan(epoch), loader._config.chunk_rows
+    plan = loader.plan(epoch)
+    c = plan.config.chunk_rows
     out = []
     for k in range(len(plan)):
         rows = []

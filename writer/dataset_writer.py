@@ -26,12 +26,13 @@ import numpy as np
 import zarr
 from tqdm.auto import tqdm
 
-from ..core._proc.pool import WorkerError, WorkerPool, describe_exit
+from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit
 from ..core._proc.shm import SharedBlock, check_room
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import Location
 from . import write_worker
+from .write_worker import WriteSegment
 from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer, key_order
 from .coordinator import Coordinator
@@ -364,7 +365,7 @@ class DatasetWriter:
         seg.worker = min(range(len(self._load)), key=self._load.__getitem__)
         seg.sent = time.monotonic()
         self._load[seg.worker] += 1
-        self._pool.send(seg.worker, (seg.id, table, seg.start, seg.n, seg.block))
+        self._pool.send(seg.worker, WriteSegment(seg.id, table, seg.start, seg.n, seg.block))
 
     def _flush(self) -> None:
         for t in self._open:
@@ -381,14 +382,15 @@ class DatasetWriter:
     def _collect(self, timeout: float) -> None:
         """Take finished segments from the workers; commit when it is time. Raises `WorkerError`."""
         if self._pool is not None:
-            for kind, wid, seg_id, detail in self._pool.poll(timeout):
-                if kind == "error":
+            for reply in self._pool.poll(timeout):
+                if isinstance(reply, Failed):
                     self.committer.check_lease()  # stopped by the lease's fence: say that, not "worker failed"
-                    seg = self._inflight.get(seg_id[0]) if seg_id else None
+                    seg = self._inflight.get(reply.message.segment) if reply.message is not None else None
                     where = f" writing {seg.table} rows [{seg.start}, {seg.start + seg.n})" if seg else ""
-                    raise WorkerError(f"writer worker {wid} failed{where}: {detail}", detail) from detail.exc
-                self._shared_chunks += sum(w.shared for w in detail)
-                self._done(seg_id, detail)
+                    raise WorkerError(f"writer worker {reply.worker} failed{where}: {reply.error}", reply.error) \
+                        from reply.error.exc
+                self._shared_chunks += sum(w.shared for w in reply.writes)
+                self._done(reply.segment, reply.writes)
             if self._pool.dead():
                 raise WorkerError(self._lost())
             stalled = [seg for seg in self._inflight.values() if time.monotonic() - seg.sent > self.stall_timeout]

@@ -73,6 +73,22 @@ class WorkerError(RuntimeError):
 WorkerError.__module__ = "zarrfeed"
 
 
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A worker's first reply: it ran its setup and waits for messages."""
+
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A worker's last reply: its handler raised on `message` (None: its setup raised) and it exits."""
+
+    worker: int
+    message: Any
+    error: RemoteError
+
+
 def _parent_gone(parent_pid: int, direct: bool) -> bool:
     """Whether the process that started this worker has exited. Under "fork" and "spawn" it is our parent
     (`direct`) until it dies, and then we are reparented; under "forkserver" our parent is the fork server, so
@@ -97,7 +113,7 @@ def _parent_gone(parent_pid: int, direct: bool) -> bool:
 
 
 def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
-           setup: Callable[..., Callable[[Any], tuple]], args: tuple) -> None:
+           setup: Callable[..., Callable[[Any], Any]], args: tuple) -> None:
     """A worker's life (see the module docstring). A parent that dies (even SIGKILLed with replies unread,
     which resets the pipe) ends it quietly: the parent's death is the message, not a traceback per worker."""
     import numcodecs.blosc
@@ -111,17 +127,17 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
         pass
 
 
-def _answer(wid: int, conn: Any, parent_pid: int, direct: bool, setup: Callable[..., Callable[[Any], tuple]],
+def _answer(wid: int, conn: Any, parent_pid: int, direct: bool, setup: Callable[..., Callable[[Any], Any]],
             args: tuple) -> None:
-    def send(reply: tuple) -> None:
+    def send(reply: Any) -> None:
         conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
 
     try:
         handle = setup(wid, *args)
     except BaseException as exc:
-        send(("error", wid, None, RemoteError.capture(exc)))
+        send(Failed(wid, None, RemoteError.capture(exc)))
         return
-    send(("ready", wid, None, None))
+    send(Ready(wid))
     urgent, waiting = getattr(handle, "urgent", None), getattr(handle, "waiting", None)
     backlog: list = []
     while True:
@@ -142,7 +158,7 @@ def _answer(wid: int, conn: Any, parent_pid: int, direct: bool, setup: Callable[
         try:
             reply = handle(msg)
         except BaseException as exc:
-            send(("error", wid, msg, RemoteError.capture(exc)))
+            send(Failed(wid, msg, RemoteError.capture(exc)))
             return
         send(reply)
 
@@ -240,14 +256,14 @@ def start_fork_server(start_method: str | None, setup: Callable) -> None:
 class WorkerPool:
     """`n` processes named `{name}-{i}`, each answering the messages of its own pipe."""
 
-    def __init__(self, n: int, setup: Callable[..., Callable[[Any], tuple]], args: tuple, name: str,
+    def __init__(self, n: int, setup: Callable[..., Callable[[Any], Any]], args: tuple, name: str,
                  start_method: str | None = None) -> None:
         self._ctx = context(start_method, setup)
         self.name, self._setup, self._args = name, setup, args
         self.conns: list[Any] = [None] * n
         self.procs: list[Any] = [None] * n
         self._poller: Any = None
-        self._pending: list[tuple] = []
+        self._pending: list[Any] = []
         self._threads = max(1, (os.cpu_count() or 1) // max(n, 1))
         for i in range(n):
             self._start(i)
@@ -267,11 +283,12 @@ class WorkerPool:
         deadline = time.monotonic() + _READY_TIMEOUT
         while waiting:
             for msg in self._receive(0.1):
-                if msg[0] == "ready" and msg[1] in waiting:
-                    waiting.discard(msg[1])
-                elif msg[0] == "error" and msg[2] is None:
+                if isinstance(msg, Ready) and msg.worker in waiting:
+                    waiting.discard(msg.worker)
+                elif isinstance(msg, Failed) and msg.message is None:
                     self.kill()
-                    raise WorkerError(f"{self.name} {msg[1]} failed to start: {msg[3]}", msg[3]) from msg[3].exc
+                    raise WorkerError(f"{self.name} {msg.worker} failed to start: {msg.error}", msg.error) \
+                        from msg.error.exc
                 else:
                     self._pending.append(msg)
             dead = [d for d in self.dead() if d[0] in waiting]
@@ -316,7 +333,7 @@ class WorkerPool:
         except OSError:  # BrokenPipeError: the worker is gone
             pass
 
-    def _receive(self, timeout: float) -> list[tuple]:
+    def _receive(self, timeout: float) -> list[Any]:
         if self._poller is None:  # one poll object for all pipes and process sentinels, kept between calls
             self._poller, self._by_fd = select.poll(), {}
             for wid, (c, p) in enumerate(zip(self.conns, self.procs, strict=True)):
@@ -338,7 +355,7 @@ class WorkerPool:
                 del self._by_fd[fd]
         return out
 
-    def poll(self, timeout: float) -> list[tuple]:
+    def poll(self, timeout: float) -> list[Any]:
         """Replies that arrived within `timeout` (all that are waiting); returns early if a worker dies."""
         out, self._pending = self._pending, []
         return out + self._receive(0 if out else timeout)

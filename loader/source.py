@@ -1,0 +1,153 @@
+"""What a kind of batch tells the scheduler (`BatchSource`), and the source of row batches (`RowSource`).
+
+The scheduler (`loader.scheduler`) knows nothing of rows or windows: it asks a source which chunks a window
+of the plan reads, how big a cache slot is, whether windows need an index region, how to make the gather
+message for a group of batches, which worker to start and how to make one batch in plain zarr (to size a
+transform's output). `RowSource` makes batches of one table's rows; `loader.windows.WindowSource` makes
+L5Kit-style window samples.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from ..core.chunks import read_coordinates
+from ..core.store import Location
+from . import read_worker
+from .dataset import Dataset
+from .layout import Layout
+from .messages import GatherRows, GatherWindows
+from .plan import EpochPlan, PlanConfig
+
+
+class Residency(Protocol):
+    """What the scheduler tells a source about the windows it made resident."""
+
+    def region(self, window: int) -> int:
+        """The index region holding the window's shuffled rows."""
+        ...
+
+    def slots(self, window: int) -> list[tuple[str, int, int]]:
+        """(table, chunk, cache slot) of each chunk the window reads."""
+        ...
+
+
+class BatchSource(Protocol):
+    """A kind of batch, as the scheduler sees it."""
+
+    dataset: Dataset
+    kind: str  # the loader's name in its resume state
+    table: str  # the table named in messages about it
+    config: PlanConfig  # the plan's settings (a loader that follows torch.distributed's ranks replaces it)
+    selection: list[np.ndarray] | None  # the plan's rows per chunk (None: all)
+    layout: Layout  # a batch in its ring slot, before any transform
+    uses_index: bool  # whether a resident window needs an index region
+    rows_column: str | None  # the batch column whose length is the batch's rows (None: the first)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one cache slot."""
+        ...
+
+    def rows_touched(self) -> int:
+        """Rows a batch copies (for sizing groups of batches per message)."""
+        ...
+
+    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
+        """The (table, chunk) a window of the plan reads."""
+        ...
+
+    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
+                       residency: Residency) -> GatherRows | GatherWindows:
+        """The message that makes batches [first, first + count), which read `windows`."""
+        ...
+
+    def shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
+        """The shared memory of one run: cache, index and ring."""
+        ...
+
+    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
+               transform: Callable | None) -> tuple[Callable, tuple]:
+        """The worker's setup function and its arguments."""
+        ...
+
+    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
+        """A picklable call that makes batch k with plain zarr, in any process."""
+        ...
+
+    def settings(self) -> dict[str, Any]:
+        """What decides the batch order, for the resume state."""
+        ...
+
+    def selection_parts(self) -> list[np.ndarray] | None:
+        """What the resume state's selection digest is computed from."""
+        ...
+
+
+@dataclass
+class RowSource:
+    """Batches of `table`'s rows (the columns of `layout`), gathered from the index of shuffled cache rows."""
+
+    dataset: Dataset
+    table: str
+    config: PlanConfig
+    selection: list[np.ndarray] | None
+    layout: Layout
+    reader: read_worker.Source
+    kind: str = "Loader"
+    uses_index: bool = True
+    rows_column: str | None = None
+
+    @property
+    def itemsize(self) -> int:
+        return self.dataset[self.table].dtype.itemsize
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.config.chunk_rows * self.itemsize
+
+    def rows_touched(self) -> int:
+        return self.config.batch_size
+
+    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
+        return [(self.table, int(c)) for c in plan.windows[window]]
+
+    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
+                       residency: Residency) -> GatherRows:
+        return GatherRows(plan.epoch, first, count, {w: residency.region(w) for w in windows})
+
+    def shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
+        c = self.config
+        return read_worker.Shared(self.chunk_bytes, chunk_slots, c.shuffle_window * c.chunk_rows, regions,
+                                  batch_bytes, n_slots)
+
+    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
+               transform: Callable | None) -> tuple[Callable, tuple]:
+        return read_worker.setup, (self.reader, self.table, shared, self.config, self.itemsize, self.selection,
+                                   self.layout, outputs, transform)
+
+    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
+        rows, c = [], self.config.chunk_rows
+        for w, first, count in plan.segments(k):
+            local = plan.window_order(w)[first:first + count]
+            rows.append(plan.windows[w][local // c] * c + local % c)
+        return functools.partial(_read_rows, self.dataset.location, self.dataset.commit, self.table,
+                                 [col.name for col in self.layout.columns], np.concatenate(rows))
+
+    def settings(self) -> dict[str, Any]:
+        c = self.config
+        return {"table": self.table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
+                "shuffle": c.shuffle, "seed": c.seed, "shuffle_window": c.shuffle_window, "rank": c.rank,
+                "world_size": c.world_size, "drop_last": c.drop_last}
+
+    def selection_parts(self) -> list[np.ndarray] | None:
+        return self.selection
+
+
+def _read_rows(location: Location, commit: int | None, table: str, fields: list[str],
+               rows: np.ndarray) -> dict[str, np.ndarray]:
+    records = read_coordinates(Dataset.reopen(location, commit)[table], rows)
+    return {n: np.ascontiguousarray(records[n]) for n in fields}
