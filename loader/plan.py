@@ -10,11 +10,26 @@ small numbers, so the consumer and a resumed run compute the same plan without r
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from .shuffle import shuffle
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What decides an epoch's batches besides the table: what a loader is asked for (a remote ticket carries
+    these)."""
+
+    batch_size: int = 256
+    shuffle: bool = True
+    seed: int = 0
+    shuffle_window: int = 8
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,6 +43,16 @@ class PlanConfig:
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
+
+    @classmethod
+    def of(cls, n_rows: int, chunk_rows: int, settings: PlanSettings) -> "PlanConfig":
+        """The plan of a table of `n_rows` rows in chunks of `chunk_rows`, with these settings."""
+        return cls(n_rows, chunk_rows, **dataclasses.asdict(settings))
+
+    @property
+    def settings(self) -> PlanSettings:
+        return PlanSettings(self.batch_size, self.shuffle, self.seed, self.shuffle_window, self.rank,
+                            self.world_size, self.drop_last)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -213,11 +213,12 @@ def test_the_actions_listed_are_the_protocols_and_each_is_answered(server, data)
     import json
 
     from zarrfeed.flight.protocol import ACTIONS, Ticket
+    from zarrfeed.loader.plan import PlanSettings
 
     client = flight.connect(server.url)
     listed = {a.type: a.description for a in client.list_actions()}
     assert listed == {name: a.description for name, a in ACTIONS.items()}
-    bodies = {"describe": b"", "plan": Ticket("agents", 100).to_json(), "sync": b"", "begin_input": b"{"}
+    bodies = {"describe": b"", "plan": Ticket("agents", PlanSettings(100)).to_json(), "sync": b"", "begin_input": b"{"}
     assert bodies.keys() == ACTIONS.keys()
     for name, body in bodies.items():
         if name == "begin_input":  # a bad body: answered by its handler with one line, nothing taken

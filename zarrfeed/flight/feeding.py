@@ -24,6 +24,7 @@ from ..core.arrow_records import arrow_schema
 from ..core.store import Location
 from ..loader import Dataset, Loader, LoaderError, WindowLoader
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
+from ..loader.plan import PlanSettings
 from ..transforms import Transforms
 from .protocol import Ticket
 
@@ -111,7 +112,7 @@ class Feeding:
 
     def _info(self, ds: Dataset, table: str) -> flight.FlightInfo:
         descriptor = flight.FlightDescriptor.for_path(table)
-        ticket = Ticket(table, 65_536, shuffle=False, commit=ds.commit).encode()  # the table in row order
+        ticket = Ticket(table, PlanSettings(65_536, shuffle=False), commit=ds.commit).encode()  # in row order
         endpoint = flight.FlightEndpoint(ticket, [self._url()])
         rows = ds.rows[table]
         return flight.FlightInfo(arrow_schema(ds[table].dtype), descriptor, [endpoint], rows,
@@ -140,10 +141,8 @@ class Feeding:
             if loader is None:
                 ds = self.dataset(t.commit)
                 transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
-                options: dict[str, Any] = dict(
-                    batch_size=t.batch_size, shuffle=t.shuffle, seed=t.seed, shuffle_window=t.shuffle_window,
-                    num_workers=self.workers, drop_last=t.drop_last, rank=t.rank, world_size=t.world_size,
-                    transform=transform, copy=True)
+                options: dict[str, Any] = dict(**dataclasses.asdict(t.plan), num_workers=self.workers,
+                                               transform=transform, copy=True)
                 loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
                     Loader(ds, t.table, fields=t.fields, **options)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))

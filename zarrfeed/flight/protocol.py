@@ -14,26 +14,21 @@ import pyarrow.flight as flight
 from ..core.arrow_records import arrow_schema, from_arrow, records_to_arrow
 from ..core.keys import Key, check_key, key_from_json, key_to_json
 from ..core.schema import dtype_from_descr
+from ..loader.plan import PlanSettings
 
 
 # --------------------------------------------------------------------------------------------- tickets
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the plan's settings travel as one object, "plan"
 
 
 @dataclass(frozen=True)
 class Ticket:
-    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader), the
-    commit and where to start. Sent as JSON."""
+    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader; the
+    plan's settings as a local loader takes them), the commit and where to start. Sent as JSON."""
 
     table: str
-    batch_size: int
-    seed: int = 0
-    shuffle: bool = True
-    shuffle_window: int = 8
-    rank: int = 0
-    world_size: int = 1
+    plan: PlanSettings = field(default_factory=PlanSettings)
     fields: list[str] | None = None
-    drop_last: bool = False
     commit: int | None = None
     epoch: int = 0
     batch: int = 0
@@ -60,9 +55,12 @@ class Ticket:
         if not isinstance(doc, dict) or doc.get("version") != PROTOCOL:
             raise ValueError(f"ticket: expected a zarrfeed ticket of version {PROTOCOL}")
         try:
-            ticket = cls(**doc)
+            plan = doc.pop("plan", {})
+            ticket = cls(**doc, plan=PlanSettings(**plan) if isinstance(plan, dict) else plan)
         except TypeError as exc:
             raise ValueError(f"ticket: {exc}") from None
+        if not isinstance(ticket.plan, PlanSettings):
+            raise ValueError("ticket: plan must be an object of the plan's settings")
         if ticket.kind not in ("batches", "windows"):
             raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {ticket.kind!r}")
         return ticket

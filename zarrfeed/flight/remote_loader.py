@@ -23,6 +23,7 @@ import pyarrow.flight as flight
 from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import LoaderError
+from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
 from .protocol import Ticket, _json_args, call_options, describe, server_message
 
@@ -134,7 +135,7 @@ class RemoteLoader(_RemoteFeed):
     `transform="name"` (with JSON `transform_args`) has the server's workers apply one of its named
     transforms (`zarrfeed serve --transforms MODULE`): the batches are then that transform's arrays."""
 
-    def __init__(self, url: str, table: str = "agents", batch_size: int = 256, seed: int = 0, shuffle: bool = True,
+    def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256, seed: int = 0, shuffle: bool = True,
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
                  fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
                  output: str = "numpy", transform: str | None = None,
@@ -151,8 +152,8 @@ class RemoteLoader(_RemoteFeed):
                 raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(self.dtype.names or ())})")
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
         self.transform = transform
-        self._ticket = Ticket(table, batch_size, seed, shuffle, shuffle_window or 8, rank, world_size,
-                              list(fields) if fields else None, drop_last, self.commit, transform=transform,
+        plan = PlanSettings(batch_size, shuffle, seed, shuffle_window or 8, rank, world_size, drop_last)
+        self._ticket = Ticket(table, plan, list(fields) if fields else None, self.commit, transform=transform,
                               transform_args=_json_args(transform_args))
         self._plan(0)  # the server checks the arguments (and the transform's name) now
 
@@ -168,15 +169,15 @@ class RemoteWindowLoader(_RemoteFeed):
     `output="arrow"` gives those. A transform (by name, see RemoteLoader) makes the server send its compact
     arrays instead of raw windows, about 0.6 MB each."""
 
-    def __init__(self, url: str, history: int = 10, future: int = 50, batch_size: int = 32, shuffle: bool = True,
+    def __init__(self, url: str, history: int = 10, future: int = 50, *, batch_size: int = 32, shuffle: bool = True,
                  seed: int = 0, shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
                  drop_last: bool = False, token: str | None = None, output: str = "numpy",
                  transform: str | None = None, transform_args: dict[str, Any] | None = None,
                  tls_root_certs: bytes | None = None, timeout: float = 30.0) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout)
         self.history, self.future, self.transform = history, future, transform
-        self._ticket = Ticket("frames", batch_size, seed, shuffle, shuffle_window or 4, rank, world_size, None,
-                              drop_last, self.commit, kind="windows", history=history, future=future,
+        plan = PlanSettings(batch_size, shuffle, seed, shuffle_window or 4, rank, world_size, drop_last)
+        self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args))
         self._plan(0)
 
