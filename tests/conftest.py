@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from s3server import S3Server
+from zarrfeed.writer import synthetic, write_dataset
 
 REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
                   or Path(__file__).resolve().parents[2] / "shared" / "data" / "l5kit_single_scene.zarr")
@@ -53,3 +54,20 @@ def s3_server():
 def s3(s3_server):
     """A fresh bucket on the test S3 server: (bucket URL, server)."""
     return s3_server.bucket(), s3_server
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory):
+    """A factory of small synthetic datasets, each made once per session for its arguments (read them, do not
+    change them): small_dataset(scenes, seed, frames=..., agents_per_frame=..., chunks={...}) -> its path."""
+    made: dict[tuple, Path] = {}
+
+    def make(scenes: int, seed: int, chunks: dict | None = None, **shape) -> Path:
+        key = (scenes, seed, tuple(sorted((chunks or {}).items())), tuple(sorted(shape.items())))
+        if key not in made:
+            path = tmp_path_factory.mktemp("data") / "d.zarr"
+            write_dataset(path, synthetic.episodes(scenes, seed=seed, **shape), chunks=chunks, workers=0)
+            made[key] = path
+        return made[key]
+
+    return make

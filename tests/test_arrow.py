@@ -20,7 +20,6 @@ from zarrfeed.writer import (
     TL_FACE_DTYPE,
     ingest_parquet,
     synthetic,
-    write_dataset,
 )
 
 from zarrfeed.core.arrow_records import arrow_schema
@@ -100,10 +99,8 @@ def test_loader_can_yield_record_batches(data_path):
 
 
 @pytest.fixture(scope="module")
-def data_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("arrow") / "d.zarr"
-    write_dataset(path, synthetic.episodes(5, seed=31, frames=60), chunks={"agents": 4000, "frames": 100})
-    return path
+def data_path(small_dataset):
+    return small_dataset(5, 31, chunks={"agents": 4000, "frames": 100}, frames=60)
 
 
 def test_streams_in_row_order_with_a_join(data_path):

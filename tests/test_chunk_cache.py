@@ -10,11 +10,9 @@ from zarrfeed.writer import synthetic, write_dataset
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache") / "d.zarr"
-    write_dataset(path, synthetic.episodes(10, seed=21, frames=70, agents_per_frame=40),
-                  chunks={"agents": 600, "frames": 40, "traffic_light_faces": 300}, workers=0)
-    return path
+def data(small_dataset):
+    return small_dataset(10, 21, chunks={"agents": 600, "frames": 40, "traffic_light_faces": 300}, frames=70,
+                         agents_per_frame=40)
 
 
 def same(a, b):

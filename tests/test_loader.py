@@ -18,20 +18,15 @@ HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(small_dataset):
     """A small dataset with small chunks: many chunks and windows, a partial last chunk."""
-    path = tmp_path_factory.mktemp("loader") / "d.zarr"
-    write_dataset(path, synthetic.episodes(3, seed=11, frames=60, agents_per_frame=40),
-                  chunks={"agents": 700, "frames": 50})
-    return path
+    return small_dataset(3, 11, chunks={"agents": 700, "frames": 50}, frames=60, agents_per_frame=40)
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory):
+def big(small_dataset):
     """Enough rows that an epoch is still under way when a worker is killed."""
-    path = tmp_path_factory.mktemp("loader") / "big.zarr"
-    write_dataset(path, synthetic.episodes(12, seed=12), chunks={"agents": 5000})
-    return path
+    return small_dataset(12, 12, chunks={"agents": 5000})
 
 
 def expected_rows(loader: Loader, epoch: int) -> list[np.ndarray]:

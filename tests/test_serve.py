@@ -24,11 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("serve") / "d.zarr"
-    write_dataset(path, synthetic.episodes(3, seed=9, frames=60, agents_per_frame=40), chunks={"agents": 900},
-                  workers=0)
-    return path
+def data(small_dataset):
+    return small_dataset(3, 9, chunks={"agents": 900}, frames=60, agents_per_frame=40)
 
 
 class Server:

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from zarrfeed.loader import Dataset, Loader, WindowLoader
-from zarrfeed.writer import synthetic, write_dataset
 
 torch = pytest.importorskip("torch")
 HERE = Path(__file__).parent
@@ -25,11 +24,8 @@ def in_shared_memory(address: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("torch") / "d.zarr"
-    write_dataset(path, synthetic.episodes(2, seed=3, frames=40, agents_per_frame=30), chunks={"agents": 500},
-                  workers=0)
-    return path
+def data(small_dataset):
+    return small_dataset(2, 3, chunks={"agents": 500}, frames=40, agents_per_frame=30)
 
 
 def test_dataloader_gets_tensors_sharing_the_ring(data):

@@ -37,11 +37,9 @@ def test_real_scene_windows_match_numpy(real_scene, workers):
 
 
 @pytest.fixture(scope="module")
-def scenes(tmp_path_factory):
-    path = tmp_path_factory.mktemp("windows") / "d.zarr"
-    write_dataset(path, synthetic.episodes(6, seed=21, frames=80, agents_per_frame=60),
-                  chunks={"agents": 3000, "frames": 100, "traffic_light_faces": 500})
-    return path
+def scenes(small_dataset):
+    return small_dataset(6, 21, chunks={"agents": 3000, "frames": 100, "traffic_light_faces": 500}, frames=80,
+                         agents_per_frame=60)
 
 
 def test_windows_stay_inside_their_scene(scenes):
