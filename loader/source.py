@@ -138,13 +138,18 @@ class RowSource:
                                  [col.name for col in self.layout.columns], np.concatenate(rows))
 
     def settings(self) -> dict[str, Any]:
-        c = self.config
-        return {"table": self.table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
-                "shuffle": c.shuffle, "seed": c.seed, "shuffle_window": c.shuffle_window, "rank": c.rank,
-                "world_size": c.world_size, "drop_last": c.drop_last}
+        return plan_settings(self.table, self.config)
 
     def selection_parts(self) -> list[np.ndarray] | None:
         return self.selection
+
+
+def plan_settings(table: str, config: PlanConfig) -> dict[str, Any]:
+    """The settings that decide a plan's batch order, as a resume state records them."""
+    c = config
+    return {"table": table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
+            "shuffle": c.shuffle, "seed": c.seed, "shuffle_window": c.shuffle_window, "rank": c.rank,
+            "world_size": c.world_size, "drop_last": c.drop_last}
 
 
 def _read_rows(location: Location, commit: int | None, table: str, fields: list[str],

@@ -31,7 +31,7 @@ from .layout import Layout
 from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
 from .scheduler import WorkerOptions
-from .source import Residency
+from .source import Residency, plan_settings
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
@@ -260,10 +260,7 @@ class WindowSource:
         return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, options, plan.epoch, k)
 
     def settings(self) -> dict[str, Any]:
-        c = self.config
-        return {"table": self.table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
-                "shuffle": c.shuffle, "seed": c.seed, "shuffle_window": c.shuffle_window, "rank": c.rank,
-                "world_size": c.world_size, "drop_last": c.drop_last, "history": self.samples.history,
+        return {**plan_settings(self.table, self.config), "history": self.samples.history,
                 "future": self.samples.future, "samples": len(self.samples)}
 
     def selection_parts(self) -> list[np.ndarray]:

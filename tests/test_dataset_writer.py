@@ -57,7 +57,7 @@ def test_ordered_output_is_identical_for_any_worker_count(tmp_path):
             summary = w.ingest(eps)
         assert summary["episodes"] == 30
         chunks[workers] = decoded_chunks(out)
-    assert w._shared_chunks > 20
+    assert w.shared_chunks > 20
     for workers in (1, 2, 3):
         assert chunks[workers].keys() == chunks[0].keys()
         assert chunks[workers] == chunks[0], f"{workers} workers differ from a single-process write"

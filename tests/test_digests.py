@@ -45,7 +45,7 @@ def test_every_chunk_of_a_closed_dataset_is_recorded_shared_chunks_included(tmp_
             w.submit(ep)
             if i % 3 == 0:
                 w.sync()
-        assert w._shared_chunks > 0
+        assert w.shared_chunks > 0
     with DatasetWriter(out, workers=workers, mode="a") as w:  # the tail chunk is rewritten by the append
         w.ingest(eps[20:])
     ds = Dataset.open(out)

@@ -142,6 +142,11 @@ class DatasetWriter:
         return self.committer.dataset_id
 
     @property
+    def shared_chunks(self) -> int:
+        """Chunks stored so far that two segments shared (read, merged and written back under their lock)."""
+        return self._shared_chunks
+
+    @property
     def lease_token(self) -> str:
         """The token of this writer's lease (see `Committer.lease_token`)."""
         return self.committer.lease_token
