@@ -45,6 +45,21 @@ def wait_for_scenes(path, n: int, storage_options=None, timeout: float = 60, ali
     raise AssertionError(f"fewer than {n} scenes committed at {path} within {timeout} s")
 
 
+def running(pids) -> list[int]:
+    """The processes among `pids` still running: neither gone nor a zombie. A process may exit between
+    any two reads of /proc, so a vanished entry counts as gone wherever it vanishes."""
+    from pathlib import Path
+
+    out = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+                out.append(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
 def shared_memory_held(pids=None) -> list[str]:
     """zarrfeed's shared-memory blocks still mapped or open, as "pid: what", in these processes (default:
     every process but this one). Blocks are anonymous memory files (memfd) that never appear in /dev/shm, so

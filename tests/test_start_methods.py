@@ -14,6 +14,7 @@ from zarrfeed.loader import Loader, WindowLoader
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
+from expected import running
 from zarrfeed.core._proc.pool import context
 
 HERE = Path(__file__).parent
@@ -70,8 +71,7 @@ def test_forkserver_workers_exit_when_their_parent_is_killed(tmp_path):
     deadline = time.monotonic() + 5
     alive = workers
     while alive and time.monotonic() < deadline:
-        alive = [p for p in workers if Path(f"/proc/{p}").exists()
-                 and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
+        alive = running(workers)
         time.sleep(0.1)
     assert not alive, f"workers {alive} outlived their parent"
 
