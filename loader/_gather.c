@@ -148,6 +148,23 @@ fail:
     return NULL;
 }
 
+/* The loop of gather_runs, for the same reason as gather_rows: with plain values as arguments the compiler
+   keeps them in registers (measured: 0.75 instead of 1.1 ms for a batch of 32 L5Kit windows' agents). */
+static __attribute__((noinline)) void gather_run_rows(const char *s, Py_ssize_t row_bytes, const int64_t *r,
+                                                      Py_ssize_t nr, char *o, const int64_t *f, Py_ssize_t nf,
+                                                      Py_ssize_t first) {
+    Py_ssize_t i = first;
+    for (Py_ssize_t j = 0; j < nr; j++) {
+        const char *row = s + r[2 * j];
+        for (int64_t m = 0; m < r[2 * j + 1]; m++, i++, row += row_bytes) {
+            for (Py_ssize_t k = 0; k < nf; k++) {
+                int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
+                copy_field(o + base + i * size, row + off, size);
+            }
+        }
+    }
+}
+
 /* gather_runs(src, row_bytes, runs, out, fields, first): like gather, for runs of consecutive records:
    runs holds (byte offset in src, records) pairs, copied one after the other from output row `first` on.
    Sequential reads, no index per row: what WindowLoader needs for each sample's agents. */
@@ -182,16 +199,7 @@ static PyObject *gather_runs(PyObject *self, PyObject *args) {
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t i = first;
-    for (Py_ssize_t j = 0; j < nr; j++) {
-        const char *row = s + r[2 * j];
-        for (int64_t m = 0; m < r[2 * j + 1]; m++, i++, row += row_bytes) {
-            for (Py_ssize_t k = 0; k < nf; k++) {
-                int64_t off = f[3 * k], size = f[3 * k + 1], base = f[3 * k + 2];
-                copy_field(o + base + i * size, row + off, size);
-            }
-        }
-    }
+    gather_run_rows(s, row_bytes, r, nr, o, f, nf, first);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src); PyBuffer_Release(&runs); PyBuffer_Release(&out); PyBuffer_Release(&fields);
     Py_RETURN_NONE;
