@@ -5,6 +5,7 @@ remote and local; tokens; discovery with a plain pyarrow.flight client; a traine
 its stream; SIGTERM stops the server within 2 s."""
 import functools
 import json
+import re
 import os
 import signal
 import subprocess
@@ -585,3 +586,69 @@ def test_uploads_need_the_token(data, tmp_path):
             assert w.submit(next(synthetic.episodes(1, seed=50, frames=20, agents_per_frame=10)), key="x")
     finally:
         s.stop()
+
+
+def test_clients_get_one_line_never_a_traceback(server, data):
+    """Bad ticket values, a transform that raises, upload metadata of the wrong shape, get_schema and
+    do_exchange: the client gets one line naming what was wrong, never the server's traceback or paths; the
+    server goes on serving."""
+    import pyarrow as pa
+
+    from zarrfeed.flight.protocol import PROTOCOL
+
+    client = flight.connect(server.url)
+
+    def refused(call, match: str, error=flight.FlightError) -> None:
+        with pytest.raises(error) as err:
+            call()
+        text = str(err.value)
+        assert "Traceback" not in text and str(ROOT) not in text and ".py" not in text, text
+        assert re.search(match, text), text
+
+    def ticket(**change):
+        doc = {"table": "agents", "plan": {"batch_size": 100}, "version": PROTOCOL}
+        for k, v in change.items():
+            if k in ("batch_size", "seed", "shuffle"):
+                doc["plan"][k] = v
+            else:
+                doc[k] = v
+        return flight.Ticket(json.dumps(doc).encode())
+
+    for change, match in (({"batch_size": 1.5}, r"plan.batch_size must be an integer in \[1, \d+\], got 1.5"),
+                          ({"batch_size": 10**12}, r"plan.batch_size must be an integer .* got 1000000000000"),
+                          ({"batch_size": 2**63}, r"plan.batch_size must be an integer"),
+                          ({"seed": "x"}, r"plan.seed must be an integer .* got 'x'"),
+                          ({"epoch": -3}, r"epoch must be an integer in \[0, \d+\], got -3"),
+                          ({"shuffle": "no"}, r"plan.shuffle must be true or false, got 'no'"),
+                          ({"transform": "fails"}, r"boom from the server's transform")):
+        refused(lambda: client.do_get(ticket(**change)).read_all(), match)  # noqa: B023  # called at once
+    # pyarrow's client raises get_schema's errors as ArrowException, with the exception's name in the detail
+    refused(lambda: client.get_schema(flight.FlightDescriptor.for_path("nope")), r"no table 'nope'", pa.ArrowException)
+    assert client.get_schema(flight.FlightDescriptor.for_path("scenes")).schema.names[0] == "frame_index_interval"
+    refused(lambda: client.do_exchange(flight.FlightDescriptor.for_path("x"))[1].read_all(),
+            r"do_exchange is not served")
+    schema = pa.schema([pa.field("key", pa.string()), pa.field("agents", pa.large_binary())],
+                       metadata={b"zarrfeed.dtypes": b"[1, 2]"})
+    put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), schema)
+    put.write_batch(pa.record_batch([pa.array(["k"]), pa.array([b""], pa.large_binary())], schema=schema))
+    refused(put.close, r"zarrfeed.dtypes metadata is not zarrfeed's")
+    with RemoteLoader(server.url, "scenes", batch_size=10) as remote:  # still serving
+        assert sum(len(b["frame_index_interval"]) for b in remote) == Dataset.open(data).rows["scenes"]
+
+
+def test_serve_on_a_busy_port_or_with_a_bad_certificate_is_one_line(data, tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--port", str(port)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr == f"zarrfeed: error: cannot serve on 127.0.0.1:{port}: the port is in " \
+        "use (another server?)\n", r.stderr
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--port", "0", "--tls-cert",
+                        str(bad), "--tls-key", str(bad)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "not a PEM certificate" in r.stderr, r.stderr

@@ -108,16 +108,26 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve the dataset's batches over Arrow Flight until SIGTERM or Ctrl+C."""
-    from .flight.server import FeedServer, read_token
+    import pyarrow as pa
 
+    from .flight.server import FeedServer, hide_frames, read_token
+
+    hide_frames()
     token = read_token(args.token_file) if args.token_file else None
     tls = None
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
     if args.tls_cert:
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
-    server = FeedServer(Location.of(args.path, _options(args)), args.host, args.port, token, args.workers, tls,
-                        args.transforms)
+        _check_certificate(args.tls_cert, args.tls_key)
+    _check_port(args.host, args.port)
+    try:
+        server = FeedServer(Location.of(args.path, _options(args)), args.host, args.port, token, args.workers, tls,
+                            args.transforms)
+    except pa.ArrowException as exc:  # a busy port, a certificate gRPC cannot use: gRPC's first line says which
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot serve on {args.host}:{args.port}"
+                         f"{' with this certificate' if tls else ''}: {detail}") from None
     loopback = args.host in ("127.0.0.1", "localhost", "::1")
     if token is None and not loopback:
         warnings.warn(f"serving on {args.host} without a token: anyone who reaches this port can read the data")
@@ -133,6 +143,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     committed = server.close_writer()
     print("zarrfeed: server stopped" + (f"; committed {_counts(committed)}" if committed else ""), file=sys.stderr)
     return 0
+
+
+def _check_certificate(cert: str, key: str) -> None:
+    """Refuse, in one line, files gRPC cannot serve with (it would log its own lines and "Server did not start
+    properly")."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise ValueError(f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key "
+                         f"({exc.reason or exc})") from None
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse, in one line, a port another process listens on (gRPC only says the server did not start)."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"cannot serve on {host}:{port}: the port is in use (another server?)") from None
+            raise ValueError(f"cannot serve on {host}:{port}: {exc.strerror}") from None
 
 
 def _info_remote(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -27,6 +28,8 @@ from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.plan import PlanSettings
 from ..transforms import Transforms
 from .protocol import Ticket
+
+log = logging.getLogger("zarrfeed.serve")
 
 
 class IdleLoaders:
@@ -147,7 +150,7 @@ class Feeding:
                     Loader(ds, t.table, fields=t.fields, **options)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
         except (ValueError, KeyError, TypeError) as exc:
-            raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+            raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
         return t, loader
 
     def stream(self, raw: bytes, context: Any) -> flight.FlightDataStream:
@@ -158,7 +161,7 @@ class Feeding:
         try:  # the first batch now: its schema is the stream's, and a transform that fails says so at once
             first = next(batches, None)
         except LoaderError as exc:
-            raise flight.FlightServerError(f"zarrfeed: {exc}") from None
+            raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
         if first is None:
             schema = arrow_schema(loader.dataset[t.table].dtype, t.fields) if t.kind == "batches" and \
                 not t.transform else pa.schema([])
@@ -183,6 +186,13 @@ def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBat
                 return
             yield convert(batch)
         finished = True
+    except LoaderError as exc:  # a chunk that cannot be read, a transform that raised: its one line
+        log.warning("zarrfeed: a stream failed: %s", exc)
+        raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:
+        log.exception("zarrfeed: a stream failed")
+        raise flight.FlightServerError(f"zarrfeed: the stream failed: {type(exc).__name__}: {exc} (the "
+                                       "server's log has the traceback)") from None
     finally:
         if finished:
             keep()

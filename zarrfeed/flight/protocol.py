@@ -19,6 +19,8 @@ from ..loader.plan import PlanSettings
 
 # --------------------------------------------------------------------------------------------- tickets
 PROTOCOL = 2  # 2: the plan's settings travel as one object, "plan"
+MAX_BATCH_ROWS = 1 << 24  # a ticket's batch size at most (the server's memory check refuses less, sooner)
+MAX_TRANSFORM_ARGS = 64 << 10  # bytes of JSON
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,50 @@ class Ticket:
             raise ValueError("ticket: not JSON") from None
         if not isinstance(doc, dict) or doc.get("version") != PROTOCOL:
             raise ValueError(f"ticket: expected a zarrfeed ticket of version {PROTOCOL}")
+        plan = doc.pop("plan", {})
+        if not isinstance(plan, dict):
+            raise ValueError("ticket: plan must be an object of the plan's settings")
         try:
-            plan = doc.pop("plan", {})
-            ticket = cls(**doc, plan=PlanSettings(**plan) if isinstance(plan, dict) else plan)
+            ticket = cls(**doc, plan=PlanSettings(**plan))
         except TypeError as exc:
             raise ValueError(f"ticket: {exc}") from None
-        if not isinstance(ticket.plan, PlanSettings):
-            raise ValueError("ticket: plan must be an object of the plan's settings")
-        if ticket.kind not in ("batches", "windows"):
-            raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {ticket.kind!r}")
+        ticket.check()
         return ticket
+
+    def check(self) -> None:
+        """Refuse, in one line naming the field, a value of the wrong type or out of its range (JSON gives
+        floats, strings and huge numbers as readily as the integers a loader needs)."""
+        p = self.plan
+        for name, value, lo, hi in (("plan.batch_size", p.batch_size, 1, MAX_BATCH_ROWS),
+                                    ("plan.seed", p.seed, 0, 2**63 - 1),
+                                    ("plan.shuffle_window", p.shuffle_window, 1, 1 << 20),
+                                    ("plan.world_size", p.world_size, 1, 1 << 20),
+                                    ("plan.rank", p.rank, 0, p.world_size - 1 if _integer(p.world_size) else 0),
+                                    ("epoch", self.epoch, 0, 2**31 - 1), ("batch", self.batch, 0, 2**63 - 1),
+                                    ("history", self.history, 0, 1 << 16), ("future", self.future, 0, 1 << 16)):
+            if not _integer(value) or not lo <= value <= hi:
+                raise ValueError(f"ticket: {name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if self.commit is not None and (not _integer(self.commit) or self.commit < 0):
+            raise ValueError(f"ticket: commit must be a commit number (an integer >= 0) or null, got {self.commit!r}")
+        for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last)):
+            if not isinstance(value, bool):
+                raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
+        if self.kind not in ("batches", "windows"):
+            raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {self.kind!r}")
+        if not isinstance(self.table, str) or not (self.transform is None or isinstance(self.transform, str)):
+            raise ValueError("ticket: table and transform must be strings")
+        if self.fields is not None and (not isinstance(self.fields, list)
+                                        or not all(isinstance(f, str) for f in self.fields)):
+            raise ValueError(f"ticket: fields must be a list of field names or null, got {self.fields!r}")
+        if self.transform_args is not None:
+            if not isinstance(self.transform_args, dict):
+                raise ValueError("ticket: transform_args must be an object or null")
+            if len(json.dumps(self.transform_args)) > MAX_TRANSFORM_ARGS:
+                raise ValueError(f"ticket: transform_args is larger than {MAX_TRANSFORM_ARGS} bytes of JSON")
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _json_args(args: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -180,7 +216,13 @@ def decode_episodes(batch: pa.RecordBatch) -> list[tuple[Key, dict[str, np.ndarr
     raw = (batch.schema.metadata or {}).get(DTYPES_KEY)
     if raw is None or "key" not in batch.schema.names:
         raise ValueError("not a batch of zarrfeed episodes (no key column or no dtypes in its metadata)")
-    dtypes = {t: dtype_from_descr(d) for t, d in json.loads(raw).items()}
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict):
+            raise TypeError(f"an object of table -> dtype, not a {type(doc).__name__}")
+        dtypes = {t: dtype_from_descr(d) for t, d in doc.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"the batch's {DTYPES_KEY.decode()} metadata is not zarrfeed's: {exc}") from None
     missing = [t for t in dtypes if t not in batch.schema.names]
     if missing:
         raise ValueError(f"table {missing[0]!r}: no column for it")

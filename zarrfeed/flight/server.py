@@ -8,10 +8,14 @@ token, every call without it is refused before anything is read.
 """
 from __future__ import annotations
 
+import functools
 import hmac
 import json
+import logging
 import os
-from typing import Any, Callable, Iterator
+import sys
+import traceback
+from typing import Any, Callable, TypeVar
 
 import pyarrow.flight as flight
 
@@ -20,6 +24,29 @@ from ..transforms import Transforms
 from .feeding import Feeding
 from .ingestion import Ingestion
 from .protocol import ACTIONS
+
+log = logging.getLogger("zarrfeed.serve")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_line(method: F) -> F:
+    """A Flight call whose unexpected errors reach the client as one line (the server's log has the
+    traceback), never as "Python exception: Traceback ..." with the server's file paths."""
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except flight.FlightError:
+            raise
+        except Exception as exc:
+            log.exception("zarrfeed: %s failed", method.__name__)
+            raise flight.FlightServerError(internal_error(method.__name__, exc)) from None
+    return call  # type: ignore[return-value]
+
+
+def internal_error(what: str, exc: BaseException) -> str:
+    return f"zarrfeed: {what} failed: {type(exc).__name__}: {exc} (the server's log has the traceback)"
+
 
 
 class _TokenCheck(flight.ServerMiddlewareFactory):
@@ -79,26 +106,60 @@ class FeedServer(flight.FlightServerBase):
         self.feeding.close()
         return self.ingestion.close()
 
-    def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
+    @one_line
+    def do_action(self, context: Any, action: flight.Action) -> list[flight.Result]:
         handler = self._actions.get(action.type)
         if handler is None:
             raise flight.FlightServerError(f"unknown action {action.type!r} (actions: {', '.join(ACTIONS)})")
-        yield flight.Result(json.dumps(handler(action.body.to_pybytes())).encode())
+        return [flight.Result(json.dumps(handler(action.body.to_pybytes())).encode())]
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
         return [(a.name, a.description) for a in ACTIONS.values()]
 
-    def list_flights(self, context: Any, criteria: bytes) -> Iterator[flight.FlightInfo]:
-        return self.feeding.flights()
+    @one_line
+    def list_flights(self, context: Any, criteria: bytes) -> list[flight.FlightInfo]:
+        return list(self.feeding.flights())
 
+    @one_line
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         return self.feeding.flight_info(descriptor)
 
+    @one_line
+    def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        # pyarrow (through 26) sends get_schema's errors to the client as "Python exception: Traceback ...",
+        # formatted by Python's traceback module, where every other call sends a FlightError's message alone:
+        # `zarrfeed serve` sets sys.tracebacklimit to 0 (see hide_frames), so the client reads the message only
+        return flight.SchemaResult(self.feeding.flight_info(descriptor).schema)
+
+    @one_line
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
         return self.feeding.stream(ticket.ticket, context)
 
+    @one_line
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
         self.ingestion.put(descriptor, reader, writer)
+
+    @one_line
+    def do_exchange(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        raise flight.FlightServerError("zarrfeed: do_exchange is not served: do_get reads batches, do_put "
+                                       "uploads episodes")
+
+
+def hide_frames() -> None:
+    """For a server process: exceptions pyarrow formats for a client (get_schema's) carry no frames or file
+    paths (sys.tracebacklimit = 0), while the server's own log, on stderr, keeps full tracebacks."""
+    sys.tracebacklimit = 0
+    handler = logging.StreamHandler()
+    handler.setFormatter(_FullTracebacks("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("zarrfeed")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+class _FullTracebacks(logging.Formatter):
+    def formatException(self, ei: Any) -> str:  # an explicit limit: not sys.tracebacklimit
+        return "".join(traceback.format_exception(*ei, limit=1000)).rstrip("\n")
 
 
 def read_token(path: str | os.PathLike) -> str:
