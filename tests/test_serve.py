@@ -352,6 +352,53 @@ def test_sigterm_stops_the_server_within_two_seconds_mid_stream(data):
     assert seconds < 2.0 and s.proc.returncode == 0, s.proc.stderr.read()
 
 
+TRAINER = """
+import os, signal, sys
+from zarrfeed.flight import RemoteLoader
+it = iter(RemoteLoader(sys.argv[1], "agents", batch_size=50))
+next(it)
+print("reading", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)  # a trainer that stopped reading mid-stream
+"""
+
+
+def test_sigterm_stops_within_two_seconds_whatever_the_clients_do(data, target):
+    """Issue 21: with a trainer stopped mid-stream (SIGSTOP: it never reads again) the server kept serving
+    after SIGTERM, and an idle producer held it until it left. Now it commits what it acknowledged, ends the
+    streams it can, and exits within 2 s."""
+    from zarrfeed.flight import RemoteWriter
+
+    s = Server(target)
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, s.url], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert trainer.stdout.readline() == "reading\n"
+        with pytest.raises(ConnectionError, match="the server went away"), RemoteWriter(s.url) as producer:
+            eps = list(synthetic.episodes(3, seed=31, frames=20, agents_per_frame=5))
+            assert producer.submit(eps[0], key="a") and producer.submit(eps[1], key="b")  # acknowledged; idle
+            seconds = s.stop()
+            err = s.proc.stderr.read()
+            assert seconds < 2.0 and s.proc.returncode == 0, err
+            assert "committed 3 scenes" in err and "Traceback" not in err, err
+            producer.submit(eps[2], key="c")  # the producer hears of it at once, it does not hang
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert Dataset.open(target).rows["scenes"] == 3 and Dataset.open(target).validate().ok
+
+
+def test_a_stream_ends_with_server_shutting_down(data):
+    """A trainer still reading when the server stops gets "server shutting down", not a cut connection."""
+    from zarrfeed.flight import FeedServer
+    with FeedServer(data, port=0, workers=1) as server:
+        remote = RemoteLoader(server.url, "agents", batch_size=20)
+        it = iter(remote)
+        next(it)
+        server.feeding.close()  # what stop() does first
+        with pytest.raises(ConnectionError, match="server shutting down"):
+            for _ in it:
+                pass
+
+
 def test_info_of_a_server(server, data):
     out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "info", server.url], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)

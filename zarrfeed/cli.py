@@ -134,14 +134,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     named = f"; transforms: {', '.join(server.transforms.named)}" if args.transforms else ""
     print(f"serving {args.path} on {server.url}" + ("" if token else " (no token)") + named, flush=True)
 
-    def stop(*_: object) -> None:  # shutdown() waits for calls to finish: not from the signal handler itself
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    server.serve()
-    committed = server.close_writer()
-    print("zarrfeed: server stopped" + (f"; committed {_counts(committed)}" if committed else ""), file=sys.stderr)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    while not stopping.wait(0.5):  # the server listens since it was made; this thread waits for a signal
+        pass
+    stopped = server.stop(grace=1.5)
+    print("zarrfeed: server stopped" + (f"; committed {_counts(stopped.committed)}" if stopped.committed else ""),
+          file=sys.stderr, flush=True)
+    if stopped.calls_left:  # pyarrow's server would wait for them at exit, whatever the clients do
+        print("zarrfeed: left calls open at exit (clients that stopped reading or sending)", file=sys.stderr,
+              flush=True)
+        sys.stdout.flush()
+        os._exit(0)
     return 0
 
 

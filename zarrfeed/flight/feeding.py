@@ -30,6 +30,7 @@ from ..transforms import Transforms
 from .protocol import Ticket
 
 log = logging.getLogger("zarrfeed.serve")
+SHUTTING_DOWN = "zarrfeed: server shutting down (a trainer goes on from its resume state once it is back)"
 
 
 class IdleLoaders:
@@ -76,6 +77,7 @@ class Feeding:
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.idle = IdleLoaders()
+        self.closing = threading.Event()  # set at shutdown: open streams end, new ones are refused
         self.dataset(None)  # unreadable: one line now, before any client connects
 
     def dataset(self, commit: int | None) -> Dataset:
@@ -92,7 +94,9 @@ class Feeding:
         return self.dataset(None)
 
     def close(self) -> None:
-        """Stop the loaders kept for a next epoch."""
+        """At shutdown: open streams end at their next batch with "server shutting down", new ones are
+        refused, the loaders kept for a next epoch stop."""
+        self.closing.set()
         self.idle.expire(everything=True)
 
     # ------------------------------------------------------------ discovery
@@ -155,9 +159,11 @@ class Feeding:
 
     def stream(self, raw: bytes, context: Any) -> flight.FlightDataStream:
         """do_get: the ticket's batches as a stream of record batches."""
+        if self.closing.is_set():
+            raise flight.FlightUnavailableError(SHUTTING_DOWN)
         t, loader = self._loader(raw, reuse=True)
         convert = window_batch_to_arrow if t.kind == "windows" and not t.transform else to_arrow
-        batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader))
+        batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader), self.closing)
         try:  # the first batch now: its schema is the stream's, and a transform that fails says so at once
             first = next(batches, None)
         except LoaderError as exc:
@@ -175,17 +181,21 @@ def _reuse_key(t: Ticket) -> str:
 
 
 def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch],
-             keep: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+             keep: Callable[[], None], closing: threading.Event) -> Iterator[pa.RecordBatch]:
     """The loader's batches as record batches. When the epoch ends, `keep()` parks the loader for the next
-    one; when the client cancels or disconnects, or anything fails, the loader stops (its workers and
-    memory are freed)."""
+    one; when the client cancels or disconnects, the server shuts down (`closing`), or anything fails, the
+    loader stops (its workers and memory are freed)."""
     finished = False
     try:
         for batch in loader:
             if context.is_cancelled():
                 return
+            if closing.is_set():
+                raise flight.FlightUnavailableError(SHUTTING_DOWN)
             yield convert(batch)
         finished = True
+    except flight.FlightError:
+        raise
     except LoaderError as exc:  # a chunk that cannot be read, a transform that raised: its one line
         log.warning("zarrfeed: a stream failed: %s", exc)
         raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None

@@ -35,6 +35,7 @@ class Ingestion:
     def __init__(self, location: Location, workers: int, committed: Callable[[], dict[str, int]]) -> None:
         self.location, self.workers, self._committed = location, workers, committed
         self._writer: DatasetWriter | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last_submit, self._unsynced = 0.0, False
@@ -46,15 +47,20 @@ class Ingestion:
         self._thread.start()
 
     def close(self) -> dict[str, int] | None:
-        """Commit everything accepted and release the lease; the committed rows (None: nothing was uploaded)."""
+        """Commit everything accepted and release the lease; the committed rows (None: nothing was uploaded).
+        Uploads after this are refused ("server shutting down"): what was acknowledged is committed."""
         self._stop.set()
         with self._lock:
+            self._closed = True
             committed = self._writer.close() if self._writer is not None else None
             self._writer = None
         return committed
 
     def _open(self) -> DatasetWriter:
         """The writer, opened (taking the dataset's lease) at the first upload; call with the lock."""
+        if self._closed:
+            raise flight.FlightUnavailableError("zarrfeed: server shutting down: the episodes it acknowledged are "
+                                                "committed; send the others again once it is back")
         if self._writer is None:
             self._writer = DatasetWriter(self.location, mode="a", workers=self.workers)
         return self._writer
@@ -68,6 +74,8 @@ class Ingestion:
         dropped (the next upload reopens it in mode "a", which resumes)."""
         try:
             return call(self._open())
+        except flight.FlightError:
+            raise
         except ValueError as exc:  # bad input: nothing of it written, the writer goes on
             raise flight.FlightServerError(f"zarrfeed: {exc}") from None
         except (WorkerError, RuntimeError) as exc:

@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import sys
+import threading
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import pyarrow.flight as flight
@@ -47,6 +49,15 @@ def one_line(method: F) -> F:
 def internal_error(what: str, exc: BaseException) -> str:
     return f"zarrfeed: {what} failed: {type(exc).__name__}: {exc} (the server's log has the traceback)"
 
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What `FeedServer.stop` did: the committed rows (None: nothing was uploaded) and whether calls were
+    still open when it stopped waiting."""
+
+    committed: dict[str, int] | None
+    calls_left: bool
 
 
 class _TokenCheck(flight.ServerMiddlewareFactory):
@@ -97,8 +108,18 @@ class FeedServer(flight.FlightServerBase):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-        self.close_writer()
+        self.stop()
+
+    def stop(self, grace: float = 1.5) -> Stopped:
+        """Stop serving: open streams end with "server shutting down" at their next batch, uploads are
+        refused, everything accepted is committed and the lease released, then the server waits up to `grace`
+        seconds for calls to end. Calls still open then (a client that stopped reading, a producer that sends
+        nothing) are left to the process's exit: `Stopped.calls_left` says so."""
+        committed = self.close_writer()
+        done = threading.Thread(target=self.shutdown, name="zarrfeed-shutdown", daemon=True)
+        done.start()
+        done.join(grace)
+        return Stopped(committed, calls_left=done.is_alive())
 
     def close_writer(self) -> dict[str, int] | None:
         """At shutdown: stop the loaders kept for a next epoch, commit everything accepted and release the
