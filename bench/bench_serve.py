@@ -98,7 +98,7 @@ def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
             with DatasetWriter(target, workers=0):
                 pass  # an empty dataset to serve
             server = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(target), "--port", "0",
-                                       "--workers", "2"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                       "--workers", "2", "--ingest"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
             try:
                 url = server.stdout.readline().split()[3]
                 half = scenes // 2

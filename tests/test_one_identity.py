@@ -40,8 +40,9 @@ def ingest(how: str, path, sources, client, resume: bool = False) -> int:
             return w.ingest(episodes(sources), resume=resume)["episodes"]
     if how == "dask":
         return zdask.ingest(client, sources, src.small, path, mode="a", resume=resume).episodes
-    with FeedServer(path, port=0, workers=1) as server, RemoteWriter(server.url) as w:  # the server listens
-        return w.ingest(episodes(sources), resume=resume)  # at once; leaving commits and releases the lease
+    # the server listens at once; leaving commits and releases the lease
+    with FeedServer(path, port=0, workers=1, ingest=True) as server, RemoteWriter(server.url) as w:
+        return w.ingest(episodes(sources), resume=resume)
 
 
 def stored(path) -> dict[str, bytes]:

@@ -219,8 +219,8 @@ def test_the_actions_listed_are_the_protocols_and_each_is_answered(server, data)
     bodies = {"describe": b"", "plan": Ticket("agents", PlanSettings(100)).to_json(), "sync": b"", "begin_input": b"{"}
     assert bodies.keys() == ACTIONS.keys()
     for name, body in bodies.items():
-        if name == "begin_input":  # a bad body: answered by its handler with one line, nothing taken
-            with pytest.raises(flight.FlightServerError, match="begin_input: bad request"):
+        if ACTIONS[name].ingests:  # this server was not started to ingest: refused in one line, nothing taken
+            with pytest.raises(flight.FlightUnauthorizedError, match="does not take uploads"):
                 list(client.do_action(flight.Action(name, body)))
             continue
         (result,) = client.do_action(flight.Action(name, body))
@@ -325,7 +325,8 @@ def test_tls(tmp_path):
     token = tmp_path / "token"
     token.write_text("tls-token")
     token.chmod(0o600)
-    s = Server(data, "--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(token), scheme="grpc+tls")
+    s = Server(data, "--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(token), "--ingest",
+               scheme="grpc+tls")
     try:
         root = cert.read_bytes()
         with RemoteLoader(s.url, "agents", batch_size=500, seed=1, token="tls-token", tls_root_certs=root) as remote, \
@@ -368,7 +369,7 @@ def test_sigterm_stops_within_two_seconds_whatever_the_clients_do(data, target):
     streams it can, and exits within 2 s."""
     from zarrfeed.flight import RemoteWriter
 
-    s = Server(target)
+    s = Server(target, "--ingest")
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, s.url], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert trainer.stdout.readline() == "reading\n"
@@ -442,7 +443,7 @@ def test_remote_writer_writes_exactly_what_a_local_writer_would(target):
     from zarrfeed.flight import RemoteWriter
     first = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20))
     eps = list(synthetic.episodes(5, seed=7, frames=30, agents_per_frame=20))
-    s = Server(target)
+    s = Server(target, "--ingest")
     try:
         with RemoteWriter(s.url) as w:
             assert [w.submit(ep, key=f"log-{i}") for i, ep in enumerate(eps[:3])] == [True] * 3
@@ -466,8 +467,19 @@ def test_bad_input_is_refused_by_name_and_the_server_goes_on(target):
     frames = bad["frames"].copy()
     frames["agent_index_interval"][3, 0] += 1
     bad["frames"] = frames
-    s = Server(target)
+    s = Server(target, "--ingest")
     try:
+        client = flight.connect(s.url)
+        with pytest.raises(flight.FlightServerError, match="begin_input: bad request"):  # a body that is not JSON
+            list(client.do_action(flight.Action("begin_input", b"{")))
+        import pyarrow as pa
+        schema = pa.schema([pa.field("key", pa.string()), pa.field("agents", pa.large_binary())],
+                           metadata={b"zarrfeed.dtypes": b"[1, 2]"})  # upload metadata of the wrong shape
+        put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), schema)
+        put.write_batch(pa.record_batch([pa.array(["k"]), pa.array([b""], pa.large_binary())], schema=schema))
+        with pytest.raises(flight.FlightServerError, match="zarrfeed.dtypes metadata is not zarrfeed's") as err:
+            put.close()
+        assert "Traceback" not in str(err.value)
         with RemoteWriter(s.url) as w:
             with pytest.raises(ValueError, match=r"episode bad: frames.agent_index_interval row 3: .*a gap"):
                 w.submit(bad, key="bad")
@@ -507,7 +519,7 @@ def test_episodes_as_arrow_columns_from_a_plain_flight_client(target):
     from zarrfeed.flight.protocol import DESCRIPTOR, encode_episode, episode_schema
     eps = list(synthetic.episodes(3, seed=11, frames=30, agents_per_frame=20))
     dtypes = {t: a.dtype for t, a in eps[0].items()}
-    s = Server(target)
+    s = Server(target, "--ingest")
     try:
         client = flight.connect(s.url)
         schema = episode_schema(dtypes, records=False)
@@ -563,7 +575,7 @@ if __name__ == "__main__":
 def test_many_producers_and_trainers_at_once_every_episode_exactly_once(target, tmp_path):
     script = tmp_path / "producer.py"
     script.write_text(PRODUCER)
-    s = Server(target)
+    s = Server(target, "--ingest")
     try:
         producers = [subprocess.Popen([sys.executable, str(script), s.url, str(seed), "4", "0"], cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -587,7 +599,7 @@ def test_many_producers_and_trainers_at_once_every_episode_exactly_once(target, 
 def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(target, tmp_path):
     script = tmp_path / "producer.py"
     script.write_text(PRODUCER)
-    s = Server(target)
+    s = Server(target, "--ingest")
     port = s.url.rsplit(":", 1)[1]
     producer = subprocess.Popen([sys.executable, str(script), s.url, "5", "12", "0.1"], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -597,8 +609,8 @@ def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(t
     s.proc.wait()
     time.sleep(0.5)
     restarted = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(target), "--port", port,
-                                  "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 cwd=ROOT)
+                                  "--workers", "1", "--ingest"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, cwd=ROOT)
     try:
         out, err = producer.communicate(timeout=120)
         assert producer.returncode == 0 and "done 12" in out, err[-2000:]
@@ -611,28 +623,84 @@ def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(t
     assert Dataset.open(target).validate().ok
 
 
-def test_uploads_need_the_token(data, tmp_path):
+def test_reading_and_ingesting_have_separate_credentials(data, tmp_path):
+    """Issue 21: one token granted everything, so a trainer's token could ingest into the dataset. Now the
+    read token reads, only the ingest token uploads, and a server ingests only when told to."""
     import shutil
+
+    import pyarrow as pa
 
     from zarrfeed.flight import RemoteWriter
     copy = tmp_path / "d.zarr"
     shutil.copytree(data, copy)
-    token = tmp_path / "token"
-    token.write_text("t0ken\n")
-    token.chmod(0o600)
-    s = Server(copy, "--token-file", str(token))
+    scenes = Dataset.open(copy).rows["scenes"]
+    tokens = {}
+    for name, value in (("read", "r3ad"), ("ingest", "1ngest")):
+        tokens[name] = tmp_path / name
+        tokens[name].write_text(value + "\n")
+        tokens[name].chmod(0o600)
+    episode = next(synthetic.episodes(1, seed=50, frames=20, agents_per_frame=10))
+    s = Server(copy, "--token-file", str(tokens["read"]), "--ingest-token-file", str(tokens["ingest"]))
     try:
         with pytest.raises(PermissionError, match="wants a token"):
             RemoteWriter(s.url)
         client = flight.connect(s.url)
         with pytest.raises(flight.FlightUnauthenticatedError):
-            import pyarrow as pa
             put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), pa.schema([("x", pa.int8())]))
             put.close()
-        with RemoteWriter(s.url, token="t0ken") as w:
-            assert w.submit(next(synthetic.episodes(1, seed=50, frames=20, agents_per_frame=10)), key="x")
+        with pytest.raises(PermissionError, match="this token may read, not upload"), \
+                RemoteWriter(s.url, token="r3ad") as trainer:  # a trainer's token reads but cannot write
+            trainer.submit(episode, key="x")
+        with RemoteLoader(s.url, "scenes", batch_size=10, token="1ngest") as producer_reads:
+            assert sum(len(b["host"]) for b in producer_reads) == scenes
+        with RemoteWriter(s.url, token="1ngest") as w:
+            assert w.submit(episode, key="x")
+    finally:
+        assert s.stop() < 2.0
+    assert Dataset.open(copy).rows["scenes"] == scenes + 1
+
+    s = Server(copy)  # neither --ingest nor an ingest token: it only feeds
+    try:
+        with pytest.raises(PermissionError, match="does not take uploads"), RemoteWriter(s.url) as w:
+            w.submit(episode, key="y")
+        with RemoteLoader(s.url, "scenes", batch_size=10) as remote:
+            assert sum(len(b["host"]) for b in remote) == scenes + 1
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("flags, refused", [
+    ([], "without --token-file lets anyone who reaches the port read"),
+    (["--token-file", "{read}", "--ingest"], "without --ingest-token-file lets every reader write"),
+    (["--token-file", "{read}", "--ingest-token-file", "{read}"], "must differ from the read token"),
+])
+def test_beyond_loopback_the_tokens_are_required(data, tmp_path, flags, refused):
+    """A non-loopback address without the credentials that keep it private is refused in one line before
+    anything listens, unless --insecure."""
+    read = tmp_path / "read"
+    read.write_text("r\n")
+    read.chmod(0o600)
+    args = [f.format(read=read) for f in flags]
+    r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--host", "0.0.0.0", "--port", "0",
+                        *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and refused in r.stderr, r.stderr
+
+
+def test_insecure_serves_beyond_loopback_with_a_warning(data):
+    """--insecure is the operator saying so: it serves on 0.0.0.0 (reached here through 127.0.0.1) and warns."""
+    proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--host", "0.0.0.0",
+                             "--port", "0", "--workers", "1", "--insecure"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()
+        assert "anyone may read; no uploads" in line, line + proc.stderr.read()
+        url = line.split()[3].replace("0.0.0.0", "127.0.0.1")
+        with RemoteLoader(url, "scenes", batch_size=10) as remote:
+            assert sum(len(b["host"]) for b in remote) == Dataset.open(data).rows["scenes"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert "with --insecure: anyone who reaches this port can read the data" in err, err
 
 
 def test_clients_get_one_line_never_a_traceback(server, data):
@@ -674,11 +742,8 @@ def test_clients_get_one_line_never_a_traceback(server, data):
     assert client.get_schema(flight.FlightDescriptor.for_path("scenes")).schema.names[0] == "frame_index_interval"
     refused(lambda: client.do_exchange(flight.FlightDescriptor.for_path("x"))[1].read_all(),
             r"do_exchange is not served")
-    schema = pa.schema([pa.field("key", pa.string()), pa.field("agents", pa.large_binary())],
-                       metadata={b"zarrfeed.dtypes": b"[1, 2]"})
-    put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), schema)
-    put.write_batch(pa.record_batch([pa.array(["k"]), pa.array([b""], pa.large_binary())], schema=schema))
-    refused(put.close, r"zarrfeed.dtypes metadata is not zarrfeed's")
+    put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), pa.schema([("x", pa.int8())]))
+    refused(put.close, r"this server does not take uploads", flight.FlightUnauthorizedError)
     with RemoteLoader(server.url, "scenes", batch_size=10) as remote:  # still serving
         assert sum(len(b["frame_index_interval"]) for b in remote) == Dataset.open(data).rows["scenes"]
 

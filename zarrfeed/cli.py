@@ -110,10 +110,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve the dataset's batches over Arrow Flight until SIGTERM or Ctrl+C."""
     import pyarrow as pa
 
+    from .flight.access import LOOPBACK, Access
     from .flight.server import FeedServer, hide_frames, read_token
 
     hide_frames()
     token = read_token(args.token_file) if args.token_file else None
+    ingest_token = read_token(args.ingest_token_file) if args.ingest_token_file else None
+    access = Access(token, ingest_token, args.ingest)
+    access.check_exposure(args.host, args.insecure)  # before anything listens
     tls = None
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -122,17 +126,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _check_certificate(args.tls_cert, args.tls_key)
     _check_port(args.host, args.port)
     try:
-        server = FeedServer(Location.of(args.path, _options(args)), args.host, args.port, token, args.workers, tls,
-                            args.transforms)
+        server = FeedServer(Location.of(args.path, _options(args)), host=args.host, port=args.port, token=token,
+                            ingest=access.ingest, ingest_token=ingest_token, workers=args.workers, tls=tls,
+                            transforms=args.transforms)
     except pa.ArrowException as exc:  # a busy port, a certificate gRPC cannot use: gRPC's first line says which
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"cannot serve on {args.host}:{args.port}"
                          f"{' with this certificate' if tls else ''}: {detail}") from None
-    loopback = args.host in ("127.0.0.1", "localhost", "::1")
-    if token is None and not loopback:
-        warnings.warn(f"serving on {args.host} without a token: anyone who reaches this port can read the data")
+    if args.insecure and args.host not in LOOPBACK and (token is None or (access.ingest and ingest_token is None)):
+        warnings.warn(f"serving on {args.host} with --insecure: anyone who reaches this port can read the data"
+                      + (" and upload into it" if access.ingest and ingest_token is None else ""))
     named = f"; transforms: {', '.join(server.transforms.named)}" if args.transforms else ""
-    print(f"serving {args.path} on {server.url}" + ("" if token else " (no token)") + named, flush=True)
+    rights = ("reads need a token" if token else "anyone may read") + "; " + (
+        "uploads need the ingest token" if ingest_token else "anyone who may read may upload" if access.ingest
+        else "no uploads")
+    print(f"serving {args.path} on {server.url} ({rights})" + named, flush=True)
 
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -499,9 +507,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
     p = command("serve", "serve the dataset's batches over Arrow Flight (RemoteLoader, any Flight client)")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (without a token, keep loopback)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (beyond loopback: tokens, or --insecure)")
     p.add_argument("--port", type=_count, default=8815, help="port (0: a free one, printed at start)")
-    p.add_argument("--token-file", metavar="F", help="a file holding the token every call must carry (mode 600)")
+    p.add_argument("--token-file", metavar="F", help="a file holding the token every call must carry (mode 600): "
+                   "it grants reading (discovery, batches, windows)")
+    p.add_argument("--ingest", action="store_true",
+                   help="take uploads (RemoteWriter); without --ingest-token-file anyone who may read may upload")
+    p.add_argument("--ingest-token-file", metavar="G",
+                   help="a file holding the token uploads need (mode 600; it also reads); implies --ingest")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve beyond loopback without the tokens that keep reading and uploading private")
     p.add_argument("--tls-cert", metavar="C", help="PEM certificate: clients connect with grpc+tls://")
     p.add_argument("--tls-key", metavar="K", help="PEM private key of --tls-cert")
     p.add_argument("--workers", type=_count, default=2, help="loader processes per stream")

@@ -122,6 +122,7 @@ class Action:
     name: str
     request: str
     reply: str
+    ingests: bool = False  # needs the right to upload (see access.py)
 
     @property
     def description(self) -> str:
@@ -135,8 +136,9 @@ ACTIONS = {a.name: a for a in (
                                 "server's transforms"),
     Action("plan", "a ticket (JSON)", "its loader's resume state and the number of batches of its epoch"),
     Action("begin_input", '{"input": first episode\'s fingerprint, "resume": bool}',
-           "starts an input of Position-keyed episodes: refused if it was ingested before, unless resume"),
-    Action("sync", "empty", "once every accepted episode is committed: the committed rows per table"),
+           "starts an input of Position-keyed episodes: refused if it was ingested before, unless resume",
+           ingests=True),
+    Action("sync", "empty", "once every accepted episode is committed: the committed rows per table", ingests=True),
 )}
 
 

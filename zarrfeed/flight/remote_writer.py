@@ -76,6 +76,8 @@ class RemoteWriter:
             results = list(self._client.do_action(flight.Action(name, payload), self._options))
         except flight.FlightUnauthenticatedError:
             raise PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))") from None
+        except flight.FlightUnauthorizedError as exc:  # a read-only token, or a server that does not ingest
+            raise PermissionError(f"{self.url}: {server_message(exc)}") from None
         except flight.FlightServerError as exc:
             raise ValueError(server_message(exc)) from None
         except (flight.FlightError, OSError) as exc:
@@ -191,6 +193,9 @@ class RemoteWriter:
         if isinstance(exc, flight.FlightUnauthenticatedError):
             self._drop_put()
             return PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))")
+        if isinstance(exc, flight.FlightUnauthorizedError):
+            self._drop_put()
+            return PermissionError(f"{self.url}: {server_message(exc)}")
         if isinstance(exc, flight.FlightServerError):
             self._drop_put()
             return ValueError(server_message(exc))

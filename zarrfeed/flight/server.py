@@ -9,7 +9,6 @@ token, every call without it is refused before anything is read.
 from __future__ import annotations
 
 import functools
-import hmac
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ import pyarrow.flight as flight
 
 from ..core.store import Location
 from ..transforms import Transforms
+from .access import Access, AccessCheck, grants_of
 from .feeding import Feeding
 from .ingestion import Ingestion
 from .protocol import ACTIONS
@@ -60,31 +60,21 @@ class Stopped:
     calls_left: bool
 
 
-class _TokenCheck(flight.ServerMiddlewareFactory):
-    """Refuses every call whose `authorization` header is not `Bearer <token>` (compared in constant time)."""
-
-    def __init__(self, token: str) -> None:
-        self._want = f"Bearer {token}".encode()
-
-    def start_call(self, info: Any, headers: dict[str, list]) -> None:
-        got = [h.encode() if isinstance(h, str) else h for h in headers.get("authorization", [])]
-        if not any(hmac.compare_digest(g, self._want) for g in got):
-            raise flight.FlightUnauthenticatedError("zarrfeed: this server needs a token")
-        return None
-
-
 class FeedServer(flight.FlightServerBase):
     """Serves the dataset at `location` (a path, URL or Location) on `host:port` (port 0: a free one; the
     address is `url`), with `workers` loader processes per stream and the named transforms of `transforms`
-    (a module name or .py file). It listens once made; `serve()` blocks until `shutdown()`. As a context
-    manager it stops and commits what it accepted on exit."""
+    (a module name or .py file). Reading needs `token` if given; uploads are taken with `ingest` or an
+    `ingest_token` (then they need it; see access.py). It listens once made; `serve()` blocks until
+    `shutdown()`. As a context manager it stops and commits what it accepted on exit."""
 
-    def __init__(self, location: Location | str | os.PathLike, host: str = "127.0.0.1", port: int = 8815,
-                 token: str | None = None, workers: int = 2, tls: tuple[bytes, bytes] | None = None,
+    def __init__(self, location: Location | str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8815,
+                 token: str | None = None, ingest: bool = False, ingest_token: str | None = None,
+                 workers: int = 2, tls: tuple[bytes, bytes] | None = None,
                  transforms: Transforms | str | None = None) -> None:
         # everything a call uses is made before the server listens (super().__init__): a producer retrying
         # against a restarted server connects at once
         self.location = location if isinstance(location, Location) else Location.of(location)
+        self.access = Access(token, ingest_token, ingest)
         self.workers = workers
         self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
         self._scheme, self._host = "grpc+tls" if tls else "grpc", host
@@ -94,8 +84,7 @@ class FeedServer(flight.FlightServerBase):
             "describe": self.feeding.describe, "plan": self.feeding.plan,
             "begin_input": self.ingestion.begin_input, "sync": self.ingestion.sync}
         assert self._actions.keys() == ACTIONS.keys(), "every action of the protocol has a handler"
-        middleware = {"token": _TokenCheck(token)} if token else {}
-        super().__init__(f"{self._scheme}://{host}:{port}", middleware=middleware,
+        super().__init__(f"{self._scheme}://{host}:{port}", middleware={"access": AccessCheck(self.access)},
                          tls_certificates=[tls] if tls else None)
         self.ingestion.start(every_second=self.feeding.idle.expire)
 
@@ -132,6 +121,8 @@ class FeedServer(flight.FlightServerBase):
         handler = self._actions.get(action.type)
         if handler is None:
             raise flight.FlightServerError(f"unknown action {action.type!r} (actions: {', '.join(ACTIONS)})")
+        if ACTIONS[action.type].ingests:
+            self.access.refuse_upload(grants_of(context))
         return [flight.Result(json.dumps(handler(action.body.to_pybytes())).encode())]
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
@@ -158,6 +149,7 @@ class FeedServer(flight.FlightServerBase):
 
     @one_line
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        self.access.refuse_upload(grants_of(context))
         self.ingestion.put(descriptor, reader, writer)
 
     @one_line
