@@ -20,5 +20,12 @@ def fails(batch):
     raise ValueError("boom from the server's transform")
 
 
+def slow(batch, seconds=0.2):
+    """The batch's track ids, after `seconds` (a stream that stays open while a test looks at it)."""
+    import time
+    time.sleep(seconds)
+    return {"track_id": batch["track_id"].copy()}
+
+
 def _helper():  # private: not a transform
     return None

@@ -5,6 +5,7 @@ Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -111,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from .flight.access import LOOPBACK, Access
+    from .flight.limits import Limits
     from .flight.server import FeedServer, hide_frames, read_token
 
     hide_frames()
@@ -125,10 +127,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
         _check_certificate(args.tls_cert, args.tls_key)
     _check_port(args.host, args.port)
+    limits = Limits.for_machine(args.workers)
+    limits = dataclasses.replace(limits, **{name: getattr(args, name) for name in LIMIT_OPTIONS
+                                            if getattr(args, name) is not None})
     try:
         server = FeedServer(Location.of(args.path, _options(args)), host=args.host, port=args.port, token=token,
                             ingest=access.ingest, ingest_token=ingest_token, workers=args.workers, tls=tls,
-                            transforms=args.transforms)
+                            transforms=args.transforms, limits=limits)
     except pa.ArrowException as exc:  # a busy port, a certificate gRPC cannot use: gRPC's first line says which
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"cannot serve on {args.host}:{args.port}"
@@ -419,6 +424,21 @@ def _duckdb_query(parquet: Path) -> None:
     print(f"DuckDB: agents per label, with their mean speed (m/s):\n{duckdb.sql(sql)}")
 
 
+LIMIT_OPTIONS = ("max_streams", "max_uploads", "max_message_bytes", "max_batch_bytes", "max_transform_args_bytes")
+
+
+def _bytes(text: str) -> int:
+    """A size: bytes, or with K, M or G (powers of 1024)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    try:
+        value = int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K, M or G)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a size must be at least 1 byte, got {text!r}")
+    return value
+
+
 def _count(text: str) -> int:
     """An argparse type: a whole number >= 0."""
     try:
@@ -521,6 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="C", help="PEM certificate: clients connect with grpc+tls://")
     p.add_argument("--tls-key", metavar="K", help="PEM private key of --tls-cert")
     p.add_argument("--workers", type=_count, default=2, help="loader processes per stream")
+    limits = p.add_argument_group("limits (defaults sized from this machine; beyond them a client gets one line)")
+    for name, kind, text in (("max_streams", _count, "streams open at once (each runs --workers processes)"),
+                             ("max_uploads", _count, "upload calls open at once (each holds one message)"),
+                             ("max_message_bytes", _bytes, "one uploaded message (e.g. 256M)"),
+                             ("max_batch_bytes", _bytes, "one batch a ticket asks for (e.g. 512M)"),
+                             ("max_transform_args_bytes", _bytes, "a ticket's transform arguments, as JSON")):
+        limits.add_argument("--" + name.replace("_", "-"), type=kind, metavar="N", help=text)
     p.add_argument("--transforms", metavar="MODULE",
                    help="module name or .py file of named transforms clients may ask for (transform=NAME)")
     p.set_defaults(func=cmd_serve)

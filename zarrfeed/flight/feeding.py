@@ -27,6 +27,7 @@ from ..loader import Dataset, Loader, LoaderError, WindowLoader
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.plan import PlanSettings
 from ..transforms import Transforms
+from .limits import MiB, Limits, Slots
 from .protocol import Ticket
 
 log = logging.getLogger("zarrfeed.serve")
@@ -72,8 +73,11 @@ class Feeding:
     """Feeds the dataset at `location` to trainers: `workers` loader processes per stream, the named
     `transforms`; `url()` is where the server listens (what flight infos point to)."""
 
-    def __init__(self, location: Location, workers: int, transforms: Transforms, url: Callable[[], str]) -> None:
+    def __init__(self, location: Location, workers: int, transforms: Transforms, url: Callable[[], str],
+                 limits: Limits) -> None:
         self.location, self.workers, self.transforms, self._url = location, workers, transforms, url
+        self.limits = limits
+        self.streams = Slots(limits.max_streams, "streams", "--max-streams")
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.idle = IdleLoaders()
@@ -147,9 +151,11 @@ class Feeding:
             loader = self.idle.take(_reuse_key(t)) if reuse else None
             if loader is None:
                 ds = self.dataset(t.commit)
+                self._check_limits(t, ds)
                 transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
                 options: dict[str, Any] = dict(**dataclasses.asdict(t.plan), num_workers=self.workers,
-                                               transform=transform, copy=True)
+                                               transform=transform, copy=True,
+                                               cache_bytes=self.limits.stream_cache_bytes())
                 loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
                     Loader(ds, t.table, fields=t.fields, **options)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
@@ -157,13 +163,34 @@ class Feeding:
             raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
         return t, loader
 
+    def _check_limits(self, t: Ticket, ds: Dataset) -> None:
+        """Refuse a ticket whose batches or transform arguments are over the server's limits, in one line."""
+        if t.table not in ds.tables:
+            return  # the loader names the unknown table
+        rows = t.plan.batch_size * (t.history + t.future + 1 if t.kind == "windows" else 1)  # at least
+        size = rows * ds[t.table].dtype.itemsize
+        if size > self.limits.max_batch_bytes:
+            raise ValueError(f"ticket: a batch of {t.plan.batch_size} is at least {size / MiB:.0f} MiB of "
+                             f"{t.table}, over the server's --max-batch-bytes of "
+                             f"{self.limits.max_batch_bytes / MiB:.0f} MiB")
+        args = len(json.dumps(t.transform_args)) if t.transform_args is not None else 0
+        if args > self.limits.max_transform_args_bytes:
+            raise ValueError(f"ticket: transform_args are {args} bytes of JSON, over the server's "
+                             f"--max-transform-args-bytes of {self.limits.max_transform_args_bytes}")
+
     def stream(self, raw: bytes, context: Any) -> flight.FlightDataStream:
-        """do_get: the ticket's batches as a stream of record batches."""
+        """do_get: the ticket's batches as a stream of record batches; at most `limits.max_streams` at once."""
         if self.closing.is_set():
             raise flight.FlightUnavailableError(SHUTTING_DOWN)
-        t, loader = self._loader(raw, reuse=True)
+        self.streams.take()
+        try:
+            t, loader = self._loader(raw, reuse=True)
+        except BaseException:
+            self.streams.give()
+            raise
         convert = window_batch_to_arrow if t.kind == "windows" and not t.transform else to_arrow
-        batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader), self.closing)
+        batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader), self.closing,
+                           self.streams.give)
         try:  # the first batch now: its schema is the stream's, and a transform that fails says so at once
             first = next(batches, None)
         except LoaderError as exc:
@@ -181,10 +208,10 @@ def _reuse_key(t: Ticket) -> str:
 
 
 def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch],
-             keep: Callable[[], None], closing: threading.Event) -> Iterator[pa.RecordBatch]:
+             keep: Callable[[], None], closing: threading.Event, done: Callable[[], None]) -> Iterator[pa.RecordBatch]:
     """The loader's batches as record batches. When the epoch ends, `keep()` parks the loader for the next
     one; when the client cancels or disconnects, the server shuts down (`closing`), or anything fails, the
-    loader stops (its workers and memory are freed)."""
+    loader stops (its workers and memory are freed). `done()` is called once, when the stream ends."""
     finished = False
     try:
         for batch in loader:
@@ -204,6 +231,7 @@ def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBat
         raise flight.FlightServerError(f"zarrfeed: the stream failed: {type(exc).__name__}: {exc} (the "
                                        "server's log has the traceback)") from None
     finally:
+        done()
         if finished:
             keep()
         else:

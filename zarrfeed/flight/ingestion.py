@@ -22,6 +22,7 @@ from ..core._proc.pool import WorkerError
 from ..core.keys import key_to_json
 from ..core.store import Location
 from ..writer.dataset_writer import DatasetWriter
+from .limits import MiB, Limits, Slots
 from .protocol import decode_episodes
 
 log = logging.getLogger("zarrfeed.serve")
@@ -32,8 +33,11 @@ class Ingestion:
     """Writes the episodes producers upload into the dataset at `location` with `workers` writer processes;
     `committed()` gives the committed rows when no writer is open (the dataset's latest commit)."""
 
-    def __init__(self, location: Location, workers: int, committed: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, location: Location, workers: int, committed: Callable[[], dict[str, int]],
+                 limits: Limits) -> None:
         self.location, self.workers, self._committed = location, workers, committed
+        self.limits = limits
+        self.uploads = Slots(limits.max_uploads, "uploads", "--max-uploads")
         self._writer: DatasetWriter | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -102,7 +106,19 @@ class Ingestion:
         """do_put: each uploaded episode submitted, then acknowledged (accepted, or passed over as committed)."""
         if list(descriptor.path or []) != [b"episodes"]:
             raise flight.FlightServerError("zarrfeed: upload episodes with the descriptor path 'episodes'")
+        self.uploads.take()
+        try:
+            self._put(reader, writer)
+        finally:
+            self.uploads.give()
+
+    def _put(self, reader: Any, writer: Any) -> None:
+        limit = self.limits.max_message_bytes
         for chunk in _chunks(reader):
+            if chunk.data.nbytes > limit:  # gRPC receives a message whole: refused before it is decoded or copied
+                raise flight.FlightServerError(
+                    f"zarrfeed: an uploaded message of {chunk.data.nbytes / MiB:.1f} MiB is over the server's "
+                    f"--max-message-bytes of {limit / MiB:.1f} MiB (send one episode per message)")
             try:
                 episodes = decode_episodes(chunk.data)
             except (ValueError, KeyError, pa.ArrowException) as exc:

@@ -59,6 +59,8 @@ class _RemoteFeed:
         if isinstance(exc, flight.FlightUnauthenticatedError):
             return PermissionError(f"{self.url}: the server wants a token ({type(self).__name__}(..., token=...))")
         if isinstance(exc, flight.FlightUnavailableError):
+            if server_message(exc).startswith("zarrfeed:"):  # the server's own: busy, or shutting down
+                return ConnectionError(f"{self.url}: {server_message(exc)}")
             return ConnectionError(f"{self.url}: no zarrfeed server answers ({str(exc).splitlines()[0]})")
         return refused(f"{self.url}: {server_message(exc)}" if refused is LoaderError else server_message(exc))
 

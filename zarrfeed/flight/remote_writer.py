@@ -52,6 +52,7 @@ class RemoteWriter:
         self._unsynced_bytes = 0
         self._broken = False
         self._input: str | None = None  # the input that keyless submits continue (as DatasetWriter's)
+        self._closed: dict[str, int] | None = None  # what close() answered
         self._position = 0
 
     def _gone(self, exc: BaseException) -> ConnectionError:
@@ -196,6 +197,10 @@ class RemoteWriter:
         if isinstance(exc, flight.FlightUnauthorizedError):
             self._drop_put()
             return PermissionError(f"{self.url}: {server_message(exc)}")
+        if isinstance(exc, flight.FlightUnavailableError) and server_message(exc).startswith("zarrfeed:"):
+            self._drop_put()  # busy, or shutting down: the next call reconnects and re-sends what is unsynced
+            self._broken = True
+            return ConnectionError(f"{self.url}: {server_message(exc)}")
         if isinstance(exc, flight.FlightServerError):
             self._drop_put()
             return ValueError(server_message(exc))
@@ -219,7 +224,9 @@ class RemoteWriter:
             self._put = None
 
     def close(self) -> dict[str, int]:
-        """Finish the upload call and wait until everything accepted is committed."""
+        """Finish the upload call and wait until everything accepted is committed (again: the same answer)."""
+        if self._closed is not None:
+            return self._closed
         if self._put is not None and not self._broken:
             writer, _ = self._put
             try:
@@ -230,6 +237,7 @@ class RemoteWriter:
             self._put = None
         committed = self.sync()
         self._client.close()
+        self._closed = committed
         return committed
 
     def __enter__(self) -> "RemoteWriter":
@@ -238,7 +246,7 @@ class RemoteWriter:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is None:
             self.close()
-        else:
+        elif self._closed is None:
             self._drop_put()
             self._client.close()
 

@@ -25,6 +25,7 @@ from ..transforms import Transforms
 from .access import Access, AccessCheck, grants_of
 from .feeding import Feeding
 from .ingestion import Ingestion
+from .limits import Limits
 from .protocol import ACTIONS
 
 log = logging.getLogger("zarrfeed.serve")
@@ -63,14 +64,15 @@ class Stopped:
 class FeedServer(flight.FlightServerBase):
     """Serves the dataset at `location` (a path, URL or Location) on `host:port` (port 0: a free one; the
     address is `url`), with `workers` loader processes per stream and the named transforms of `transforms`
-    (a module name or .py file). Reading needs `token` if given; uploads are taken with `ingest` or an
-    `ingest_token` (then they need it; see access.py). It listens once made; `serve()` blocks until
-    `shutdown()`. As a context manager it stops and commits what it accepted on exit."""
+    (a module name or .py file), within `limits` (default: sized from the machine). Reading needs `token`
+    if given; uploads are taken with `ingest` or an `ingest_token` (then they need it; see access.py). It
+    listens once made; `serve()` blocks until `shutdown()`. As a context manager it stops and commits what
+    it accepted on exit."""
 
     def __init__(self, location: Location | str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8815,
                  token: str | None = None, ingest: bool = False, ingest_token: str | None = None,
                  workers: int = 2, tls: tuple[bytes, bytes] | None = None,
-                 transforms: Transforms | str | None = None) -> None:
+                 transforms: Transforms | str | None = None, limits: Limits | None = None) -> None:
         # everything a call uses is made before the server listens (super().__init__): a producer retrying
         # against a restarted server connects at once
         self.location = location if isinstance(location, Location) else Location.of(location)
@@ -78,8 +80,9 @@ class FeedServer(flight.FlightServerBase):
         self.workers = workers
         self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
         self._scheme, self._host = "grpc+tls" if tls else "grpc", host
-        self.feeding = Feeding(self.location, workers, self.transforms, lambda: self.url)
-        self.ingestion = Ingestion(self.location, workers, lambda: self.feeding.latest().rows)
+        self.limits = limits or Limits.for_machine(workers)
+        self.feeding = Feeding(self.location, workers, self.transforms, lambda: self.url, self.limits)
+        self.ingestion = Ingestion(self.location, workers, lambda: self.feeding.latest().rows, self.limits)
         self._actions: dict[str, Callable[[bytes], dict[str, Any]]] = {
             "describe": self.feeding.describe, "plan": self.feeding.plan,
             "begin_input": self.ingestion.begin_input, "sync": self.ingestion.sync}

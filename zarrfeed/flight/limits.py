@@ -1,0 +1,75 @@
+"""What one `zarrfeed serve` takes on at once, so that no client can take the server's memory or processes:
+open streams (each runs its own loader processes), uploads in progress (each holds one received message), the
+size of one uploaded message, the size of one batch a ticket asks for, and the size of a transform's
+arguments. Beyond a limit a client gets one line; for streams and uploads it says "busy, retry".
+
+Defaults are sized from the machine (`Limits.for_machine`); each is an option of `zarrfeed serve`.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import pyarrow.flight as flight
+
+from ..core._proc.shm import available_memory
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps of one server (see the module's docstring)."""
+
+    max_streams: int
+    max_uploads: int
+    max_message_bytes: int
+    max_batch_bytes: int
+    max_transform_args_bytes: int = 64 << 10
+
+    @classmethod
+    def for_machine(cls, workers: int) -> "Limits":
+        """Streams: four per core's worth of loader processes (at least 4); one message: 256 MiB or a 16th of
+        the memory available; uploads: as many such messages as fit in a quarter of it (2 to 64); one batch:
+        512 MiB or a 16th of the memory."""
+        cpus, memory = os.cpu_count() or 1, available_memory()
+        message = max(MiB, min(256 * MiB, memory // 16))
+        return cls(max_streams=max(4, 4 * cpus // max(1, workers)),
+                   max_uploads=max(2, min(64, memory // 4 // message)),
+                   max_message_bytes=message, max_batch_bytes=max(MiB, min(512 * MiB, memory // 16)))
+
+    def __post_init__(self) -> None:
+        for name in ("max_streams", "max_uploads", "max_message_bytes", "max_batch_bytes",
+                     "max_transform_args_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    def stream_cache_bytes(self) -> int:
+        """The decoded chunks one stream's loader may keep across epochs: its share of a quarter of memory."""
+        return available_memory() // 4 // self.max_streams
+
+
+class Slots:
+    """At most `limit` of something at once (streams, uploads); `take()` refuses beyond it, in one line."""
+
+    def __init__(self, limit: int, what: str, option: str) -> None:
+        self.limit, self.what, self.option = limit, what, option
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    def take(self) -> None:
+        with self._lock:
+            if self._used >= self.limit:
+                raise flight.FlightUnavailableError(
+                    f"zarrfeed: busy: {self._used} {self.what} open (the server's {self.option} is {self.limit}); "
+                    "retry later")
+            self._used += 1
+
+    def give(self) -> None:
+        with self._lock:
+            self._used -= 1
