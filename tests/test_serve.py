@@ -333,9 +333,18 @@ def test_tls(tmp_path):
         with RemoteLoader(s.url, "agents", batch_size=500, seed=1, token="tls-token", tls_root_certs=root) as remote, \
                 Loader(data, "agents", batch_size=500, seed=1, num_workers=0, copy=True) as local:
             assert equal_batches(remote, local) == len(local)
-        with pytest.raises(ConnectionError, match="no zarrfeed server answers"):  # no trust in the certificate
+        # issue 21: a certificate the client does not trust read "no zarrfeed server answers"
+        with pytest.raises(ConnectionError, match="the TLS handshake failed: certificate verify failed: "
+                                                  "self-signed certificate .tls_root_certs= must hold"):
             RemoteLoader(s.url, "agents", token="tls-token")
-        with pytest.raises(ConnectionError):  # plain gRPC to a TLS port
+        (tmp_path / "other").mkdir()
+        other, _ = self_signed(tmp_path / "other")  # a certificate of another CA
+        with pytest.raises(ConnectionError, match="the TLS handshake failed: certificate verify failed"):
+            RemoteLoader(s.url, "agents", token="tls-token", tls_root_certs=other.read_bytes())
+        from zarrfeed.flight import RemoteWriter
+        with pytest.raises(ConnectionError, match="the TLS handshake failed"):
+            RemoteWriter(s.url, token="tls-token")
+        with pytest.raises(ConnectionError, match="is it a TLS server. then use grpc.tls://"):  # plain to TLS
             RemoteLoader(s.url.replace("grpc+tls", "grpc"), "agents", token="tls-token", timeout=5)
         from zarrfeed.flight import RemoteWriter
         with RemoteWriter(s.url, token="tls-token", tls_root_certs=root) as producer:

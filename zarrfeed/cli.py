@@ -201,14 +201,14 @@ def _info_remote(args: argparse.Namespace) -> int:
     """`zarrfeed info grpc://host:port`: what a zarrfeed server serves (token from ZARRFEED_TOKEN)."""
     import pyarrow.flight as flight
 
-    from .flight.protocol import call_options, describe
+    from .flight.protocol import call_options, describe, unreachable
 
     try:
         doc = describe(flight.connect(args.path), call_options(os.environ.get("ZARRFEED_TOKEN"), 10))
     except flight.FlightUnauthenticatedError:
         raise ValueError(f"{args.path}: the server wants a token (set ZARRFEED_TOKEN)") from None
     except flight.FlightError as exc:
-        raise ValueError(f"{args.path}: no zarrfeed server answers ({str(exc).splitlines()[0]})") from None
+        raise ValueError(unreachable(args.path, exc)) from None
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

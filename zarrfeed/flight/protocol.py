@@ -4,6 +4,7 @@ line, and the episode codec of do_put uploads."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -153,6 +154,19 @@ def call_options(token: str | None, timeout: float | None = None) -> flight.Flig
     """Flight call options carrying `token` as `authorization: Bearer <token>` (what the server checks)."""
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     return flight.FlightCallOptions(headers=headers, timeout=timeout)
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    """Why no server answered at `url`, in one line: a failed TLS handshake says so and why (gRPC reports it
+    as "unavailable", like a server that is not there)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    handshake = re.search(r"handshake failed.*?(?:routines::|: )([^:]+(?::[^:]+)?)$", text, re.IGNORECASE)
+    if handshake:
+        return (f"{url}: the TLS handshake failed: {handshake.group(1).strip()} (tls_root_certs= must hold the "
+                "certificate of the CA that signed the server's)")
+    if url.startswith("grpc://") and text.endswith("Socket closed"):
+        return f"{url}: the server closed the connection (is it a TLS server? then use grpc+tls://)"
+    return f"{url}: no zarrfeed server answers ({text})"
 
 
 def server_message(exc: Exception) -> str:

@@ -25,7 +25,7 @@ from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import LoaderError
 from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
-from .protocol import Ticket, _json_args, call_options, describe, server_message
+from .protocol import Ticket, _json_args, call_options, describe, server_message, unreachable
 
 
 class _RemoteFeed:
@@ -61,7 +61,7 @@ class _RemoteFeed:
         if isinstance(exc, flight.FlightUnavailableError):
             if server_message(exc).startswith("zarrfeed:"):  # the server's own: busy, or shutting down
                 return ConnectionError(f"{self.url}: {server_message(exc)}")
-            return ConnectionError(f"{self.url}: no zarrfeed server answers ({str(exc).splitlines()[0]})")
+            return ConnectionError(unreachable(self.url, exc))
         return refused(f"{self.url}: {server_message(exc)}" if refused is LoaderError else server_message(exc))
 
     def _plan(self, epoch: int) -> tuple[LoaderState, int]:

@@ -26,7 +26,7 @@ import pyarrow.flight as flight
 
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import dtype_from_descr
-from .protocol import DESCRIPTOR, call_options, encode_episode, episode_schema, server_message
+from .protocol import DESCRIPTOR, call_options, encode_episode, episode_schema, server_message, unreachable
 
 
 class RemoteWriter:
@@ -45,19 +45,21 @@ class RemoteWriter:
         self._stream_options = call_options(token)  # an upload call lasts as long as the producer: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
         self._client = flight.connect(url, **self._tls)
-        info = self._action("describe")
-        self.schema = episode_schema({t: dtype_from_descr(d["dtype"]) for t, d in info["tables"].items()})
         self._put: Any = None
         self._unsynced: list[tuple[Key, Mapping[str, np.ndarray]]] = []
         self._unsynced_bytes = 0
         self._broken = False
         self._input: str | None = None  # the input that keyless submits continue (as DatasetWriter's)
         self._closed: dict[str, int] | None = None  # what close() answered
+        info = self._action("describe")
+        self.schema = episode_schema({t: dtype_from_descr(d["dtype"]) for t, d in info["tables"].items()})
         self._position = 0
 
     def _gone(self, exc: BaseException) -> ConnectionError:
         self._drop_put()
         self._broken = True
+        if "handshake" in str(exc).lower():  # not gone: never reached (a certificate it does not trust)
+            return ConnectionError(unreachable(self.url, exc))
         return ConnectionError(f"{self.url}: the server went away ({str(exc).strip().splitlines()[0]}); call "
                                "again: this writer reconnects and re-sends what is not committed")
 
