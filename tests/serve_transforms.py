@@ -21,10 +21,12 @@ def fails(batch):
 
 
 def slow(batch, seconds=0.2):
-    """The batch's track ids, after `seconds` (a stream that stays open while a test looks at it)."""
+    """The batch's track ids (agents) or frame indices (windows), after `seconds`: a stream that stays open
+    while a test looks at it."""
     import time
     time.sleep(seconds)
-    return {"track_id": batch["track_id"].copy()}
+    key = "frame_index" if "frame_index" in batch else "track_id"  # windows, or agents
+    return {key: batch[key].copy()}
 
 
 def _helper():  # private: not a transform

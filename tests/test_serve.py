@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -401,7 +402,7 @@ def test_a_stream_ends_with_server_shutting_down(data):
     """A trainer still reading when the server stops gets "server shutting down", not a cut connection."""
     from zarrfeed.flight import FeedServer
     with FeedServer(data, port=0, workers=1) as server:
-        remote = RemoteLoader(server.url, "agents", batch_size=20)
+        remote = RemoteLoader(server.url, "agents", batch_size=20, reconnect_timeout=0)  # no waiting for it
         it = iter(remote)
         next(it)
         server.feeding.close()  # what stop() does first
@@ -784,19 +785,13 @@ def test_streams_beyond_the_cap_are_told_busy_not_left_hanging(data):
         first = RemoteLoader(s.url, "agents", batch_size=50, transform="slow", transform_args={"seconds": 0.02})
         it = iter(first)
         next(it)  # one stream open (its 144 batches take 0.02 s each)
-        second = RemoteLoader(s.url, "agents", batch_size=50)  # discovery and plans are not streams
+        second = RemoteLoader(s.url, "agents", batch_size=50, reconnect_timeout=0)  # one try
         with pytest.raises(ConnectionError, match=r"busy: 1 streams open \(the server's --max-streams is 1\); "
                                                   r"retry later$"):
             next(iter(second))
-        it.close()  # the first trainer leaves: its stream ends on the server at its next batch
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert sum(len(b["centroid"]) for b in second) == Dataset.open(data).rows["agents"]
-                break
-            except ConnectionError:
-                assert time.monotonic() < deadline, "the stream's place was never given back"
-                time.sleep(0.1)
+        third = RemoteLoader(s.url, "agents", batch_size=50, reconnect_timeout=30)  # waits for a place
+        threading.Timer(0.5, it.close).start()  # the first trainer leaves: its stream ends at its next batch
+        assert sum(len(b["centroid"]) for b in third) == Dataset.open(data).rows["agents"]
     finally:
         s.stop()
 
@@ -850,3 +845,48 @@ def test_limits_are_sized_from_the_machine_and_refused_when_nonsense(data):
         r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--port", "0", flag, value],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_a_trainer_survives_a_server_restart_mid_epoch(data, windows):
+    """Issue 21: a server restarted mid-epoch ended the trainer's epoch with an error. Now RemoteLoader and
+    RemoteWindowLoader reconnect and go on from the batch after the last one they yielded: the epoch is
+    exactly the local loader's."""
+    import serve_transforms
+
+    from zarrfeed.flight import RemoteWindowLoader
+    s = Server(data, "--transforms", str(TRANSFORMS))
+    port = s.url.rsplit(":", 1)[1]
+    # batches made slowly (10 ms each), so that the server dies before it has sent the epoch
+    args = dict(batch_size=4 if windows else 20, seed=3)
+    slow = dict(transform="slow", transform_args={"seconds": 0.01}, reconnect_timeout=30)
+    remote = RemoteWindowLoader(s.url, 2, 3, **args, **slow) if windows else \
+        RemoteLoader(s.url, "agents", **args, **slow)
+    restarted = None
+    try:
+        got = []
+        for i, batch in enumerate(remote):
+            got.append(batch)
+            if i == 3:  # mid-epoch: the server dies and a new one starts on the same port a second later
+                s.proc.send_signal(signal.SIGKILL)
+                s.proc.wait()
+                time.sleep(1.0)
+                restarted = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--port",
+                                              port, "--workers", "1", "--transforms", str(TRANSFORMS)],
+                                             stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        local_cls = WindowLoader if windows else Loader
+        local_args = (data, 2, 3) if windows else (data, "agents")
+        with local_cls(*local_args, **args, num_workers=0, copy=True,
+                       transform=functools.partial(serve_transforms.slow, seconds=0)) as local:
+            want = list(local)
+        assert remote.reconnects == 1 and len(got) == len(want) > 4
+        for a, b in zip(got, want, strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+    finally:
+        remote.close()
+        if restarted is not None:
+            restarted.send_signal(signal.SIGTERM)
+            restarted.wait(10)

@@ -13,6 +13,7 @@ runs code or unpickles objects a client sends.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from typing import Any, Iterator
 
@@ -34,16 +35,20 @@ class _RemoteFeed:
     _ticket: Ticket
 
     def __init__(self, url: str, token: str | None, output: str, tls_root_certs: bytes | None,
-                 timeout: float) -> None:
+                 timeout: float, reconnect_timeout: float) -> None:
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
-        self.url, self.output = url, output
+        if reconnect_timeout < 0:
+            raise ValueError(f"reconnect_timeout must be >= 0 seconds, got {reconnect_timeout}")
+        self.url, self.output, self.reconnect_timeout = url, output, reconnect_timeout
         self._options = call_options(token, timeout)
         self._stream_options = call_options(token)  # a stream lasts an epoch: no deadline
-        self._client = flight.connect(url, **({"tls_root_certs": tls_root_certs} if tls_root_certs else {}))
+        self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
+        self._client = flight.connect(url, **self._tls)
         self.info = self._call(lambda: describe(self._client, self._options))
         self.dataset_id, self.commit = self.info["dataset_id"], self.info["commit"]
         self.epoch, self._position = 0, 0
+        self.reconnects = 0  # times a stream was lost and taken up again
         self._plans: dict[int, tuple[LoaderState, int]] = {}
 
     def _call(self, fn: Any) -> Any:
@@ -86,18 +91,26 @@ class _RemoteFeed:
     def __iter__(self) -> Iterator[Any]:
         if self._position >= len(self):
             self.epoch, self._position = self.epoch + 1, 0
-        ticket = replace(self._ticket, epoch=self.epoch, batch=self._position)
-        reader = None
+        reader, lost_since = None, None
         try:
             while True:
                 try:
-                    if reader is None:
+                    if reader is None:  # from the batch after the last one yielded: nothing twice, nothing skipped
+                        ticket = replace(self._ticket, epoch=self.epoch, batch=self._position)
                         reader = self._client.do_get(ticket.encode(), self._stream_options)
                     chunk = reader.read_chunk()
                 except StopIteration:
                     break
-                except flight.FlightError as exc:  # the server's loader failed (a transform, a chunk, a worker)
-                    raise self._error(exc, LoaderError) from None
+                except (flight.FlightError, OSError) as exc:
+                    if not _passing(exc):  # the server's loader failed (a transform, a chunk, a worker)
+                        raise self._error(exc, LoaderError) from None
+                    lost_since = lost_since or time.monotonic()
+                    if time.monotonic() - lost_since >= self.reconnect_timeout:
+                        raise self._error(exc, LoaderError) from None
+                    reader = None
+                    self._reconnect(lost_since)
+                    continue
+                lost_since = None
                 self._position += 1
                 yield chunk.data if self.output == "arrow" else self._convert(chunk.data)
         finally:
@@ -105,6 +118,25 @@ class _RemoteFeed:
                 reader.cancel()  # a loop left early: the server stops making this stream's batches
         if self._position >= len(self):
             self.epoch, self._position = self.epoch + 1, 0
+
+    def _reconnect(self, lost_since: float) -> None:
+        """Wait for the server to answer again (a restart, a moment of "busy"), with backoff from 0.1 to 2 s,
+        until `reconnect_timeout` seconds after the stream was lost."""
+        delay = 0.1
+        while time.monotonic() - lost_since < self.reconnect_timeout:
+            time.sleep(min(delay, max(0.0, self.reconnect_timeout - (time.monotonic() - lost_since))))
+            delay = min(2 * delay, 2.0)
+            self._client.close()
+            self._client = flight.connect(self.url, **self._tls)
+            try:
+                if describe(self._client, self._options)["dataset_id"] != self.dataset_id:
+                    raise ConnectionError(f"{self.url}: the server came back with another dataset; the stream "
+                                          "cannot go on")
+                self.reconnects += 1
+                return
+            except (flight.FlightError, OSError) as exc:
+                if not _passing(exc):
+                    raise self._error(exc, LoaderError) from None
 
     def state(self) -> LoaderState:
         """The state the server's loader (and so a local one with these arguments) has here."""
@@ -130,20 +162,35 @@ class _RemoteFeed:
         self.close()
 
 
+def _passing(exc: BaseException) -> bool:
+    """Whether a stream's error may pass once the server is back: the server gone or restarting (transport
+    errors, "server shutting down") or busy; not a failure the server reported about the stream itself."""
+    if isinstance(exc, flight.FlightUnavailableError):
+        return True
+    if isinstance(exc, (flight.FlightServerError, flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError,
+                        flight.FlightCancelledError)):
+        return False
+    return isinstance(exc, (flight.FlightInternalError, flight.FlightTimedOutError, OSError))
+
+
 class RemoteLoader(_RemoteFeed):
     """Batches of `table` from the zarrfeed server at `url` (`grpc://host:port` or `grpc+tls://...`), as a
     local `Loader` with the same arguments would yield them: dicts of numpy columns (views of the received
     Arrow buffers, owned by the batch: they stay valid), or RecordBatches with `output="arrow"`.
     `transform="name"` (with JSON `transform_args`) has the server's workers apply one of its named
-    transforms (`zarrfeed serve --transforms MODULE`): the batches are then that transform's arrays."""
+    transforms (`zarrfeed serve --transforms MODULE`): the batches are then that transform's arrays.
+
+    If the server goes away mid-epoch (a restart, a shutdown, a moment of "busy"), the loader reconnects with
+    backoff for up to `reconnect_timeout` seconds and goes on from the batch after the last one it yielded:
+    the epoch's batches are exactly those that would have come."""
 
     def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256, seed: int = 0, shuffle: bool = True,
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
                  fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
                  output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout)
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout)
         tables = self.info["tables"]
         if table not in tables:
             raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
@@ -175,8 +222,9 @@ class RemoteWindowLoader(_RemoteFeed):
                  seed: int = 0, shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
                  drop_last: bool = False, token: str | None = None, output: str = "numpy",
                  transform: str | None = None, transform_args: dict[str, Any] | None = None,
-                 tls_root_certs: bytes | None = None, timeout: float = 30.0) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout)
+                 tls_root_certs: bytes | None = None, timeout: float = 30.0,
+                 reconnect_timeout: float = 60.0) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size, shuffle, seed, shuffle_window or 4, rank, world_size, drop_last)
         self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
