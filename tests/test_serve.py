@@ -31,16 +31,31 @@ def data(small_dataset):
 
 
 class Server:
-    """`zarrfeed serve` in its own process; `url` once it listens."""
+    """`zarrfeed serve` in its own process; `url` once it listens. Its stderr (the server's log) is read as it
+    comes, so that a long-lived server never blocks on a full pipe: `err()` is what it wrote so far."""
 
     def __init__(self, path, *args: str, scheme: str = "grpc") -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(path), "--port", "0",
                                       "--workers", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=ROOT)
-        line = self.proc.stdout.readline()
-        assert line.startswith("serving "), line + self.proc.stderr.read()
+        self._err: list[str] = []
+        self._drain = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
+        self._drain.start()
+        line = self.first_line = self.proc.stdout.readline()
+        assert line.startswith("serving "), line + self.err()
         self.url = line.split()[3]
+        self.port = self.url.rsplit(":", 1)[1]
         assert self.url.startswith(f"{scheme}://127.0.0.1:")
+
+    def err(self) -> str:
+        """What the server wrote to stderr so far (all of it once it has exited)."""
+        if self.proc.poll() is not None:
+            self._drain.join(10)
+        return "".join(self._err)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
 
     def descendants(self) -> list[int]:
         """The server's running descendants: the fork server and the loader workers it starts."""
@@ -218,7 +233,8 @@ def test_the_actions_listed_are_the_protocols_and_each_is_answered(server, data)
     client = flight.connect(server.url)
     listed = {a.type: a.description for a in client.list_actions()}
     assert listed == {name: a.description for name, a in ACTIONS.items()}
-    bodies = {"describe": b"", "plan": Ticket("agents", PlanSettings(100)).to_json(), "sync": b"", "begin_input": b"{"}
+    bodies = {"describe": b"", "plan": Ticket("agents", PlanSettings(100)).to_json(), "status": b"", "sync": b"",
+              "begin_input": b"{"}
     assert bodies.keys() == ACTIONS.keys()
     for name, body in bodies.items():
         if ACTIONS[name].ingests:  # this server was not started to ingest: refused in one line, nothing taken
@@ -351,7 +367,7 @@ def test_tls(tmp_path):
         with RemoteWriter(s.url, token="tls-token", tls_root_certs=root) as producer:
             assert producer.submit(next(iter(synthetic.episodes(1, seed=77, frames=20, agents_per_frame=5))))
     finally:
-        assert s.stop() < 2.0 and s.proc.returncode == 0, s.proc.stderr.read()
+        assert s.stop() < 2.0 and s.proc.returncode == 0, s.err()
     assert Dataset.open(data).rows["scenes"] == 3  # committed at SIGTERM
 
 
@@ -361,7 +377,7 @@ def test_sigterm_stops_the_server_within_two_seconds_mid_stream(data):
     it = iter(remote)
     next(it)  # a stream is open
     seconds = s.stop()
-    assert seconds < 2.0 and s.proc.returncode == 0, s.proc.stderr.read()
+    assert seconds < 2.0 and s.proc.returncode == 0, s.err()
 
 
 TRAINER = """
@@ -388,7 +404,7 @@ def test_sigterm_stops_within_two_seconds_whatever_the_clients_do(data, target):
             eps = list(synthetic.episodes(3, seed=31, frames=20, agents_per_frame=5))
             assert producer.submit(eps[0], key="a") and producer.submit(eps[1], key="b")  # acknowledged; idle
             seconds = s.stop()
-            err = s.proc.stderr.read()
+            err = s.err()
             assert seconds < 2.0 and s.proc.returncode == 0, err
             assert "committed 3 scenes" in err and "Traceback" not in err, err
             producer.submit(eps[2], key="c")  # the producer hears of it at once, it does not hang
@@ -611,23 +627,18 @@ def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(t
     script = tmp_path / "producer.py"
     script.write_text(PRODUCER)
     s = Server(target, "--ingest")
-    port = s.url.rsplit(":", 1)[1]
     producer = subprocess.Popen([sys.executable, str(script), s.url, "5", "12", "0.1"], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(4):
         assert producer.stdout.readline().startswith("acked")
-    s.proc.send_signal(signal.SIGKILL)  # mid-ingest: accepted episodes may not be committed
-    s.proc.wait()
+    s.kill()  # mid-ingest: accepted episodes may not be committed
     time.sleep(0.5)
-    restarted = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(target), "--port", port,
-                                  "--workers", "1", "--ingest"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, cwd=ROOT)
+    restarted = Server(target, "--ingest", "--port", s.port)
     try:
         out, err = producer.communicate(timeout=120)
         assert producer.returncode == 0 and "done 12" in out, err[-2000:]
     finally:
-        restarted.send_signal(signal.SIGTERM)
-        restarted.wait(10)
+        restarted.stop()
     want = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)) + \
         list(synthetic.episodes(12, seed=5, frames=30, agents_per_frame=20))
     assert episodes_in(target) == sorted(content_key(ep) for ep in want)
@@ -856,7 +867,6 @@ def test_a_trainer_survives_a_server_restart_mid_epoch(data, windows):
 
     from zarrfeed.flight import RemoteWindowLoader
     s = Server(data, "--transforms", str(TRANSFORMS))
-    port = s.url.rsplit(":", 1)[1]
     # batches made slowly (10 ms each), so that the server dies before it has sent the epoch
     args = dict(batch_size=4 if windows else 20, seed=3)
     slow = dict(transform="slow", transform_args={"seconds": 0.01}, reconnect_timeout=30)
@@ -868,13 +878,9 @@ def test_a_trainer_survives_a_server_restart_mid_epoch(data, windows):
         for i, batch in enumerate(remote):
             got.append(batch)
             if i == 3:  # mid-epoch: the server dies and a new one starts on the same port a second later
-                s.proc.send_signal(signal.SIGKILL)
-                s.proc.wait()
+                s.kill()
                 time.sleep(1.0)
-                restarted = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--port",
-                                              port, "--workers", "1", "--transforms", str(TRANSFORMS)],
-                                             stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                restarted = Server(data, "--port", s.port, "--transforms", str(TRANSFORMS))
         local_cls = WindowLoader if windows else Loader
         local_args = (data, 2, 3) if windows else (data, "agents")
         with local_cls(*local_args, **args, num_workers=0, copy=True,
@@ -888,5 +894,74 @@ def test_a_trainer_survives_a_server_restart_mid_epoch(data, windows):
     finally:
         remote.close()
         if restarted is not None:
-            restarted.send_signal(signal.SIGTERM)
-            restarted.wait(10)
+            restarted.stop()
+
+
+def test_status_and_the_access_log_show_who_is_connected(tmp_path):
+    """Issue 21: an operator could not see who is connected, how fast batches go or how far ingestion lags.
+    `zarrfeed status URL` (the action "status") says it; every stream and upload leaves one access-log line."""
+    from zarrfeed.flight import RemoteWriter
+
+    target, scenes = tmp_path / "d.zarr", 12  # windows of about 200 KB: more than gRPC buffers
+    write_dataset(target, synthetic.episodes(scenes, seed=12, frames=100, agents_per_frame=60), workers=0)
+    s = Server(target, "--ingest")
+    try:
+        # raw windows are large: the server's stream waits on the trainer, which stops reading after one batch
+        trainer = RemoteWindowLoader(s.url, 10, 20, batch_size=16, rank=1, world_size=2)
+        it = iter(trainer)
+        next(it)
+        with RemoteWriter(s.url) as producer:
+            eps = list(synthetic.episodes(2, seed=70, frames=20, agents_per_frame=5))
+            assert producer.submit(eps[0], key="s0") and producer.submit(eps[1], key="s1")
+            out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url, "--json"],
+                                 capture_output=True, text=True, timeout=60, cwd=ROOT)
+            assert out.returncode == 0, out.stderr
+            doc = json.loads(out.stdout)
+            (stream,) = doc["streams"]
+            assert (stream["table"], stream["kind"], stream["rank"], stream["world_size"], stream["epoch"]) == \
+                ("frames", "windows", 1, 2, 0)
+            assert stream["client"].startswith("ipv4:127.0.0.1:") and stream["rows"] > 0 and stream["rows_per_s"] > 0
+            (upload,) = doc["uploads"]
+            assert upload["accepted"] == 2 and doc["totals"]["episodes_accepted"] == 2
+            assert doc["ingestion"]["enabled"] and doc["ingestion"]["writer_open"]
+            assert 0 <= doc["ingestion"]["commit_lag_episodes"] <= 2
+            assert doc["processes"]["workers"] >= 1 and doc["memory"]["server_rss"] > 0 and doc["uptime_s"] > 0
+            assert doc["limits"]["max_streams"] >= 4
+            producer.sync()
+            text = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url], capture_output=True,
+                                  text=True, timeout=60, cwd=ROOT).stdout
+            assert "streams: 1 open" in text and "rank 1/2 epoch 0" in text, text
+            assert f"commit lag 0 episodes; committed {scenes + 2} scenes" in text, text
+        it.close()
+        trainer.close()
+    finally:
+        s.stop()
+    log = s.err()
+    assert re.search(r"stream \d+ client=ipv4:127\.0\.0\.1:\d+ windows=frames rank=1/2 epoch=0 batches=\d+ "
+                     r"rows=\d+ seconds=[\d.]+ outcome=(cancelled|ok)", log), log
+    assert re.search(r"upload \d+ client=ipv4:127\.0\.0\.1:\d+ accepted=2 passed_over=0 bytes=\d+ seconds=[\d.]+ "
+                     r"outcome=ok", log), log
+
+
+def test_prometheus_metrics_on_their_own_port(target):
+    """--metrics-port serves the status figures as Prometheus metrics (prometheus_client, an optional extra)."""
+    import urllib.request
+
+    from zarrfeed.flight import RemoteWriter
+
+    s = Server(target, "--ingest", "--metrics-port", "0")
+    try:
+        url = re.search(r"metrics: (http://127\.0\.0\.1:\d+/metrics)", s.first_line).group(1)
+        with RemoteWriter(s.url) as w:
+            assert w.submit(next(synthetic.episodes(1, seed=80, frames=20, agents_per_frame=5)), key="m")
+        with RemoteLoader(s.url, "scenes", batch_size=1) as remote:
+            assert len(list(remote)) == 2
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        metrics = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                   if line.startswith("zarrfeed_")}
+        assert metrics["zarrfeed_episodes_accepted_total"] == 1 and metrics["zarrfeed_streams_total"] == 1
+        assert metrics["zarrfeed_rows_sent_total"] == 2 and metrics["zarrfeed_commit_lag_episodes"] == 0
+        assert metrics['zarrfeed_committed_rows{table="scenes"}'] == 2 and metrics["zarrfeed_uptime_seconds"] > 0
+        assert metrics['zarrfeed_memory_rss_bytes{process="server"}'] > 0
+    finally:
+        s.stop()

@@ -142,6 +142,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         warnings.warn(f"serving on {args.host} with --insecure: anyone who reaches this port can read the data"
                       + (" and upload into it" if access.ingest and ingest_token is None else ""))
     named = f"; transforms: {', '.join(server.transforms.named)}" if args.transforms else ""
+    if args.metrics_port is not None:
+        from .flight.metrics import serve_metrics
+        try:
+            port = serve_metrics(server.status, args.metrics_host, args.metrics_port)
+        except OSError as exc:
+            server.stop(grace=0)
+            raise ValueError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc.strerror}") \
+                from None
+        named += f"; metrics: http://{args.metrics_host}:{port}/metrics"
     rights = ("reads need a token" if token else "anyone may read") + "; " + (
         "uploads need the ingest token" if ingest_token else "anyone who may read may upload" if access.ingest
         else "no uploads")
@@ -197,18 +206,29 @@ def _check_port(host: str, port: int) -> None:
             raise ValueError(f"cannot serve on {host}:{port}: {exc.strerror}") from None
 
 
-def _info_remote(args: argparse.Namespace) -> int:
-    """`zarrfeed info grpc://host:port`: what a zarrfeed server serves (token from ZARRFEED_TOKEN)."""
+def _ask_server(url: str, action: str, tls_root_certs: str | None = None) -> dict:
+    """A zarrfeed server's answer to `action`, its errors as one line (the token from ZARRFEED_TOKEN)."""
     import pyarrow.flight as flight
 
-    from .flight.protocol import call_options, describe, unreachable
+    from .flight.protocol import call_options, unreachable
 
+    tls = {"tls_root_certs": Path(tls_root_certs).read_bytes()} if tls_root_certs else {}
     try:
-        doc = describe(flight.connect(args.path), call_options(os.environ.get("ZARRFEED_TOKEN"), 10))
+        results = list(flight.connect(url, **tls).do_action(flight.Action(action, b""),
+                                                            call_options(os.environ.get("ZARRFEED_TOKEN"), 10)))
     except flight.FlightUnauthenticatedError:
-        raise ValueError(f"{args.path}: the server wants a token (set ZARRFEED_TOKEN)") from None
+        raise ValueError(f"{url}: the server wants a token (set ZARRFEED_TOKEN)") from None
+    except flight.FlightUnavailableError as exc:
+        raise ValueError(unreachable(url, exc)) from None
     except flight.FlightError as exc:
-        raise ValueError(unreachable(args.path, exc)) from None
+        from .flight.protocol import server_message
+        raise ValueError(f"{url}: {server_message(exc)}") from None
+    return json.loads(results[0].body.to_pybytes())
+
+
+def _info_remote(args: argparse.Namespace) -> int:
+    """`zarrfeed info grpc://host:port`: what a zarrfeed server serves (token from ZARRFEED_TOKEN)."""
+    doc = _ask_server(args.path, "describe")
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -217,6 +237,32 @@ def _info_remote(args: argparse.Namespace) -> int:
         print(f"{name:<22}{t['rows']:>14,} rows  chunk rows {t['chunk_rows']:,}")
     for name, doc_line in doc.get("transforms", {}).items():
         print(f"transform {name}: {doc_line}" if doc_line else f"transform {name}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`zarrfeed status grpc://host:port`: what the server is doing now."""
+    doc = _ask_server(args.url, "status", args.tls_root_certs)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    ing, t = doc["ingestion"], doc["totals"]
+    print(f"{doc['url']} serving {doc['dataset']}: up {doc['uptime_s']:.0f} s, {doc['processes']['workers']} worker "
+          f"processes, memory {_size(doc['memory']['server_rss'])} + workers {_size(doc['memory']['workers_rss'])}")
+    print(f"streams: {len(doc['streams'])} open (at most {doc['limits']['max_streams']}), {t['streams']:,} since "
+          f"start, {t['rows_sent']:,} rows sent")
+    for st in doc["streams"]:
+        print(f"  #{st['id']} {st['client']} {st['kind']} {st['table']} rank {st['rank']}/{st['world_size']} "
+              f"epoch {st['epoch']}: {st['batches']:,} batches, {st['rows_per_s']:,.0f} rows/s")
+    if not ing["enabled"]:
+        print("ingestion: off")
+        return 0
+    print(f"uploads: {len(doc['uploads'])} open (at most {doc['limits']['max_uploads']}); episodes accepted "
+          f"{t['episodes_accepted']:,}, passed over {t['episodes_passed_over']:,}; commit lag "
+          f"{ing['commit_lag_episodes']:,} episodes; committed {_counts(ing['committed_rows'])}")
+    for up in doc["uploads"]:
+        print(f"  #{up['id']} {up['client']}: {up['accepted']:,} accepted, {up['passed_over']:,} passed over, "
+              f"{_size(up['bytes'])}")
     return 0
 
 
@@ -525,6 +571,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
+    p = command("status", "what a zarrfeed server is doing: streams, uploads, commit lag, processes, memory")
+    p.add_argument("url", help="grpc://host:port or grpc+tls://host:port (token: ZARRFEED_TOKEN)")
+    p.add_argument("--tls-root-certs", metavar="PEM", help="the CA certificate that signed the server's")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
     p = command("serve", "serve the dataset's batches over Arrow Flight (RemoteLoader, any Flight client)")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--host", default="127.0.0.1",
@@ -541,6 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="C", help="PEM certificate: clients connect with grpc+tls://")
     p.add_argument("--tls-key", metavar="K", help="PEM private key of --tls-cert")
     p.add_argument("--workers", type=_count, default=2, help="loader processes per stream")
+    p.add_argument("--metrics-port", type=_count, metavar="P",
+                   help="serve Prometheus metrics at http://HOST:P/metrics (0: a free port; needs zarrfeed[metrics])")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
     limits = p.add_argument_group("limits (defaults sized from this machine; beyond them a client gets one line)")
     for name, kind, text in (("max_streams", _count, "streams open at once (each runs --workers processes)"),
                              ("max_uploads", _count, "upload calls open at once (each holds one message)"),

@@ -27,6 +27,7 @@ from ..loader import Dataset, Loader, LoaderError, WindowLoader
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.plan import PlanSettings
 from ..transforms import Transforms
+from .activity import Activity, outcome_of
 from .limits import MiB, Limits, Slots
 from .protocol import Ticket
 
@@ -74,9 +75,9 @@ class Feeding:
     `transforms`; `url()` is where the server listens (what flight infos point to)."""
 
     def __init__(self, location: Location, workers: int, transforms: Transforms, url: Callable[[], str],
-                 limits: Limits) -> None:
+                 limits: Limits, activity: Activity) -> None:
         self.location, self.workers, self.transforms, self._url = location, workers, transforms, url
-        self.limits = limits
+        self.limits, self.activity = limits, activity
         self.streams = Slots(limits.max_streams, "streams", "--max-streams")
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
@@ -189,12 +190,16 @@ class Feeding:
             self.streams.give()
             raise
         convert = window_batch_to_arrow if t.kind == "windows" and not t.transform else to_arrow
+        record = self.activity.stream_started(context.peer(), t.table, t.kind, t.plan.rank, t.plan.world_size,
+                                              t.epoch)
+
+        def done(outcome: str) -> None:
+            self.streams.give()
+            self.activity.stream_ended(record, outcome)
+
         batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader), self.closing,
-                           self.streams.give)
-        try:  # the first batch now: its schema is the stream's, and a transform that fails says so at once
-            first = next(batches, None)
-        except LoaderError as exc:
-            raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
+                           lambda rb: self.activity.sent(record, rb.num_rows, rb.nbytes), done)
+        first = next(batches, None)  # now: its schema is the stream's, and a transform that fails says so at once
         if first is None:
             schema = arrow_schema(loader.dataset[t.table].dtype, t.fields) if t.kind == "batches" and \
                 not t.transform else pa.schema([])
@@ -207,31 +212,38 @@ def _reuse_key(t: Ticket) -> str:
     return json.dumps(dataclasses.asdict(dataclasses.replace(t, epoch=0, batch=0)), sort_keys=True)
 
 
-def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch],
-             keep: Callable[[], None], closing: threading.Event, done: Callable[[], None]) -> Iterator[pa.RecordBatch]:
-    """The loader's batches as record batches. When the epoch ends, `keep()` parks the loader for the next
-    one; when the client cancels or disconnects, the server shuts down (`closing`), or anything fails, the
-    loader stops (its workers and memory are freed). `done()` is called once, when the stream ends."""
-    finished = False
+def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch], keep: Callable[[], None],
+             closing: threading.Event, sent: Callable[[pa.RecordBatch], None],
+             done: Callable[[str], None]) -> Iterator[pa.RecordBatch]:
+    """The loader's batches as record batches, each passed to `sent`. When the epoch ends, `keep()` parks the
+    loader for the next one; when the client cancels or disconnects, the server shuts down (`closing`), or
+    anything fails, the loader stops (its workers and memory are freed). `done(outcome)` is called once, when
+    the stream ends."""
+    finished, outcome = False, "cancelled"  # unless it ends otherwise: the client left
     try:
         for batch in loader:
             if context.is_cancelled():
                 return
             if closing.is_set():
                 raise flight.FlightUnavailableError(SHUTTING_DOWN)
-            yield convert(batch)
-        finished = True
-    except flight.FlightError:
+            rb = convert(batch)
+            sent(rb)
+            yield rb
+        finished, outcome = True, "ok"
+    except flight.FlightError as exc:
+        outcome = outcome_of(exc)
         raise
     except LoaderError as exc:  # a chunk that cannot be read, a transform that raised: its one line
         log.warning("zarrfeed: a stream failed: %s", exc)
+        outcome = outcome_of(exc)
         raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
     except Exception as exc:
         log.exception("zarrfeed: a stream failed")
+        outcome = outcome_of(exc)
         raise flight.FlightServerError(f"zarrfeed: the stream failed: {type(exc).__name__}: {exc} (the "
                                        "server's log has the traceback)") from None
     finally:
-        done()
+        done(outcome)
         if finished:
             keep()
         else:

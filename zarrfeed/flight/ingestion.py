@@ -22,6 +22,7 @@ from ..core._proc.pool import WorkerError
 from ..core.keys import key_to_json
 from ..core.store import Location
 from ..writer.dataset_writer import DatasetWriter
+from .activity import Activity, UploadRecord, outcome_of
 from .limits import MiB, Limits, Slots
 from .protocol import decode_episodes
 
@@ -34,9 +35,10 @@ class Ingestion:
     `committed()` gives the committed rows when no writer is open (the dataset's latest commit)."""
 
     def __init__(self, location: Location, workers: int, committed: Callable[[], dict[str, int]],
-                 limits: Limits) -> None:
+                 limits: Limits, activity: Activity) -> None:
         self.location, self.workers, self._committed = location, workers, committed
-        self.limits = limits
+        self.limits, self.activity = limits, activity
+        self._accepted = self._committed_before = 0  # episodes accepted, and committed, since the writer opened
         self.uploads = Slots(limits.max_uploads, "uploads", "--max-uploads")
         self._writer: DatasetWriter | None = None
         self._closed = False
@@ -67,6 +69,7 @@ class Ingestion:
                                                 "committed; send the others again once it is back")
         if self._writer is None:
             self._writer = DatasetWriter(self.location, mode="a", workers=self.workers)
+            self._accepted, self._committed_before = 0, self._writer.committer.committed_episodes
         return self._writer
 
     def _with_writer(self, call: Callable[[DatasetWriter], T]) -> T:
@@ -102,17 +105,32 @@ class Ingestion:
                         log.error("zarrfeed: the writer stopped: %s", exc)
                         self._writer = None
 
-    def put(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+    def status(self) -> dict[str, Any]:
+        """The action "status"'s ingestion part: whether a writer is open, what it committed, how far
+        committing lags behind accepting (episodes accepted but not yet committed)."""
+        w = self._writer
+        if w is None:
+            return {"writer_open": False, "committed_rows": self._committed(), "commit_lag_episodes": 0}
+        lag = self._committed_before + self._accepted - w.committer.committed_episodes
+        return {"writer_open": True, "committed_rows": w.committed, "commit_number": w.committer.commit_number,
+                "episodes_committed": w.committer.committed_episodes, "commit_lag_episodes": max(0, lag)}
+
+    def put(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any, client: str = "") -> None:
         """do_put: each uploaded episode submitted, then acknowledged (accepted, or passed over as committed)."""
         if list(descriptor.path or []) != [b"episodes"]:
             raise flight.FlightServerError("zarrfeed: upload episodes with the descriptor path 'episodes'")
         self.uploads.take()
+        record, outcome = self.activity.upload_started(client), "ok"
         try:
-            self._put(reader, writer)
+            self._put(reader, writer, record)
+        except BaseException as exc:
+            outcome = outcome_of(exc)
+            raise
         finally:
             self.uploads.give()
+            self.activity.upload_ended(record, outcome)
 
-    def _put(self, reader: Any, writer: Any) -> None:
+    def _put(self, reader: Any, writer: Any, record: UploadRecord) -> None:
         limit = self.limits.max_message_bytes
         for chunk in _chunks(reader):
             if chunk.data.nbytes > limit:  # gRPC receives a message whole: refused before it is decoded or copied
@@ -126,6 +144,8 @@ class Ingestion:
             for key, episode in episodes:
                 accepted = self._with_writer(lambda w: w.submit(episode, key=key))  # noqa: B023  # called now
                 self._last_submit, self._unsynced = time.monotonic(), True
+                self._accepted += accepted
+                self.activity.received(record, accepted, sum(a.nbytes for a in episode.values()))
                 writer.write(pa.py_buffer(json.dumps({"key": key_to_json(key), "accepted": accepted}).encode()))
 
     def begin_input(self, body: bytes) -> dict[str, Any]:

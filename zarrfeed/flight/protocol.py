@@ -136,6 +136,8 @@ ACTIONS = {a.name: a for a in (
     Action("describe", "empty", "the dataset: id, commit, per table its rows, chunk rows and numpy dtype; the "
                                 "server's transforms"),
     Action("plan", "a ticket (JSON)", "its loader's resume state and the number of batches of its epoch"),
+    Action("status", "empty", "what the server is doing: streams (client, table, rank, epoch, rows/s), uploads, "
+                              "totals, ingestion and its commit lag, limits, processes, memory, uptime"),
     Action("begin_input", '{"input": first episode\'s fingerprint, "resume": bool}',
            "starts an input of Position-keyed episodes: refused if it was ingested before, unless resume",
            ingests=True),

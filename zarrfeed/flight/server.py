@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import traceback
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -23,6 +24,7 @@ import pyarrow.flight as flight
 from ..core.store import Location
 from ..transforms import Transforms
 from .access import Access, AccessCheck, grants_of
+from .activity import Activity
 from .feeding import Feeding
 from .ingestion import Ingestion
 from .limits import Limits
@@ -81,10 +83,13 @@ class FeedServer(flight.FlightServerBase):
         self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
         self._scheme, self._host = "grpc+tls" if tls else "grpc", host
         self.limits = limits or Limits.for_machine(workers)
-        self.feeding = Feeding(self.location, workers, self.transforms, lambda: self.url, self.limits)
-        self.ingestion = Ingestion(self.location, workers, lambda: self.feeding.latest().rows, self.limits)
+        self.activity = Activity()
+        self.feeding = Feeding(self.location, workers, self.transforms, lambda: self.url, self.limits,
+                               self.activity)
+        self.ingestion = Ingestion(self.location, workers, lambda: self.feeding.latest().rows, self.limits,
+                                   self.activity)
         self._actions: dict[str, Callable[[bytes], dict[str, Any]]] = {
-            "describe": self.feeding.describe, "plan": self.feeding.plan,
+            "describe": self.feeding.describe, "plan": self.feeding.plan, "status": self.status,
             "begin_input": self.ingestion.begin_input, "sync": self.ingestion.sync}
         assert self._actions.keys() == ACTIONS.keys(), "every action of the protocol has a handler"
         super().__init__(f"{self._scheme}://{host}:{port}", middleware={"access": AccessCheck(self.access)},
@@ -101,6 +106,12 @@ class FeedServer(flight.FlightServerBase):
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def status(self, body: bytes = b"") -> dict[str, Any]:
+        """The action "status": streams (client, table, rank, epoch, rows/s), uploads, totals, ingestion (what
+        is committed, the commit lag), limits, worker processes, memory, uptime."""
+        return {**self.activity.report(), "ingestion": {"enabled": self.access.ingest, **self.ingestion.status()},
+                "limits": dataclasses.asdict(self.limits), "url": self.url, "dataset": str(self.location)}
 
     def stop(self, grace: float = 1.5) -> Stopped:
         """Stop serving: open streams end with "server shutting down" at their next batch, uploads are
@@ -153,7 +164,7 @@ class FeedServer(flight.FlightServerBase):
     @one_line
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
         self.access.refuse_upload(grants_of(context))
-        self.ingestion.put(descriptor, reader, writer)
+        self.ingestion.put(descriptor, reader, writer, context.peer())
 
     @one_line
     def do_exchange(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
