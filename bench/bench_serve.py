@@ -36,7 +36,7 @@ def main() -> None:
         server = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(path), "--port", "0",
                                    "--workers", "2"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
         try:
-            url = server.stdout.readline().split()[3]
+            url = server.stdout.readline().split()[2]
             itemsize = 116
             times = {"remote": [], "local": []}
             epoch(lambda: RemoteLoader(url, "agents", batch_size=4096))  # warm: the server's fork server
@@ -100,7 +100,7 @@ def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
             server = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(target), "--port", "0",
                                        "--workers", "2", "--ingest"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
             try:
-                url = server.stdout.readline().split()[3]
+                url = server.stdout.readline().split()[2]
                 half = scenes // 2
                 producers = [subprocess.Popen([sys.executable, str(script), url, str(a), str(b)], cwd=ROOT,
                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

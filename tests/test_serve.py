@@ -35,15 +35,16 @@ class Server:
     comes, so that a long-lived server never blocks on a full pipe: `err()` is what it wrote so far."""
 
     def __init__(self, path, *args: str, scheme: str = "grpc") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(path), "--port", "0",
+        paths = [str(p) for p in path] if isinstance(path, list) else [str(path)]  # a list: several, NAME=PATH
+        self.proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", *paths, "--port", "0",
                                       "--workers", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=ROOT)
         self._err: list[str] = []
         self._drain = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
         self._drain.start()
         line = self.first_line = self.proc.stdout.readline()
-        assert line.startswith("serving "), line + self.err()
-        self.url = line.split()[3]
+        assert line.startswith("serving on "), line + self.err()
+        self.url = line.split()[2]
         self.port = self.url.rsplit(":", 1)[1]
         assert self.url.startswith(f"{scheme}://127.0.0.1:")
 
@@ -543,7 +544,8 @@ def test_episodes_as_arrow_columns_from_a_plain_flight_client(target):
     the bytes form are refused by table, nothing written."""
     import pyarrow as pa
 
-    from zarrfeed.flight.protocol import DESCRIPTOR, encode_episode, episode_schema
+    from zarrfeed.flight.protocol import encode_episode, episode_schema, episodes_descriptor
+    DESCRIPTOR = episodes_descriptor(None)
     eps = list(synthetic.episodes(3, seed=11, frames=30, agents_per_frame=20))
     dtypes = {t: a.dtype for t, a in eps[0].items()}
     s = Server(target, "--ingest")
@@ -716,7 +718,7 @@ def test_insecure_serves_beyond_loopback_with_a_warning(data):
     try:
         line = proc.stdout.readline()
         assert "anyone may read; no uploads" in line, line + proc.stderr.read()
-        url = line.split()[3].replace("0.0.0.0", "127.0.0.1")
+        url = line.split()[2].replace("0.0.0.0", "127.0.0.1")
         with RemoteLoader(url, "scenes", batch_size=10) as remote:
             assert sum(len(b["host"]) for b in remote) == Dataset.open(data).rows["scenes"]
     finally:
@@ -923,15 +925,15 @@ def test_status_and_the_access_log_show_who_is_connected(tmp_path):
             assert stream["client"].startswith("ipv4:127.0.0.1:") and stream["rows"] > 0 and stream["rows_per_s"] > 0
             (upload,) = doc["uploads"]
             assert upload["accepted"] == 2 and doc["totals"]["episodes_accepted"] == 2
-            assert doc["ingestion"]["enabled"] and doc["ingestion"]["writer_open"]
-            assert 0 <= doc["ingestion"]["commit_lag_episodes"] <= 2
+            ingestion = doc["datasets"][""]["ingestion"]  # the server's only dataset, unnamed
+            assert doc["ingesting"] and ingestion["writer_open"] and 0 <= ingestion["commit_lag_episodes"] <= 2
             assert doc["processes"]["workers"] >= 1 and doc["memory"]["server_rss"] > 0 and doc["uptime_s"] > 0
             assert doc["limits"]["max_streams"] >= 4
             producer.sync()
             text = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url], capture_output=True,
                                   text=True, timeout=60, cwd=ROOT).stdout
             assert "streams: 1 open" in text and "rank 1/2 epoch 0" in text, text
-            assert f"commit lag 0 episodes; committed {scenes + 2} scenes" in text, text
+            assert f"committed {scenes + 2} scenes" in text and "commit lag 0 episodes" in text, text
         it.close()
         trainer.close()
     finally:
@@ -960,8 +962,48 @@ def test_prometheus_metrics_on_their_own_port(target):
         metrics = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
                    if line.startswith("zarrfeed_")}
         assert metrics["zarrfeed_episodes_accepted_total"] == 1 and metrics["zarrfeed_streams_total"] == 1
-        assert metrics["zarrfeed_rows_sent_total"] == 2 and metrics["zarrfeed_commit_lag_episodes"] == 0
-        assert metrics['zarrfeed_committed_rows{table="scenes"}'] == 2 and metrics["zarrfeed_uptime_seconds"] > 0
+        assert metrics["zarrfeed_rows_sent_total"] == 2 and metrics['zarrfeed_commit_lag_episodes{dataset=""}'] == 0
+        assert metrics['zarrfeed_committed_rows{dataset="",table="scenes"}'] == 2
+        assert metrics["zarrfeed_uptime_seconds"] > 0
         assert metrics['zarrfeed_memory_rss_bytes{process="server"}'] > 0
     finally:
         s.stop()
+
+
+def test_several_datasets_by_name(tmp_path):
+    """Issue 21: one dataset per server. `serve train=A val=B` serves both: tickets, descriptors and actions
+    name one; each has its own commit pin and writer lease; naming none, or one not served, is one line."""
+    from zarrfeed.flight import RemoteWriter
+
+    paths = {}
+    for name, seed in (("train", 21), ("val", 22)):
+        paths[name] = tmp_path / f"{name}.zarr"
+        write_dataset(paths[name], synthetic.episodes(2, seed=seed, frames=30, agents_per_frame=10), workers=0)
+    s = Server([f"train={paths['train']}", f"val={paths['val']}"], "--ingest")
+    try:
+        for name in ("train", "val"):
+            with RemoteLoader(s.url, "agents", batch_size=64, seed=4, dataset=name) as remote, \
+                    Loader(paths[name], "agents", batch_size=64, seed=4, num_workers=0, copy=True) as local:
+                assert equal_batches(remote, local) == len(local)
+        with pytest.raises(ValueError, match=r"serves several datasets \(train, val\): name one \(dataset=...\)"):
+            RemoteLoader(s.url, "agents")
+        with pytest.raises(ValueError, match=r"no dataset 'test' here \(datasets: train, val\)"):
+            RemoteLoader(s.url, "agents", dataset="test")
+        client = flight.connect(s.url)  # a plain Flight client: one flight per dataset and table
+        flights = {tuple(p.decode() for p in f.descriptor.path): f for f in client.list_flights()}
+        assert ("val", "scenes") in flights and ("train", "agents") in flights and len(flights) == 8
+        table = client.do_get(flights[("val", "scenes")].endpoints[0].ticket).read_all()
+        assert table.num_rows == 2
+        with RemoteWriter(s.url, dataset="val") as into_val, RemoteWriter(s.url, dataset="train") as into_train:
+            eps = list(synthetic.episodes(2, seed=23, frames=30, agents_per_frame=10))
+            assert into_val.submit(eps[0], key="v") and into_train.submit(eps[1], key="t")  # two leases at once
+        text = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT).stdout
+        assert f"dataset train {paths['train']}: committed 3 scenes" in text, text
+        assert f"dataset val {paths['val']}: committed 3 scenes" in text, text
+    finally:
+        assert s.stop() < 2.0
+    assert "committed train: 3 scenes" in s.err() and "committed val: 3 scenes" in s.err(), s.err()
+    r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(paths["train"]), str(paths["val"]),
+                        "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "several datasets are served by name: NAME=PATH each" in r.stderr, r.stderr

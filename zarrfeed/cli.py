@@ -131,7 +131,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = dataclasses.replace(limits, **{name: getattr(args, name) for name in LIMIT_OPTIONS
                                             if getattr(args, name) is not None})
     try:
-        server = FeedServer(Location.of(args.path, _options(args)), host=args.host, port=args.port, token=token,
+        server = FeedServer(_served(args.paths, _options(args)), host=args.host, port=args.port, token=token,
                             ingest=access.ingest, ingest_token=ingest_token, workers=args.workers, tls=tls,
                             transforms=args.transforms, limits=limits)
     except pa.ArrowException as exc:  # a busy port, a certificate gRPC cannot use: gRPC's first line says which
@@ -154,7 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     rights = ("reads need a token" if token else "anyone may read") + "; " + (
         "uploads need the ingest token" if ingest_token else "anyone who may read may upload" if access.ingest
         else "no uploads")
-    print(f"serving {args.path} on {server.url} ({rights})" + named, flush=True)
+    print(f"serving on {server.url} {' '.join(args.paths)} ({rights})" + named, flush=True)
 
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -162,14 +162,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     while not stopping.wait(0.5):  # the server listens since it was made; this thread waits for a signal
         pass
     stopped = server.stop(grace=1.5)
-    print("zarrfeed: server stopped" + (f"; committed {_counts(stopped.committed)}" if stopped.committed else ""),
-          file=sys.stderr, flush=True)
+    committed = "; ".join(f"committed {f'{name}: ' if name else ''}{_counts(rows)}"
+                          for name, rows in stopped.committed.items())
+    print("zarrfeed: server stopped" + (f"; {committed}" if committed else ""), file=sys.stderr, flush=True)
     if stopped.calls_left:  # pyarrow's server would wait for them at exit, whatever the clients do
         print("zarrfeed: left calls open at exit (clients that stopped reading or sending)", file=sys.stderr,
               flush=True)
         sys.stdout.flush()
         os._exit(0)
     return 0
+
+
+def _served(paths: list[str], options: dict) -> Location | dict[str, Location]:
+    """`serve`'s datasets: one PATH, or NAME=PATH each (a URL's "=" does not count: the name comes first and
+    is a plain word)."""
+    from .flight.protocol import DATASET_NAME
+
+    named: dict[str, Location] = {}
+    for text in paths:
+        name, sep, path = text.partition("=")
+        if not sep or not DATASET_NAME.fullmatch(name):
+            if len(paths) > 1:
+                raise ValueError(f"{text}: several datasets are served by name: NAME=PATH each (train=a.zarr "
+                                 "val=s3://b/val.zarr)")
+            return Location.of(text, options)
+        if name in named:
+            raise ValueError(f"dataset name {name!r} given twice")
+        named[name] = Location.of(path, options)
+    return named
 
 
 def _check_certificate(cert: str, key: str) -> None:
@@ -246,23 +266,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    ing, t = doc["ingestion"], doc["totals"]
-    print(f"{doc['url']} serving {doc['dataset']}: up {doc['uptime_s']:.0f} s, {doc['processes']['workers']} worker "
-          f"processes, memory {_size(doc['memory']['server_rss'])} + workers {_size(doc['memory']['workers_rss'])}")
+    t = doc["totals"]
+    print(f"{doc['url']}: up {doc['uptime_s']:.0f} s, {doc['processes']['workers']} worker processes, memory "
+          f"{_size(doc['memory']['server_rss'])} + workers {_size(doc['memory']['workers_rss'])}")
     print(f"streams: {len(doc['streams'])} open (at most {doc['limits']['max_streams']}), {t['streams']:,} since "
           f"start, {t['rows_sent']:,} rows sent")
     for st in doc["streams"]:
-        print(f"  #{st['id']} {st['client']} {st['kind']} {st['table']} rank {st['rank']}/{st['world_size']} "
+        where = f"{st['dataset']}/" if st["dataset"] else ""
+        print(f"  #{st['id']} {st['client']} {st['kind']} {where}{st['table']} rank {st['rank']}/{st['world_size']} "
               f"epoch {st['epoch']}: {st['batches']:,} batches, {st['rows_per_s']:,.0f} rows/s")
-    if not ing["enabled"]:
-        print("ingestion: off")
-        return 0
-    print(f"uploads: {len(doc['uploads'])} open (at most {doc['limits']['max_uploads']}); episodes accepted "
-          f"{t['episodes_accepted']:,}, passed over {t['episodes_passed_over']:,}; commit lag "
-          f"{ing['commit_lag_episodes']:,} episodes; committed {_counts(ing['committed_rows'])}")
-    for up in doc["uploads"]:
-        print(f"  #{up['id']} {up['client']}: {up['accepted']:,} accepted, {up['passed_over']:,} passed over, "
-              f"{_size(up['bytes'])}")
+    if doc["ingesting"]:
+        print(f"uploads: {len(doc['uploads'])} open (at most {doc['limits']['max_uploads']}); episodes accepted "
+              f"{t['episodes_accepted']:,}, passed over {t['episodes_passed_over']:,}")
+        for up in doc["uploads"]:
+            where = f" into {up['dataset']}" if up["dataset"] else ""
+            print(f"  #{up['id']} {up['client']}{where}: {up['accepted']:,} accepted, {up['passed_over']:,} passed "
+                  f"over, {_size(up['bytes'])}")
+    else:
+        print("uploads: not taken (serve --ingest)")
+    for name, served in doc["datasets"].items():
+        ing = served["ingestion"]
+        lag = f"; commit lag {ing['commit_lag_episodes']:,} episodes" if doc["ingesting"] else ""
+        print(f"dataset {name + ' ' if name else ''}{served['location']}: committed {_counts(ing['committed_rows'])}"
+              f"{lag}")
     return 0
 
 
@@ -577,7 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
     p = command("serve", "serve the dataset's batches over Arrow Flight (RemoteLoader, any Flight client)")
-    p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
+    p.add_argument("paths", nargs="+", metavar="[NAME=]PATH",
+                   help="dataset: directory, .zip file or fsspec URL; several as NAME=PATH each (train=a.zarr "
+                        "val=s3://b/val.zarr), which clients name with dataset=NAME")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (beyond loopback: tokens, or --insecure)")
     p.add_argument("--port", type=_count, default=8815, help="port (0: a free one, printed at start)")

@@ -23,6 +23,7 @@ class StreamRecord:
 
     id: int
     client: str
+    dataset: str
     table: str
     kind: str
     rank: int
@@ -35,7 +36,8 @@ class StreamRecord:
 
     def report(self, now: float) -> dict[str, Any]:
         seconds = max(now - self.started, 1e-9)
-        return {"id": self.id, "client": self.client, "table": self.table, "kind": self.kind, "rank": self.rank,
+        return {"id": self.id, "client": self.client, "dataset": self.dataset, "table": self.table,
+                "kind": self.kind, "rank": self.rank,
                 "world_size": self.world_size, "epoch": self.epoch, "batches": self.batches, "rows": self.rows,
                 "seconds": round(seconds, 3), "rows_per_s": round(self.rows / seconds, 1)}
 
@@ -46,13 +48,15 @@ class UploadRecord:
 
     id: int
     client: str
+    dataset: str
     started: float = field(default_factory=time.monotonic)
     accepted: int = 0
     passed_over: int = 0
     bytes: int = 0
 
     def report(self, now: float) -> dict[str, Any]:
-        return {"id": self.id, "client": self.client, "accepted": self.accepted, "passed_over": self.passed_over,
+        return {"id": self.id, "client": self.client, "dataset": self.dataset, "accepted": self.accepted,
+                "passed_over": self.passed_over,
                 "bytes": self.bytes, "seconds": round(now - self.started, 3)}
 
 
@@ -70,10 +74,10 @@ class Activity:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ streams
-    def stream_started(self, client: str, table: str, kind: str, rank: int, world_size: int,
+    def stream_started(self, client: str, dataset: str, table: str, kind: str, rank: int, world_size: int,
                        epoch: int) -> StreamRecord:
         with self._lock:
-            record = StreamRecord(next(self._ids), client, table, kind, rank, world_size, epoch)
+            record = StreamRecord(next(self._ids), client, dataset, table, kind, rank, world_size, epoch)
             self.streams[record.id] = record
             self.totals["streams"] += 1
         return record
@@ -90,14 +94,15 @@ class Activity:
     def stream_ended(self, record: StreamRecord, outcome: str) -> None:
         with self._lock:
             self.streams.pop(record.id, None)
-        access_log.info("stream %d client=%s %s=%s rank=%d/%d epoch=%d batches=%d rows=%d seconds=%.3f outcome=%s",
-                        record.id, record.client, record.kind, record.table, record.rank, record.world_size,
+        access_log.info("stream %d client=%s %s=%s%s rank=%d/%d epoch=%d batches=%d rows=%d seconds=%.3f "
+                        "outcome=%s", record.id, record.client, record.kind,
+                        f"{record.dataset}/" if record.dataset else "", record.table, record.rank, record.world_size,
                         record.epoch, record.batches, record.rows, time.monotonic() - record.started, outcome)
 
     # ------------------------------------------------------------ uploads
-    def upload_started(self, client: str) -> UploadRecord:
+    def upload_started(self, client: str, dataset: str) -> UploadRecord:
         with self._lock:
-            record = UploadRecord(next(self._ids), client)
+            record = UploadRecord(next(self._ids), client, dataset)
             self.uploads[record.id] = record
             self.totals["uploads"] += 1
         return record
@@ -116,8 +121,9 @@ class Activity:
     def upload_ended(self, record: UploadRecord, outcome: str) -> None:
         with self._lock:
             self.uploads.pop(record.id, None)
-        access_log.info("upload %d client=%s accepted=%d passed_over=%d bytes=%d seconds=%.3f outcome=%s",
-                        record.id, record.client, record.accepted, record.passed_over, record.bytes,
+        access_log.info("upload %d client=%s%s accepted=%d passed_over=%d bytes=%d seconds=%.3f outcome=%s",
+                        record.id, record.client, f" dataset={record.dataset}" if record.dataset else "",
+                        record.accepted, record.passed_over, record.bytes,
                         time.monotonic() - record.started, outcome)
 
     def refused(self) -> None:

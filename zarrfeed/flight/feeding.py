@@ -26,10 +26,10 @@ from ..core.store import Location
 from ..loader import Dataset, Loader, LoaderError, WindowLoader
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.plan import PlanSettings
-from ..transforms import Transforms
-from .activity import Activity, outcome_of
-from .limits import MiB, Limits, Slots
+from .activity import outcome_of
+from .limits import MiB
 from .protocol import Ticket
+from .serving import Serving
 
 log = logging.getLogger("zarrfeed.serve")
 SHUTTING_DOWN = "zarrfeed: server shutting down (a trainer goes on from its resume state once it is back)"
@@ -71,14 +71,13 @@ class IdleLoaders:
 
 
 class Feeding:
-    """Feeds the dataset at `location` to trainers: `workers` loader processes per stream, the named
-    `transforms`; `url()` is where the server listens (what flight infos point to)."""
+    """Feeds the dataset at `location`, served as `name` ("": the server's only one, unnamed), to trainers,
+    with what the server's datasets share (`serving`: processes per stream, transforms, limits, activity)."""
 
-    def __init__(self, location: Location, workers: int, transforms: Transforms, url: Callable[[], str],
-                 limits: Limits, activity: Activity) -> None:
-        self.location, self.workers, self.transforms, self._url = location, workers, transforms, url
-        self.limits, self.activity = limits, activity
-        self.streams = Slots(limits.max_streams, "streams", "--max-streams")
+    def __init__(self, location: Location, name: str, serving: Serving) -> None:
+        self.location, self.name = location, name
+        self.workers, self.transforms, self._url = serving.workers, serving.transforms, serving.url
+        self.limits, self.activity, self.streams = serving.limits, serving.activity, serving.streams
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.idle = IdleLoaders()
@@ -123,8 +122,9 @@ class Feeding:
             loader.close()
 
     def _info(self, ds: Dataset, table: str) -> flight.FlightInfo:
-        descriptor = flight.FlightDescriptor.for_path(table)
-        ticket = Ticket(table, PlanSettings(65_536, shuffle=False), commit=ds.commit).encode()  # in row order
+        descriptor = flight.FlightDescriptor.for_path(*([self.name] if self.name else []), table)
+        ticket = Ticket(table, PlanSettings(65_536, shuffle=False), commit=ds.commit,  # in row order
+                        dataset=self.name or None).encode()
         endpoint = flight.FlightEndpoint(ticket, [self._url()])
         rows = ds.rows[table]
         return flight.FlightInfo(arrow_schema(ds[table].dtype), descriptor, [endpoint], rows,
@@ -136,9 +136,9 @@ class Feeding:
         for table in ds.tables:
             yield self._info(ds, table)
 
-    def flight_info(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+    def flight_info(self, table: str) -> flight.FlightInfo:
+        """The flight of `table`: its schema, committed rows and a ticket that reads it in row order."""
         ds = self.latest()
-        table = descriptor.path[0].decode() if descriptor.path else ""
         if table not in ds.tables:
             raise flight.FlightServerError(f"no table {table!r} (tables: {', '.join(ds.tables)})")
         return self._info(ds, table)
@@ -190,8 +190,8 @@ class Feeding:
             self.streams.give()
             raise
         convert = window_batch_to_arrow if t.kind == "windows" and not t.transform else to_arrow
-        record = self.activity.stream_started(context.peer(), t.table, t.kind, t.plan.rank, t.plan.world_size,
-                                              t.epoch)
+        record = self.activity.stream_started(context.peer(), self.name, t.table, t.kind, t.plan.rank,
+                                              t.plan.world_size, t.epoch)
 
         def done(outcome: str) -> None:
             self.streams.give()

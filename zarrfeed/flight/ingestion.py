@@ -22,24 +22,25 @@ from ..core._proc.pool import WorkerError
 from ..core.keys import key_to_json
 from ..core.store import Location
 from ..writer.dataset_writer import DatasetWriter
-from .activity import Activity, UploadRecord, outcome_of
-from .limits import MiB, Limits, Slots
+from .activity import UploadRecord, outcome_of
+from .limits import MiB
 from .protocol import decode_episodes
+from .serving import Serving
 
 log = logging.getLogger("zarrfeed.serve")
 T = TypeVar("T")
 
 
 class Ingestion:
-    """Writes the episodes producers upload into the dataset at `location` with `workers` writer processes;
-    `committed()` gives the committed rows when no writer is open (the dataset's latest commit)."""
+    """Writes the episodes producers upload into the dataset at `location` (served as `name`), with the
+    server's writer processes and limits (`serving`); `committed()` gives the committed rows when no writer
+    is open (the dataset's latest commit). Each dataset has its own writer and so its own lease."""
 
-    def __init__(self, location: Location, workers: int, committed: Callable[[], dict[str, int]],
-                 limits: Limits, activity: Activity) -> None:
-        self.location, self.workers, self._committed = location, workers, committed
-        self.limits, self.activity = limits, activity
+    def __init__(self, location: Location, name: str, serving: Serving,
+                 committed: Callable[[], dict[str, int]]) -> None:
+        self.location, self.name, self.workers, self._committed = location, name, serving.workers, committed
+        self.limits, self.activity, self.uploads = serving.limits, serving.activity, serving.uploads
         self._accepted = self._committed_before = 0  # episodes accepted, and committed, since the writer opened
-        self.uploads = Slots(limits.max_uploads, "uploads", "--max-uploads")
         self._writer: DatasetWriter | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -115,12 +116,10 @@ class Ingestion:
         return {"writer_open": True, "committed_rows": w.committed, "commit_number": w.committer.commit_number,
                 "episodes_committed": w.committer.committed_episodes, "commit_lag_episodes": max(0, lag)}
 
-    def put(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any, client: str = "") -> None:
+    def put(self, reader: Any, writer: Any, client: str = "") -> None:
         """do_put: each uploaded episode submitted, then acknowledged (accepted, or passed over as committed)."""
-        if list(descriptor.path or []) != [b"episodes"]:
-            raise flight.FlightServerError("zarrfeed: upload episodes with the descriptor path 'episodes'")
         self.uploads.take()
-        record, outcome = self.activity.upload_started(client), "ok"
+        record, outcome = self.activity.upload_started(client, self.name), "ok"
         try:
             self._put(reader, writer, record)
         except BaseException as exc:

@@ -31,12 +31,14 @@ class _Collector:
         yield GaugeMetricFamily("zarrfeed_uploads_open", "upload calls open now", len(doc["uploads"]))
         for name, (key, text) in COUNTERS.items():
             yield CounterMetricFamily(f"zarrfeed_{name}", text, doc["totals"][key])
-        ing = doc["ingestion"]
-        yield GaugeMetricFamily("zarrfeed_commit_lag_episodes", "episodes accepted but not yet committed",
-                                ing["commit_lag_episodes"])
-        rows = GaugeMetricFamily("zarrfeed_committed_rows", "committed rows per table", labels=["table"])
-        for table, n in ing["committed_rows"].items():
-            rows.add_metric([table], n)
+        lag = GaugeMetricFamily("zarrfeed_commit_lag_episodes", "episodes accepted but not yet committed",
+                                labels=["dataset"])
+        rows = GaugeMetricFamily("zarrfeed_committed_rows", "committed rows per table", labels=["dataset", "table"])
+        for name, served in doc["datasets"].items():
+            lag.add_metric([name], served["ingestion"]["commit_lag_episodes"])
+            for table, n in served["ingestion"]["committed_rows"].items():
+                rows.add_metric([name, table], n)
+        yield lag
         yield rows
         yield GaugeMetricFamily("zarrfeed_worker_processes", "loader and writer processes", doc["processes"]["workers"])
         memory = GaugeMetricFamily("zarrfeed_memory_rss_bytes", "resident memory (shared memory counted in each "

@@ -22,6 +22,7 @@ from ..loader.plan import PlanSettings
 PROTOCOL = 2  # 2: the plan's settings travel as one object, "plan"
 MAX_BATCH_ROWS = 1 << 24  # a ticket's batch size at most (the server's memory check refuses less, sooner)
 MAX_TRANSFORM_ARGS = 64 << 10  # bytes of JSON
+DATASET_NAME = re.compile(r"[A-Za-z][\w.-]*")  # a dataset's name on a server of several
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Ticket:
     future: int = 50
     transform: str | None = None
     transform_args: dict[str, Any] | None = field(default=None)
+    dataset: str | None = None  # which of the server's datasets (None: its only one)
 
     def encode(self) -> flight.Ticket:
         return flight.Ticket(self.to_json())
@@ -87,8 +89,9 @@ class Ticket:
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
         if self.kind not in ("batches", "windows"):
             raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {self.kind!r}")
-        if not isinstance(self.table, str) or not (self.transform is None or isinstance(self.transform, str)):
-            raise ValueError("ticket: table and transform must be strings")
+        if not isinstance(self.table, str) or not all(v is None or isinstance(v, str)
+                                                      for v in (self.transform, self.dataset)):
+            raise ValueError("ticket: table, transform and dataset must be strings")
         if self.fields is not None and (not isinstance(self.fields, list)
                                         or not all(isinstance(f, str) for f in self.fields)):
             raise ValueError(f"ticket: fields must be a list of field names or null, got {self.fields!r}")
@@ -133,22 +136,45 @@ class Action:
 # The server's actions, versioned with the tickets (PROTOCOL): the server dispatches by this table and
 # `list_actions` reports it, so the two cannot drift apart.
 ACTIONS = {a.name: a for a in (
-    Action("describe", "empty", "the dataset: id, commit, per table its rows, chunk rows and numpy dtype; the "
-                                "server's transforms"),
+    Action("describe", 'empty or {"dataset": name}',
+           "the dataset: id, commit, per table its rows, chunk rows and numpy dtype; the server's transforms"),
     Action("plan", "a ticket (JSON)", "its loader's resume state and the number of batches of its epoch"),
     Action("status", "empty", "what the server is doing: streams (client, table, rank, epoch, rows/s), uploads, "
                               "totals, ingestion and its commit lag, limits, processes, memory, uptime"),
-    Action("begin_input", '{"input": first episode\'s fingerprint, "resume": bool}',
+    Action("begin_input", '{"input": first episode\'s fingerprint, "resume": bool, "dataset": name or absent}',
            "starts an input of Position-keyed episodes: refused if it was ingested before, unless resume",
            ingests=True),
-    Action("sync", "empty", "once every accepted episode is committed: the committed rows per table", ingests=True),
+    Action("sync", 'empty or {"dataset": name}',
+           "once every accepted episode is committed: the committed rows per table", ingests=True),
 )}
 
 
-def describe(client: flight.FlightClient, options: flight.FlightCallOptions) -> dict[str, Any]:
-    """The server's dataset: id, commit, per table its rows, chunk rows and numpy dtype; its transforms."""
-    results = list(client.do_action(flight.Action("describe", b""), options))
+def describe(client: flight.FlightClient, options: flight.FlightCallOptions,
+             dataset: str | None = None) -> dict[str, Any]:
+    """The server's dataset (`dataset`: which, of several): id, commit, per table its rows, chunk rows and
+    numpy dtype; its transforms."""
+    body = json.dumps({"dataset": dataset}).encode() if dataset else b""
+    results = list(client.do_action(flight.Action("describe", body), options))
     return json.loads(results[0].body.to_pybytes())
+
+
+def dataset_of(body: bytes) -> str | None:
+    """The dataset an action's JSON body (or a ticket) names; None for an empty body or none named."""
+    if not body:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None  # the handler says what is wrong with it
+    name = doc.get("dataset") if isinstance(doc, dict) else None
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"dataset must be a name, got {name!r}")
+    return name
+
+
+def episodes_descriptor(dataset: str | None) -> flight.FlightDescriptor:
+    """Where a producer uploads episodes: ["episodes"], or [dataset, "episodes"] for one of several."""
+    return flight.FlightDescriptor.for_path(*([dataset] if dataset else []), "episodes")
 
 
 # ------------------------------------------------------------------------------ credentials and errors
@@ -178,7 +204,6 @@ def server_message(exc: Exception) -> str:
 
 
 # ----------------------------------------------------------------------------------- episodes (do_put)
-DESCRIPTOR = flight.FlightDescriptor.for_path("episodes")
 
 
 DTYPES_KEY = b"zarrfeed.dtypes"

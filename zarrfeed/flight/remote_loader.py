@@ -35,17 +35,17 @@ class _RemoteFeed:
     _ticket: Ticket
 
     def __init__(self, url: str, token: str | None, output: str, tls_root_certs: bytes | None,
-                 timeout: float, reconnect_timeout: float) -> None:
+                 timeout: float, reconnect_timeout: float, dataset: str | None) -> None:
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         if reconnect_timeout < 0:
             raise ValueError(f"reconnect_timeout must be >= 0 seconds, got {reconnect_timeout}")
-        self.url, self.output, self.reconnect_timeout = url, output, reconnect_timeout
+        self.url, self.output, self.reconnect_timeout, self.dataset = url, output, reconnect_timeout, dataset
         self._options = call_options(token, timeout)
         self._stream_options = call_options(token)  # a stream lasts an epoch: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
         self._client = flight.connect(url, **self._tls)
-        self.info = self._call(lambda: describe(self._client, self._options))
+        self.info = self._call(lambda: describe(self._client, self._options, dataset))
         self.dataset_id, self.commit = self.info["dataset_id"], self.info["commit"]
         self.epoch, self._position = 0, 0
         self.reconnects = 0  # times a stream was lost and taken up again
@@ -129,7 +129,7 @@ class _RemoteFeed:
             self._client.close()
             self._client = flight.connect(self.url, **self._tls)
             try:
-                if describe(self._client, self._options)["dataset_id"] != self.dataset_id:
+                if describe(self._client, self._options, self.dataset)["dataset_id"] != self.dataset_id:
                     raise ConnectionError(f"{self.url}: the server came back with another dataset; the stream "
                                           "cannot go on")
                 self.reconnects += 1
@@ -182,15 +182,16 @@ class RemoteLoader(_RemoteFeed):
 
     If the server goes away mid-epoch (a restart, a shutdown, a moment of "busy"), the loader reconnects with
     backoff for up to `reconnect_timeout` seconds and goes on from the batch after the last one it yielded:
-    the epoch's batches are exactly those that would have come."""
+    the epoch's batches are exactly those that would have come. `dataset` names one of a server's several
+    datasets (`zarrfeed serve train=... val=...`)."""
 
     def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256, seed: int = 0, shuffle: bool = True,
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
                  fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
                  output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout)
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
         tables = self.info["tables"]
         if table not in tables:
             raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
@@ -203,7 +204,7 @@ class RemoteLoader(_RemoteFeed):
         self.transform = transform
         plan = PlanSettings(batch_size, shuffle, seed, shuffle_window or 8, rank, world_size, drop_last)
         self._ticket = Ticket(table, plan, list(fields) if fields else None, self.commit, transform=transform,
-                              transform_args=_json_args(transform_args))
+                              transform_args=_json_args(transform_args), dataset=dataset)
         self._plan(0)  # the server checks the arguments (and the transform's name) now
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
@@ -223,12 +224,12 @@ class RemoteWindowLoader(_RemoteFeed):
                  drop_last: bool = False, token: str | None = None, output: str = "numpy",
                  transform: str | None = None, transform_args: dict[str, Any] | None = None,
                  tls_root_certs: bytes | None = None, timeout: float = 30.0,
-                 reconnect_timeout: float = 60.0) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout)
+                 reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size, shuffle, seed, shuffle_window or 4, rank, world_size, drop_last)
         self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
-                              transform=transform, transform_args=_json_args(transform_args))
+                              transform=transform, transform_args=_json_args(transform_args), dataset=dataset)
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:

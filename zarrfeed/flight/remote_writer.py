@@ -26,7 +26,8 @@ import pyarrow.flight as flight
 
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import dtype_from_descr
-from .protocol import DESCRIPTOR, call_options, encode_episode, episode_schema, server_message, unreachable
+from .protocol import (call_options, encode_episode, episode_schema, episodes_descriptor, server_message,
+                       unreachable)
 
 
 class RemoteWriter:
@@ -39,8 +40,8 @@ class RemoteWriter:
     is passed over by key: every episode exactly once."""
 
     def __init__(self, url: str, token: str | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 120.0, max_unsynced_bytes: int = 256 << 20) -> None:
-        self.url, self.max_unsynced_bytes = url, max_unsynced_bytes
+                 timeout: float = 120.0, max_unsynced_bytes: int = 256 << 20, *, dataset: str | None = None) -> None:
+        self.url, self.max_unsynced_bytes, self.dataset = url, max_unsynced_bytes, dataset
         self._options = call_options(token, timeout)
         self._stream_options = call_options(token)  # an upload call lasts as long as the producer: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
@@ -74,6 +75,8 @@ class RemoteWriter:
             self._ack(key)
 
     def _action(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        if self.dataset is not None:
+            body = {**(body or {}), "dataset": self.dataset}
         try:
             payload = json.dumps(body).encode() if body is not None else b""
             results = list(self._client.do_action(flight.Action(name, payload), self._options))
@@ -163,7 +166,8 @@ class RemoteWriter:
         batch = encode_episode(episode, key, self.schema)
         try:
             if self._put is None:
-                self._put = self._client.do_put(DESCRIPTOR, self.schema, self._stream_options)
+                self._put = self._client.do_put(episodes_descriptor(self.dataset), self.schema,
+                                                self._stream_options)
             self._put[0].write_batch(batch)
         except flight.FlightError as exc:
             raise self._failed(exc) from None

@@ -17,18 +17,18 @@ import threading
 import traceback
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import pyarrow.flight as flight
 
 from ..core.store import Location
 from ..transforms import Transforms
 from .access import Access, AccessCheck, grants_of
-from .activity import Activity
+from .serving import Serving
 from .feeding import Feeding
 from .ingestion import Ingestion
 from .limits import Limits
-from .protocol import ACTIONS
+from .protocol import ACTIONS, DATASET_NAME, dataset_of
 
 log = logging.getLogger("zarrfeed.serve")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,45 +56,90 @@ def internal_error(what: str, exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Stopped:
-    """What `FeedServer.stop` did: the committed rows (None: nothing was uploaded) and whether calls were
-    still open when it stopped waiting."""
+    """What `FeedServer.stop` did: the committed rows of each dataset that took uploads and whether calls
+    were still open when it stopped waiting."""
 
-    committed: dict[str, int] | None
+    committed: dict[str, dict[str, int]]  # per dataset that took uploads, by name ("": the only one)
     calls_left: bool
 
 
-class FeedServer(flight.FlightServerBase):
-    """Serves the dataset at `location` (a path, URL or Location) on `host:port` (port 0: a free one; the
-    address is `url`), with `workers` loader processes per stream and the named transforms of `transforms`
-    (a module name or .py file), within `limits` (default: sized from the machine). Reading needs `token`
-    if given; uploads are taken with `ingest` or an `ingest_token` (then they need it; see access.py). It
-    listens once made; `serve()` blocks until `shutdown()`. As a context manager it stops and commits what
-    it accepted on exit."""
+@dataclass
+class Served:
+    """One dataset a server serves: its name ("" for a server's only, unnamed one) and its two handlers."""
 
-    def __init__(self, location: Location | str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8815,
-                 token: str | None = None, ingest: bool = False, ingest_token: str | None = None,
-                 workers: int = 2, tls: tuple[bytes, bytes] | None = None,
+    name: str
+    location: Location
+    feeding: Feeding
+    ingestion: Ingestion
+
+
+class FeedServer(flight.FlightServerBase):
+    """Serves the dataset at `location` (a path, URL or Location), or several by name (a mapping: name ->
+    location; tickets, descriptors and actions then name one), on `host:port` (port 0: a free one; the address
+    is `url`), with `workers` loader processes per stream and the named transforms of `transforms` (a module
+    name or .py file), within `limits` (default: sized from the machine; shared by all datasets). Reading
+    needs `token` if given; uploads are taken with `ingest` or an `ingest_token` (then they need it; see
+    access.py); each dataset has its own commit pin and writer lease. It listens once made; `serve()` blocks
+    until `shutdown()`. As a context manager it stops and commits what it accepted on exit."""
+
+    def __init__(self, location: Location | str | os.PathLike | Mapping[str, Location | str | os.PathLike], *,
+                 host: str = "127.0.0.1", port: int = 8815, token: str | None = None, ingest: bool = False,
+                 ingest_token: str | None = None, workers: int = 2, tls: tuple[bytes, bytes] | None = None,
                  transforms: Transforms | str | None = None, limits: Limits | None = None) -> None:
         # everything a call uses is made before the server listens (super().__init__): a producer retrying
         # against a restarted server connects at once
-        self.location = location if isinstance(location, Location) else Location.of(location)
+        named = dict(location) if isinstance(location, Mapping) else {"": location}
+        if not named:
+            raise ValueError("no dataset to serve")
+        for name in named:
+            if name and not DATASET_NAME.fullmatch(name):
+                raise ValueError(f"dataset name {name!r}: letters, digits, '_', '.' and '-', starting with a letter")
         self.access = Access(token, ingest_token, ingest)
         self.workers = workers
         self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
         self._scheme, self._host = "grpc+tls" if tls else "grpc", host
         self.limits = limits or Limits.for_machine(workers)
-        self.activity = Activity()
-        self.feeding = Feeding(self.location, workers, self.transforms, lambda: self.url, self.limits,
-                               self.activity)
-        self.ingestion = Ingestion(self.location, workers, lambda: self.feeding.latest().rows, self.limits,
-                                   self.activity)
+        self.serving = Serving(workers, self.transforms, self.limits, lambda: self.url)
+        self.activity = self.serving.activity
+        self.datasets: dict[str, Served] = {}
+        for name, where in named.items():
+            loc = where if isinstance(where, Location) else Location.of(where)
+            feeding = Feeding(loc, name, self.serving)
+            self.datasets[name] = Served(name, loc, feeding,
+                                         Ingestion(loc, name, self.serving, functools.partial(_latest_rows, feeding)))
         self._actions: dict[str, Callable[[bytes], dict[str, Any]]] = {
-            "describe": self.feeding.describe, "plan": self.feeding.plan, "status": self.status,
-            "begin_input": self.ingestion.begin_input, "sync": self.ingestion.sync}
+            "describe": lambda body: self.served(dataset_of(body)).feeding.describe(body),
+            "plan": lambda body: self.served(dataset_of(body)).feeding.plan(body),
+            "status": self.status,
+            "begin_input": lambda body: self.served(dataset_of(body)).ingestion.begin_input(body),
+            "sync": lambda body: self.served(dataset_of(body)).ingestion.sync(body)}
         assert self._actions.keys() == ACTIONS.keys(), "every action of the protocol has a handler"
         super().__init__(f"{self._scheme}://{host}:{port}", middleware={"access": AccessCheck(self.access)},
                          tls_certificates=[tls] if tls else None)
-        self.ingestion.start(every_second=self.feeding.idle.expire)
+        for served in self.datasets.values():
+            served.ingestion.start(every_second=served.feeding.idle.expire)
+
+    def served(self, name: str | None) -> Served:
+        """The dataset `name` names (None: the server's only one), or a one-line refusal."""
+        if name is None and len(self.datasets) == 1:
+            return next(iter(self.datasets.values()))
+        if name is None:
+            raise flight.FlightServerError(f"zarrfeed: this server serves several datasets ({', '.join(self.datasets)})"
+                                           ": name one (dataset=...)")
+        if name not in self.datasets:
+            raise flight.FlightServerError(f"zarrfeed: no dataset {name!r} here (datasets: "
+                                           f"{', '.join(n or '(unnamed)' for n in self.datasets)})")
+        return self.datasets[name]
+
+    @property
+    def feeding(self) -> Feeding:
+        """The feeding handler of the server's only dataset."""
+        return self.served(None).feeding
+
+    @property
+    def ingestion(self) -> Ingestion:
+        """The ingestion handler of the server's only dataset."""
+        return self.served(None).ingestion
 
     @property
     def url(self) -> str:
@@ -108,27 +153,32 @@ class FeedServer(flight.FlightServerBase):
         self.stop()
 
     def status(self, body: bytes = b"") -> dict[str, Any]:
-        """The action "status": streams (client, table, rank, epoch, rows/s), uploads, totals, ingestion (what
-        is committed, the commit lag), limits, worker processes, memory, uptime."""
-        return {**self.activity.report(), "ingestion": {"enabled": self.access.ingest, **self.ingestion.status()},
-                "limits": dataclasses.asdict(self.limits), "url": self.url, "dataset": str(self.location)}
+        """The action "status": streams (client, dataset, table, rank, epoch, rows/s), uploads, totals, per
+        dataset its location and ingestion (what is committed, the commit lag), limits, worker processes,
+        memory, uptime."""
+        return {**self.activity.report(), "ingesting": self.access.ingest,
+                "datasets": {name: {"location": str(s.location), "ingestion": s.ingestion.status()}
+                             for name, s in self.datasets.items()},
+                "limits": dataclasses.asdict(self.limits), "url": self.url}
 
     def stop(self, grace: float = 1.5) -> Stopped:
         """Stop serving: open streams end with "server shutting down" at their next batch, uploads are
-        refused, everything accepted is committed and the lease released, then the server waits up to `grace`
-        seconds for calls to end. Calls still open then (a client that stopped reading, a producer that sends
-        nothing) are left to the process's exit: `Stopped.calls_left` says so."""
+        refused, everything accepted is committed and the leases released, then the server waits up to
+        `grace` seconds for calls to end. Calls still open then (a client that stopped reading, a producer that
+        sends nothing) are left to the process's exit: `Stopped.calls_left` says so."""
         committed = self.close_writer()
         done = threading.Thread(target=self.shutdown, name="zarrfeed-shutdown", daemon=True)
         done.start()
         done.join(grace)
         return Stopped(committed, calls_left=done.is_alive())
 
-    def close_writer(self) -> dict[str, int] | None:
+    def close_writer(self) -> dict[str, dict[str, int]]:
         """At shutdown: stop the loaders kept for a next epoch, commit everything accepted and release the
-        lease. The committed rows (None: nothing was uploaded)."""
-        self.feeding.close()
-        return self.ingestion.close()
+        leases. The committed rows of each dataset that took uploads, by name."""
+        for served in self.datasets.values():
+            served.feeding.close()
+        committed = {name: served.ingestion.close() for name, served in self.datasets.items()}
+        return {name: rows for name, rows in committed.items() if rows is not None}
 
     @one_line
     def do_action(self, context: Any, action: flight.Action) -> list[flight.Result]:
@@ -137,39 +187,62 @@ class FeedServer(flight.FlightServerBase):
             raise flight.FlightServerError(f"unknown action {action.type!r} (actions: {', '.join(ACTIONS)})")
         if ACTIONS[action.type].ingests:
             self.access.refuse_upload(grants_of(context))
-        return [flight.Result(json.dumps(handler(action.body.to_pybytes())).encode())]
+        try:
+            answer = handler(action.body.to_pybytes())
+        except ValueError as exc:  # a body naming its dataset wrongly
+            raise flight.FlightServerError(f"zarrfeed: {action.type}: {exc}") from None
+        return [flight.Result(json.dumps(answer).encode())]
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
         return [(a.name, a.description) for a in ACTIONS.values()]
 
     @one_line
     def list_flights(self, context: Any, criteria: bytes) -> list[flight.FlightInfo]:
-        return list(self.feeding.flights())
+        return [info for served in self.datasets.values() for info in served.feeding.flights()]
+
+    def _flight(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        """The flight a descriptor names: [table] (the only dataset) or [dataset, table]."""
+        path = [p.decode(errors="replace") for p in descriptor.path or []]
+        if len(path) not in (1, 2):
+            raise flight.FlightServerError("zarrfeed: a descriptor is the path [table] or [dataset, table]")
+        return self.served(path[0] if len(path) == 2 else None).feeding.flight_info(path[-1])
 
     @one_line
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
-        return self.feeding.flight_info(descriptor)
+        return self._flight(descriptor)
 
     @one_line
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
         # pyarrow (through 26) sends get_schema's errors to the client as "Python exception: Traceback ...",
         # formatted by Python's traceback module, where every other call sends a FlightError's message alone:
         # `zarrfeed serve` sets sys.tracebacklimit to 0 (see hide_frames), so the client reads the message only
-        return flight.SchemaResult(self.feeding.flight_info(descriptor).schema)
+        return flight.SchemaResult(self._flight(descriptor).schema)
 
     @one_line
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
-        return self.feeding.stream(ticket.ticket, context)
+        try:
+            name = dataset_of(ticket.ticket)
+        except ValueError as exc:
+            raise flight.FlightServerError(f"zarrfeed: ticket: {exc}") from None
+        return self.served(name).feeding.stream(ticket.ticket, context)
 
     @one_line
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
         self.access.refuse_upload(grants_of(context))
-        self.ingestion.put(descriptor, reader, writer, context.peer())
+        path = [p.decode(errors="replace") for p in descriptor.path or []]
+        if path[-1:] != ["episodes"] or len(path) > 2:
+            raise flight.FlightServerError("zarrfeed: upload episodes with the descriptor path ['episodes'] (or "
+                                           "[dataset, 'episodes'])")
+        self.served(path[0] if len(path) == 2 else None).ingestion.put(reader, writer, context.peer())
 
     @one_line
     def do_exchange(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
         raise flight.FlightServerError("zarrfeed: do_exchange is not served: do_get reads batches, do_put "
                                        "uploads episodes")
+
+
+def _latest_rows(feeding: Feeding) -> dict[str, int]:
+    return feeding.latest().rows
 
 
 def hide_frames() -> None:
