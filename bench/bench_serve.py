@@ -1,8 +1,11 @@
 """The service over loopback, against the same work done locally, alternated; medians of --repeat:
 - feeding: RemoteLoader from a `zarrfeed serve` process (2 loader workers per stream) against a local
-  Loader(num_workers=2), batch 4096 of agents, one epoch each (target: remote >= 0.6x local);
+  Loader(num_workers=2), batch 4096 of agents, one epoch each (target: remote >= 0.7x local);
 - ingestion: RemoteWriter from 2 producer processes against a local DatasetWriter(workers=2) ingesting the
-  same episodes (target: remote >= 0.6x local).
+  same episodes (target: remote >= 0.6x local);
+- cost: the server's CPU-seconds (its process and workers) per GB fed and per GB ingested, against the
+  local Loader's and DatasetWriter's (this process and its workers) for the same work: what decides how many
+  trainers and producers one server host carries.
 Ratios printed last.
 
     python bench/bench_serve.py [--scenes 100] [--repeat 3]
@@ -13,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import parser, print_ratios, synthetic_dataset
+from common import parser, print_ratios, synthetic_dataset, tree_cpu_seconds
 from zarrfeed.loader import Loader
 
 from zarrfeed.flight import RemoteLoader, RemoteWriter
@@ -21,13 +24,16 @@ from zarrfeed.flight import RemoteLoader, RemoteWriter
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def epoch(make) -> tuple[float, int]:
+def epoch(make, cpu_of: int | None = None) -> tuple[float, int, float]:
+    """Seconds and rows of one epoch, and the CPU seconds process `cpu_of`'s tree spent meanwhile."""
+    import os
+    pid = cpu_of or os.getpid()
     with make() as loader:
-        t0 = time.perf_counter()
+        c0, t0 = tree_cpu_seconds(pid), time.perf_counter()
         rows = 0
         for batch in loader:
             rows += len(batch["centroid"])
-        return time.perf_counter() - t0, rows
+        return time.perf_counter() - t0, rows, tree_cpu_seconds(pid) - c0
 
 
 def main() -> None:
@@ -38,23 +44,36 @@ def main() -> None:
         try:
             url = server.stdout.readline().split()[2]
             itemsize = 116
-            times = {"remote": [], "local": []}
+            times: dict[str, list[float]] = {"remote": [], "local": []}
+            cpu: dict[str, list[float]] = {"remote": [], "local": []}
             epoch(lambda: RemoteLoader(url, "agents", batch_size=4096))  # warm: the server's fork server
             for r in range(args.repeat):  # a new seed each repeat: the server keeps a finished epoch's loader
                 # for the same ticket's next epoch, which a new local Loader cannot do
                 for name, make in (("remote", lambda: RemoteLoader(url, "agents", batch_size=4096, seed=1 + r)),
                                    ("local", lambda: Loader(path, "agents", batch_size=4096, seed=1 + r,
                                                             num_workers=2))):
-                    seconds, rows = epoch(make)
+                    seconds, rows, cpu_s = epoch(make, server.pid if name == "remote" else None)
                     times[name].append(seconds)
-            speed = {}
+                    cpu[name].append(cpu_s)
+            speed, cost = {}, {}
             for name, ts in times.items():
                 s = statistics.median(ts)
                 speed[name] = rows / s
+                gb = rows * itemsize / 1e9
+                cost[name] = statistics.median(cpu[name]) / gb
+                who = "the server's" if name == "remote" else "this process's"
                 print(f"{name}: {rows:,} rows in {s:.2f} s, {rows / s / 1e6:.2f} M rows/s, "
-                      f"{rows * itemsize / s / 1e6:.0f} MB/s (median of {args.repeat})")
-            ingest = bench_ingest(args.repeat, min(args.scenes, 80))
-            print_ratios({**speed, **ingest}, [("remote", "local", 0.6), ("remote ingest", "local ingest", 0.6)])
+                      f"{rows * itemsize / s / 1e6:.0f} MB/s; {who} CPU {cost[name]:.2f} s per GB "
+                      f"(median of {args.repeat})")
+            ingest, ingest_cost = bench_ingest(args.repeat, min(args.scenes, 80))
+            print_ratios({**speed, **ingest}, [("remote", "local", 0.7), ("remote ingest", "local ingest", 0.6)])
+            # cheaper is better: local / remote is the share of the local cost the server's work costs
+            print_ratios({"server feeding": 1 / cost["remote"], "local Loader": 1 / cost["local"],
+                          "server ingesting": 1 / ingest_cost["remote ingest"],
+                          "local DatasetWriter": 1 / ingest_cost["local ingest"]},
+                         [("server feeding", "local Loader", None),
+                          ("server ingesting", "local DatasetWriter", None)],
+                         title="CPU per GB", meaning="local's CPU per GB / the server's: higher is cheaper")
         finally:
             server.terminate()
             server.wait(10)
@@ -74,8 +93,11 @@ if __name__ == "__main__":
 """
 
 
-def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
-    """MB/s of 2 RemoteWriter producers (half the scenes each) and of a local DatasetWriter(workers=2)."""
+def bench_ingest(repeat: int, scenes: int) -> tuple[dict[str, float], dict[str, float]]:
+    """MB/s of 2 RemoteWriter producers (half the scenes each) and of a local DatasetWriter(workers=2); and
+    CPU seconds per GB: the server's (remote), this process's and its workers' (local)."""
+    import os
+
     import shutil
     import tempfile
 
@@ -83,6 +105,7 @@ def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
     eps = list(synthetic.episodes(scenes, seed=0))
     nbytes = sum(a.nbytes for ep in eps for a in ep.values())
     times: dict[str, list[float]] = {"remote ingest": [], "local ingest": []}
+    cpu: dict[str, list[float]] = {"remote ingest": [], "local ingest": []}
     tmp = Path(tempfile.mkdtemp(prefix="zarrfeed-bench-"))
     script = tmp / "producer.py"
     script.write_text(PRODUCER)
@@ -90,10 +113,11 @@ def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
         for r in range(repeat):
             local = tmp / f"local{r}.zarr"
             with DatasetWriter(local, workers=2) as w:
-                t0 = time.perf_counter()
+                c0, t0 = tree_cpu_seconds(os.getpid()), time.perf_counter()
                 w.ingest(eps)
                 w.sync()
                 times["local ingest"].append(time.perf_counter() - t0)
+                cpu["local ingest"].append(tree_cpu_seconds(os.getpid()) - c0)
             target = tmp / f"remote{r}.zarr"
             with DatasetWriter(target, workers=0):
                 pass  # an empty dataset to serve
@@ -109,13 +133,14 @@ def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
                     p.stdout.readline()
                 with RemoteWriter(url) as warm:  # the server's writer (lease, workers) opens before the clock,
                     warm.submit(eps[0], key="warm-up")  # as the local writer's is ready before ingest()
-                t0 = time.perf_counter()
+                c0, t0 = tree_cpu_seconds(server.pid), time.perf_counter()
                 for p in producers:
                     p.stdin.write("go\n")
                     p.stdin.flush()
                 for p in producers:
                     p.wait(600)  # each closes its RemoteWriter: its episodes are committed
                 times["remote ingest"].append(time.perf_counter() - t0)
+                cpu["remote ingest"].append(tree_cpu_seconds(server.pid) - c0)
             finally:
                 server.terminate()
                 server.wait(10)
@@ -123,13 +148,15 @@ def bench_ingest(repeat: int, scenes: int) -> dict[str, float]:
             shutil.rmtree(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    out = {}
+    out, cost = {}, {}
     for name, ts in times.items():
         s = statistics.median(ts)
         out[name] = nbytes / s
-        print(f"{name}: {scenes} scenes, {nbytes / 1e6:.0f} MB in {s:.2f} s, {nbytes / s / 1e6:.0f} MB/s "
-              f"(median of {repeat})")
-    return out
+        cost[name] = statistics.median(cpu[name]) / (nbytes / 1e9)
+        who = "the server's" if name.startswith("remote") else "this process's"
+        print(f"{name}: {scenes} scenes, {nbytes / 1e6:.0f} MB in {s:.2f} s, {nbytes / s / 1e6:.0f} MB/s; "
+              f"{who} CPU {cost[name]:.2f} s per GB (median of {repeat})")
+    return out, cost
 
 
 if __name__ == "__main__":

@@ -30,10 +30,29 @@ def synthetic_dataset(scenes: int) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def print_ratios(speed: dict[str, float], pairs: list[tuple[str, str, float | None]], title: str = "ratios") -> None:
+def print_ratios(speed: dict[str, float], pairs: list[tuple[str, str, float | None]], title: str = "ratios",
+                 meaning: str = "speed, higher is faster") -> None:
     """For each (a, b, target): speed[a] / speed[b] (higher is faster), and whether it meets the target."""
-    print(f"\n{title} (speed, higher is faster):")
+    print(f"\n{title} ({meaning}):")
     for a, b, target in pairs:
         ratio = speed[a] / speed[b]
         goal = f"  (target >= {target}x: {'met' if ratio >= target else 'NOT met'})" if target else ""
         print(f"  {a} / {b}: {ratio:.2f}x{goal}")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and every process below it, counting the
+    children each has reaped (a stream's loader workers, reaped by the fork server) through cutime/cstime."""
+    import os
+
+    from zarrfeed.flight.activity import descendants
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile: counted in its parent's cutime once reaped
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return total / tick
