@@ -42,11 +42,15 @@ class Server:
         self._err: list[str] = []
         self._drain = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
         self._drain.start()
-        line = self.first_line = self.proc.stdout.readline()
-        assert line.startswith("serving on "), line + self.err()
-        self.url = line.split()[2]
-        self.port = self.url.rsplit(":", 1)[1]
-        assert self.url.startswith(f"{scheme}://127.0.0.1:")
+        try:
+            line = self.first_line = self.proc.stdout.readline()
+            assert line.startswith("serving on "), line + self.err()
+            self.url = line.split()[2]
+            self.port = self.url.rsplit(":", 1)[1]
+            assert self.url.startswith(f"{scheme}://127.0.0.1:")
+        except BaseException:  # never leave a server behind
+            self.kill()
+            raise
 
     def err(self) -> str:
         """What the server wrote to stderr so far (all of it once it has exited)."""
