@@ -5,7 +5,10 @@ chunks, and the rows of each window are shuffled. Concatenated, the windows give
 Rank r takes the r-th of `world_size` equal, contiguous parts of it, so it reads only about 1/world_size of
 the chunks; parts are made equal by repeating rows from the start of the sequence (or, with `drop_last`, by
 dropping the tail). Each part is cut into batches of `batch_size`. Everything here is a pure function of
-small numbers, so the consumer and a resumed run compute the same plan without reading any data.
+small numbers, so the consumer and a resumed run compute the same plan without reading any data. The orders
+(of chunks, and of each window's rows) are zarrfeed's own (`order.py`), not numpy's generators: the same on
+every machine and numpy release; any position's row (`row_at`) or any row's position (`position_of`) needs
+only its window's order.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .shuffle import shuffle
+from .order import CHUNKS, inverse, permutation
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ class EpochPlan:
                          [min(c.chunk_rows, c.n_rows - i * c.chunk_rows) for i in range(n_chunks)], np.int64)
         chunks = np.flatnonzero(sizes)  # chunks with nothing selected are never read
         if c.shuffle:
-            chunks = np.random.default_rng([c.seed, epoch]).permutation(chunks)
+            chunks = chunks[permutation(len(chunks), c.seed, epoch, CHUNKS)]
         self.windows = [chunks[i:i + c.shuffle_window] for i in range(0, len(chunks), c.shuffle_window)]
         window_rows = np.array([sizes[w].sum() for w in self.windows], np.int64)
         self.window_starts = np.concatenate([[0], np.cumsum(window_rows)]).astype(np.int64)
@@ -159,20 +162,57 @@ class EpochPlan:
         not depend on chunk_base, so a reader can ask for its own addresses directly."""
         c, chunks = self.config.chunk_rows, self.windows[w]
         base = np.arange(len(chunks)) * c if chunk_base is None else np.asarray(chunk_base)
-        rng = np.random.default_rng([self.config.seed, self.epoch, w])
         contiguous = (np.diff(base) == c).all() and (self._sizes[chunks[:-1]] == c).all()
-        if self.selection is None and contiguous:  # no gap: one range, shuffled
-            n = int(self._sizes[chunks].sum())
-            order = np.arange(base[0] if len(base) else 0, (base[0] if len(base) else 0) + n)
-        else:
-            parts = []
-            for j, ch in enumerate(chunks):
-                rows = self.selection[ch] if self.selection is not None else np.arange(self._sizes[ch])
-                parts.append(base[j] + rows)
-            order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        n = int(self._sizes[chunks].sum())
+        if self.selection is None and contiguous:  # no gap: one range
+            first = int(base[0]) if len(base) else 0
+            if not self.config.shuffle:
+                return np.arange(first, first + n, dtype=np.int64)
+            order = permutation(n, self.config.seed, self.epoch, w)
+            order += first
+            return order
+        parts = []
+        for j, ch in enumerate(chunks):
+            rows = self.selection[ch] if self.selection is not None else np.arange(self._sizes[ch])
+            parts.append(base[j] + rows)
+        rows = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        return rows[permutation(n, self.config.seed, self.epoch, w)] if self.config.shuffle else rows
+
+    def row_at(self, position: int) -> int:
+        """The row (of the table) at `position` in the epoch's sequence, computed on its own: only the order of
+        the window it falls in is made (resuming or re-splitting an epoch needs no replay)."""
+        if not 0 <= position < self.total:
+            raise IndexError(f"position {position} outside an epoch of {self.total} rows")
+        w = bisect.bisect_right(self._starts, position) - 1
+        q = position - self._starts[w]
+        chunks = self.windows[w]
+        sizes = self._sizes[chunks]
         if self.config.shuffle:
-            shuffle(rng, order)  # rng.shuffle(order), faster
-        return order
+            q = int(permutation(int(sizes.sum()), self.config.seed, self.epoch, w)[q])
+        j = int(np.searchsorted(np.cumsum(sizes), q, side="right"))
+        r = q - int(sizes[:j].sum())
+        ch = int(chunks[j])
+        return ch * self.config.chunk_rows + (int(self.selection[ch][r]) if self.selection is not None else r)
+
+    def position_of(self, row: int) -> int:
+        """Where `row` comes in the epoch's sequence (its first place, for a rank's repeated tail), from its
+        window's order alone; ValueError if the epoch does not read it."""
+        ch, r = divmod(int(row), self.config.chunk_rows)
+        if self.selection is not None:
+            sel = self.selection[ch] if 0 <= ch < len(self.selection) else np.zeros(0, np.int64)
+            i = int(np.searchsorted(sel, r))
+            if i >= len(sel) or sel[i] != r:
+                raise ValueError(f"row {row} is not selected")
+            r = i
+        where = [(w, j) for w, chunks in enumerate(self.windows) for j, c in enumerate(chunks) if c == ch]
+        if not where or not 0 <= r < self._sizes[ch]:
+            raise ValueError(f"row {row} is not in this epoch")
+        w, j = where[0]
+        sizes = self._sizes[self.windows[w]]
+        q = int(sizes[:j].sum()) + r
+        if self.config.shuffle:
+            q = int(inverse(permutation(int(sizes.sum()), self.config.seed, self.epoch, w))[q])
+        return self._starts[w] + q
 
     def window_batches(self) -> dict[int, tuple[int, int]]:
         """For each window this rank reads: (first batch, last batch) reading it, in order of first batch."""

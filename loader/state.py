@@ -14,8 +14,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .order import VERSION as ORDER
+
 VERSION = 1
 NAME = "zarrfeed.LoaderState"
+ORDER_NAMES = {0: "numpy's Generator, zarrfeed before 2026-11", 1: "zarrfeed's Feistel permutation"}
 
 
 def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
@@ -42,6 +45,7 @@ class LoaderState:
     epoch: int = 0
     batch: int = 0
     version: int = VERSION
+    order: int = ORDER  # the epoch order's algorithm (loader/order.py); 0: numpy's Generator, before it
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": NAME, **asdict(self)}
@@ -59,6 +63,7 @@ class LoaderState:
             raise ValueError(f"loader state version {state.get('version')} is not the version this zarrfeed "
                              f"reads ({VERSION})")
         known = {k: v for k, v in state.items() if k != "name"}
+        known.setdefault("order", 0)  # saved before zarrfeed had its own epoch order: numpy's
         try:
             return cls(**known)
         except TypeError as exc:
@@ -80,6 +85,11 @@ class LoaderState:
                 raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}")
         if self.selection != here.selection:
             raise ValueError("loader state was made with another row selection (rows=); pass the same rows")
+        if self.order != here.order and self.batch != 0:  # at an epoch's start no row has been seen: any order
+            raise ValueError(f"loader state was saved mid-epoch (batch {self.batch} of epoch {self.epoch}) with "
+                             f"epoch order {self.order} ({ORDER_NAMES.get(self.order, 'unknown')}); this zarrfeed "
+                             f"orders epochs with order {here.order}: finish that epoch with the release that "
+                             f"saved the state, or resume from the start of epoch {self.epoch + 1}")
 
     def check_position(self, batches: int) -> None:
         """Raise ValueError (one line) unless batch `batch` can come next in an epoch of `batches` batches: a

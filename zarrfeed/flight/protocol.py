@@ -15,6 +15,7 @@ import pyarrow.flight as flight
 from ..core.arrow_records import arrow_schema, from_arrow, records_to_arrow
 from ..core.keys import Key, check_key, key_from_json, key_to_json
 from ..core.schema import dtype_from_descr
+from ..loader.order import VERSION as ORDER
 from ..loader.plan import PlanSettings
 
 
@@ -43,6 +44,7 @@ class Ticket:
     transform: str | None = None
     transform_args: dict[str, Any] | None = field(default=None)
     dataset: str | None = None  # which of the server's datasets (None: its only one)
+    order: int = ORDER  # the epoch order's algorithm the client expects (loader/order.py)
 
     def encode(self) -> flight.Ticket:
         return flight.Ticket(self.to_json())
@@ -87,6 +89,9 @@ class Ticket:
         for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last)):
             if not isinstance(value, bool):
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
+        if self.order != ORDER:
+            raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with order {ORDER} "
+                             "(a client and server of different zarrfeed releases: upgrade the older one)")
         if self.kind not in ("batches", "windows"):
             raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {self.kind!r}")
         if not isinstance(self.table, str) or not all(v is None or isinstance(v, str)

@@ -1,0 +1,132 @@
+"""zarrfeed's epoch order (issue 24): a permutation zarrfeed specifies, the same in C and in Python, equal to
+stored golden orders (a change of the algorithm fails here), with random access by window, versioned in
+loader states and tickets, and statistically as good a shuffle as numpy's."""
+import hashlib
+
+import numpy as np
+import pytest
+
+import zarrfeed.loader.order as order_module
+from zarrfeed.loader.order import CHUNKS, VERSION, inverse, permutation
+from zarrfeed.loader.plan import EpochPlan, PlanConfig
+
+SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 97, 128, 1000, 1023, 1024, 1025, 4099, 65537]
+
+
+def test_golden_orders():
+    """Stored orders: a change of the algorithm (or of numpy, or of a compiler) fails here."""
+    assert VERSION == 1
+    assert permutation(10, 0, 0, 0).tolist() == [0, 6, 9, 3, 1, 4, 8, 2, 5, 7]
+    assert permutation(17, 42, 3, 5).tolist() == [11, 8, 7, 16, 0, 3, 2, 6, 13, 5, 9, 12, 15, 4, 1, 14, 10]
+    assert permutation(12, 7, 1, CHUNKS).tolist() == [7, 2, 0, 3, 6, 10, 1, 11, 8, 5, 9, 4]
+    for args, first, digest in (
+            ((4000, 5, 2, 1), [463, 3016, 493, 1267, 1356, 573, 2957, 3737],
+             "9789e7f79d2abdb95fd0ca4d959c35b9e749a42584665b1ec681ec5ad8cc2b11"),
+            ((100_003, 2**63 - 1, 9, 4), [9315, 99430, 89220, 52354, 95382, 59398, 41945, 6340],
+             "ba0ac9c04bb73dc3e2932521303ce5a5a37389ff3fcd1338e625764bcc1e6dbf")):
+        p = permutation(*args)
+        assert p[:8].tolist() == first
+        assert hashlib.sha256(p.astype("<i8").tobytes()).hexdigest() == digest
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_c_and_python_give_the_same_permutation(n, monkeypatch):
+    if order_module._order is None:
+        pytest.skip("the C extension is not built here")
+    keys = ((0, 0, 0), (99, 3, 12), (2**63 - 1, 10**6, CHUNKS))
+    c = [permutation(n, *k) for k in keys]
+    monkeypatch.setattr(order_module, "_order", None)  # the fallback without a compiler
+    for k, perm in zip(keys, c, strict=True):
+        p = permutation(n, *k)
+        assert p.dtype == np.int64 and np.array_equal(p, perm) and np.array_equal(np.sort(p), np.arange(n))
+        assert np.array_equal(p[inverse(p)], np.arange(n))
+
+
+def test_bad_keys_are_one_line():
+    with pytest.raises(ValueError, match=r"order: seed must be in \[0, 2\*\*64\), got -1"):
+        permutation(10, -1, 0, 0)
+
+
+@pytest.mark.parametrize("n, keys", [(16, 4000), (5000, 300)])
+def test_as_good_a_shuffle_as_numpys(n, keys):
+    """Over many keys: where each element lands is uniform (chi-square per position and value, per degree
+    of freedom about 1), the mean displacement is a random permutation's ((n^2 - 1) / 3n), adjacent elements
+    are as correlated as in numpy's permutations (-1 / (n - 1)) and fixed points as rare (1 on average)."""
+    ours = np.stack([permutation(n, seed, 0, 0) for seed in range(keys)])
+    theirs = np.stack([np.random.default_rng([seed, 0]).permutation(n) for seed in range(keys)])
+
+    def figures(perms: np.ndarray) -> dict[str, float]:
+        counts = np.zeros((n, n))
+        for pos in range(n):
+            counts[pos] = np.bincount(perms[:, pos], minlength=n)
+        expected = keys / n
+        chi2 = ((counts - expected) ** 2 / expected).sum() / (n * (n - 1))
+        displacement = np.abs(perms - np.arange(n)).mean()
+        corr = np.mean([np.corrcoef(p[:-1], p[1:])[0, 1] for p in perms])
+        fixed = (perms == np.arange(n)).sum(axis=1).mean()
+        return {"chi2": chi2, "displacement": displacement, "corr": corr, "fixed": fixed}
+
+    a, b = figures(ours), figures(theirs)
+    assert 0.9 < a["chi2"] < 1.1 and 0.9 < b["chi2"] < 1.1, (a, b)
+    want = (n * n - 1) / (3 * n)
+    assert abs(a["displacement"] - want) < 0.02 * want and abs(b["displacement"] - want) < 0.02 * want, (a, b)
+    assert abs(a["corr"] + 1 / (n - 1)) < 0.015 and abs(b["corr"] + 1 / (n - 1)) < 0.015, (a, b)
+    assert abs(a["fixed"] - 1) < 0.2 and abs(b["fixed"] - 1) < 0.2, (a, b)
+
+
+def test_large_orders_are_far_from_the_identity_and_from_each_other():
+    """At n = 100,000 over 30 seeds the correlation with the identity has a random permutation's spread
+    (1 / sqrt(n) = 0.0032), and two epochs share about one fixed point."""
+    n = 100_000
+    corr = [np.corrcoef(permutation(n, s, 0, 0), np.arange(n))[0, 1] for s in range(30)]
+    assert np.sqrt(np.mean(np.square(corr))) < 2 / np.sqrt(n)
+    assert (permutation(n, 3, 0, 0) == permutation(n, 3, 1, 0)).sum() < 10
+
+
+@pytest.mark.parametrize("selection", [False, True])
+def test_an_epochs_rows_and_positions_are_found_by_window(selection):
+    """EpochPlan.row_at(p) is the row at position p of the epoch's sequence and position_of its inverse,
+    from the order of p's window alone: what resuming or re-splitting an epoch needs."""
+    config = PlanConfig(n_rows=10_000, chunk_rows=700, batch_size=64, seed=11, shuffle_window=3)
+    sel = None
+    if selection:
+        rng = np.random.default_rng(0)
+        sel = [np.sort(rng.choice(min(700, 10_000 - c * 700), size=200, replace=False)) for c in range(15)]
+    plan = EpochPlan(config, 4, sel)
+    sequence = np.concatenate([plan.window_order(w, np.array([c * 700 for c in plan.windows[w]]))
+                               for w in range(len(plan.windows))])
+    for p in np.random.default_rng(1).choice(plan.total, 300, replace=False):
+        row = plan.row_at(int(p))
+        assert row == sequence[p] and plan.position_of(row) == p
+    with pytest.raises(IndexError):
+        plan.row_at(plan.total)
+    if selection:
+        unselected = next(r for r in range(700) if r not in set(sel[0].tolist()))
+        with pytest.raises(ValueError, match="is not selected"):
+            plan.position_of(unselected)
+
+
+def test_a_state_saved_mid_epoch_with_numpys_order_is_refused_at_an_epochs_start_taken(small_dataset):
+    """States carry the order's version: one saved before zarrfeed had its own order (no "order" field) is
+    refused mid-epoch in one line saying what to do, and taken at an epoch's start (no row seen yet)."""
+    from zarrfeed.loader import Loader
+
+    path = small_dataset(2, 3, chunks={"agents": 500})
+    with Loader(path, "agents", batch_size=100, num_workers=0) as loader:
+        state = loader.state_dict()
+        assert state["order"] == VERSION
+        old = {k: v for k, v in state.items() if k != "order"}
+        with pytest.raises(ValueError, match=r"saved mid-epoch \(batch 3 of epoch 1\) with epoch order 0 "
+                                             r"\(numpy's Generator.*resume from the start of epoch 2"):
+            loader.load_state_dict({**old, "epoch": 1, "batch": 3})
+        loader.load_state_dict({**old, "epoch": 1, "batch": 0})
+        assert loader.state_dict()["epoch"] == 1
+
+
+def test_a_ticket_of_another_order_is_refused():
+    from zarrfeed.flight.protocol import Ticket
+    from zarrfeed.loader.plan import PlanSettings
+
+    raw = Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 1', b'"order": 0')
+    with pytest.raises(ValueError, match="ticket: epoch order 0; this server orders epochs with order 1"):
+        Ticket.decode(raw)
