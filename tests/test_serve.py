@@ -1011,3 +1011,6 @@ def test_several_datasets_by_name(tmp_path):
     r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(paths["train"]), str(paths["val"]),
                         "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "several datasets are served by name: NAME=PATH each" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", f"a={paths['val']}", f"b={paths['val']}",
+                        "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "datasets 'a' and 'b' are the same dataset" in r.stderr, r.stderr

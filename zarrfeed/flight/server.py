@@ -104,6 +104,9 @@ class FeedServer(flight.FlightServerBase):
         self.datasets: dict[str, Served] = {}
         for name, where in named.items():
             loc = where if isinstance(where, Location) else Location.of(where)
+            twice = [n for n, s in self.datasets.items() if str(s.location) == str(loc)]
+            if twice:  # two writers of one dataset would fight over its lease
+                raise ValueError(f"datasets {twice[0]!r} and {name!r} are the same dataset ({loc})")
             feeding = Feeding(loc, name, self.serving)
             self.datasets[name] = Served(name, loc, feeding,
                                          Ingestion(loc, name, self.serving, functools.partial(_latest_rows, feeding)))
