@@ -23,6 +23,27 @@ def test_info_table_and_json(real_scene):
     assert doc["frames"]["rows"] == 248 and doc["traffic_light_faces"]["rows"] == 3216
 
 
+@pytest.mark.parametrize("entry", ["python -m zarrfeed", "console script"])
+def test_the_entry_points_users_run_keep_the_exit_codes(real_copy, tmp_path, entry):
+    """Issue 26: every CLI test ran `zarrfeed.cli`, so `python -m zarrfeed` exiting 0 whatever happened went
+    unseen. The commands users run exit 0 (valid), 1 (invalid) and 2 (unreadable)."""
+    from pathlib import Path
+    command = [sys.executable, "-m", "zarrfeed"] if entry == "python -m zarrfeed" else \
+        [str(Path(sys.executable).parent / "zarrfeed")]
+
+    def run(path) -> int:
+        return subprocess.run([*command, "validate", "-q", str(path)], capture_output=True, text=True,
+                              timeout=120).returncode
+
+    assert run(real_copy) == 0
+    assert run(tmp_path / "missing.zarr") == 2
+    frames = zarr.open_array(str(real_copy / "frames"), mode="r+")
+    row = frames[10]
+    row["agent_index_interval"][0] -= 1
+    frames[10] = row
+    assert run(real_copy) == 1
+
+
 def test_validate_exit_codes(real_copy, tmp_path):
     ok = zarrfeed("validate", "-q", real_copy)
     assert ok.returncode == 0 and "valid" in ok.stdout

@@ -239,3 +239,35 @@ def test_a_cluster_task_writes_only_while_its_client_holds_the_lease(tmp_path):
             check_held(store, "another-token", w.location)
     with pytest.raises(LeaseLost):  # released at close
         check_held(store, w.lease_token, w.location)
+
+
+def test_a_writer_dead_on_another_host_is_taken_over_by_its_heartbeat_end_to_end(s3, caplog):
+    """Issue 26: every dead holder in the suite was a dead pid on this host or a file lock, so a lease whose
+    holder stopped heartbeating on another machine was never taken over in any test (with that rule gone, a
+    writer dying elsewhere locks an S3 dataset for ever). A lease document from another host with an old
+    heartbeat is taken over by a DatasetWriter, saying so; a fresh one is not."""
+    import json
+    import logging
+
+    from zarrfeed.writer.lease import LEASE_KEY, Holder
+
+    bucket, server = s3
+    url = f"{bucket}/elsewhere.zarr"
+    eps = small_episodes(2, seed=61)
+    with DatasetWriter(url, workers=0, chunks=SMALL, storage_options=server.options) as w:
+        w.ingest(eps[:1])
+    key = f"{bucket}/elsewhere.zarr/{LEASE_KEY}"
+    fs = server.fs()
+    fresh = Holder("another-host", 4242, None, time.time(), time.time(), "fresh", timeout=60.0)
+    fs.pipe(key, fresh.encode())
+    with pytest.raises(LeaseHeld, match="pid 4242 on another-host"):
+        DatasetWriter(url, workers=0, mode="a", storage_options=server.options)
+    assert json.loads(fs.cat(key))["token"] == "fresh"  # untouched
+    old = time.time() - 120
+    fs.pipe(key, Holder("another-host", 4242, None, old, old, "stale", timeout=60.0).encode())
+    with caplog.at_level(logging.WARNING, logger="zarrfeed"):
+        with DatasetWriter(url, workers=0, mode="a", storage_options=server.options) as w:
+            w.ingest(eps[1:])
+    assert any("took over the write lease of pid 4242 on another-host" in r.getMessage()
+               and "no heartbeat for 120 s (timeout 60 s)" in r.getMessage() for r in caplog.records), caplog.text
+    assert_holds(Dataset.open(url, storage_options=server.options), eps)

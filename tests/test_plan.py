@@ -98,3 +98,15 @@ def test_selection_by_mask_and_index():
         selected_rows_per_chunk(1000, 100, np.array([1000]))
     with pytest.raises(ValueError, match="one entry per committed row"):
         selected_rows_per_chunk(1000, 100, np.ones(10, bool))
+
+
+def test_each_epoch_orders_a_window_anew():
+    """Issue 26: a window order keyed without its epoch went unseen (only batch 0 of a many-chunk table was
+    compared across epochs, where the chunk order differs anyway). On a table of one window, every epoch's
+    order of its rows differs, and so do the batches a Loader yields."""
+    config = PlanConfig(n_rows=5_000, chunk_rows=1_000, batch_size=100, seed=3, shuffle_window=8)
+    orders = [EpochPlan(config, epoch).window_order(0) for epoch in range(3)]
+    assert len(EpochPlan(config, 0).windows) == 1
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        assert not np.array_equal(orders[a], orders[b])
+        assert (orders[a] == orders[b]).mean() < 0.01  # not the same order slightly moved: another one

@@ -173,3 +173,25 @@ def test_a_window_transform_returning_objects_is_a_loader_error(scenes):
         with WindowLoader(scenes, history=2, future=2, num_workers=0,
                           transform=lambda b: {"o": np.array([None] * len(b["frame_index"]))}) as loader:
             next(iter(loader))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_frames_that_all_hold_the_same_agents_fill_every_batch_exactly(tmp_path, workers):
+    """Issue 26: a WindowLoader sized one history frame short was caught only by chance (the C and numpy
+    kernels overflowed differently). With exactly 10 agents and 2 faces in every frame, a full batch needs
+    every byte the sizing gives it: the windows must still be L5Kit's, every one of them."""
+    episodes = []
+    for i, ep in enumerate(synthetic.episodes(3, seed=77, frames=50, agents_per_frame=20)):
+        frames, n = ep["frames"].copy(), len(ep["frames"])
+        frames["agent_index_interval"] = np.stack([np.arange(n) * 10, np.arange(n) * 10 + 10], axis=1)
+        frames["traffic_light_faces_index_interval"] = np.stack([np.arange(n) * 2, np.arange(n) * 2 + 2], axis=1)
+        assert len(ep["agents"]) >= 10 * n and len(ep["traffic_light_faces"]) >= 2 * n, i
+        episodes.append({**ep, "frames": frames, "agents": ep["agents"][:10 * n],
+                         "traffic_light_faces": ep["traffic_light_faces"][:2 * n]})
+    path = tmp_path / "even.zarr"
+    write_dataset(path, episodes, chunks={"agents": 160, "frames": 16, "traffic_light_faces": 32}, workers=0)
+    with WindowLoader(path, history=4, future=5, batch_size=8, num_workers=workers, copy=True) as loader:
+        batches = list(loader)
+    assert all(len(b["agents/track_id"]) == len(b["frame_index"]) * 10 * 10 for b in batches)  # 10 frames x 10
+    seen = check_against_numpy(path, batches, 4, 5)
+    assert sorted(seen) == [s * 50 + t for s in range(3) for t in range(4, 50 - 5)]
