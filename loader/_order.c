@@ -19,8 +19,8 @@ static inline uint64_t mulhi(uint64_t a, uint64_t b) {
 #endif
 }
 
-/* shuffled(out, key): out (int64, length n) = 0..n-1 in the order of `key`. */
-static PyObject *shuffled(PyObject *self, PyObject *args) {
+/* shuffle(a, key): the int64 array `a` put in the order of `key`, in place (on 0..n-1: the order itself). */
+static PyObject *shuffle(PyObject *self, PyObject *args) {
     Py_buffer out;
     unsigned long long key;
     if (!PyArg_ParseTuple(args, "w*K", &out, &key)) return NULL;
@@ -33,7 +33,6 @@ static PyObject *shuffled(PyObject *self, PyObject *args) {
     Py_ssize_t n = out.len / 8;
     uint64_t state = key;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) o[i] = i;
     for (Py_ssize_t i = n - 1; i >= 1; i--) {
         uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -50,7 +49,7 @@ static PyObject *shuffled(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"shuffled", shuffled, METH_VARARGS, "shuffled(out, key): out = 0..n-1 in the order of key"},
+    {"shuffle", shuffle, METH_VARARGS, "shuffle(a, key): the int64 array a in the order of key, in place"},
     {NULL, NULL, 0, NULL}};
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_order", NULL, -1, methods};
 PyMODINIT_FUNC PyInit__order(void) { return PyModule_Create(&mod); }

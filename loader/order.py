@@ -58,17 +58,25 @@ def key(seed: int, epoch: int, stream: int) -> int:
 
 def permutation(n: int, seed: int, epoch: int, stream: int) -> np.ndarray:
     """The order of 0..n-1 for (seed, epoch, stream): an int64 array holding each once."""
-    out = np.arange(n, dtype=np.int64)
+    return shuffle(np.arange(n, dtype=np.int64), seed, epoch, stream)
+
+
+def shuffle(a: np.ndarray, seed: int, epoch: int, stream: int) -> np.ndarray:
+    """`a` (a C-contiguous int64 array) put in the order of (seed, epoch, stream), in place, and returned:
+    `a[permutation(len(a), ...)]` without making the permutation (the swaps do not depend on the contents)."""
+    if a.dtype != np.int64 or a.ndim != 1 or not a.flags.c_contiguous or not a.flags.writeable:
+        raise TypeError("order: shuffle takes a writeable C-contiguous 1-D int64 array")
     k = key(seed, epoch, stream)
     if _order is not None:
-        _order.shuffled(out, k)
-        return out
-    a, state = out.tolist(), k
-    for i in range(n - 1, 0, -1):
+        _order.shuffle(a, k)
+        return a
+    items, state = a.tolist(), k
+    for i in range(len(items) - 1, 0, -1):
         state = (state + _GOLDEN) & _M64
         j = (_mix(state) * (i + 1)) >> 64
-        a[i], a[j] = a[j], a[i]
-    return np.array(a, dtype=np.int64)
+        items[i], items[j] = items[j], items[i]
+    a[:] = items
+    return a
 
 
 def inverse(order: np.ndarray) -> np.ndarray:

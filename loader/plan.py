@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .order import CHUNKS, inverse, permutation
+from .order import CHUNKS, inverse, permutation, shuffle
 
 
 @dataclass(frozen=True)
@@ -166,17 +166,14 @@ class EpochPlan:
         n = int(self._sizes[chunks].sum())
         if self.selection is None and contiguous:  # no gap: one range
             first = int(base[0]) if len(base) else 0
-            if not self.config.shuffle:
-                return np.arange(first, first + n, dtype=np.int64)
-            order = permutation(n, self.config.seed, self.epoch, w)
-            order += first
-            return order
-        parts = []
-        for j, ch in enumerate(chunks):
-            rows = self.selection[ch] if self.selection is not None else np.arange(self._sizes[ch])
-            parts.append(base[j] + rows)
-        rows = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        return rows[permutation(n, self.config.seed, self.epoch, w)] if self.config.shuffle else rows
+            rows = np.arange(first, first + n, dtype=np.int64)
+        else:
+            parts = []
+            for j, ch in enumerate(chunks):
+                mine = self.selection[ch] if self.selection is not None else np.arange(self._sizes[ch])
+                parts.append(base[j] + mine)
+            rows = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+        return shuffle(rows, self.config.seed, self.epoch, w) if self.config.shuffle else rows
 
     def row_at(self, position: int) -> int:
         """The row (of the table) at `position` in the epoch's sequence, computed on its own: only the order of

@@ -33,6 +33,7 @@ from .plan import EpochPlan
 from .source import BatchSource
 
 log = logging.getLogger("zarrfeed.loader")
+AHEAD_EPOCHS = 4  # a run's cache is sized for its first epoch and the 3 after it
 _POLL = 0.05
 _GROUP_ROWS = 32768  # rows per gather message (see Sizing.group)
 _GROUP_ROWS_TRANSFORM = 4096
@@ -174,7 +175,11 @@ class Run:
         self.layout = outputs or source.layout
         self.group = sizing.group()
         self.n_slots = sizing.ring_slots()
-        self.chunk_slots, self.regions = sizing.cache_size(plan)
+        # sized for this epoch and the next few: an epoch's need varies with its order by a few slots, and a
+        # run sized for the first epoch alone was made again (workers and all) at almost every second epoch
+        needs = [sizing.cache_size(plan)] + [sizing.cache_size(EpochPlan(plan.config, e, plan.selection))
+                                              for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
+        self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
         self.shared = source.shared(self.layout.slot_bytes, self.n_slots, self.chunk_slots, self.regions)
         self.cache = ChunkSlots(self.chunk_slots)  # kept across epochs: see loader.chunk_cache
         try:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import zarrfeed.loader.order as order_module
-from zarrfeed.loader.order import CHUNKS, VERSION, inverse, permutation
+from zarrfeed.loader.order import CHUNKS, VERSION, inverse, permutation, shuffle
 from zarrfeed.loader.plan import EpochPlan, PlanConfig
 
 SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 97, 128, 1000, 1023, 1024, 1025, 4099, 65537]
@@ -40,6 +40,18 @@ def test_c_and_python_give_the_same_permutation(n, monkeypatch):
         p = permutation(n, *k)
         assert p.dtype == np.int64 and np.array_equal(p, perm) and np.array_equal(np.sort(p), np.arange(n))
         assert np.array_equal(p[inverse(p)], np.arange(n))
+
+
+@pytest.mark.parametrize("python", [False, True])
+def test_shuffling_an_array_in_place_is_indexing_it_by_the_permutation(python, monkeypatch):
+    """The loader shuffles a window's rows in place (no permutation made, no gather): the same as taking them
+    in the permutation's order, since Fisher-Yates' swaps do not depend on the contents."""
+    if python:
+        monkeypatch.setattr(order_module, "_order", None)
+    rows = np.random.default_rng(5).integers(0, 10**9, 5000).astype(np.int64)
+    assert np.array_equal(shuffle(rows.copy(), 8, 2, 3), rows[permutation(5000, 8, 2, 3)])
+    with pytest.raises(TypeError, match="C-contiguous 1-D int64"):
+        shuffle(rows.astype(np.int32), 8, 2, 3)
 
 
 def test_bad_keys_are_one_line():
