@@ -58,7 +58,10 @@ class Loader:
     `loader.view_check`). `dtypes={"centroid": "float32"}` converts fields in the workers; a cast that can
     change values other than by rounding a float (float to int, a narrower int) is refused unless `casting`
     (numpy's rule: "same_kind", "unsafe", ...) allows it. Decoded chunks are kept across epochs within
-    `cache_bytes` (default a quarter of the available memory, 0: off). Every option after `table` is
+    `cache_bytes` (default a quarter of the available memory, 0: off). With `cache="host"` (default) every
+    loader of this dataset commit on this machine, in any process or rank, shares one set of decoded chunks
+    (`loader.host_cache`; `cache_bytes` then sizes the host's cache when this loader is the first to make it);
+    `cache="process"` keeps a cache of this loader's own, `"off"` none. Every option after `table` is
     keyword-only. Iterating continues where the previous iteration stopped; after a complete epoch the epoch
     advances.
     """
@@ -72,7 +75,8 @@ class Loader:
                  output: str = "numpy", storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
-                 cache_bytes: int | None = None, casting: str | None = None) -> None:
+                 cache_bytes: int | None = None, casting: str | None = None,
+                 cache: str = "host") -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
@@ -92,13 +96,18 @@ class Loader:
         source = RowSource(ds, table, config, selection, records, read_worker.Source.of(ds, fetch))
         workers = WorkerOptions(num_workers, prefetch, start_method, restart_workers, _Cast.around(transform, dtypes))
         self._start(source, workers, fetch=fetch, copy=copy, output=output, check_views=check_views,
-                    cache_bytes=cache_bytes)
+                    cache_bytes=cache_bytes, cache=cache)
 
     def _start(self, source: BatchSource, workers: WorkerOptions, *, fetch: FetchOptions, copy: bool, output: str,
-               check_views: bool | None, cache_bytes: int | None) -> None:
+               check_views: bool | None, cache_bytes: int | None, cache: str = "host") -> None:
         """What every loader keeps: its batch source, the options, where iteration is."""
         if cache_bytes is not None and cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0 (0: no cache across epochs), got {cache_bytes}")
+        if cache not in ("host", "process", "off"):
+            raise ValueError(f"cache must be 'host', 'process' or 'off', got {cache!r}")
+        if cache == "off":
+            cache_bytes = 0
+        self.cache = cache
         self.source, self.workers, self.fetch = source, workers, fetch
         self.dataset = source.dataset
         self.table = source.table
@@ -109,7 +118,7 @@ class Loader:
         self.copy, self.output = copy, output
         self.cache_bytes = default_cache_bytes() if cache_bytes is None else int(cache_bytes)
         self.sizing = Sizing(source, workers, self.cache_bytes, not self.dataset.location.is_local,
-                              cache_is_default=cache_bytes is None)
+                              cache_is_default=cache_bytes is None, host=cache == "host")
         self.check_views = view_check.requested(check_views) and not copy  # owned copies need no check
         self._digest: str | None = None
         self.epoch, self._position = 0, 0

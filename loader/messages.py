@@ -10,15 +10,25 @@ from ..core._proc.pool import RemoteError
 
 
 @dataclass(frozen=True, slots=True)
-class Decode:
-    """Fetch these chunks (together: concurrently from an object store) and decode each into its cache slot:
-    (table, chunk index, cache slot) each."""
+class DecodeItem:
+    """Chunk `chunk` of `table`, to decode into cache slot `slot` under claim `token`."""
 
-    items: tuple[tuple[str, int, int], ...]
+    table: str
+    chunk: int
+    slot: int
+    token: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decode:
+    """Fetch these chunks (together: concurrently from an object store) and decode each into its cache slot,
+    if the slot's claim is still `token` (a host cache's slot whose claimer died may be claimed anew)."""
+
+    items: tuple[DecodeItem, ...]
 
     @property
     def key(self) -> tuple:
-        return ("decode", tuple(slot for _, _, slot in self.items))
+        return ("decode", tuple(item.slot for item in self.items))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,33 +20,33 @@ from ..core._proc.pool import RemoteError, preload_in_workers
 from ..core._proc.shm import SharedBlock, check_room
 from ..core.chunks import chunk_key, decode_chunk_into
 from ..core.store import Location
+from .chunk_cache import ProcessChunks
 from .fetch import ChunkFetcher, FetchOptions
 from .gather import gather
+from .host_cache import HostSegment
 from .layout import Layout
-from .messages import Decode, Decoded, FillIndex, Gathered, GatherRows, IndexFilled, TransformFailed
+from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherRows, IndexFilled, TransformFailed
 from .plan import EpochPlan, PlanConfig
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
 
 class Shared:
-    """The shared memory of one loader: a cache of decoded chunks (`chunk_slots` slots of `slot_bytes`), an
-    index of cache rows (`index_regions` regions of `region_rows`), and a ring of `n_slots` batch slots."""
+    """The shared memory of one loader: its decoded chunks (`chunks`: this loader's own, `ProcessChunks`, or
+    the host's, `HostSegment`), an index of cache rows (`index_regions` regions of `region_rows`), and a ring
+    of `n_slots` batch slots."""
 
-    def __init__(self, slot_bytes: int, chunk_slots: int, region_rows: int, index_regions: int,
+    def __init__(self, chunks: ProcessChunks | HostSegment, region_rows: int, index_regions: int,
                  batch_bytes: int, n_slots: int) -> None:
-        self.slot_bytes, self.chunk_slots = slot_bytes, chunk_slots
+        self.chunks, self.slot_bytes = chunks, chunks.slot_bytes
         self.region_rows, self.batch_bytes, self.n_slots = region_rows, batch_bytes, n_slots
-        check_room(slot_bytes * chunk_slots + 8 * region_rows * index_regions + batch_bytes * n_slots,
-                   f"the loader's chunk cache ({chunk_slots} chunks) and ring ({n_slots} batch slots)")
-        # the cache's pages are mapped as workers first decode into them, in parallel, not all at the start
-        # (measured: populating a 240 MB cache in the parent and in each worker delayed the first batch 0.12 s)
-        self.cache = SharedBlock(slot_bytes * chunk_slots, populate=False)
+        check_room(8 * region_rows * index_regions + batch_bytes * n_slots,
+                   f"the loader's index and ring ({n_slots} batch slots)")
         self.index = SharedBlock(8 * region_rows * index_regions)
         self.ring = SharedBlock(batch_bytes * n_slots)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.frombuffer(self.cache.buf, np.uint8), np.frombuffer(self.index.buf, np.int64)
+        return self.chunks.array(), np.frombuffer(self.index.buf, np.int64)
 
     def slot(self, k: int) -> memoryview:
         """The ring slot of batch k."""
@@ -54,7 +54,8 @@ class Shared:
         return self.ring.buf[s * self.batch_bytes:(s + 1) * self.batch_bytes]
 
     def close(self) -> None:
-        for block in (self.cache, self.index, self.ring):
+        """Free the index and ring (the chunks belong to the cache that made them)."""
+        for block in (self.index, self.ring):
             block.close()
 
 
@@ -84,18 +85,23 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
     cache, _ = shared.arrays()
     digests = source.digests or {}
 
-    def keys_of(items: tuple | list) -> tuple[list[str], list[tuple[int, str] | None]]:
+    def keys_of(items: tuple[DecodeItem, ...] | list[DecodeItem]) -> tuple[list[str], list[tuple[int, str] | None]]:
         """Chunk keys, and the size and digest recorded for each (None: not recorded, or not needed)."""
-        return ([chunk_key(arrays[t], c) for t, c, _ in items], [digests.get(t, {}).get(c) for t, c, _ in items])
+        return ([chunk_key(arrays[i.table], i.chunk) for i in items],
+                [digests.get(i.table, {}).get(i.chunk) for i in items])
 
     def decode(msg: Decode) -> tuple[int, ...]:
-        items = msg.items
-        keys, complete = keys_of(items)
-        for (table, _, slot), key, raw in zip(items, keys, fetcher.fetch(keys, complete), strict=True):
-            nbytes = arrays[table].chunks[0] * arrays[table].dtype.itemsize
-            start = slot * shared.slot_bytes
-            decode_chunk_into(arrays[table], key, raw, cache[start:start + nbytes])
-        return tuple(slot for _, _, slot in items)
+        """Decode each chunk whose slot is still claimed for it; the slots written."""
+        keys, complete = keys_of(msg.items)
+        written = []
+        for item, key, raw in zip(msg.items, keys, fetcher.fetch(keys, complete), strict=True):
+            array = arrays[item.table]
+            start = item.slot * shared.slot_bytes
+            with shared.chunks.writing(item.slot, item.token) as ours:
+                if ours:
+                    decode_chunk_into(array, key, raw, cache[start:start + array.chunks[0] * array.dtype.itemsize])
+                    written.append(item.slot)
+        return tuple(written)
 
     def waiting(msgs: list) -> None:
         """Decode messages waiting behind the current one: start fetching their chunks now."""

@@ -26,15 +26,17 @@ import numpy as np
 
 from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit
 from ..core.chunks import ChunkError
-from .chunk_cache import ChunkSlots
+from . import host_cache
+from .chunk_cache import ChunkSlots, ProcessChunks
 from .layout import Layout
-from .messages import Decode, Decoded, FillIndex, Gathered, IndexFilled, Message, TransformFailed
+from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, IndexFilled, Message, TransformFailed
 from .plan import EpochPlan
 from .source import BatchSource
 
 log = logging.getLogger("zarrfeed.loader")
 AHEAD_EPOCHS = 4  # a run's cache is sized for its first epoch and the 3 after it
 _POLL = 0.05
+_POLL_SHARED = 0.005  # while waiting for chunks that other processes decode (no reply will wake us)
 _GROUP_ROWS = 32768  # rows per gather message (see Sizing.group)
 _GROUP_ROWS_TRANSFORM = 4096
 _RING_BYTES = 8 << 20
@@ -79,6 +81,7 @@ class Sizing:
     remote_store: bool  # the dataset is on an object store
     said_cache: bool = False
     cache_is_default: bool = False
+    host: bool = True  # decoded chunks shared by every loader of the dataset commit on this machine
 
     def group(self) -> int:
         """Batches per gather message: about 32,768 rows' worth, or 4,096 with a transform (whose cost is
@@ -180,8 +183,8 @@ class Run:
         needs = [sizing.cache_size(plan)] + [sizing.cache_size(EpochPlan(plan.config, e, plan.selection))
                                               for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
         self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
-        self.shared = source.shared(self.layout.slot_bytes, self.n_slots, self.chunk_slots, self.regions)
-        self.cache = ChunkSlots(self.chunk_slots)  # kept across epochs: see loader.chunk_cache
+        self.cache, chunks = self._cache(max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
+        self.shared = source.shared(chunks, self.layout.slot_bytes, self.n_slots, self.regions)
         try:
             self.views = [self.layout.views(self.shared.slot(s), source.config.batch_size)
                           for s in range(self.n_slots)]
@@ -197,9 +200,27 @@ class Run:
         self.n_workers = max(self.workers.num_workers, 1)
         self.chunks_decoded = 0  # by the current or last epoch
 
+    def _cache(self, need: int) -> tuple[ChunkSlots | host_cache.HostSlots, ProcessChunks | host_cache.HostSegment]:
+        """The host's cache of this dataset commit (found or made), or one of this loader's own: with
+        cache="process", or when the host's has fewer slots than this loader needs at once."""
+        sizing, source = self.sizing, self.source
+        if sizing.host and sizing.cache_bytes:
+            key = host_cache.CacheKey.of(source.dataset, source.chunk_bytes)
+            segment = host_cache.attach(key, max(self.chunk_slots, sizing.cache_bytes // max(source.chunk_bytes, 1))
+                                        * source.chunk_bytes, need)
+            if segment is not None:
+                self.chunk_slots = segment.n_slots
+                return host_cache.HostSlots(segment, key), segment
+            log.info("zarrfeed: the host cache of this dataset has fewer than the %d chunk slots this loader needs "
+                     "at once; using a cache of its own", need)
+        chunks = ProcessChunks(source.chunk_bytes, self.chunk_slots)
+        return ChunkSlots(self.chunk_slots), chunks
+
     def fits(self, plan: EpochPlan) -> bool:
         """Whether this run's cache and index are large enough for `plan`."""
         need = self.sizing.cache_size(plan)
+        if isinstance(self.cache, host_cache.HostSlots):  # what it pins at once must fit the host's slots
+            need = (min(need[0], self.sizing.cache_need(plan)[0]), need[1])
         return need[0] <= self.chunk_slots and need[1] <= self.regions
 
     def free(self) -> None:
@@ -208,6 +229,9 @@ class Run:
             pool.stop()
         self.views = []
         self.shared.close()
+        self.cache.close()
+        if isinstance(self.shared.chunks, ProcessChunks):
+            self.shared.chunks.close()
 
 
 class Epoch:
@@ -247,8 +271,7 @@ class Epoch:
         while self.oldest < self.k_issue and self.done[self.oldest]:
             self.oldest += 1
         for w in [w for w in self.resident if self.windows[w][1] < self.oldest]:
-            for key in self.resident.pop(w):
-                self.cache.unpin(key, w)
+            self.cache.unpin_window(w, self.resident.pop(w))
             if w in self.regions:
                 self.free_regions.append(self.regions.pop(w))
 
@@ -258,34 +281,58 @@ class Epoch:
         needs = self.source.chunks_of(self.plan, w)
         wants_region = self.run.regions > 0
 
-        def fits() -> bool:
-            return self.cache.fits(needs) and (bool(self.free_regions) or not wants_region)
-
-        if not fits():
+        if wants_region and not self.free_regions:
             self._evict()
-            if not fits():
+            if not self.free_regions:
+                return False
+        pins = self.cache.pin_window(w, needs)
+        if pins is None:
+            self._evict()
+            pins = self.cache.pin_window(w, needs)
+            if pins is None:
                 return False
         self.resident[w] = needs
         self.pending[w] = 0
         new = []
-        slots = []
-        for key in needs:
-            slot, fresh = self.cache.pin(key, w)
-            slots.append(slot)
-            if fresh:
-                new.append((key[0], int(key[1]), slot))
-            if not self.cache.is_decoded(slot):
+        for (table, chunk), pin in zip(needs, pins, strict=True):
+            if pin.decode:
+                new.append(DecodeItem(table, int(chunk), pin.slot, pin.token))
+            if not pin.ready:
                 self.pending[w] += 1
-                self.waiting.setdefault(slot, []).append(w)
-        self.run.chunks_decoded += len(new)
-        parts = min(len(new), len(self.load))
-        for part in (new[i::parts] for i in range(parts)):
-            self._send(Decode(tuple(part)))
+                self.waiting.setdefault(pin.slot, []).append(w)
+        slots = [pin.slot for pin in pins]
+        self._decode(new)
         if wants_region:
             self.regions[w] = region = self.free_regions.pop()
             self.pending[w] += 1
             self._send(FillIndex(self.plan.epoch, w, region, tuple(slots)))
         return True
+
+    def _decode(self, items: list[DecodeItem]) -> None:
+        """Ask the least busy workers to decode `items`, split between them."""
+        self.run.chunks_decoded += len(items)
+        parts = min(len(items), len(self.load))
+        for part in (items[i::parts] for i in range(parts)):
+            self._send(Decode(tuple(part)))
+
+    def _ready(self, slot: int) -> None:
+        for w in self.waiting.pop(slot, []):
+            self.pending[w] -= 1
+
+    def _poll_others(self) -> None:
+        """Chunks this loader waits for that other loaders on the host decode: ready ones release their
+        windows; those whose decoder died or failed are decoded here."""
+        mine = {item.slot for sent in self.sent for msg in sent.values() if isinstance(msg, Decode)
+                for item in msg.items}
+        claims = []
+        for slot in [s for s in self.waiting if s not in mine]:
+            pin = self.cache.poll(slot)
+            if pin.ready:
+                self._ready(slot)
+            elif pin.decode:
+                table, chunk = self.cache.key_of(slot)
+                claims.append(DecodeItem(table, chunk, slot, pin.token))
+        self._decode(claims)
 
     # ------------------------------------------------------------ messages
     def _send(self, msg: Message) -> None:
@@ -323,9 +370,8 @@ class Epoch:
             self.sent[reply.worker].pop(reply.key, None)
             if isinstance(reply, Decoded):
                 for slot in reply.slots:
-                    self.cache.mark_decoded(slot)
-                    for w in self.waiting.pop(slot, []):
-                        self.pending[w] -= 1
+                    if self.cache.decoded(slot):
+                        self._ready(slot)
             elif isinstance(reply, IndexFilled):
                 self.pending[reply.window] -= 1
             elif isinstance(reply, Gathered):
@@ -335,6 +381,8 @@ class Epoch:
                         self.counts[reply.first + i] = counts
             else:
                 raise TypeError(f"unexpected reply from a loader worker: {reply!r}")
+        if self.cache.shared and self.waiting:
+            self._poll_others()
         now = time.monotonic()
         if now - self.checked < 0.2:  # dead workers are noticed within 0.2 s (the pool's poll also wakes up)
             return
@@ -371,7 +419,7 @@ class Epoch:
             self._receive(0)
             self._issue()
         while not self.done[k]:
-            self._receive(_POLL)
+            self._receive(_POLL_SHARED if self.cache.shared and self.waiting else _POLL)
             self._issue()
         n = self.plan.batch_rows(k)
         counts = self.counts.pop(k, None)

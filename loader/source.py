@@ -17,7 +17,9 @@ import numpy as np
 from ..core.chunks import read_coordinates
 from ..core.store import Location
 from . import read_worker
+from .chunk_cache import ProcessChunks
 from .dataset import Dataset
+from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherRows, GatherWindows
 from .plan import EpochPlan, PlanConfig
@@ -65,8 +67,9 @@ class BatchSource(Protocol):
         """The message that makes batches [first, first + count), which read `windows`."""
         ...
 
-    def shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
-        """The shared memory of one run: cache, index and ring."""
+    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+               regions: int) -> read_worker.Shared:
+        """The shared memory of one run: its decoded chunks, index and ring."""
         ...
 
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
@@ -119,10 +122,10 @@ class RowSource:
                        residency: Residency) -> GatherRows:
         return GatherRows(plan.epoch, first, count, {w: residency.region(w) for w in windows})
 
-    def shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
+    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+               regions: int) -> read_worker.Shared:
         c = self.config
-        return read_worker.Shared(self.chunk_bytes, chunk_slots, c.shuffle_window * c.chunk_rows, regions,
-                                  batch_bytes, n_slots)
+        return read_worker.Shared(chunks, c.shuffle_window * c.chunk_rows, regions, batch_bytes, n_slots)
 
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:

@@ -24,9 +24,11 @@ from ..core.chunks import read_rows
 from ..core.store import Location
 from . import read_worker
 from .batches import Loader, fetch_options, open_dataset
+from .chunk_cache import ProcessChunks
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .gather import gather_runs
+from .host_cache import HostSegment
 from .layout import Layout
 from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
@@ -243,8 +245,9 @@ class WindowSource:
                 slots[table][chunk] = slot
         return GatherWindows(plan.epoch, first, count, slots)
 
-    def shared(self, batch_bytes: int, n_slots: int, chunk_slots: int, regions: int) -> read_worker.Shared:
-        return read_worker.Shared(self.chunk_bytes, chunk_slots, 0, 0, batch_bytes, n_slots)
+    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+               regions: int) -> read_worker.Shared:
+        return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
 
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:
@@ -288,7 +291,8 @@ class WindowLoader(Loader):
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 check_views: bool | None = None, cache_bytes: int | None = None) -> None:
+                 check_views: bool | None = None, cache_bytes: int | None = None,
+                 cache: str = "host") -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
@@ -304,7 +308,7 @@ class WindowLoader(Loader):
                               read_worker.Source.of(ds, fetch), fetch)
         workers = WorkerOptions(num_workers, prefetch, start_method, restart_workers, transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
-                    cache_bytes=cache_bytes)
+                    cache_bytes=cache_bytes, cache=cache)
 
 
 def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:

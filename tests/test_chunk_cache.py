@@ -91,7 +91,7 @@ def test_the_most_recently_unpinned_chunk_is_given_up_first():
     for epoch_keys in ([("a", 0), ("a", 1), ("a", 2)],):
         for w, key in enumerate(epoch_keys):
             assert slots.pin(key, w)[1]
-            slots.mark_decoded(slots.slot(*key))
+            slots.decoded(slots.slot(*key))
             slots.unpin(key, w)
     slots.new_epoch()
     assert slots.fits([("a", 3)])

@@ -1,0 +1,508 @@
+"""One decoded copy of a dataset per host: the chunk cache that every loader on the machine reading the same
+dataset commit shares, whichever process, rank or server stream it runs in.
+
+The cache is one anonymous memory file per (user, dataset location, dataset id, commit), found through
+`core._proc.rendezvous` (no daemon, nothing on disk; freed when the last process holding it exits, SIGKILL
+included). It holds a table of slots and the slots' decoded chunks:
+
+- `directory[chunk]`: the slot holding a chunk (chunks numbered across the tables, in name order), or -1.
+- per slot: its chunk, its state (FREE, DECODING, READY, FAILED), a generation bumped at every claim, the
+  process that claimed it, the processes pinning it (a bit each) and when it was last unpinned.
+
+Every change of the table happens under one lock held across processes: a byte-range lock on the memory
+file itself, taken through an open file description of each process's own (Linux OFD locks: released by the
+kernel when the process dies, and excluding other processes even though they share the file). Each process
+that uses the cache registers under a lock byte of its own, which says it is alive. A chunk is decoded by a
+worker that holds its slot's lock byte and checks that the slot's generation is still the one it was sent:
+if the process that claimed a slot dies mid-decode, its slot is claimed again only once no worker holds that
+lock, so a half-written chunk is never marked READY and a late worker never writes over a newer chunk.
+
+A slot pinned by any live process is never given up; among unpinned ones the one unpinned most recently goes
+first (see `loader.chunk_cache`: in a shuffled epoch the chunk just read is the one least needed again).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import mmap
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..core._proc import rendezvous
+from .chunk_cache import Key, Pin
+
+log = logging.getLogger("zarrfeed.loader")
+
+MAGIC = 0x7A66_6863_0001  # "zfhc", format 1
+MAX_PROCS = 256  # processes using one cache at once
+FREE, DECODING, READY, FAILED = 0, 1, 2, 3
+_HEADER = 4096
+_LOCK_BASE = 1 << 40  # lock bytes lie beyond the end of the file (POSIX allows locks there)
+_GLOBAL = _LOCK_BASE
+_PAGE = 4096  # the slots start on a page
+
+
+def _proc_lock(p: int) -> int:
+    return _LOCK_BASE + 1 + p
+
+
+def _slot_lock(s: int) -> int:
+    return _LOCK_BASE + 1 + MAX_PROCS + s
+
+
+def _flock(kind: int, start: int) -> bytes:
+    return struct.pack("hhqqi", kind, os.SEEK_SET, start, 1, 0)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a host cache is for: the chunks of one dataset commit at one location, in slots of `slot_bytes`,
+    for `n_chunks` chunks (of the tables in `tables`, in that order, with
+    `chunks_per_table` each)."""
+
+    identity: str
+    tables: tuple[str, ...]
+    chunks_per_table: tuple[int, ...]
+    slot_bytes: int
+
+    @classmethod
+    def of(cls, ds: Any, slot_bytes: int) -> "CacheKey":
+        """The key of dataset `ds` (a `loader.Dataset`) as opened, with slots of `slot_bytes` (a loader's
+        cache rows are counted in slots of its table's chunk size, so loaders with other slot sizes keep other
+        caches): its location, id and commit; a dataset without a zarrfeed manifest (no id, no commit) is named
+        by its location and each table's rows."""
+        tables = tuple(sorted(ds.tables))
+        chunks = tuple(-(-ds.rows[t] // ds[t].chunks[0]) for t in tables)
+        what = {"location": str(ds.location), "dataset_id": ds.dataset_id, "commit": ds.commit,
+                "rows": {t: ds.rows[t] for t in tables}, "slot_bytes": slot_bytes,
+                "chunks": {t: [ds[t].chunks[0], str(ds[t].dtype)] for t in tables}}
+        digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+        return cls(digest, tables, chunks, slot_bytes)
+
+    @property
+    def n_chunks(self) -> int:
+        return sum(self.chunks_per_table)
+
+    def chunk_id(self, table: str, chunk: int) -> int:
+        i = self.tables.index(table)
+        return sum(self.chunks_per_table[:i]) + chunk
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each part of the memory file lies."""
+
+    n_slots: int
+    slot_bytes: int
+    n_chunks: int
+
+    def offsets(self) -> dict[str, tuple[int, int]]:
+        """name -> (offset, int64 count)."""
+        out, at = {}, _HEADER
+        for name, count in (("procs", MAX_PROCS), ("directory", self.n_chunks), ("chunk", self.n_slots),
+                            ("state", self.n_slots), ("gen", self.n_slots), ("owner", self.n_slots),
+                            ("unpinned", self.n_slots), ("pins", self.n_slots * (MAX_PROCS // 64))):
+            out[name] = (at, count)
+            at += 8 * count
+        out["data"] = (-(-at // _PAGE) * _PAGE, 0)
+        return out
+
+    @property
+    def size(self) -> int:
+        return self.offsets()["data"][0] + self.n_slots * self.slot_bytes
+
+
+class HostSegment:
+    """The mapped cache of one dataset commit, shared by every loader of this process (see `attach`) and
+    mapped by their workers. Methods that change the slot table take the cross-process lock."""
+
+    def __init__(self, fd: int, layout: _Layout, register: bool) -> None:
+        self.fd, self.layout = fd, layout
+        self._pid, self._lockfd = os.getpid(), self._open_description()
+        self._mmap = mmap.mmap(fd, layout.size, flags=mmap.MAP_SHARED)
+        self.buf = memoryview(self._mmap)
+        words = np.frombuffer(self._mmap, np.int64, _HEADER // 8)
+        self.header = words
+        arrays = {}
+        for name, (at, count) in layout.offsets().items():
+            if name != "data":
+                arrays[name] = np.frombuffer(self._mmap, np.int64, count, at)
+        self.procs, self.directory = arrays["procs"], arrays["directory"]
+        self.chunk, self.state, self.gen = arrays["chunk"], arrays["state"], arrays["gen"]
+        self.owner, self.unpinned = arrays["owner"], arrays["unpinned"]
+        self.pins = arrays["pins"].view(np.uint64).reshape(layout.n_slots, MAX_PROCS // 64)
+        self.data_offset = layout.offsets()["data"][0]
+        self.slot_bytes, self.n_slots = layout.slot_bytes, layout.n_slots
+        self._thread_lock = threading.RLock()
+        self.me = -1
+        self._my_pins: dict[int, int] = {}  # slot -> pins by this process's loaders
+        if register:
+            self._register()
+
+    # ------------------------------------------------------------ locks
+    def _open_description(self) -> int:
+        """An open file description of this process's own: OFD locks taken through it exclude every other
+        process (descriptors passed between processes share one description, and locks with it)."""
+        return os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
+
+    def _own(self) -> int:
+        """The lock descriptor, made anew in a forked worker (which inherits the parent's object)."""
+        if self._pid != os.getpid():
+            self._pid, self._lockfd = os.getpid(), self._open_description()
+            self._thread_lock, self.me, self._my_pins = threading.RLock(), -1, {}
+        return self._lockfd
+
+    def _lock(self, start: int, wait: bool = True) -> bool:
+        try:
+            fcntl.fcntl(self._own(), fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, start))
+            return True
+        except BlockingIOError:
+            return False
+        except PermissionError:  # EACCES: some kernels say this for a held lock
+            return False
+
+    def _unlock(self, start: int) -> None:
+        fcntl.fcntl(self._own(), fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, start))
+
+    def _held(self, start: int) -> bool:
+        """Whether another process holds lock byte `start`."""
+        got = fcntl.fcntl(self._own(), fcntl.F_OFD_GETLK, _flock(fcntl.F_WRLCK, start))
+        return struct.unpack("hhqqi", got)[0] != fcntl.F_UNLCK
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The slot table's lock, across processes and this process's threads."""
+        self._own()
+        with self._thread_lock:
+            self._lock(_GLOBAL)
+            try:
+                yield
+            finally:
+                self._unlock(_GLOBAL)
+
+    # ------------------------------------------------------------ processes
+    def _register(self) -> None:
+        with self.locked():
+            for p in range(MAX_PROCS):
+                if self._lock(_proc_lock(p), wait=False):
+                    self._forget(p)  # whatever a dead process with this number left
+                    self.me = p
+                    self.procs[p] = os.getpid()
+                    return
+        raise rendezvous.RendezvousError(f"more than {MAX_PROCS} processes use one host cache")
+
+    def _alive(self, p: int) -> bool:
+        return p == self.me or self._held(_proc_lock(p))
+
+    def _forget(self, p: int) -> None:
+        """Drop dead process `p`'s pins, and let its unfinished decodes be claimed again."""
+        word, bit = divmod(p, 64)
+        self.pins[:, word] &= ~np.uint64(1 << bit)
+        for s in np.flatnonzero((self.owner == p) & (self.state == DECODING)):
+            if not self._held(_slot_lock(int(s))):
+                self.state[s] = FAILED
+        self.procs[p] = 0
+
+    def _sweep(self) -> None:
+        """Forget every process that died (its lock byte is free)."""
+        for p in np.flatnonzero(self.procs):
+            if not self._alive(int(p)):
+                self._forget(int(p))
+
+    # ------------------------------------------------------------ slots
+    def _pinned(self) -> np.ndarray:
+        return self.pins.any(axis=1)
+
+    def _take(self) -> int:
+        """A slot for a new chunk: a free one, else the unpinned one unpinned most recently; -1 if none."""
+        free = np.flatnonzero(self.state == FREE)
+        if len(free):
+            return int(free[0])
+        idle = np.flatnonzero(~self._pinned() & (self.state != DECODING))
+        if not len(idle):
+            return -1
+        s = int(idle[np.argmax(self.unpinned[idle])])
+        old = int(self.chunk[s])
+        if old >= 0:
+            self.directory[old] = -1
+        return s
+
+    def _pin_bit(self, s: int) -> None:
+        word, bit = divmod(self.me, 64)
+        self.pins[s, word] |= np.uint64(1 << bit)
+        self._my_pins[s] = self._my_pins.get(s, 0) + 1
+
+    def _claim(self, s: int, cid: int) -> int:
+        self.chunk[s] = cid
+        self.directory[cid] = s
+        self.state[s] = DECODING
+        self.gen[s] += 1
+        self.owner[s] = self.me
+        return int(self.gen[s])
+
+    def pin_all(self, cids: list[int]) -> list[Pin] | None:
+        """Pin chunks `cids` for this process, claiming slots for those not cached; None (and nothing
+        changed) if there are not enough slots that are free or unpinned."""
+        with self.locked():
+            for attempt in range(2):
+                missing = [c for c in dict.fromkeys(cids) if self.directory[c] < 0]
+                if len(missing) <= int(np.count_nonzero((self.state == FREE) |
+                                                        (~self._pinned() & (self.state != DECODING)))):
+                    break
+                if attempt:
+                    return None
+                self._sweep()
+            out = []
+            for cid in cids:
+                s = int(self.directory[cid])
+                if s < 0:
+                    s = self._take()
+                    out.append(Pin(s, decode=True, ready=False, token=self._claim(s, cid)))
+                else:
+                    out.append(self._status(s))
+                self._pin_bit(s)
+            return out
+
+    def _status(self, s: int) -> Pin:
+        state = int(self.state[s])
+        if state == READY:
+            return Pin(s, decode=False, ready=True, token=int(self.gen[s]))
+        if state == FAILED or (state == DECODING and not self._alive(int(self.owner[s])) and
+                               not self._held(_slot_lock(s))):
+            self.owner[s], self.state[s] = self.me, DECODING  # its decoder is gone: ours to decode
+            self.gen[s] += 1
+            return Pin(s, decode=True, ready=False, token=int(self.gen[s]))
+        return Pin(s, decode=False, ready=False, token=int(self.gen[s]))
+
+    def poll(self, s: int) -> Pin:
+        """Where a pinned slot stands: ready, still being decoded, or left by a decoder that died or failed
+        (then it is this process's to decode, with the token returned)."""
+        with self.locked():
+            return self._status(s)
+
+    def unpin(self, s: int) -> None:
+        with self.locked():
+            n = self._my_pins.get(s, 0) - 1
+            if n > 0:
+                self._my_pins[s] = n
+                return
+            self._my_pins.pop(s, None)
+            word, bit = divmod(self.me, 64)
+            self.pins[s, word] &= ~np.uint64(1 << bit)
+            self.header[4] += 1
+            self.unpinned[s] = self.header[4]
+
+    def is_ready(self, s: int) -> bool:
+        return int(self.state[s]) == READY
+
+    def array(self) -> np.ndarray:
+        """The decoded chunks, slot after slot, as bytes."""
+        return np.frombuffer(self._mmap, np.uint8, self.n_slots * self.slot_bytes, self.data_offset)
+
+    def give_up(self, claims: dict[int, int]) -> None:
+        """Slots this process claimed (slot -> token) and will not decode after all (its loader closed, a
+        worker died): let others claim them."""
+        with self.locked():
+            for s, token in claims.items():
+                if self.state[s] == DECODING and self.gen[s] == token and not self._held(_slot_lock(s)):
+                    self.state[s] = FAILED
+
+    # ------------------------------------------------------------ a worker's side
+    @contextlib.contextmanager
+    def writing(self, s: int, token: int) -> Iterator[bool]:
+        """Decode into slot `s` if it is still the claim `token`: yields whether to write; marks the slot
+        READY if the body finishes, FAILED if it raises."""
+        self._lock(_slot_lock(s))
+        try:
+            with self.locked():
+                ours = int(self.gen[s]) == token and int(self.state[s]) == DECODING
+            if not ours:
+                yield False
+                return
+            try:
+                yield True
+            except BaseException:
+                with self.locked():
+                    if int(self.gen[s]) == token:
+                        self.state[s] = FAILED
+                raise
+            with self.locked():
+                if int(self.gen[s]) == token:
+                    self.state[s] = READY
+        finally:
+            self._unlock(_slot_lock(s))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocess.reduction import DupFd  # valid while a worker is being started
+
+        return _attach_in_worker, (DupFd(self.fd), self.layout)
+
+    def close(self) -> None:
+        if self._lockfd < 0:
+            return
+        if self.me >= 0:
+            with self.locked():
+                word, bit = divmod(self.me, 64)
+                self.pins[:, word] &= ~np.uint64(1 << bit)
+                self.procs[self.me] = 0
+            self._unlock(_proc_lock(self.me))
+        self.header = self.procs = self.directory = self.chunk = self.state = None  # type: ignore[assignment]
+        self.gen = self.owner = self.unpinned = self.pins = None  # type: ignore[assignment]
+        self.buf.release()
+        try:
+            self._mmap.close()
+        except BufferError:  # a numpy view still exports the buffer; the mapping goes with the last view
+            pass
+        os.close(self._lockfd)
+        self._lockfd = -1
+
+
+def _attach_in_worker(dup: Any, layout: _Layout) -> HostSegment:
+    fd = dup.detach()
+    seg = HostSegment(fd, layout, register=False)
+    return seg
+
+
+# ------------------------------------------------------------ one segment per process and key
+_OPEN: dict[str, tuple[HostSegment, rendezvous.Server, int]] = {}
+_OPEN_LOCK = threading.Lock()
+_SAID: set[str] = set()
+
+
+def attach(key: CacheKey, budget: int, need: int) -> HostSegment | None:
+    """This process's handle on the host cache of `key` (made with room for `budget` bytes of chunks, at
+    least `need` slots, if this is the first process to ask); None if the existing cache has fewer than
+    `need` slots (the caller keeps a cache of its own). Call `detach` when done."""
+    with _OPEN_LOCK:
+        if key.identity in _OPEN:
+            seg, server, users = _OPEN[key.identity]
+            if seg.n_slots < need:
+                return None
+            _OPEN[key.identity] = (seg, server, users + 1)
+            return seg
+        n_slots = max(min(key.n_chunks, budget // key.slot_bytes), need, 1)
+        layout = _Layout(n_slots, key.slot_bytes, key.n_chunks)
+
+        def init(fd: int) -> None:
+            os.pwrite(fd, struct.pack("5q", MAGIC, n_slots, key.slot_bytes, key.n_chunks, 0), 0)
+            at, count = layout.offsets()["directory"]
+            os.pwrite(fd, np.full(count, -1, np.int64).tobytes(), at)
+
+        fd, created, server = rendezvous.find_or_create(f"cache/{key.identity}", layout.size, init)
+        magic, n, slot_bytes, n_chunks = struct.unpack("4q", os.pread(fd, 32, 0))
+        if (magic, slot_bytes, n_chunks) != (MAGIC, key.slot_bytes, key.n_chunks):
+            server.close()
+            os.close(fd)
+            raise rendezvous.RendezvousError(f"the host cache {key.identity} has another format")
+        if n < need:
+            server.close()
+            os.close(fd)
+            return None
+        seg = HostSegment(fd, _Layout(n, slot_bytes, n_chunks), register=True)
+        _OPEN[key.identity] = (seg, server, 1)
+        if created and key.identity not in _SAID:
+            _SAID.add(key.identity)
+            log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on "
+                     "this machine)", n, n * slot_bytes >> 20)
+        return seg
+
+
+def detach(seg: HostSegment) -> None:
+    """One loader of this process is done with `seg`; the last one closes it."""
+    with _OPEN_LOCK:
+        for ident, (s, server, users) in list(_OPEN.items()):
+            if s is seg:
+                if users > 1:
+                    _OPEN[ident] = (s, server, users - 1)
+                    return
+                del _OPEN[ident]
+                server.close()
+                seg.close()
+                os.close(seg.fd)
+                return
+
+
+class HostSlots:
+    """One loader's view of a host cache: the same methods as `ChunkSlots` (which windows pin which chunk),
+    with the slots, their states and the pins of every other process in the shared segment."""
+
+    shared = True  # others decode too: the scheduler polls the chunks it waits for
+
+    def __init__(self, segment: HostSegment, key: CacheKey) -> None:
+        self.segment, self.key = segment, key
+        self._users: dict[Key, set[int]] = {}
+        self._slots: dict[Key, int] = {}
+        self._keys: dict[int, Key] = {}
+        self._claims: dict[int, int] = {}  # slot -> token of decodes this loader asked for, not yet done
+
+    def new_epoch(self, keep: bool = True) -> None:
+        """Unpin everything (windows are per epoch); decoded chunks stay for every loader on the host."""
+        for key in list(self._users):
+            self._release(key)
+
+    def pin_window(self, window: int, keys: list[Key]) -> list[Pin] | None:
+        new = [key for key in dict.fromkeys(keys) if key not in self._users]
+        pins = self.segment.pin_all([self.key.chunk_id(*key) for key in new]) if new else []
+        if pins is None:
+            return None
+        for key, pin in zip(new, pins, strict=True):
+            self._users[key], self._slots[key], self._keys[pin.slot] = set(), pin.slot, key
+            if pin.decode:
+                self._claims[pin.slot] = pin.token
+        fresh = dict(zip(new, pins, strict=True))
+        out = []
+        for key in keys:
+            self._users[key].add(window)
+            slot = self._slots[key]
+            out.append(fresh.pop(key, None) or Pin(slot, decode=False, ready=self.segment.is_ready(slot)))
+        return out
+
+    def unpin_window(self, window: int, keys: list[Key]) -> None:
+        for key in keys:
+            users = self._users.get(key)
+            if users is not None:
+                users.discard(window)
+                if not users:
+                    self._release(key)
+
+    def _release(self, key: Key) -> None:
+        del self._users[key]
+        slot = self._slots.pop(key)
+        del self._keys[slot]
+        self.segment.unpin(slot)
+
+    def poll(self, slot: int) -> Pin:
+        if slot in self._claims:  # our own decode: its worker's reply says when it is done
+            return Pin(slot, decode=False, ready=self.segment.is_ready(slot))
+        pin = self.segment.poll(slot)
+        if pin.decode:
+            self._claims[slot] = pin.token
+        return pin
+
+    def decoded(self, slot: int) -> bool:
+        self._claims.pop(slot, None)
+        return self.segment.is_ready(slot)
+
+    def slot(self, table: str, chunk: int) -> int:
+        return self._slots[(table, chunk)]
+
+    def key_of(self, slot: int) -> Key:
+        """The (table, chunk) this loader pinned in `slot`."""
+        return self._keys[slot]
+
+    def close(self) -> None:
+        """Give back unfinished claims and pins; the last loader of this process detaches the segment."""
+        if self._claims:
+            self.segment.give_up(self._claims)
+            self._claims = {}
+        for key in list(self._users):
+            self._release(key)
+        detach(self.segment)

@@ -1,0 +1,159 @@
+"""One anonymous memory file per name, per user, per host: found by any process that asks for the name, with
+no daemon, no file on disk and nothing in /dev/shm.
+
+How. Each process that holds the memory file (`memfd_create`) serves it: a thread accepts connections on a
+Unix socket in Linux's abstract namespace (a name, not a file: it goes away with the process, even after
+SIGKILL) and passes the file descriptor over it (SCM_RIGHTS), after checking with SO_PEERCRED that the peer
+runs as the same user (abstract sockets have no permissions of their own, so this check is what keeps other
+users out). A process that asks for the name takes a creation lock (another abstract socket name, bound for
+the moment of the lookup: released by the kernel if the process dies), looks for a live server in
+/proc/net/unix, and either receives the descriptor from it or creates the file; then it serves too. Because
+every holder serves, the file stays reachable as long as any process holds it, and it is freed by the kernel
+when the last one closes it or dies. We write this ourselves: no library we know of shares a memfd between
+unrelated processes without a broker process.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Callable
+
+_PREFIX = "zarrfeed"
+_LOCK_WAIT = 10.0  # seconds to wait for another process's lookup of the same name before giving up
+_ASK_TIMEOUT = 1.0  # seconds a server may take to answer before the next one is tried
+
+
+class RendezvousError(OSError):
+    """The shared memory file could not be found or made (the message says why)."""
+
+
+def _names(name: str, uid: int) -> tuple[str, str]:
+    base = f"{_PREFIX}/{uid}/{name}"
+    return f"\0{base}/lock", f"\0{base}/serve/"
+
+
+def _servers(prefix: str) -> list[str]:
+    """The abstract socket names bound under `prefix` on this host (this network namespace)."""
+    want = "@" + prefix[1:]
+    found = []
+    try:
+        with open("/proc/net/unix") as f:
+            next(f, None)
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8 and parts[7].startswith(want) and parts[5] == "01":  # 01: listening
+                    found.append("\0" + parts[7][1:])
+    except OSError:
+        pass
+    return found
+
+
+def ask(server: str, timeout: float = _ASK_TIMEOUT) -> int | None:
+    """The descriptor served at abstract name `server`, or None if nobody answers (gone, or refused us)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(server)
+            _, fds, _, _ = socket.recv_fds(s, 16, 1)
+        except OSError:
+            return None
+    return fds[0] if fds else None
+
+
+class Server:
+    """Serves `fd` under `prefix` to processes of this user, from a daemon thread, until `close()`."""
+
+    def __init__(self, fd: int, prefix: str) -> None:
+        self.fd = fd
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(f"{prefix}{os.getpid()}-{id(self):x}")
+        self.sock.listen(64)
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="zarrfeed-rendezvous", daemon=True)
+        self._thread.start()
+        _SERVERS.add(self)
+
+    def _serve(self) -> None:
+        uid = os.geteuid()
+        while not self._closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    pid, peer_uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                           12))
+                    if peer_uid == uid:  # another user gets nothing: the connection just closes
+                        socket.send_fds(conn, [b"z"], [self.fd])
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _SERVERS.discard(self)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the thread
+        except OSError:
+            pass
+        self.sock.close()
+
+
+_SERVERS: set[Server] = set()
+
+
+def _close_in_child() -> None:
+    """A forked child does not run the serving threads: close their sockets there, or a process that asks
+    would wait for an answer that never comes."""
+    for server in list(_SERVERS):
+        server._closed = True
+        try:
+            server.sock.close()
+        except OSError:
+            pass
+    _SERVERS.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+def find_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[int, bool, Server]:
+    """The memory file shared under `name` by this user's processes on this host: (descriptor, whether this
+    call created it, the server that now also serves it from this process). A new file is `size` bytes and
+    `init(fd)` prepares it before any other process can see it."""
+    uid = os.geteuid()
+    lock_name, prefix = _names(name, uid)
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + _LOCK_WAIT
+    try:
+        while True:
+            try:
+                lock.bind(lock_name)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RendezvousError(f"another process has held the lookup of shared cache {name!r} for "
+                                          f"{_LOCK_WAIT:.0f} s") from None
+                time.sleep(0.002)
+        fd = None
+        for server in _servers(prefix):
+            fd = ask(server)
+            if fd is not None:
+                break
+        created = fd is None
+        if fd is None:
+            fd = os.memfd_create(f"{_PREFIX}-{name[:40]}", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, size)
+                init(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd, created, Server(fd, prefix)
+    finally:
+        lock.close()
