@@ -375,6 +375,7 @@ def _attach_in_worker(dup: Any, layout: _Layout) -> HostSegment:
 _OPEN: dict[str, tuple[HostSegment, rendezvous.Server, int]] = {}
 _OPEN_LOCK = threading.Lock()
 _SAID: set[str] = set()
+os.register_at_fork(after_in_child=_OPEN.clear)  # a forked process is another process: it attaches anew
 
 
 def attach(key: CacheKey, budget: int, need: int) -> HostSegment | None:

@@ -35,8 +35,14 @@ def _names(name: str, uid: int) -> tuple[str, str]:
     return f"\0{base}/lock", f"\0{base}/serve/"
 
 
+def served(name_prefix: str, uid: int | None = None) -> list[str]:
+    """The sockets serving names that start with `name_prefix` to user `uid` (default: this one) on this host:
+    what a check that nothing outlives its processes looks at."""
+    return _servers(f"\0{_PREFIX}/{os.geteuid() if uid is None else uid}/{name_prefix}")
+
+
 def _servers(prefix: str) -> list[str]:
-    """The abstract socket names bound under `prefix` on this host (this network namespace)."""
+    """The listening abstract sockets whose names start with `prefix` on this host (this network namespace)."""
     want = "@" + prefix[1:]
     found = []
     try:

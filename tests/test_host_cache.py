@@ -1,0 +1,241 @@
+"""One decoded copy per host (issue 22): ranks in separate processes share one chunk cache, a decode is done
+once per host, a process that dies mid-decode leaves nothing read as decoded, nothing outlives the last
+process, datasets and commits never mix, and another user cannot open the cache."""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from expected import shared_memory_held
+from zarrfeed.core._proc import rendezvous
+from zarrfeed.loader import Dataset, Loader, WindowLoader, host_cache
+from zarrfeed.writer import DatasetWriter, synthetic
+
+HERE = Path(__file__).resolve().parent
+CHUNKS = {"agents": 2000, "frames": 200, "traffic_light_faces": 500}
+
+
+@pytest.fixture(scope="module")
+def data(small_dataset):
+    return small_dataset(8, 22, chunks=CHUNKS, frames=120, agents_per_frame=30)
+
+
+def digest(batch) -> str:
+    h = hashlib.sha256()
+    for name in sorted(batch):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(batch[name]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def reference(path, rank, world, epochs, **kw):
+    """Each epoch's batch digests for one rank, from a loader with a cache of its own, in this process."""
+    with Loader(path, num_workers=0, cache="process", rank=rank, world_size=world, **kw) as loader:
+        return [[digest(b) for b in loader] for _ in range(epochs)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cache_pss(pids) -> int:
+    """Bytes of the host caches' pages these processes map, each shared page counted once (PSS)."""
+    total = 0
+    for pid in pids:
+        in_cache = False
+        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+            if not line[:1].isupper():  # a mapping's header line: address range, perms, ..., path
+                in_cache = "memfd:zarrfeed-cache" in line
+            elif in_cache and line.startswith("Pss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+RANK = """
+import hashlib, json, sys, time, numpy as np, torch.distributed as dist
+from zarrfeed.loader import Loader
+sys.path.insert(0, {tests!r})
+from test_host_cache import digest, cache_pss
+if __name__ == "__main__":
+    dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=int(sys.argv[2]), init_method=sys.argv[3])
+    loader = Loader({path!r}, batch_size=1000, num_workers=1, seed=5, cache=sys.argv[4])
+    loader.use_ranks(dist.get_rank(), dist.get_world_size())
+    dist.barrier()
+    out = {{"epochs": []}}
+    for epoch in range(3):
+        digests = [digest(b) for b in loader]
+        out["epochs"].append({{"decoded": loader.chunks_decoded, "digests": digests}})
+        dist.barrier()
+    out["pss"] = cache_pss([__import__("os").getpid(), *loader.worker_pids])
+    dist.barrier()  # every rank measured while all still map the cache
+    loader.close()
+    print(json.dumps(out))
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode", ["host", "process"])
+def test_four_torch_ranks_decode_each_chunk_once_per_host(data, tmp_path, mode):
+    """4 ranks (gloo on 127.0.0.1), 3 epochs: each rank's batches are today's; with the host cache the chunks
+    decoded summed over ranks are the table's in epoch 1 and none after, and the cache's pages are counted once;
+    with cache="process" every rank decodes again (what the host cache is for)."""
+    pytest.importorskip("torch")
+    script = tmp_path / "rank.py"
+    script.write_text(RANK.format(tests=str(HERE), path=str(data)))
+    url = f"tcp://127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "4", url, mode], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    results = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    ds = Dataset.open(data)
+    table_chunks = -(-ds.rows["agents"] // CHUNKS["agents"])
+    for rank, res in enumerate(results):
+        ref = reference(data, rank, 4, 3, batch_size=1000, seed=5)
+        assert [e["digests"] for e in res["epochs"]] == ref
+    decoded = [sum(r["epochs"][e]["decoded"] for r in results) for e in range(3)]
+    table_bytes = ds.rows["agents"] * ds["agents"].dtype.itemsize
+    pss = sum(r["pss"] for r in results)
+    if mode == "host":
+        assert decoded == [table_chunks, 0, 0]
+        assert 0.9 * table_bytes <= pss <= 1.1 * table_bytes + (1 << 20)
+    else:
+        assert decoded[0] > table_chunks and decoded[1] > 0  # each rank decodes its own chunks again
+        assert pss == 0
+
+
+KILLED_RANK = """
+import sys, time
+from zarrfeed.loader import Loader
+if __name__ == "__main__":
+    loader = Loader({path!r}, batch_size=500, num_workers=1, seed=1, rank=int(sys.argv[1]), world_size=3)
+    for i, batch in enumerate(loader):
+        if i == 0:
+            print("reading", flush=True)
+        time.sleep(float(sys.argv[2]))
+    for batch in loader:
+        pass
+    print("done", flush=True)
+"""
+
+
+def test_a_rank_killed_mid_epoch_leaves_the_others_right_and_nothing_behind(data, tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(KILLED_RANK.format(path=str(data)))
+    slow = [subprocess.Popen([sys.executable, str(script), str(r), "0.02"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    victim = subprocess.Popen([sys.executable, str(script), "2", "1"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert victim.stdout.readline().strip() == "reading"
+    victim.kill()
+    victim.wait(timeout=10)
+    outs = [p.communicate(timeout=300) for p in slow]
+    assert all(p.returncode == 0 for p in slow), [o[1][-3000:] for o in outs]
+    assert all(o[0].split()[-1] == "done" for o in outs)
+    ds = Dataset.open(data)
+    ident = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize).identity
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (held := [h for h in shared_memory_held() if ident in h]):
+        time.sleep(0.2)  # the victim's worker notices its parent's death
+    assert not held
+    assert not rendezvous.served(f"cache/{ident}")
+    assert not list(Path("/dev/shm").glob("*zarrfeed*"))
+
+
+def test_ranks_batches_are_right_with_a_killed_neighbour(data, tmp_path):
+    """Checked in process: while another process holds the host cache and dies mid-decode, a loader here
+    decodes what it left and yields exactly the batches of a loader with a cache of its own."""
+    ds = Dataset.open(data)
+    key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
+    holder = host_cache.attach(key, 1 << 30, 1)  # keeps the cache alive while the child comes and dies
+    try:
+        child = os.fork()
+        if child == 0:  # claims chunks 0-2, writes garbage into chunk 0's slot mid-"decode", and is killed
+            try:
+                seg = host_cache.attach(key, 1 << 30, 1)
+                slots = host_cache.HostSlots(seg, key)
+                pins = slots.pin_window(0, [("agents", 0), ("agents", 1), ("agents", 2)])
+                with seg.writing(pins[0].slot, pins[0].token):
+                    seg.array()[pins[0].slot * seg.slot_bytes:][:1000] = 0xFF
+                    os.kill(os.getpid(), signal.SIGSTOP)
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(child, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        with Loader(data, batch_size=700, num_workers=2, seed=9) as loader:
+            got = [digest(b) for b in loader]
+            assert loader.chunks_decoded == -(-ds.rows["agents"] // CHUNKS["agents"])
+        assert got == reference(data, 0, 1, 1, batch_size=700, seed=9)[0]
+    finally:
+        host_cache.detach(holder)
+
+
+def test_two_datasets_and_two_commits_side_by_side_never_mix(data, tmp_path):
+    """Copies of one dataset keep its id; appended differently they reach the same commit number. Loaders
+    of both copies at both commits, all alive at once, each read exactly their own rows."""
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    shutil.copytree(data, a)
+    shutil.copytree(data, b)
+    first = Dataset.open(a).commit
+    for path, seed in ((a, 1), (b, 2)):
+        with DatasetWriter(path, mode="a", workers=0) as writer:
+            writer.ingest(synthetic.episodes(2, seed=seed, frames=120, agents_per_frame=30))
+    assert Dataset.open(a).commit == Dataset.open(b).commit
+    loaders = {(p.name, c): Loader(p, batch_size=900, num_workers=1, seed=3, commit=c)
+               for p in (a, b) for c in (first, None)}
+    try:
+        got = {k: [digest(x) for x in loader] for k, loader in loaders.items()}
+        for (name, c), digests in got.items():
+            with Loader(tmp_path / name, batch_size=900, num_workers=0, seed=3, commit=c, cache="process") as ref:
+                assert digests == [digest(x) for x in ref], (name, c)
+        assert got[("a.zarr", None)] != got[("b.zarr", None)]
+    finally:
+        for loader in loaders.values():
+            loader.close()
+
+
+def test_window_loaders_share_the_host_cache_too(data):
+    with WindowLoader(data, history=3, future=3, batch_size=64, num_workers=1, seed=2) as one, \
+            WindowLoader(data, history=3, future=3, batch_size=64, num_workers=1, seed=2) as two:
+        first = [digest(x) for x in one]
+        assert one.chunks_decoded > 0
+        assert [digest(x) for x in two] == first
+        assert two.chunks_decoded == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_another_user_cannot_open_the_cache(data):
+    with Loader(data, batch_size=500, num_workers=0) as loader:
+        batches = iter(loader)
+        next(batches)  # the loader holds the host cache while its iteration is open
+        servers = rendezvous.served("cache/")
+        assert servers
+        assert rendezvous.ask(servers[0]) is not None  # this user is served
+        child = os.fork()
+        if child == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+            os._exit(0 if all(rendezvous.ask(s) is None for s in servers) else 1)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_cache_option_is_checked(data):
+    with pytest.raises(ValueError, match="cache must be 'host', 'process' or 'off'"):
+        Loader(data, cache="shared")
+    with Loader(data, batch_size=500, num_workers=0, cache="off") as off:
+        list(off)
+        list(off)
+        assert off.chunks_decoded == -(-Dataset.open(data).rows["agents"] // CHUNKS["agents"])
