@@ -271,3 +271,32 @@ def test_a_writer_dead_on_another_host_is_taken_over_by_its_heartbeat_end_to_end
     assert any("took over the write lease of pid 4242 on another-host" in r.getMessage()
                and "no heartbeat for 120 s (timeout 60 s)" in r.getMessage() for r in caplog.records), caplog.text
     assert_holds(Dataset.open(url, storage_options=server.options), eps)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_writer_whose_lease_document_was_deleted_commits_nothing_more(where, request, tmp_path):
+    """Found by an adversarial pass: with writer A alive, its lease document deleted by hand let writer B in at
+    once, and A's next commit (before its next heartbeat) still landed and said "closed": rows its producer
+    believed committed, then written over by B. A commit now renews the lease on the store first."""
+    env, options = {}, None
+    if where == "s3":
+        bucket, server = request.getfixturevalue("s3")
+        url, env, options = f"{bucket}/x.zarr", server.env, server.options
+    else:
+        url = str(tmp_path / "d.zarr")
+    a = lease_child(url, 60, env, "--first")  # one episode committed; its next heartbeat in 10 s
+    try:
+        if where == "s3":
+            server.fs().rm(f"{url}/zarrfeed.lease")
+        else:
+            (Path(url) / LOCK_FILE).unlink()
+            (Path(url) / "zarrfeed.lease").unlink()
+        eps = small_episodes(2, seed=3)
+        with DatasetWriter(url, workers=0, mode="a", storage_options=options) as b:
+            out_a, err = a.communicate("go\n", timeout=60)  # A writes and commits while B holds the lease
+            assert a.returncode == 1 and "failed: LeaseLost" in out_a, (out_a, err)
+            b.ingest(eps)
+    finally:
+        a.kill()
+    first = list(synthetic.episodes(1, seed=8, frames=20, agents_per_frame=30))
+    assert_holds(Dataset.open(url, storage_options=options), first + eps)

@@ -323,7 +323,7 @@ class Committer:
         """Publish a commit: the committed rows, the journal, and in a new log segment the caller's keys and the
         digests of the chunks sealed since the last commit (`seal_tail`: the last chunk of each table too, when
         the writer closes). If it fails, nothing of it counts: the same is published by the next commit."""
-        self._lease.check()  # never publish a commit once another writer holds the dataset, or may
+        self._lease.check_on_store()  # never publish a commit once another writer holds the dataset, or may
         committed = dict(self._tracker.committed)
         chunks = self._digests.seal(committed, seal_tail)
         for t, (index, record) in self._tails.items():

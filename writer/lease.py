@@ -190,6 +190,7 @@ class Lease:
         self._thread: threading.Thread | None = None
         self._renewed = 0.0  # time.monotonic() of the last successful take or renewal
         self._held = False  # acquired and not released
+        self._renewing = threading.Lock()
         self.fence = Fence()  # checked before every chunk write, here and in worker processes
 
     def _fresh(self) -> None:
@@ -226,12 +227,17 @@ class Lease:
     def _renew(self) -> bool:
         """Renew on the store; False (and `lost` set) if the lease is no longer ours. Raises if the store
         does not answer (that says nothing about who holds it)."""
+        with self._renewing:  # the heartbeat and a writer's own check may both renew
+            return self._renew_now()
+
+    def _renew_now(self) -> bool:
         backend, limit = self._backend, None if self.location.is_local else self.timeout / 2
         if backend is None or self.lost:
             return False
         self.holder.heartbeat = time.time()
         if not bounded(limit, lambda: backend.renew(self.holder), f"{self.location}: renewing the lease"):
-            self.lost = f"{self.location}: the write lease was taken over by another writer"
+            self.lost = (f"{self.location}: the write lease was taken over by another writer (or its document "
+                         f"{LEASE_KEY} was deleted)")
             self.fence.revoke()
             log.error("%s", self.lost)
             return False
@@ -249,12 +255,32 @@ class Lease:
             log.debug("%s: cannot confirm the lease (%s: %s)", self.location, type(exc).__name__, exc)
             return False
 
+    def check_on_store(self) -> None:
+        """`check()`, then renew the lease on the store itself: raise `LeaseLost` if its document no longer names
+        this writer (taken over, or deleted by hand, which admits another writer at once rather than after the
+        timeout). A commit asks this just before it is published: one request, so another writer's commit can
+        follow this one's only within that moment, not for a whole heartbeat. A store that does not answer
+        raises its own error (the commit fails and the next one tries again)."""
+        self.check()
+        if self._backend is not None and not self._renew():
+            raise LeaseLost(self.lost or f"{self.location}: the write lease is no longer held")
+
     def check(self) -> None:
         """Raise `LeaseLost` if another writer has taken the lease over, or may have: once the lease has not
         been renewed for almost its timeout, another writer is free to take it, so this one must not write or
         commit anything."""
         if self.lost:
             raise LeaseLost(self.lost)
+        if self._held and time.monotonic() - self._renewed > self.interval:
+            # due for a heartbeat: renew now rather than write on a lease whose document may be gone (deleted
+            # by hand, which admits another writer at once); a store that does not answer is the rule below's
+            try:
+                if not self._renew():
+                    raise LeaseLost(self.lost or f"{self.location}: the write lease is no longer held")
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                log.debug("%s: renewing the lease before a write failed (%s)", self.location, exc)
         stale = time.monotonic() - self._renewed
         if self._thread is not None and stale > self.timeout - 2 * self.interval:
             raise LeaseLost(f"{self.location}: the write lease has not been renewed for {stale:.0f} s (the store "
