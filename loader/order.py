@@ -25,6 +25,8 @@ at about 800 ns per element (tests/test_order.py holds both to stored golden ord
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 try:
@@ -50,10 +52,21 @@ def _mix(x: int) -> int:
 
 def key(seed: int, epoch: int, stream: int) -> int:
     """The order's key for (seed, epoch, stream), all >= 0 and below 2**64."""
+    values = []
     for name, value in (("seed", seed), ("epoch", epoch), ("stream", stream)):
-        if not 0 <= value <= _M64:
-            raise ValueError(f"order: {name} must be in [0, 2**64), got {value}")
+        values.append(integer(value, name, _M64))
+    seed, epoch, stream = values
     return _mix(_mix(_mix(TAG ^ seed) ^ epoch) ^ stream)
+
+
+def integer(value: object, name: str, most: int = _M64) -> int:
+    """`value` as a Python int in [0, most] (numpy integers included, bools and floats refused), or one line."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    v = operator.index(value)  # type: ignore[arg-type]
+    if not 0 <= v <= most:
+        raise ValueError(f"{name} must be in [0, {most + 1}), got {v}")
+    return v
 
 
 def permutation(n: int, seed: int, epoch: int, stream: int) -> np.ndarray:

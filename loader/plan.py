@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .order import CHUNKS, inverse, permutation, shuffle
+from .order import CHUNKS, inverse, permutation, shuffle, integer
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class PlanConfig:
                             self.world_size, self.drop_last)
 
     def __post_init__(self) -> None:
+        # numpy integers are taken as Python ints (the order's arithmetic needs them), anything else refused
+        object.__setattr__(self, "seed", integer(self.seed, "seed"))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.shuffle_window < 1:

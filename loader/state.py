@@ -18,7 +18,12 @@ from .order import VERSION as ORDER
 
 VERSION = 1
 NAME = "zarrfeed.LoaderState"
-ORDER_NAMES = {0: "numpy's Generator, zarrfeed before 2026-11", 1: "zarrfeed's Feistel permutation"}
+ORDER_NAMES = {0: "numpy's Generator, zarrfeed before 2026-11", 1: "zarrfeed's Fisher-Yates with SplitMix64"}
+
+
+def _kind_names(kinds: type | tuple[type, ...]) -> str:
+    return " or ".join("None" if k is type(None) else k.__name__ for k in (kinds if isinstance(kinds, tuple) else
+                                                                              (kinds,)))
 
 
 def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
@@ -59,15 +64,21 @@ class LoaderState:
             keys = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a zarrfeed loader state (expected a dict with name {NAME!r}; got {keys}); "
                              "states from zarrfeed before 0.1 cannot be loaded, start the epoch again")
-        if state.get("version") != VERSION:
-            raise ValueError(f"loader state version {state.get('version')} is not the version this zarrfeed "
+        if type(state.get("version")) is not int or state["version"] != VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not the version this zarrfeed "
                              f"reads ({VERSION})")
         known = {k: v for k, v in state.items() if k != "name"}
         known.setdefault("order", 0)  # saved before zarrfeed had its own epoch order: numpy's
         try:
-            return cls(**known)
+            made = cls(**known)
         except TypeError as exc:
             raise ValueError(f"loader state has unexpected fields: {exc}") from None
+        for name, kinds in (("kind", str), ("dataset_id", (str, type(None))), ("commit", (int, type(None))),
+                            ("settings", dict), ("selection", str), ("epoch", int), ("batch", int), ("order", int)):
+            value = getattr(made, name)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise ValueError(f"loader state field {name!r} is {value!r}, not a {_kind_names(kinds)}")
+        return made
 
     def check_resumes(self, here: "LoaderState") -> None:
         """Raise ValueError (one line naming the first difference) unless this state resumes `here`'s loader."""
@@ -87,7 +98,7 @@ class LoaderState:
             raise ValueError("loader state was made with another row selection (rows=); pass the same rows")
         if self.order != here.order and self.batch != 0:  # at an epoch's start no row has been seen: any order
             raise ValueError(f"loader state was saved mid-epoch (batch {self.batch} of epoch {self.epoch}) with "
-                             f"epoch order {self.order} ({ORDER_NAMES.get(self.order, 'unknown')}); this zarrfeed "
+                             f"epoch order {self.order!r} ({ORDER_NAMES.get(self.order, 'unknown')}); this zarrfeed "
                              f"orders epochs with order {here.order}: finish that epoch with the release that "
                              f"saved the state, or resume from the start of epoch {self.epoch + 1}")
 

@@ -55,7 +55,7 @@ def test_shuffling_an_array_in_place_is_indexing_it_by_the_permutation(python, m
 
 
 def test_bad_keys_are_one_line():
-    with pytest.raises(ValueError, match=r"order: seed must be in \[0, 2\*\*64\), got -1"):
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 18446744073709551616\), got -1"):
         permutation(10, -1, 0, 0)
 
 
@@ -142,3 +142,47 @@ def test_a_ticket_of_another_order_is_refused():
     raw = Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 1', b'"order": 0')
     with pytest.raises(ValueError, match="ticket: epoch order 0; this server orders epochs with order 1"):
         Ticket.decode(raw)
+
+
+@pytest.mark.parametrize("python", [False, True])
+def test_numpy_integer_seeds_are_the_same_seed_and_others_are_one_line(python, monkeypatch, small_dataset):
+    """Found by an adversarial pass: np.int64 seeds overflowed, np.uint64 crashed the C path and gave another
+    order in Python, a float seed raised a raw TypeError."""
+    from zarrfeed.loader import Loader
+
+    if python:
+        monkeypatch.setattr(order_module, "_order", None)
+    for seed in (np.int64(3), np.uint64(3), np.int32(3)):
+        assert np.array_equal(permutation(100, seed, np.int64(1), 2), permutation(100, 3, 1, 2))
+    path = small_dataset(2, 3, chunks={"agents": 500})
+    with Loader(path, "agents", batch_size=100, num_workers=0, seed=np.uint64(7)) as a, \
+            Loader(path, "agents", batch_size=100, num_workers=0, seed=7) as b:
+        assert all(np.array_equal(x["track_id"], y["track_id"]) for x, y in zip(a, b, strict=True))
+        assert type(a.state_dict()["settings"]["seed"]) is int
+    for bad in (3.0, "3", True):
+        with pytest.raises(ValueError, match="seed must be an integer"):
+            Loader(path, "agents", seed=bad)
+
+
+@pytest.mark.parametrize("edit", [{"order": [1]}, {"batch": "3"}, {"epoch": "1"}, {"epoch": None},
+                                  {"epoch": 1.0}, {"settings": [1]}, {"batch": 2.5}, {"order": True},
+                                  {"order": 1.0}, {"version": "1"}])
+def test_a_hand_edited_state_is_refused_in_one_line(edit, small_dataset):
+    from zarrfeed.loader import Loader
+
+    path = small_dataset(2, 3, chunks={"agents": 500})
+    with Loader(path, "agents", batch_size=100, num_workers=0) as loader:
+        with pytest.raises(ValueError, match="loader state") as err:
+            loader.load_state_dict({**loader.state_dict(), **edit})
+        assert "\n" not in str(err.value)
+
+
+def test_a_ticket_without_an_order_is_an_old_clients_and_refused():
+    from zarrfeed.flight.protocol import Ticket
+    from zarrfeed.loader.plan import PlanSettings
+
+    for raw in (Ticket("agents", PlanSettings(10), batch=5).to_json().replace(b', "order": 1', b""),
+                Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 1', b'"order": true')):
+        with pytest.raises(ValueError, match="ticket: epoch order"):
+            Ticket.decode(raw)
+    Ticket.decode(Ticket("agents", PlanSettings(10, seed=2**63 + 5)).to_json())  # every seed a local loader takes

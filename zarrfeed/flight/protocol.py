@@ -61,6 +61,7 @@ class Ticket:
             raise ValueError("ticket: not JSON") from None
         if not isinstance(doc, dict) or doc.get("version") != PROTOCOL:
             raise ValueError(f"ticket: expected a zarrfeed ticket of version {PROTOCOL}")
+        doc.setdefault("order", 0)  # a client from before the order was versioned expects numpy's order
         plan = doc.pop("plan", {})
         if not isinstance(plan, dict):
             raise ValueError("ticket: plan must be an object of the plan's settings")
@@ -76,7 +77,7 @@ class Ticket:
         floats, strings and huge numbers as readily as the integers a loader needs)."""
         p = self.plan
         for name, value, lo, hi in (("plan.batch_size", p.batch_size, 1, MAX_BATCH_ROWS),
-                                    ("plan.seed", p.seed, 0, 2**63 - 1),
+                                    ("plan.seed", p.seed, 0, 2**64 - 1),
                                     ("plan.shuffle_window", p.shuffle_window, 1, 1 << 20),
                                     ("plan.world_size", p.world_size, 1, 1 << 20),
                                     ("plan.rank", p.rank, 0, p.world_size - 1 if _integer(p.world_size) else 0),
@@ -89,7 +90,7 @@ class Ticket:
         for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last)):
             if not isinstance(value, bool):
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
-        if self.order != ORDER:
+        if not _integer(self.order) or self.order != ORDER:
             raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with order {ORDER} "
                              "(a client and server of different zarrfeed releases: upgrade the older one)")
         if self.kind not in ("batches", "windows"):
