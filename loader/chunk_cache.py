@@ -96,6 +96,10 @@ class ChunkSlots:
         """Where a slot whose decode was asked for stands (here: decoded when its worker said so)."""
         return Pin(slot, decode=False, ready=slot in self._decoded)
 
+    def key_of(self, slot: int) -> Key:
+        """The chunk in `slot`."""
+        return next(key for key, s in self._slots.items() if s == slot)
+
     def decoded(self, slot: int) -> bool:
         """A worker says it decoded `slot`; whether it is ready."""
         self._decoded.add(slot)

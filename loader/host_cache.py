@@ -219,7 +219,7 @@ class HostSegment:
 
     # ------------------------------------------------------------ slots
     def _pinned(self) -> np.ndarray:
-        return self.pins.any(axis=1)
+        return np.asarray(self.pins.any(axis=1))
 
     def _take(self) -> int:
         """A slot for a new chunk: a free one, else the unpinned one unpinned most recently; -1 if none."""
@@ -458,7 +458,7 @@ class HostSlots:
             self._users[key], self._slots[key], self._keys[pin.slot] = set(), pin.slot, key
             if pin.decode:
                 self._claims[pin.slot] = pin.token
-        fresh = dict(zip(new, pins, strict=True))
+        fresh: dict[Key, Pin | None] = dict(zip(new, pins, strict=True))
         out = []
         for key in keys:
             self._users[key].add(window)

@@ -202,7 +202,8 @@ class RemoteLoader(_RemoteFeed):
                 raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(self.dtype.names or ())})")
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
         self.transform = transform
-        plan = PlanSettings(batch_size, shuffle, seed, 8 if shuffle_window is None else shuffle_window, rank, world_size, drop_last)
+        plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                            shuffle_window=8 if shuffle_window is None else shuffle_window, drop_last=drop_last)
         self._ticket = Ticket(table, plan, list(fields) if fields else None, self.commit, transform=transform,
                               transform_args=_json_args(transform_args), dataset=dataset)
         self._plan(0)  # the server checks the arguments (and the transform's name) now
@@ -227,7 +228,8 @@ class RemoteWindowLoader(_RemoteFeed):
                  reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
         self.history, self.future, self.transform = history, future, transform
-        plan = PlanSettings(batch_size, shuffle, seed, 4 if shuffle_window is None else shuffle_window, rank, world_size, drop_last)
+        plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                            shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
         self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args), dataset=dataset)
         self._plan(0)
