@@ -271,16 +271,6 @@ class Lease:
         commit anything."""
         if self.lost:
             raise LeaseLost(self.lost)
-        if self._held and time.monotonic() - self._renewed > self.interval:
-            # due for a heartbeat: renew now rather than write on a lease whose document may be gone (deleted
-            # by hand, which admits another writer at once); a store that does not answer is the rule below's
-            try:
-                if not self._renew():
-                    raise LeaseLost(self.lost or f"{self.location}: the write lease is no longer held")
-            except LeaseLost:
-                raise
-            except Exception as exc:
-                log.debug("%s: renewing the lease before a write failed (%s)", self.location, exc)
         stale = time.monotonic() - self._renewed
         if self._thread is not None and stale > self.timeout - 2 * self.interval:
             raise LeaseLost(f"{self.location}: the write lease has not been renewed for {stale:.0f} s (the store "
