@@ -737,7 +737,7 @@ def test_clients_get_one_line_never_a_traceback(server, data):
     server goes on serving."""
     import pyarrow as pa
 
-    from zarrfeed.flight.protocol import PROTOCOL
+    from zarrfeed.flight.protocol import ORDER, PROTOCOL
 
     client = flight.connect(server.url)
 
@@ -749,7 +749,7 @@ def test_clients_get_one_line_never_a_traceback(server, data):
         assert re.search(match, text), text
 
     def ticket(**change):
-        doc = {"table": "agents", "plan": {"batch_size": 100}, "version": PROTOCOL}
+        doc = {"table": "agents", "plan": {"batch_size": 100}, "version": PROTOCOL, "order": ORDER}
         for k, v in change.items():
             if k in ("batch_size", "seed", "shuffle"):
                 doc["plan"][k] = v
