@@ -36,6 +36,7 @@ LEASE_KEY = "zarrfeed.lease"
 LOCK_FILE = ".zarrfeed.lock"
 TIMEOUT = 60.0
 _held_here: set[str] = set()  # local leases held by this process
+_live_tokens: set[str] = set()  # tokens of the leases this process holds now, on any store
 _held_lock = threading.Lock()
 
 
@@ -145,6 +146,9 @@ class Holder:
         timeout = self.timeout if self.timeout is not None else timeout
         if self.host == socket.gethostname():
             start = _process_start(self.pid)
+            if self.pid == os.getpid() and start == self.pid_start and self.token not in _live_tokens:
+                # this process let it go (a release the store did not answer, or a renewal that landed late)
+                return "this process released it"
             if start is None or (self.pid_start is not None and start != self.pid_start):
                 return f"process {self.pid} on this host has exited"
         silent = time.time() - self.heartbeat
@@ -210,6 +214,7 @@ class Lease:
         backend, limit = self._backend, None if loc.is_local else self.timeout
         previous = bounded(limit, lambda: backend.take(self.holder, self.timeout), f"{loc}: taking the write lease")
         self._held = True
+        _live_tokens.add(self.holder.token)
         self._fresh()
         if previous is not None:
             log.warning("%s: took over the write lease of %s: %s", loc, previous[0], previous[1])
@@ -281,6 +286,7 @@ class Lease:
         """Give the lease up (within `seconds`, if given: a store that does not answer lets it expire)."""
         self._stop.set()
         self._held = False
+        _live_tokens.discard(self.holder.token)
         self.fence.revoke()
         stuck = False
         if self._thread is not None:
@@ -345,8 +351,7 @@ class _FileBackend(_Backend):
             # writer, whose lock is on a new file, while the holder it names is alive and beating
             why = None
             if previous is not None and previous.token != me.token:  # this process's live leases are in _held_here
-                mine = previous.host == me.host and previous.pid == me.pid
-                why = "this process released it" if mine else previous.gone(timeout)
+                why = previous.gone(timeout)
             if previous is not None and previous.token != me.token and why is None:
                 lock.release()
                 raise _refuse(self.location, previous, timeout)
