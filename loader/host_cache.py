@@ -27,7 +27,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import mmap
 import os
 import struct
 import threading
@@ -37,6 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..core._proc import rendezvous
+from ..core._proc.shm import SharedBlock
 from .chunk_cache import Key, Pin
 
 log = logging.getLogger("zarrfeed.loader")
@@ -124,17 +124,14 @@ class HostSegment:
     """The mapped cache of one dataset commit, shared by every loader of this process (see `attach`) and
     mapped by their workers. Methods that change the slot table take the cross-process lock."""
 
-    def __init__(self, fd: int, layout: _Layout, register: bool) -> None:
-        self.fd, self.layout = fd, layout
+    def __init__(self, block: SharedBlock, layout: _Layout, register: bool) -> None:
+        self.block, self.fd, self.layout = block, block.fd, layout
         self._pid, self._lockfd = os.getpid(), self._open_description()
-        self._mmap = mmap.mmap(fd, layout.size, flags=mmap.MAP_SHARED)
-        self.buf = memoryview(self._mmap)
-        words = np.frombuffer(self._mmap, np.int64, _HEADER // 8)
-        self.header = words
+        self.header = np.frombuffer(block.buf, np.int64, _HEADER // 8)
         arrays = {}
         for name, (at, count) in layout.offsets().items():
             if name != "data":
-                arrays[name] = np.frombuffer(self._mmap, np.int64, count, at)
+                arrays[name] = np.frombuffer(block.buf, np.int64, count, at)
         self.procs, self.directory = arrays["procs"], arrays["directory"]
         self.chunk, self.state, self.gen = arrays["chunk"], arrays["state"], arrays["gen"]
         self.owner, self.unpinned = arrays["owner"], arrays["unpinned"]
@@ -305,7 +302,7 @@ class HostSegment:
 
     def array(self) -> np.ndarray:
         """The decoded chunks, slot after slot, as bytes."""
-        return np.frombuffer(self._mmap, np.uint8, self.n_slots * self.slot_bytes, self.data_offset)
+        return np.frombuffer(self.block.buf, np.uint8, self.n_slots * self.slot_bytes, self.data_offset)
 
     def give_up(self, claims: dict[int, int]) -> None:
         """Slots this process claimed (slot -> token) and will not decode after all (its loader closed, a
@@ -341,9 +338,7 @@ class HostSegment:
             self._unlock(_slot_lock(s))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        from multiprocess.reduction import DupFd  # valid while a worker is being started
-
-        return _attach_in_worker, (DupFd(self.fd), self.layout)
+        return HostSegment, (self.block, self.layout, False)  # a worker maps it and takes no part in pinning
 
     def close(self) -> None:
         if self._lockfd < 0:
@@ -356,19 +351,9 @@ class HostSegment:
             self._unlock(_proc_lock(self.me))
         self.header = self.procs = self.directory = self.chunk = self.state = None  # type: ignore[assignment]
         self.gen = self.owner = self.unpinned = self.pins = None  # type: ignore[assignment]
-        self.buf.release()
-        try:
-            self._mmap.close()
-        except BufferError:  # a numpy view still exports the buffer; the mapping goes with the last view
-            pass
+        self.block.close()
         os.close(self._lockfd)
         self._lockfd = -1
-
-
-def _attach_in_worker(dup: Any, layout: _Layout) -> HostSegment:
-    fd = dup.detach()
-    seg = HostSegment(fd, layout, register=False)
-    return seg
 
 
 # ------------------------------------------------------------ one segment per process and key
@@ -407,7 +392,8 @@ def attach(key: CacheKey, budget: int, need: int) -> HostSegment | None:
             server.close()
             os.close(fd)
             return None
-        seg = HostSegment(fd, _Layout(n, slot_bytes, n_chunks), register=True)
+        layout = _Layout(n, slot_bytes, n_chunks)
+        seg = HostSegment(SharedBlock(layout.size, fd=fd, populate=False), layout, register=True)
         _OPEN[key.identity] = (seg, server, 1)
         if created and key.identity not in _SAID:
             _SAID.add(key.identity)
@@ -427,7 +413,6 @@ def detach(seg: HostSegment) -> None:
                 del _OPEN[ident]
                 server.close()
                 seg.close()
-                os.close(seg.fd)
                 return
 
 

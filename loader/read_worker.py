@@ -91,17 +91,16 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
                 [digests.get(i.table, {}).get(i.chunk) for i in items])
 
     def decode(msg: Decode) -> tuple[int, ...]:
-        """Decode each chunk whose slot is still claimed for it; the slots written."""
+        """Decode each chunk whose slot is still claimed for it (one that is not was decoded already, by a
+        worker that died before it answered, or is claimed anew); the message's slots."""
         keys, complete = keys_of(msg.items)
-        written = []
         for item, key, raw in zip(msg.items, keys, fetcher.fetch(keys, complete), strict=True):
             array = arrays[item.table]
             start = item.slot * shared.slot_bytes
             with shared.chunks.writing(item.slot, item.token) as ours:
                 if ours:
                     decode_chunk_into(array, key, raw, cache[start:start + array.chunks[0] * array.dtype.itemsize])
-                    written.append(item.slot)
-        return tuple(written)
+        return tuple(item.slot for item in msg.items)
 
     def waiting(msgs: list) -> None:
         """Decode messages waiting behind the current one: start fetching their chunks now."""

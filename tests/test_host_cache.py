@@ -239,3 +239,29 @@ def test_cache_option_is_checked(data):
         list(off)
         list(off)
         assert off.chunks_decoded == -(-Dataset.open(data).rows["agents"] // CHUNKS["agents"])
+
+
+def test_a_decode_sent_again_after_its_worker_wrote_it_and_died_is_answered(data):
+    """A restarted worker gets the dead worker's unanswered Decode again; if the dead one had written a slot
+    (READY) before it died, the new one skips it but must still answer for every slot of the message, or the
+    scheduler waits for that slot for ever (found: test_loader's worker restart hung with the host cache)."""
+    from zarrfeed.loader import read_worker
+    from zarrfeed.loader.fetch import FetchOptions
+    from zarrfeed.loader.messages import Decode, DecodeItem
+
+    ds = Dataset.open(data)
+    key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
+    seg = host_cache.attach(key, 1 << 30, 1)
+    try:
+        slots = host_cache.HostSlots(seg, key)
+        pins = slots.pin_window(0, [("agents", 0), ("agents", 1)])
+        msg = Decode(tuple(DecodeItem("agents", c, p.slot, p.token) for c, p in enumerate(pins)))
+        shared = read_worker.Shared(seg, 0, 0, 64, 1)
+        decode = read_worker.chunk_decoder(read_worker.Source.of(ds, FetchOptions()), ["agents"], shared)
+        assert decode(msg) == tuple(p.slot for p in pins)  # the dead worker's work
+        assert decode(msg) == tuple(p.slot for p in pins)  # sent again: nothing to write, every slot answered
+        assert all(slots.decoded(p.slot) for p in pins)
+        shared.close()
+        slots.close()
+    finally:
+        host_cache.detach(seg)

@@ -61,6 +61,11 @@ class SharedBlock:
         self._mmap = mmap.mmap(fd, self.size, flags=flags)
         self.buf = memoryview(self._mmap)
 
+    @property
+    def fd(self) -> int:
+        """The memory file's descriptor (-1 once closed)."""
+        return self._fd
+
     def __reduce__(self) -> tuple[Any, ...]:
         from multiprocess.reduction import DupFd  # valid while a worker is being started
 
