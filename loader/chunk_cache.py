@@ -56,11 +56,13 @@ class ProcessChunks:
 
 
 class ChunkSlots:
-    """`n` cache slots: the chunk each holds, whether it is decoded, and which windows pin it."""
+    """`n` cache slots of `slot_bytes`: the chunk each holds, whether it is decoded, which windows pin it, and
+    the shared memory they are in (`memory`, freed by `close`)."""
 
     shared = False  # only this loader's workers decode into it
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, slot_bytes: int) -> None:
+        self.memory = ProcessChunks(slot_bytes, n)
         self._slots: dict[Key, int] = {}
         self._decoded: set[int] = set()
         self._users: dict[Key, set[int]] = {}
@@ -106,7 +108,7 @@ class ChunkSlots:
         return True
 
     def close(self) -> None:
-        pass
+        self.memory.close()
 
     def fits(self, keys: list[Key]) -> bool:
         """Whether `keys` can all be held at once with what is free or unpinned now."""
@@ -141,9 +143,6 @@ class ChunkSlots:
     def cached(self) -> set[Key]:
         """The chunks in the cache, decoded or being decoded."""
         return set(self._slots)
-
-    def is_decoded(self, slot: int) -> bool:
-        return slot in self._decoded
 
     def unpin(self, key: Key, window: int) -> None:
         users = self._users[key]

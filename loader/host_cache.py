@@ -64,9 +64,8 @@ def _flock(kind: int, start: int) -> bytes:
 
 @dataclass(frozen=True)
 class CacheKey:
-    """What a host cache is for: the chunks of one dataset commit at one location, in slots of `slot_bytes`,
-    for `n_chunks` chunks (of the tables in `tables`, in that order, with
-    `chunks_per_table` each)."""
+    """What a host cache is for: the chunks of one dataset commit at one location, in slots of `slot_bytes`;
+    its directory numbers the chunks of `tables`, in that order (`chunks_per_table` each)."""
 
     identity: str
     tables: tuple[str, ...]
@@ -424,6 +423,7 @@ class HostSlots:
 
     def __init__(self, segment: HostSegment, key: CacheKey) -> None:
         self.segment, self.key = segment, key
+        self.memory = segment
         self._users: dict[Key, set[int]] = {}
         self._slots: dict[Key, int] = {}
         self._keys: dict[int, Key] = {}

@@ -52,10 +52,7 @@ def _mix(x: int) -> int:
 
 def key(seed: int, epoch: int, stream: int) -> int:
     """The order's key for (seed, epoch, stream), all >= 0 and below 2**64."""
-    values = []
-    for name, value in (("seed", seed), ("epoch", epoch), ("stream", stream)):
-        values.append(integer(value, name, _M64))
-    seed, epoch, stream = values
+    seed, epoch, stream = (integer(v, name) for name, v in (("seed", seed), ("epoch", epoch), ("stream", stream)))
     return _mix(_mix(_mix(TAG ^ seed) ^ epoch) ^ stream)
 
 

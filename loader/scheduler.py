@@ -24,10 +24,11 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
+from ..core._proc.rendezvous import RendezvousError
 from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit
 from ..core.chunks import ChunkError
 from . import host_cache
-from .chunk_cache import ChunkSlots, ProcessChunks
+from .chunk_cache import ChunkSlots
 from .layout import Layout
 from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, IndexFilled, Message, TransformFailed
 from .plan import EpochPlan
@@ -183,8 +184,8 @@ class Run:
         needs = [sizing.cache_size(plan)] + [sizing.cache_size(EpochPlan(plan.config, e, plan.selection))
                                               for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
         self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
-        self.cache, chunks = self._cache(max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
-        self.shared = source.shared(chunks, self.layout.slot_bytes, self.n_slots, self.regions)
+        self.cache = self._cache(max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
+        self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, self.n_slots, self.regions)
         try:
             self.views = [self.layout.views(self.shared.slot(s), source.config.batch_size)
                           for s in range(self.n_slots)]
@@ -200,21 +201,26 @@ class Run:
         self.n_workers = max(self.workers.num_workers, 1)
         self.chunks_decoded = 0  # by the current or last epoch
 
-    def _cache(self, need: int) -> tuple[ChunkSlots | host_cache.HostSlots, ProcessChunks | host_cache.HostSegment]:
+    def _cache(self, need: int) -> ChunkSlots | host_cache.HostSlots:
         """The host's cache of this dataset commit (found or made), or one of this loader's own: with
         cache="process", or when the host's has fewer slots than this loader needs at once."""
         sizing, source = self.sizing, self.source
         if sizing.host and sizing.cache_bytes:
             key = host_cache.CacheKey.of(source.dataset, source.chunk_bytes)
-            segment = host_cache.attach(key, max(self.chunk_slots, sizing.cache_bytes // max(source.chunk_bytes, 1))
-                                        * source.chunk_bytes, need)
+            budget = max(self.chunk_slots, sizing.cache_bytes // max(source.chunk_bytes, 1)) * source.chunk_bytes
+            try:
+                segment = host_cache.attach(key, budget, need)
+            except RendezvousError as exc:  # slower, never wrong: say why once and go on alone
+                log.warning("zarrfeed: cannot use the host cache (%s); this loader keeps a cache of its own", exc)
+                segment = None
+            else:
+                if segment is None:
+                    log.info("zarrfeed: the host cache of this dataset has fewer than the %d chunk slots this loader "
+                             "needs at once; using a cache of its own", need)
             if segment is not None:
                 self.chunk_slots = segment.n_slots
-                return host_cache.HostSlots(segment, key), segment
-            log.info("zarrfeed: the host cache of this dataset has fewer than the %d chunk slots this loader needs "
-                     "at once; using a cache of its own", need)
-        chunks = ProcessChunks(source.chunk_bytes, self.chunk_slots)
-        return ChunkSlots(self.chunk_slots), chunks
+                return host_cache.HostSlots(segment, key)
+        return ChunkSlots(self.chunk_slots, source.chunk_bytes)
 
     def fits(self, plan: EpochPlan) -> bool:
         """Whether this run's cache and index are large enough for `plan`."""
@@ -229,9 +235,7 @@ class Run:
             pool.stop()
         self.views = []
         self.shared.close()
-        self.cache.close()
-        if isinstance(self.shared.chunks, ProcessChunks):
-            self.shared.chunks.close()
+        self.cache.close()  # and the memory of its chunks (a host cache's, once no loader here uses it)
 
 
 class Epoch:

@@ -87,7 +87,7 @@ def test_cache_bytes_must_not_be_negative(data):
 
 
 def test_the_most_recently_unpinned_chunk_is_given_up_first():
-    slots = ChunkSlots(3)
+    slots = ChunkSlots(3, 64)
     for epoch_keys in ([("a", 0), ("a", 1), ("a", 2)],):
         for w, key in enumerate(epoch_keys):
             assert slots.pin(key, w)[1]
@@ -100,3 +100,4 @@ def test_the_most_recently_unpinned_chunk_is_given_up_first():
     assert slots.cached() == {("a", 0), ("a", 1), ("a", 3)}
     assert slots.pin(("a", 0), 1) == (0, False)
     assert not slots.fits([("a", 4), ("a", 5)])  # one slot is unpinned, two are needed
+    slots.close()

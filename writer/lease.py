@@ -232,7 +232,7 @@ class Lease:
     def _renew(self) -> bool:
         """Renew on the store; False (and `lost` set) if the lease is no longer ours. Raises if the store
         does not answer (that says nothing about who holds it)."""
-        with self._renewing:  # the heartbeat and a writer's own check may both renew
+        with self._renewing:  # the heartbeat thread and a commit (check_on_store) may both renew
             return self._renew_now()
 
     def _renew_now(self) -> bool:

@@ -70,10 +70,11 @@ def ask(server: str, timeout: float = _ASK_TIMEOUT) -> int | None:
 
 
 class Server:
-    """Serves `fd` under `prefix` to processes of this user, from a daemon thread, until `close()`."""
+    """Serves `fd` under `prefix` to processes of this user, from a daemon thread, until `close()`. It serves
+    a duplicate of its own, closed only once its thread has ended, so the caller may close `fd` at any time."""
 
     def __init__(self, fd: int, prefix: str) -> None:
-        self.fd = fd
+        self.fd = os.dup(fd)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(f"{prefix}{os.getpid()}-{id(self):x}")
         self.sock.listen(64)
@@ -91,8 +92,7 @@ class Server:
                 return  # closed
             with conn:
                 try:
-                    pid, peer_uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                           12))
+                    _, peer_uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
                     if peer_uid == uid:  # another user gets nothing: the connection just closes
                         socket.send_fds(conn, [b"z"], [self.fd])
                 except OSError:
@@ -107,7 +107,19 @@ class Server:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the thread
         except OSError:
             pass
+        self._thread.join(2)
         self.sock.close()
+        if not self._thread.is_alive():  # else it may still send it: left open, the process's exit closes it
+            os.close(self.fd)
+
+    def forget_in_child(self) -> None:
+        """In a forked child, which does not run the serving thread: close the socket and the descriptor."""
+        self._closed = True
+        for close in (self.sock.close, lambda: os.close(self.fd)):
+            try:
+                close()
+            except OSError:
+                pass
 
 
 _SERVERS: set[Server] = set()
@@ -117,11 +129,7 @@ def _close_in_child() -> None:
     """A forked child does not run the serving threads: close their sockets there, or a process that asks
     would wait for an answer that never comes."""
     for server in list(_SERVERS):
-        server._closed = True
-        try:
-            server.sock.close()
-        except OSError:
-            pass
+        server.forget_in_child()
     _SERVERS.clear()
 
 
