@@ -1014,3 +1014,29 @@ def test_several_datasets_by_name(tmp_path):
     r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", f"a={paths['val']}", f"b={paths['val']}",
                         "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "datasets 'a' and 'b' are the same dataset" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("sync_first", [True, False])
+def test_a_sync_after_a_server_restart_sends_again_what_the_old_one_never_committed(target, sync_first):
+    """Found by an adversarial pass: 3 episodes acknowledged, the server SIGKILLed before its commit and
+    restarted on the same port; gRPC reconnected by itself, the new server answered sync with its committed
+    rows, and the producer dropped the 3 episodes and exited 0. A sync is confirmed only by the server
+    instance that accepted them; otherwise they are sent again (the committed ones passed over by key)."""
+    from zarrfeed.flight import RemoteWriter
+
+    s = Server(target, "--ingest")
+    eps = list(synthetic.episodes(3, seed=7, frames=30, agents_per_frame=20))
+    w = RemoteWriter(s.url)
+    restarted = None
+    try:
+        for i, ep in enumerate(eps):
+            assert w.submit(ep, key=f"ep-{i}")
+        s.kill()  # before the commit that follows a second's pause
+        restarted = Server(target, "--ingest", "--port", s.port)
+        if sync_first:
+            w.sync()
+        w.close()  # alone, it does the same
+    finally:
+        (restarted or s).stop()
+    want = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)) + eps
+    assert episodes_in(target) == sorted(content_key(ep) for ep in want)

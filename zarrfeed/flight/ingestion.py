@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow as pa
@@ -41,6 +42,9 @@ class Ingestion:
         self.location, self.name, self.workers, self._committed = location, name, serving.workers, committed
         self.limits, self.activity, self.uploads = serving.limits, serving.activity, serving.uploads
         self._accepted = self._committed_before = 0  # episodes accepted, and committed, since the writer opened
+        # who accepted an episode: a sync answered by another instance (the server restarted meanwhile) does not
+        # confirm it, and the producer sends it again
+        self.instance = uuid.uuid4().hex
         self._writer: DatasetWriter | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -145,7 +149,8 @@ class Ingestion:
                 self._last_submit, self._unsynced = time.monotonic(), True
                 self._accepted += accepted
                 self.activity.received(record, accepted, sum(a.nbytes for a in episode.values()))
-                writer.write(pa.py_buffer(json.dumps({"key": key_to_json(key), "accepted": accepted}).encode()))
+                writer.write(pa.py_buffer(json.dumps({"key": key_to_json(key), "accepted": accepted,
+                                                      "instance": self.instance}).encode()))
 
     def begin_input(self, body: bytes) -> dict[str, Any]:
         """The action "begin_input": record an input (its first episode's fingerprint) as a local ingest does,
@@ -165,11 +170,11 @@ class Ingestion:
         """The action "sync": wait until every accepted episode is committed; the committed rows."""
         def sync(w: DatasetWriter) -> dict[str, Any]:
             w.sync()
-            return {"committed": w.committed}
+            return {"committed": w.committed, "instance": self.instance}
 
         with self._lock:
             if self._writer is None:  # nothing uploaded since the last writer closed: no lease taken for this
-                return {"committed": self._committed()}
+                return {"committed": self._committed(), "instance": self.instance}
             return self._call(sync)
 
 

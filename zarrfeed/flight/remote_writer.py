@@ -37,7 +37,9 @@ class RemoteWriter:
     `max_unsynced_bytes` of them (then it syncs by itself). If the server goes away, the call that notices
     raises ConnectionError; the next call on this writer reconnects and sends those episodes again, so
     whatever the server had accepted but not committed when it died is written, and what it had committed
-    is passed over by key: every episode exactly once."""
+    is passed over by key: every episode exactly once. A sync answered by another server instance than the
+    one that accepted the episodes (the server restarted, and gRPC reconnected by itself) sends them again too.
+    """
 
     def __init__(self, url: str, token: str | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 120.0, max_unsynced_bytes: int = 256 << 20, *, dataset: str | None = None) -> None:
@@ -49,6 +51,7 @@ class RemoteWriter:
         self._put: Any = None
         self._unsynced: list[tuple[Key, Mapping[str, np.ndarray]]] = []
         self._unsynced_bytes = 0
+        self._accepted_by: set[str] = set()  # the server instances that accepted the unsynced episodes
         self._broken = False
         self._input: str | None = None  # the input that keyless submits continue (as DatasetWriter's)
         self._closed: dict[str, int] | None = None  # what close() answered
@@ -67,9 +70,11 @@ class RemoteWriter:
     def _recover(self) -> None:
         """Reconnect and send again every episode not confirmed committed (the server passes over the
         committed ones by key)."""
+        self._drop_put()
         self._client.close()
         self._client = flight.connect(self.url, **self._tls)
         self._broken = False
+        self._accepted_by.clear()
         for key, episode in list(self._unsynced):
             self._write(episode, key)
             self._ack(key)
@@ -192,7 +197,9 @@ class RemoteWriter:
             except OSError as exc:
                 raise self._gone(exc) from None
             raise self._gone(RuntimeError(f"the call ended without accepting episode {key}"))
-        return bool(json.loads(ack.to_pybytes())["accepted"])
+        doc = json.loads(ack.to_pybytes())
+        self._accepted_by.add(doc.get("instance", ""))
+        return bool(doc["accepted"])
 
     def _failed(self, exc: flight.FlightError) -> Exception:
         """A Flight error of an upload call as one line: refused input (ValueError; the server ended this
@@ -216,8 +223,15 @@ class RemoteWriter:
         """Returns once every episode accepted so far is committed; the committed rows per table."""
         if self._broken:
             self._recover()
-        committed = self._action("sync")["committed"]
+        reply = self._action("sync")
+        if self._unsynced and self._accepted_by != {reply.get("instance")}:
+            # the server that answers did not accept them all: it restarted since (and what the old one had not
+            # committed is gone), so send them again; the committed ones are passed over by key
+            self._recover()
+            reply = self._action("sync")
+        committed = reply["committed"]
         self._unsynced.clear()
+        self._accepted_by.clear()
         self._unsynced_bytes = 0
         return committed
 
@@ -239,7 +253,7 @@ class RemoteWriter:
                 writer.done_writing()
                 writer.close()
             except (flight.FlightError, OSError) as exc:
-                raise self._gone(exc) from None
+                self._gone(exc)  # the server went away: the sync below reconnects and sends the unsynced again
             self._put = None
         committed = self.sync()
         self._client.close()
