@@ -1040,3 +1040,27 @@ def test_a_sync_after_a_server_restart_sends_again_what_the_old_one_never_commit
         (restarted or s).stop()
     want = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)) + eps
     assert episodes_in(target) == sorted(content_key(ep) for ep in want)
+
+
+def test_sigterm_ends_the_server_even_when_a_writer_worker_died(target):
+    """Found by an adversarial pass: with a producer connected and a writer worker SIGKILLed (as the OOM
+    killer might), the last commit at SIGTERM raised, the shutdown after it never ran, and the server served
+    on. Now it stops within seconds all the same, says in one line that the last commit failed, exits 1."""
+    from zarrfeed.flight import RemoteWriter
+
+    s = Server(target, "--ingest")
+    w = RemoteWriter(s.url)
+    try:
+        for i, ep in enumerate(synthetic.episodes(2, seed=8, frames=30, agents_per_frame=20)):
+            w.submit(ep, key=f"e{i}")
+        stat = {pid: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] for pid in s.descendants()}
+        workers = [pid for pid, parent in stat.items() if int(parent) != s.proc.pid]  # forked by the fork server
+        assert workers
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        took = s.stop()  # the producer stays connected, idle
+        assert took < 5 and s.proc.returncode == 1, (took, s.err()[-2000:])
+        assert "the last commit failed" in s.err() and "Traceback" not in s.err()
+    finally:
+        if s.proc.poll() is None:
+            s.kill()

@@ -165,12 +165,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     committed = "; ".join(f"committed {f'{name}: ' if name else ''}{_counts(rows)}"
                           for name, rows in stopped.committed.items())
     print("zarrfeed: server stopped" + (f"; {committed}" if committed else ""), file=sys.stderr, flush=True)
+    for name, why in stopped.failed.items():  # what was accepted but not committed there is lost: say so
+        print(f"zarrfeed: error: {f'{name}: ' if name else ''}the last commit failed: {why}", file=sys.stderr,
+              flush=True)
+    code = 1 if stopped.failed else 0
     if stopped.calls_left:  # pyarrow's server would wait for them at exit, whatever the clients do
         print("zarrfeed: left calls open at exit (clients that stopped reading or sending)", file=sys.stderr,
               flush=True)
         sys.stdout.flush()
-        os._exit(0)
-    return 0
+        os._exit(code)
+    return code
 
 
 def _served(paths: list[str], options: dict) -> Location | dict[str, Location]:

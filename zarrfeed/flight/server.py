@@ -16,7 +16,7 @@ import sys
 import threading
 import traceback
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TypeVar
 
 import pyarrow.flight as flight
@@ -61,6 +61,7 @@ class Stopped:
 
     committed: dict[str, dict[str, int]]  # per dataset that took uploads, by name ("": the only one)
     calls_left: bool
+    failed: dict[str, str] = field(default_factory=dict)  # per dataset whose last commit failed: why, one line
 
 
 @dataclass
@@ -169,19 +170,28 @@ class FeedServer(flight.FlightServerBase):
         refused, everything accepted is committed and the leases released, then the server waits up to
         `grace` seconds for calls to end. Calls still open then (a client that stopped reading, a producer that
         sends nothing) are left to the process's exit: `Stopped.calls_left` says so."""
-        committed = self.close_writer()
+        committed, failed = self.close_writer()
         done = threading.Thread(target=self.shutdown, name="zarrfeed-shutdown", daemon=True)
         done.start()
         done.join(grace)
-        return Stopped(committed, calls_left=done.is_alive())
+        return Stopped(committed, calls_left=done.is_alive(), failed=failed)
 
-    def close_writer(self) -> dict[str, dict[str, int]]:
+    def close_writer(self) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
         """At shutdown: stop the loaders kept for a next epoch, commit everything accepted and release the
-        leases. The committed rows of each dataset that took uploads, by name."""
+        leases. The committed rows of each dataset that took uploads, by name; and why the last commit of
+        each that failed did (a writer worker killed, the store gone): the stop goes on whatever fails."""
         for served in self.datasets.values():
             served.feeding.close()
-        committed = {name: served.ingestion.close() for name, served in self.datasets.items()}
-        return {name: rows for name, rows in committed.items() if rows is not None}
+        committed, failed = {}, {}
+        for name, served in self.datasets.items():
+            try:
+                rows = served.ingestion.close()
+            except Exception as exc:  # said by the caller in one line; the server stops all the same
+                failed[name] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                continue
+            if rows is not None:
+                committed[name] = rows
+        return committed, failed
 
     @one_line
     def do_action(self, context: Any, action: flight.Action) -> list[flight.Result]:
