@@ -45,6 +45,9 @@ class Layout:
         unknown = [n for n in names if n not in (dtype.names or ())]
         if unknown:
             raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(dtype.names or ())})")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # each would be a column of its own in every ring slot, for the same values
+            raise ValueError(f"fields: {twice[0]!r} is named more than once")
         cols = []
         for n in names:
             sub, offset = dtype[n], int(dtype.fields[n][1])  # type: ignore[index]  # names checked above

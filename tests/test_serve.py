@@ -848,6 +848,24 @@ def test_tickets_over_the_servers_limits_are_refused(data):
             RemoteLoader(s.url, "agents", transform="speed", transform_args={"scale": 1.0, "pad": "x" * 200})
         with RemoteLoader(s.url, "agents", batch_size=5_000) as remote:  # within them: served
             assert sum(len(b["centroid"]) for b in remote) == Dataset.open(data).rows["agents"]
+        # found by an adversarial pass: a window batch was counted as one row per frame (its agents not at all:
+        # 150 MiB batches under a 2 MiB cap), a field named 200 times sized the ring 200 times over, and a
+        # 10 MB ticket was parsed (and a 200 MB one took the server to 21 GB)
+        with pytest.raises(ValueError, match=r"a batch of 64 takes up to \d+ MiB, over the server's "
+                                             r"--max-batch-bytes of 1 MiB"):
+            RemoteWindowLoader(s.url, history=10, future=10, batch_size=64)
+        with pytest.raises(ValueError, match="fields: 'centroid' is named more than once"):
+            RemoteLoader(s.url, "agents", fields=["centroid"] * 200)
+        from zarrfeed.flight.protocol import Ticket
+        from zarrfeed.loader.plan import PlanSettings
+        client = flight.connect(s.url)
+        twice = Ticket("agents", PlanSettings(10), fields=["centroid"] * 200).to_json()
+        with pytest.raises(flight.FlightServerError, match="fields: 'centroid' is named more than once"):
+            client.do_get(flight.Ticket(twice)).read_all()
+        huge = Ticket("agents", PlanSettings(10), fields=["centroid"] * 20_000).to_json()
+        with pytest.raises(flight.FlightServerError, match=r"ticket: \d+ bytes, over the 65636 a ticket may take"):
+            client.do_get(flight.Ticket(huge)).read_all()
+        client.close()
     finally:
         s.stop()
 

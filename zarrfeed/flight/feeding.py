@@ -28,7 +28,7 @@ from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.plan import PlanSettings
 from .activity import outcome_of
 from .limits import MiB
-from .protocol import Ticket
+from .protocol import TICKET_BYTES, Ticket
 from .serving import Serving
 
 log = logging.getLogger("zarrfeed.serve")
@@ -147,6 +147,10 @@ class Feeding:
     def _loader(self, raw: bytes, reuse: bool = False) -> tuple[Ticket, Loader]:
         """The loader a ticket names, at its epoch and batch (workers start when it is iterated); with `reuse`,
         the one kept from this ticket's previous epoch if there is one."""
+        most = self.limits.max_transform_args_bytes + TICKET_BYTES
+        if len(raw) > most:  # refused before it is parsed: a huge ticket costs memory and time to read
+            raise flight.FlightServerError(f"zarrfeed: ticket: {len(raw)} bytes, over the {most} a ticket may "
+                                           "take (its settings and --max-transform-args-bytes)")
         try:
             t = Ticket.decode(raw)
             loader = self.idle.take(_reuse_key(t)) if reuse else None
@@ -159,6 +163,7 @@ class Feeding:
                                                cache_bytes=self.limits.stream_cache_bytes())
                 loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
                     Loader(ds, t.table, fields=t.fields, **options)
+                self._check_batch(t, loader)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
         except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
@@ -178,6 +183,15 @@ class Feeding:
         if args > self.limits.max_transform_args_bytes:
             raise ValueError(f"ticket: transform_args are {args} bytes of JSON, over the server's "
                              f"--max-transform-args-bytes of {self.limits.max_transform_args_bytes}")
+
+    def _check_batch(self, t: Ticket, loader: Loader) -> None:
+        """Refuse a loader whose batch, exactly as its ring slots hold it (a window's agents and faces
+        included), is over `--max-batch-bytes`; no worker has started yet."""
+        size = loader.source.layout.slot_bytes
+        if size > self.limits.max_batch_bytes:
+            loader.close()
+            raise ValueError(f"ticket: a batch of {t.plan.batch_size} takes up to {size / MiB:.0f} MiB, over the "
+                             f"server's --max-batch-bytes of {self.limits.max_batch_bytes / MiB:.0f} MiB")
 
     def stream(self, raw: bytes, context: Any) -> flight.FlightDataStream:
         """do_get: the ticket's batches as a stream of record batches; at most `limits.max_streams` at once."""

@@ -26,6 +26,9 @@ MAX_TRANSFORM_ARGS = 64 << 10  # bytes of JSON
 DATASET_NAME = re.compile(r"[A-Za-z][\w.-]*")  # a dataset's name on a server of several
 
 
+TICKET_BYTES = 64 << 10  # what a ticket's own settings may take (fields included), beside its transform arguments
+
+
 @dataclass(frozen=True)
 class Ticket:
     """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader; the

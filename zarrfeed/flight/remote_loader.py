@@ -24,6 +24,7 @@ import pyarrow.flight as flight
 from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import LoaderError
+from ..loader.layout import Layout
 from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
 from .protocol import Ticket, _json_args, call_options, describe, server_message, unreachable
@@ -197,9 +198,7 @@ class RemoteLoader(_RemoteFeed):
             raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
         self.dtype = dtype_from_descr(tables[table]["dtype"])
         if fields:
-            unknown = [f for f in fields if f not in (self.dtype.names or ())]
-            if unknown:
-                raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(self.dtype.names or ())})")
+            Layout.of_records(self.dtype, list(fields), 1)  # the loader's own checks: unknown or repeated fields
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
         self.transform = transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
