@@ -1029,9 +1029,14 @@ def test_several_datasets_by_name(tmp_path):
     r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(paths["train"]), str(paths["val"]),
                         "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "several datasets are served by name: NAME=PATH each" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", f"a={paths['val']}", f"b={paths['val']}",
-                        "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.returncode == 2 and "datasets 'a' and 'b' are the same dataset" in r.stderr, r.stderr
+    link = Path(paths["val"]).parent / "link.zarr"
+    link.symlink_to(paths["val"])
+    val = Path(paths["val"])
+    # found by an adversarial pass: only the same spelling was refused
+    for other in (val, f"{val}/", val.parent / ".." / val.parent.name / val.name, link):
+        r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", f"a={val}", f"b={other}",
+                            "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and "datasets 'a' and 'b' are the same dataset" in r.stderr, (other, r.stderr)
 
 
 @pytest.mark.parametrize("sync_first", [True, False])
@@ -1082,3 +1087,17 @@ def test_sigterm_ends_the_server_even_when_a_writer_worker_died(target):
     finally:
         if s.proc.poll() is None:
             s.kill()
+
+
+def test_a_url_that_is_not_a_servers_is_one_line():
+    """Found by an adversarial pass: `zarrfeed status s3://...` printed pyarrow's ArrowKeyError traceback."""
+    from zarrfeed.flight import RemoteWriter
+
+    for url in ("s3://bucket/x", "http://127.0.0.1:1"):
+        r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", url], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and "not a zarrfeed server's URL" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        for client in (lambda: RemoteLoader(url, "agents"), lambda: RemoteWriter(url)):  # noqa: B023
+            with pytest.raises(ValueError, match="not a zarrfeed server's URL"):
+                client()

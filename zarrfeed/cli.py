@@ -234,11 +234,11 @@ def _ask_server(url: str, action: str, tls_root_certs: str | None = None) -> dic
     """A zarrfeed server's answer to `action`, its errors as one line (the token from ZARRFEED_TOKEN)."""
     import pyarrow.flight as flight
 
-    from .flight.protocol import call_options, unreachable
+    from .flight.protocol import call_options, connect, unreachable
 
     tls = {"tls_root_certs": Path(tls_root_certs).read_bytes()} if tls_root_certs else {}
     try:
-        results = list(flight.connect(url, **tls).do_action(flight.Action(action, b""),
+        results = list(connect(url, **tls).do_action(flight.Action(action, b""),
                                                             call_options(os.environ.get("ZARRFEED_TOKEN"), 10)))
     except flight.FlightUnauthenticatedError:
         raise ValueError(f"{url}: the server wants a token (set ZARRFEED_TOKEN)") from None

@@ -193,6 +193,17 @@ def call_options(token: str | None, timeout: float | None = None) -> flight.Flig
     return flight.FlightCallOptions(headers=headers, timeout=timeout)
 
 
+def connect(url: str, tls_root_certs: bytes | None = None) -> flight.FlightClient:
+    """A Flight client of the server at `url` (grpc://host:port or grpc+tls://host:port); a URL of another
+    kind is a one-line ValueError, not pyarrow's "no client transport" error."""
+    try:
+        return flight.connect(url, **({"tls_root_certs": tls_root_certs} if tls_root_certs else {}))
+    except (pa.ArrowException, ValueError) as exc:
+        raise ValueError(f"{url}: not a zarrfeed server's URL: use grpc://HOST:PORT or grpc+tls://HOST:PORT "
+                         f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") \
+            from None
+
+
 def unreachable(url: str, exc: BaseException) -> str:
     """Why no server answered at `url`, in one line: a failed TLS handshake says so and why (gRPC reports it
     as "unavailable", like a server that is not there)."""

@@ -27,7 +27,7 @@ from ..loader.batches import LoaderError
 from ..loader.layout import Layout
 from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
-from .protocol import Ticket, _json_args, call_options, describe, server_message, unreachable
+from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
 
 
 class _RemoteFeed:
@@ -45,7 +45,7 @@ class _RemoteFeed:
         self._options = call_options(token, timeout)
         self._stream_options = call_options(token)  # a stream lasts an epoch: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
-        self._client = flight.connect(url, **self._tls)
+        self._client = connect(url, **self._tls)
         self.info = self._call(lambda: describe(self._client, self._options, dataset))
         self.dataset_id, self.commit = self.info["dataset_id"], self.info["commit"]
         self.epoch, self._position = 0, 0
@@ -128,7 +128,7 @@ class _RemoteFeed:
             time.sleep(min(delay, max(0.0, self.reconnect_timeout - (time.monotonic() - lost_since))))
             delay = min(2 * delay, 2.0)
             self._client.close()
-            self._client = flight.connect(self.url, **self._tls)
+            self._client = connect(self.url, **self._tls)
             try:
                 if describe(self._client, self._options, self.dataset)["dataset_id"] != self.dataset_id:
                     raise ConnectionError(f"{self.url}: the server came back with another dataset; the stream "

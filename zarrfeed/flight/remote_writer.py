@@ -26,7 +26,7 @@ import pyarrow.flight as flight
 
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import dtype_from_descr
-from .protocol import (call_options, encode_episode, episode_schema, episodes_descriptor, server_message,
+from .protocol import (call_options, connect, encode_episode, episode_schema, episodes_descriptor, server_message,
                        unreachable)
 
 
@@ -47,7 +47,7 @@ class RemoteWriter:
         self._options = call_options(token, timeout)
         self._stream_options = call_options(token)  # an upload call lasts as long as the producer: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
-        self._client = flight.connect(url, **self._tls)
+        self._client = connect(url, **self._tls)
         self._put: Any = None
         self._unsynced: list[tuple[Key, Mapping[str, np.ndarray]]] = []
         self._unsynced_bytes = 0
@@ -72,7 +72,7 @@ class RemoteWriter:
         committed ones by key)."""
         self._drop_put()
         self._client.close()
-        self._client = flight.connect(self.url, **self._tls)
+        self._client = connect(self.url, **self._tls)
         self._broken = False
         self._accepted_by.clear()
         for key, episode in list(self._unsynced):

@@ -105,7 +105,7 @@ class FeedServer(flight.FlightServerBase):
         self.datasets: dict[str, Served] = {}
         for name, where in named.items():
             loc = where if isinstance(where, Location) else Location.of(where)
-            twice = [n for n, s in self.datasets.items() if str(s.location) == str(loc)]
+            twice = [n for n, s in self.datasets.items() if s.location.same_place(loc)]
             if twice:  # two writers of one dataset would fight over its lease
                 raise ValueError(f"datasets {twice[0]!r} and {name!r} are the same dataset ({loc})")
             feeding = Feeding(loc, name, self.serving)
