@@ -212,3 +212,22 @@ def test_a_writer_that_appends_nothing_leaves_every_chunk_verifiable(written):
         assert w.committed == Dataset.open(written).rows
     report = Dataset.open(written).verify()
     assert report.ok and report.unverifiable == 0, str(report)
+
+
+@pytest.mark.parametrize("how", ["refused", "failed"])
+def test_a_refused_or_failed_append_that_wrote_nothing_leaves_every_chunk_verifiable(written, how):
+    """Found by an adversarial pass: opening for append published a commit withdrawing the last chunks'
+    records; an append refused ("ingested before") or failing before any write left them withdrawn for good,
+    and a chunk swapped in there later validated --deep "valid". Now they are withdrawn only just before the
+    first write into them."""
+    with pytest.raises(ValueError if how == "refused" else RuntimeError):
+        with DatasetWriter(written, workers=0, mode="a") as w:
+            if how == "refused":
+                w.ingest(episodes(6, seed=0))  # "ingested before"
+            raise RuntimeError("the producer died")
+    report = Dataset.open(written).verify()
+    assert report.ok and report.unverifiable == 0, str(report)
+    last = sorted(int(p.name) for p in (written / "agents").iterdir() if p.name.isdigit())[-1]
+    shutil.copyfile(written / "agents" / "0", written / "agents" / str(last))  # a valid chunk, not this one
+    r = cli("validate", str(written), "--deep", "-q")
+    assert r.returncode == 1 and f"chunk 'agents/{last}' is not the chunk that was committed" in r.stdout, r

@@ -89,7 +89,8 @@ class Committer:
             self._tracker = CommitTracker(committed)
             self._digests = ChunkDigests({t: tab.chunk_rows for t, tab in self.schema.tables.items()})
             self._tails = self._withdraw_tails(committed)  # sealed again at close if no write changed them
-            self._withdrawn = dict(self._tails)  # withdrawn by the next commit
+            self._withdrawn = dict(self._tails)  # withdrawn by the commit before the first write there (see place)
+            self._withdrawing = False
             self._placed: set[Key] = set()  # keys placed by this writer and not yet committed
             self._external: dict[Key, tuple[dict[str, int], dict[str, int]]] = {}  # reserved, not yet written
         except BaseException as exc:
@@ -98,12 +99,6 @@ class Committer:
             raise
         self.closed = False
         self._last_commit = time.monotonic()
-        if self._withdrawn:  # before any write can change those chunks
-            try:
-                self.commit(force=True)
-            except BaseException as exc:
-                self.fail(exc)
-                raise
 
     # ---------------------------------------------------------------- opening
     def _check_new(self, store: zarr.storage.BaseStore, overwrite: bool) -> None:
@@ -156,8 +151,8 @@ class Committer:
 
     def _withdraw_tails(self, committed: Mapping[str, int]) -> dict[str, tuple[int, tuple[int, str]]]:
         """The digests of each table's last, partly filled chunk that the log records (sealed when the last
-        writer closed): this writer's first write there changes the chunk, so the next commit withdraws them
-        (until this writer closes and seals the chunk again)."""
+        writer closed): this writer's first write there changes the chunk, so a commit withdraws them just
+        before it (until this writer closes and seals the chunk again)."""
         if not self._log.refs:
             return {}
         chunks = self._log.whole().chunks
@@ -258,6 +253,11 @@ class Committer:
         if self.is_known(key):
             raise ValueError(f"key {key}: already committed or placed")
         rows = {t: int(rows.get(t, 0)) for t in self.schema.tables}
+        if any(rows[t] for t in self._withdrawn):
+            # the caller is about to write into a last chunk whose digest the log records: withdraw it first
+            # (only now: a writer that writes nothing, refused or resumed with nothing left, leaves it sealed)
+            self._withdrawing = True
+            self.guarded(lambda: self.commit(force=True))
         starts = self._coordinator.reserve(rows)
         self._journal.pending[key] = fingerprint
         self._placed.add(key)
@@ -329,7 +329,7 @@ class Committer:
         for t, (index, record) in self._tails.items():
             if seal_tail and committed[t] // self.schema.tables[t].chunk_rows == index:
                 chunks.setdefault(t, {}).setdefault(index, record)  # no write changed it: sealed again as it was
-            elif t in self._withdrawn:
+            elif self._withdrawing and t in self._withdrawn:
                 chunks.setdefault(t, {}).setdefault(index, None)
         new_keys = self._journal.take_new()
         segment = Segment(new_keys[0], new_keys[1], chunks)
@@ -349,7 +349,8 @@ class Committer:
             raise
         self._commit_no += 1
         self._digests.forget(chunks)
-        self._withdrawn = {}
+        if self._withdrawing:
+            self._withdrawn, self._withdrawing = {}, False
         self._published = state
         if doomed:  # merged into the new segment; the manifest that listed them is replaced
             within(FAIL_SECONDS, lambda: dataset_format.delete(self.store, doomed))
