@@ -231,3 +231,16 @@ def test_a_refused_or_failed_append_that_wrote_nothing_leaves_every_chunk_verifi
     shutil.copyfile(written / "agents" / "0", written / "agents" / str(last))  # a valid chunk, not this one
     r = cli("validate", str(written), "--deep", "-q")
     assert r.returncode == 1 and f"chunk 'agents/{last}' is not the chunk that was committed" in r.stdout, r
+
+
+def test_an_append_refuses_a_dataset_whose_committed_rows_are_not_in_its_arrays(written):
+    """Found by an adversarial pass: with a manifest committing more rows than an array holds (readers refuse
+    it), --append grew the array and committed the gap as zero rows, exit 0."""
+    doc = json.loads((written / MANIFEST_KEY).read_text())
+    doc["committed"]["agents"] += 77
+    (written / MANIFEST_KEY).write_text(json.dumps(doc))
+    before = sorted(p.name for p in written.rglob("*"))
+    r = cli("ingest", str(written), "--synthetic", "1", "--seed", "99", "--append", "-q")
+    assert r.returncode == 2 and "rows committed but the array holds" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in written.rglob("*")) == before  # nothing changed

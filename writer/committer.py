@@ -134,6 +134,11 @@ class Committer:
         if doc is None:  # written by another tool: its shapes are its rows
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
             return found, {n: group[n].shape[0] for n in found.tables}
+        committed = {name: doc["committed"].get(name, 0) for name in found.tables}  # as readers count them
+        for name, n in committed.items():  # checked before anything changes, as a reader refuses it
+            if n > group[name].shape[0]:
+                raise FormatError(f"{self.location}: table '{name}': {n} rows committed but the array holds "
+                                  f"{group[name].shape[0]}; the dataset is damaged")
         try:
             self._log = dataset_format.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
         except KeyError as exc:
@@ -147,7 +152,7 @@ class Committer:
         self._journal = Journal.from_json(doc.get("journal"), logged.committed, logged.skipped)
         self._commit_no = doc["commit"]
         self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
-        return found, doc["committed"]
+        return found, committed
 
     def _withdraw_tails(self, committed: Mapping[str, int]) -> dict[str, tuple[int, tuple[int, str]]]:
         """The digests of each table's last, partly filled chunk that the log records (sealed when the last
