@@ -156,6 +156,38 @@ def test_a_manifest_with_a_field_of_the_wrong_type_is_one_line_naming_it(written
     assert sorted(p.relative_to(written).as_posix() for p in written.rglob("*")) == before
 
 
+def _set(path: str, value):
+    def edit(doc):
+        *parents, last = path.split(".")
+        for part in parents:
+            doc = doc[part]
+        doc[last] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, named", [
+    (_set("schema", {}), "'schema'"), (_set("schema.tables", 5), "'schema'"),
+    (_set("schema.tables.agents.dtype", 7), "'schema'"), (_set("schema.links", 5), "'schema'"),
+    (_set("schema.links", [["a", "b"]]), "'schema'"), (_set("schema.attrs", 5), "'schema.attrs'"),
+    (_set("zarrfeed", 99), "'zarrfeed'"), (_set("digest", 5), "'digest'"),
+    (_set("journal.keys", {"committed": [5, [1], {"a": 1}]}), "'journal.keys'"),
+    (_set("journal.pending", [[{"a": 1}, "fp"]]), "'journal.pending'"),
+    (_set("journal.inputs", {"x": {"committed": [[5, 2]]}}), "'journal.inputs.x'")])
+def test_a_manifest_whose_parts_have_the_wrong_shape_is_one_line_naming_them(written, edit, named):
+    """Found by an adversarial pass: schema parts of the wrong type gave tracebacks in every command, wrong
+    journal entries in --append, and a future format, an unknown digest or a backwards range were accepted."""
+    doc = json.loads((written / MANIFEST_KEY).read_bytes())
+    edit(doc)
+    (written / MANIFEST_KEY).write_text(json.dumps(doc))
+    before = sorted(p.relative_to(written).as_posix() for p in written.rglob("*"))
+    for args in (["info", str(written)], ["validate", str(written), "-q"], ["load", str(written), "-q"],
+                 ["ingest", str(written), "--synthetic", "1", "--append", "-q"]):
+        r = cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r)
+        assert len(r.stderr.strip().splitlines()) == 1 and named in r.stderr, (args, r.stderr)
+    assert sorted(p.relative_to(written).as_posix() for p in written.rglob("*")) == before
+
+
 def test_a_commit_costs_the_same_after_thousands_of_keyed_episodes(tmp_path):
     """Item 8: the journal was rewritten whole at every commit (38 bytes per key: 20,000 keyed episodes made a
     762 KiB manifest rewritten every second). Keys now go to log segments written once and merged like a

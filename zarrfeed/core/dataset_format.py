@@ -114,10 +114,21 @@ def _manifest_problem(doc: Any) -> str | None:
         return f"field 'commit' is {doc['commit']!r}, not a commit number (a whole number >= 0)"
     if "zarrfeed" in doc and not _count(doc["zarrfeed"]):
         return f"field 'zarrfeed' is {doc['zarrfeed']!r}, not a format version"
+    if doc.get("zarrfeed", 0) > MANIFEST_VERSION:
+        return (f"field 'zarrfeed' is {doc['zarrfeed']}: written by a newer zarrfeed (this one reads formats up to "
+                f"{MANIFEST_VERSION}; upgrade it)")
+    if "digest" in doc and doc["digest"] not in (None, DIGEST):
+        return f"field 'digest' is {doc['digest']!r}, not a digest this zarrfeed computes ({DIGEST})"
     if "dataset_id" in doc and not isinstance(doc["dataset_id"], str):
         return f"field 'dataset_id' is {doc['dataset_id']!r}, not a string"
-    if "schema" in doc and not isinstance(doc["schema"], dict):
-        return "field 'schema' is not an object"
+    if "schema" in doc:
+        if not isinstance(doc["schema"], dict) or not isinstance(doc["schema"].get("attrs", {}), dict):
+            return "field 'schema' is not an object" if not isinstance(doc["schema"], dict) else \
+                "field 'schema.attrs' is not an object"
+        try:
+            Schema.from_json(doc["schema"])
+        except Exception as exc:  # any malformed part: a missing key, a wrong type, an unknown dtype or codec
+            return f"field 'schema' is not a zarrfeed schema ({type(exc).__name__}: {exc})"
     journal = doc.get("journal", {})
     if not isinstance(journal, dict):
         return f"field 'journal' is {journal!r}, not an object"
@@ -126,14 +137,16 @@ def _manifest_problem(doc: Any) -> str | None:
         return "field 'journal.inputs' is not an object"
     for name, sets in inputs.items():
         if not isinstance(sets, dict) or not all(
-                isinstance(r, list) and len(r) == 2 and all(_count(x) for x in r)
+                isinstance(r, list) and len(r) == 2 and all(_count(x) for x in r) and r[0] <= r[1]
                 for part in ("committed", "skipped") for r in _list(sets.get(part, []))):
             return f"field 'journal.inputs.{name}' is not lists of [start, end) ranges"
     keys = journal.get("keys", {})
-    if not isinstance(keys, dict) or not all(isinstance(keys.get(p, []), list) for p in ("committed", "skipped")):
+    if not isinstance(keys, dict) or not all(isinstance(keys.get(p, []), list) and all(_key(k) for k in keys[p])
+                                             for p in ("committed", "skipped") if p in keys):
         return "field 'journal.keys' is not lists of keys"
     pending = journal.get("pending", [])
-    if not isinstance(pending, list) or not all(isinstance(p, list) and len(p) == 2 for p in pending):
+    if not isinstance(pending, list) or not all(isinstance(p, list) and len(p) == 2 and _key(p[0])
+                                                and isinstance(p[1], str) for p in pending):
         return "field 'journal.pending' is not a list of [key, fingerprint] pairs"
     if not isinstance(journal.get("last_input"), (str, type(None))):
         return "field 'journal.last_input' is not a string"
@@ -143,6 +156,13 @@ def _manifest_problem(doc: Any) -> str | None:
             and _count(r.get("entries")) for r in log):
         return "field 'log' is not a list of log segments ({key, level, entries})"
     return None
+
+
+def _key(value: Any) -> bool:
+    """An episode key as the journal stores it: a str, an int, or an input's position {input, index}."""
+    if isinstance(value, dict):
+        return set(value) == {"input", "index"} and isinstance(value["input"], str) and _count(value["index"])
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 def _list(value: Any) -> list:
