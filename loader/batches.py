@@ -186,8 +186,9 @@ class Loader:
         """Where iteration stands, with what decides the batch order (see `loader.state`)."""
         if self._digest is None:  # hashed once: a selection can hold millions of rows
             self._digest = selection_digest(self.source.selection_parts())
-        return LoaderState(self.source.kind, self.dataset.dataset_id, self.dataset.commit, self.source.settings(),
-                           self._digest, self.epoch, self._position)
+        return LoaderState(kind=self.source.kind, dataset_id=self.dataset.dataset_id, commit=self.dataset.commit,
+                           settings=self.source.settings(), selection=self._digest, epoch=self.epoch,
+                           batch=self._position, commit_tag=self.dataset.commit_tag)
 
     def state_dict(self) -> dict[str, Any]:
         """`state()` as a plain dict, to save with a checkpoint; `load_state_dict` on a new loader made with the

@@ -81,6 +81,9 @@ class Dataset:
                  dataset_id: str | None = None) -> None:
         self.location, self.group, self.tables, self.rows, self.schema = location, group, tables, rows, schema
         self.commit, self.dataset_id = commit, dataset_id
+        # which commit this is among copies of the dataset (they share its id and may reach the same commit number
+        # with other rows): the key of its newest commit log segment, new with every commit; None without a log
+        self.commit_tag: str | None = None
         self.others: dict[str, str] = {}  # arrays in the group that are not tables of it (name -> what)
         self._digests: dict[str, dict[int, tuple[int, str]]] | None = None
         self._digests_read = False
@@ -110,6 +113,8 @@ class Dataset:
         ds = cls(location, group, tables, rows, schema, doc["commit"] if doc else None,
                  doc.get("dataset_id") if doc else None)
         ds.others = others
+        log = doc.get("log") if doc else None
+        ds.commit_tag = log[-1]["key"] if log else None
         return ds
 
     @classmethod

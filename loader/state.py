@@ -51,6 +51,7 @@ class LoaderState:
     batch: int = 0
     version: int = VERSION
     order: int = ORDER  # the epoch order's algorithm (loader/order.py); 0: numpy's Generator, before it
+    commit_tag: str | None = None  # which copy's commit (see Dataset.commit_tag); None: not recorded
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": NAME, **asdict(self)}
@@ -74,7 +75,8 @@ class LoaderState:
         except TypeError as exc:
             raise ValueError(f"loader state has unexpected fields: {exc}") from None
         for name, kinds in (("kind", str), ("dataset_id", (str, type(None))), ("commit", (int, type(None))),
-                            ("settings", dict), ("selection", str), ("epoch", int), ("batch", int), ("order", int)):
+                            ("settings", dict), ("selection", str), ("epoch", int), ("batch", int), ("order", int),
+                            ("commit_tag", (str, type(None)))):
             value = getattr(made, name)
             if not isinstance(value, kinds) or isinstance(value, bool):
                 raise ValueError(f"loader state field {name!r} is {value!r}, not a {_kind_names(kinds)}")
@@ -90,6 +92,9 @@ class LoaderState:
         if self.commit != here.commit:
             raise ValueError(f"loader state was made on commit {self.commit} of this dataset; this loader reads "
                              f"commit {here.commit} (open it with commit={self.commit} to resume exactly)")
+        if self.commit_tag and here.commit_tag and self.commit_tag != here.commit_tag:
+            raise ValueError(f"loader state was made on another copy of this dataset: its commit {self.commit} holds "
+                             "other rows than this one's")
         for key in sorted(set(self.settings) | set(here.settings)):
             a, b = self.settings.get(key), here.settings.get(key)
             if a != b:

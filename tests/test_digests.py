@@ -276,3 +276,28 @@ def test_an_append_refuses_a_dataset_whose_committed_rows_are_not_in_its_arrays(
     assert r.returncode == 2 and "rows committed but the array holds" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in written.rglob("*")) == before  # nothing changed
+
+
+def test_a_copys_loader_state_is_refused(written, tmp_path):
+    """Found by an adversarial pass: two copies of a dataset, appended differently to the same commit number,
+    share its id and commit number, so a state saved on one resumed on the other (one epoch of two datasets)."""
+    x, y = tmp_path / "x.zarr", tmp_path / "y.zarr"
+    shutil.copytree(written, x)
+    shutil.copytree(written, y)
+    ep = episodes(1, seed=1)[0]
+    moved = {**ep, "agents": ep["agents"].copy()}
+    moved["agents"]["centroid"] += 1000  # the same rows, other values
+    for path, new in ((x, ep), (y, moved)):
+        with DatasetWriter(path, workers=0, mode="a") as w:
+            w.ingest([new])
+    assert Dataset.open(x).commit == Dataset.open(y).commit and Dataset.open(x).rows == Dataset.open(y).rows
+    with Loader(x, batch_size=500, num_workers=0) as on_x, Loader(y, batch_size=500, num_workers=0) as on_y:
+        it = iter(on_x)
+        next(it)
+        state = on_x.state_dict()
+        with pytest.raises(ValueError, match="loader state was made on another copy of this dataset"):
+            on_y.load_state_dict(state)
+        with Loader(x, batch_size=500, num_workers=0) as again:  # the same copy resumes
+            again.load_state_dict(state)
+        old = {k: v for k, v in state.items() if k != "commit_tag"}  # saved before states recorded it: taken
+        on_y.load_state_dict(old)
