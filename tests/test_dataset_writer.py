@@ -286,3 +286,16 @@ def test_killed_parent_workers_exit_quietly(tmp_path, method):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive()
+
+
+def test_a_folder_holding_only_a_lock_file_is_a_new_dataset(tmp_path):
+    """Found by an adversarial pass: a writer that failed while starting its workers could leave a folder
+    holding only `.zarrfeed.lock`, which mode "w", mode "a" and overwrite all refused."""
+    from zarrfeed.writer.lease import LOCK_FILE
+
+    out = tmp_path / "d.zarr"
+    out.mkdir()
+    (out / LOCK_FILE).touch()
+    with DatasetWriter(out, workers=0) as w:
+        w.ingest(synthetic.episodes(1, seed=3, frames=20, agents_per_frame=10))
+    assert Dataset.open(out).rows["scenes"] == 1

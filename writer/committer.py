@@ -60,7 +60,7 @@ class Committer:
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
         # a dataset created here is removed again if it never gets a commit (see fail); a directory that was
         # there, empty, stays
-        self._created = mode == "w" and not location.exists()
+        self._created = mode == "w" and not self._holds_data()
         self._had_root = location.is_local and location.path.is_dir()
         if mode == "w":
             self._check_new(store, overwrite)
@@ -101,9 +101,14 @@ class Committer:
         self._last_commit = time.monotonic()
 
     # ---------------------------------------------------------------- opening
+    def _holds_data(self) -> bool:
+        """Whether anything but a lease's lock file is stored here (a writer that failed while it started may
+        leave only that file behind: it is no dataset, and no reason to refuse a new one)."""
+        return self.location.exists() and set(self.location.entries(2)) != {LOCK_FILE}
+
     def _check_new(self, store: zarr.storage.BaseStore, overwrite: bool) -> None:
         """Mode "w": refuse, before anything changes, a location that holds something we may not replace."""
-        if not self.location.exists():
+        if not self._holds_data():
             return
         if not overwrite:
             raise FormatError(f"{self.location}: already exists and is not empty; append to it (mode='a'), "
