@@ -20,7 +20,7 @@ from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
-from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
 from .scheduler import Epoch, LoaderError, Run, Sizing, WorkerOptions
 from .source import BatchSource, RowSource
 from .state import LoaderState, selection_digest
@@ -32,8 +32,8 @@ def fetch_options(ds: Dataset, cache_dir: str | os.PathLike | None, cache_dir_by
     """How workers fetch chunks: the local cache, and as many tries as the store's timeout budget allows
     (`Location.fetch_tries`: on S3, s3fs retries each try itself)."""
     tries = ds.location.fetch_tries
-    return FetchOptions(os.fspath(cache_dir) if cache_dir else None, cache_dir_bytes,
-                        *(() if tries is None else (tries,)))
+    return FetchOptions(cache_dir=os.fspath(cache_dir) if cache_dir else None, cache_bytes=cache_dir_bytes,
+                        **({} if tries is None else {"tries": tries}))
 
 
 def default_cache_bytes() -> int:
@@ -84,8 +84,9 @@ class Loader:
             raise ValueError(f"table {table!r} is not in the dataset (tables: {', '.join(ds.tables)})")
         array = ds[table]
         selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
-        config = PlanConfig(ds.rows[table], array.chunks[0], batch_size, shuffle, seed, shuffle_window, rank,
-                            world_size, drop_last)
+        config = PlanConfig.of(ds.rows[table], array.chunks[0], PlanSettings(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
+            world_size=world_size, drop_last=drop_last))
         records = Layout.of_records(array.dtype, fields, batch_size)
         unknown = sorted(set(dtypes or ()) - {c.name for c in records.columns})
         if unknown:
@@ -94,7 +95,8 @@ class Loader:
         _Cast.check({c.name: c.dtype for c in records.columns}, dtypes or {}, casting)
         fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
         source = RowSource(ds, table, config, selection, records, read_worker.Source.of(ds, fetch))
-        workers = WorkerOptions(num_workers, prefetch, start_method, restart_workers, _Cast.around(transform, dtypes))
+        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
+                                restart_workers=restart_workers, transform=_Cast.around(transform, dtypes))
         self._start(source, workers, fetch=fetch, copy=copy, output=output, check_views=check_views,
                     cache_bytes=cache_bytes, cache=cache)
 

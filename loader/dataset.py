@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -267,10 +267,10 @@ class Dataset:
             raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.tables)})")
         c = self[table].chunks[0] * max(1, chunks_per_partition)
         n = self.rows[table]
-        pieces = [(self.location, self.commit, table, a, min(a + c, n), fields) for a in range(0, n, c)] or \
-            [(self.location, self.commit, table, 0, 0, fields)]
+        pieces = [_Partition(self.location, self.commit, table, a, min(a + c, n), fields)
+                  for a in range(0, n, c)] or [_Partition(self.location, self.commit, table, 0, 0, fields)]
         meta = records_to_arrow(np.zeros(0, self[table].dtype), fields).to_pandas(types_mapper=pd.ArrowDtype)
-        divisions = [p[3] for p in pieces] + [max(n - 1, 0)]
+        divisions = [p.start for p in pieces] + [max(n - 1, 0)]
         return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)
 
     def chunk_key(self, table: str, row: int) -> str:
@@ -300,15 +300,25 @@ class ChunkReader:
                                   f"({type(exc).__name__}: {exc}); the file is truncated or corrupt") from None
 
 
-def _dask_partition(piece: tuple) -> Any:
-    """Rows [a, b) of a table as a pandas DataFrame indexed by row number (a partition of `Dataset.to_dask`)."""
+class _Partition(NamedTuple):
+    """A partition of `Dataset.to_dask`: rows [start, end) of `table` at `commit` of the dataset at `location`."""
+
+    location: Location
+    commit: int | None
+    table: str
+    start: int
+    end: int
+    fields: list[str] | None
+
+
+def _dask_partition(piece: _Partition) -> Any:
+    """A partition's rows as a pandas DataFrame indexed by row number."""
     import pandas as pd
 
-    location, commit, table, a, b, fields = piece
-    ds = Dataset.reopen(location, commit)
-    rows = read_rows(ds[table], a, b)
-    df = records_to_arrow(rows, fields).to_pandas(types_mapper=pd.ArrowDtype)
-    df.index = pd.RangeIndex(a, b)
+    ds = Dataset.reopen(piece.location, piece.commit)
+    rows = read_rows(ds[piece.table], piece.start, piece.end)
+    df = records_to_arrow(rows, piece.fields).to_pandas(types_mapper=pd.ArrowDtype)
+    df.index = pd.RangeIndex(piece.start, piece.end)
     return df
 
 

@@ -16,9 +16,22 @@ import bisect
 import dataclasses
 from dataclasses import dataclass
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .order import CHUNKS, inverse, permutation, shuffle, integer
+
+
+class Piece(NamedTuple):
+    """Part of a batch that comes from one window: batch `batch` (counted from the group's first), rows
+    [row, row + rows) of it, from the window's shuffled rows [position, position + rows)."""
+
+    batch: int
+    row: int
+    window: int
+    position: int
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -50,12 +63,11 @@ class PlanConfig:
     @classmethod
     def of(cls, n_rows: int, chunk_rows: int, settings: PlanSettings) -> "PlanConfig":
         """The plan of a table of `n_rows` rows in chunks of `chunk_rows`, with these settings."""
-        return cls(n_rows, chunk_rows, **dataclasses.asdict(settings))
+        return cls(n_rows=n_rows, chunk_rows=chunk_rows, **dataclasses.asdict(settings))
 
     @property
     def settings(self) -> PlanSettings:
-        return PlanSettings(self.batch_size, self.shuffle, self.seed, self.shuffle_window, self.rank,
-                            self.world_size, self.drop_last)
+        return PlanSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PlanSettings)})
 
     def __post_init__(self) -> None:
         # numpy integers are taken as Python ints (the order's arithmetic needs them), anything else refused
@@ -125,10 +137,9 @@ class EpochPlan:
         b = self.config.batch_size
         return min(b, self.per_rank - k * b)
 
-    def group_pieces(self, k0: int, count: int) -> list[tuple[int, int, int, int, int]]:
-        """Batches k0..k0+count-1 cut where batches or windows end, as (batch - k0, row in the batch, window,
-        first position in the window's shuffled rows, rows). Plain Python: a group has a few pieces, and
-        numpy's per-call cost would be most of the work."""
+    def group_pieces(self, k0: int, count: int) -> list[Piece]:
+        """Batches k0..k0+count-1 cut where batches or windows end (see `Piece`). Plain Python: a group has a
+        few pieces, and numpy's per-call cost would be most of the work."""
         if not (0 <= k0 and k0 + count <= self.num_batches):
             raise IndexError(f"batches {k0}..{k0 + count - 1} of an epoch of {self.num_batches}")
         b, m, n = self.config.batch_size, self.per_rank, self.total
@@ -142,7 +153,7 @@ class EpochPlan:
                 q = pos % n  # past the end: the repeated rows that even out the ranks
                 w = bisect.bisect_right(starts, q) - 1
                 take = min(end - pos, starts[w + 1] - q)
-                out.append((i, first, w, q - starts[w], take))
+                out.append(Piece(i, first, w, q - starts[w], take))
                 pos += take
                 first += take
         return out
@@ -156,7 +167,7 @@ class EpochPlan:
 
     def group_windows(self, k0: int, count: int) -> list[int]:
         """The windows batches k0..k0+count-1 read, in the order they read them."""
-        return list(dict.fromkeys(p[2] for p in self.group_pieces(k0, count)))
+        return list(dict.fromkeys(p.window for p in self.group_pieces(k0, count)))
 
     def window_order(self, w: int, chunk_base: np.ndarray | None = None) -> np.ndarray:
         """Window w's rows in their shuffled order, as row r of the window's j-th chunk -> chunk_base[j] + r

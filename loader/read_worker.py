@@ -143,7 +143,7 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
         for i in range(count):
             k = k0 + i
             dst = scratch if transform else shared.slot(k)
-            for _, first, w, pos, n in (p for p in pieces if p[0] == i):
+            for _, first, w, pos, n in (piece for piece in pieces if piece.batch == i):
                 start = regions[w] * shared.region_rows + pos
                 gather(cache, itemsize, index[start:start + n], dst, spec, first, itemsize)
             if transform:

@@ -31,7 +31,7 @@ from .gather import gather_runs
 from .host_cache import HostSegment
 from .layout import Layout
 from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
-from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
 from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
 
@@ -301,12 +301,14 @@ class WindowLoader(Loader):
         self.samples, self.history, self.future = samples, history, future
         g = samples.group_rows
         selection = samples.selection()
-        config = PlanConfig(len(selection) * g, g, batch_size, shuffle, seed, shuffle_window, rank, world_size,
-                            drop_last)
+        config = PlanConfig.of(len(selection) * g, g, PlanSettings(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
+            world_size=world_size, drop_last=drop_last))
         fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
                               read_worker.Source.of(ds, fetch), fetch)
-        workers = WorkerOptions(num_workers, prefetch, start_method, restart_workers, transform)
+        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
+                                restart_workers=restart_workers, transform=transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
                     cache_bytes=cache_bytes, cache=cache)
 

@@ -117,7 +117,8 @@ class FeedServer(flight.FlightServerBase):
             "status": self.status,
             "begin_input": lambda body: self.served(dataset_of(body)).ingestion.begin_input(body),
             "sync": lambda body: self.served(dataset_of(body)).ingestion.sync(body)}
-        assert self._actions.keys() == ACTIONS.keys(), "every action of the protocol has a handler"
+        if self._actions.keys() != ACTIONS.keys():  # a protocol change without its handler: never serve half of it
+            raise RuntimeError(f"actions without a handler: {sorted(ACTIONS.keys() ^ self._actions.keys())}")
         super().__init__(f"{self._scheme}://{host}:{port}", middleware={"access": AccessCheck(self.access)},
                          tls_certificates=[tls] if tls else None)
         for served in self.datasets.values():
