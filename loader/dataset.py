@@ -16,7 +16,7 @@ from ..core.chunks import ChunkError, check_chunk, chunk_key, read_rows
 from ..core.dataset_format import FormatError
 from ..core.links import IntervalChecker, Violation
 from ..core.schema import Schema
-from ..core.store import Location, get_many
+from ..core.store import Location, bounded, get_many
 from .arrow_bridge import ArrowStream, table_batches
 
 
@@ -96,8 +96,14 @@ class Dataset:
 
         The rows are those of the latest commit when opened, or of commit number `commit` (pin one to make
         every rank of a job read the same rows while a writer appends: `Dataset.open(path).commit` on one rank,
-        then `commit=` on all)."""
+        then `commit=` on all). On S3 the whole opening is bounded by the store's budget (`zarrfeed_timeout`):
+        each call has that budget, and an opening makes several."""
         location = Location.of(path_or_url, storage_options)
+        return bounded(location.budget, lambda: cls._open(location, mode, commit),
+                       f"{location}: opening the dataset (the store does not answer)")
+
+    @classmethod
+    def _open(cls, location: Location, mode: str, commit: int | None) -> "Dataset":
         group = dataset_format.open_group(location, mode)
         schema, arrays, others = dataset_format.open_tables(group, "r" if mode == "r" else "r+")
         if others:

@@ -283,6 +283,29 @@ def test_a_store_that_goes_away_mid_read_is_reported_within_its_timeout(how):
     assert took < (45 if how == "paused" else 10)
 
 
+def test_opening_a_dataset_on_a_paused_store_is_reported_within_its_budget():
+    """Found by an adversarial pass: `info`, `load` and `validate --deep` on a paused S3 server took 38 s
+    (18 s with zarrfeed_timeout=5): each call had the budget, and opening makes several."""
+    from s3server import S3Server
+
+    server = S3Server()  # its own: this test stops it
+    try:
+        url = f"{server.bucket()}/d.zarr"
+        with DatasetWriter(url, workers=0, chunks=SMALL, storage_options=server.options) as w:
+            w.ingest(small_episodes(1, seed=6))
+        server.proc.send_signal(signal.SIGSTOP)
+        options = [f"--storage-option={k}={v}" for k, v in server.options.items()] + \
+            ["--storage-option=zarrfeed_timeout=5"]
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "zarrfeed", "info", url, *options], capture_output=True,
+                           text=True, timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        server.stop()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert took < 12, took  # the budget, and the interpreter's start
+
+
 def test_the_store_timeout_is_an_option_and_set_options_win(s3):
     """`zarrfeed_timeout` sets the S3 client's timeouts (a tenth of it per try, botocore's retries off, s3fs's
     on), options the user sets are kept, and zarrfeed's option never reaches fsspec."""

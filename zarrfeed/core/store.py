@@ -207,6 +207,14 @@ class Location:
         return options
 
     @property
+    def budget(self) -> float | None:
+        """Seconds within which an S3 store that stops answering is reported (`zarrfeed_timeout`, 15 by
+        default): what a whole short operation, such as opening a dataset, is bounded by; None elsewhere."""
+        if self.protocol not in ("s3", "s3a"):
+            return None
+        return float(s3_defaults(self.storage_options).get(TIMEOUT_OPTION, S3_TIMEOUT))
+
+    @property
     def fetch_tries(self) -> int | None:
         """How often the loader fetches a chunk before it gives up: on S3 once, since s3fs retries each call
         itself (see `s3_defaults`); elsewhere None (the loader's default)."""
