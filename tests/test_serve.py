@@ -1101,3 +1101,14 @@ def test_a_url_that_is_not_a_servers_is_one_line():
         for client in (lambda: RemoteLoader(url, "agents"), lambda: RemoteWriter(url)):  # noqa: B023
             with pytest.raises(ValueError, match="not a zarrfeed server's URL"):
                 client()
+
+
+def test_a_token_with_a_newline_is_refused_in_one_line_before_any_call():
+    """Found by an adversarial pass: RemoteWriter(token="x\\n") failed on the client's side with an invalid
+    header, reported as "the server went away ... call again", and every call again repeated it."""
+    from zarrfeed.flight import RemoteWriter
+
+    for make in (lambda: RemoteWriter("grpc://127.0.0.1:1", token="x\n"),
+                 lambda: RemoteLoader("grpc://127.0.0.1:1", "agents", token="x y")):
+        with pytest.raises(ValueError, match="token: empty, or holds spaces, a newline"):
+            make()

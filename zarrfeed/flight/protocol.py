@@ -189,6 +189,10 @@ def episodes_descriptor(dataset: str | None) -> flight.FlightDescriptor:
 # ------------------------------------------------------------------------------ credentials and errors
 def call_options(token: str | None, timeout: float | None = None) -> flight.FlightCallOptions:
     """Flight call options carrying `token` as `authorization: Bearer <token>` (what the server checks)."""
+    if token is not None and (not token or token != token.strip() or any(c.isspace() or not c.isprintable()
+                                                                         for c in token)):
+        raise ValueError("token: empty, or holds spaces, a newline or other unprintable characters (a token "
+                         "read from a file: strip it)")
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     return flight.FlightCallOptions(headers=headers, timeout=timeout)
 
