@@ -5,7 +5,8 @@
 On a synthetic L5Kit dataset (100 scenes = 2.1 M agents, chunks of 20,000 rows), the agents table:
   zarrfeed    Loader, shuffle on, 2 workers, batch 256 and 4096: the second epoch (decoded chunks kept
               from the first: it only gathers), the first (start-up included), and batch 4096 with
-              cache_bytes=0 (every epoch decodes)
+              cache_bytes=0 (every epoch decodes) and with cache="process" (a cache of its own, not the
+              host's: what the host cache costs a single loader)
   (a) pool    a process pool of 2 workers, each item one batch slice `arr[s:s+B]` read with zarr, in
               shuffled order, the batch pickled back (a PyTorch DataLoader over a slicing Dataset)
   (b) zarr    `arr[s:s+chunk]` chunk by chunk in order, one process, no shuffle
@@ -81,11 +82,12 @@ def decode_bound(path: str) -> tuple[float, int]:
     return time.perf_counter() - t, arr.shape[0]
 
 
-def zarrfeed(ds: Dataset, batch: int, cache_bytes: int | None = None) -> dict:
+def zarrfeed(ds: Dataset, batch: int, cache_bytes: int | None = None, cache: str = "host") -> dict:
     """The first epoch (start-up included) and the second, of a Loader with `cache_bytes` (None: default,
-    decoded chunks kept across epochs; 0: every epoch decodes)."""
+    decoded chunks kept across epochs; 0: every epoch decodes) and `cache` (the host's, or its own)."""
     t0 = time.perf_counter()
-    with Loader(ds, "agents", batch_size=batch, num_workers=2, seed=0, cache_bytes=cache_bytes) as loader:
+    with Loader(ds, "agents", batch_size=batch, num_workers=2, seed=0, cache_bytes=cache_bytes,
+                cache=cache) as loader:
         it = iter(loader)
         first = next(it)
         ttfb = time.perf_counter() - t0
@@ -98,9 +100,9 @@ def zarrfeed(ds: Dataset, batch: int, cache_bytes: int | None = None) -> dict:
     return {"epoch1": (epoch1, rows), "epoch2": (epoch2, rows2), "ttfb": ttfb}
 
 
-def windows_zarrfeed(ds: Dataset, cache_bytes: int | None = None) -> tuple[float, int, int]:
+def windows_zarrfeed(ds: Dataset, cache_bytes: int | None = None, cache: str = "host") -> tuple[float, int, int]:
     with WindowLoader(ds, history=10, future=50, batch_size=32, num_workers=2, seed=0,
-                      cache_bytes=cache_bytes) as loader:
+                      cache_bytes=cache_bytes, cache=cache) as loader:
         for _ in loader:  # the first epoch
             pass
         t = time.perf_counter()
@@ -157,11 +159,15 @@ def main() -> None:
                 ttfb[b].append(r["ttfb"])
             r = zarrfeed(ds, 4096, cache_bytes=0)
             runs.setdefault("zarrfeed 4096 no cache", []).append(r["epoch2"])
+            r = zarrfeed(ds, 4096, cache="process")  # the cache of its own it kept before the host cache
+            runs.setdefault("zarrfeed 4096 own cache", []).append(r["epoch2"])
+            runs.setdefault("zarrfeed 4096 own epoch 1", []).append(r["epoch1"])
             runs.setdefault("(a) pool batch 256", []).append(pool_baseline(apath, 256, n, args.pool_items))
             runs.setdefault("(b) zarr in order", []).append(zarr_in_order(apath))
             runs.setdefault("(c) decode bound", []).append(decode_bound(apath))
-            for name, cache in (("zarrfeed windows", None), ("zarrfeed windows no cache", 0)):
-                s, samples, agents = windows_zarrfeed(ds, cache)
+            for name, nbytes, cache in (("zarrfeed windows", None, "host"), ("zarrfeed windows no cache", 0, "host"),
+                                        ("zarrfeed windows own cache", None, "process")):
+                s, samples, agents = windows_zarrfeed(ds, nbytes, cache)
                 runs.setdefault(name, []).append((s, samples))
                 runs.setdefault(name.replace("windows", "window agents"), []).append((s, agents))
             s, samples, agents = windows_l5kit(path, 300)
@@ -191,7 +197,10 @@ def main() -> None:
                             ("zarrfeed batch 256", "(a) pool batch 256", 100),
                             ("zarrfeed windows", "(l) L5Kit windows", 20),
                             ("zarrfeed windows no cache", "(l) L5Kit windows", None),
-                            ("zarrfeed batch 4096", "(b) zarr in order", None)])
+                            ("zarrfeed batch 4096", "(b) zarr in order", None),
+                            ("zarrfeed batch 4096", "zarrfeed 4096 own cache", None),
+                            ("zarrfeed batch 4096 epoch 1", "zarrfeed 4096 own epoch 1", None),
+                            ("zarrfeed windows", "zarrfeed windows own cache", None)])
 
 
 if __name__ == "__main__":
