@@ -26,6 +26,7 @@ from .source import BatchSource, RowSource
 from .state import LoaderState, selection_digest
 
 __all__ = ["Loader", "LoaderError"]
+ROW_ID = "_row"  # the column of `row_ids=True`
 
 
 def fetch_options(ds: Dataset, cache_dir: str | os.PathLike | None, cache_dir_bytes: int) -> FetchOptions:
@@ -61,7 +62,9 @@ class Loader:
     `cache_bytes` (default a quarter of the available memory, 0: off). With `cache="host"` (default) every
     loader of this dataset commit on this machine, in any process or rank, shares one set of decoded chunks
     (`loader.host_cache`; `cache_bytes` then sizes the host's cache when this loader is the first to make it);
-    `cache="process"` keeps a cache of this loader's own, `"off"` none. Every option after `table` is
+    `cache="process"` keeps a cache of this loader's own, `"off"` none. `row_ids=True` adds a column `_row`:
+    each row's index in the table (as Parquet exports name it), to join a batch with labels kept elsewhere or
+    to check that a resumed run read every row once. Every option after `table` is
     keyword-only. Iterating continues where the previous iteration stopped; after a complete epoch the epoch
     advances.
     """
@@ -76,7 +79,7 @@ class Loader:
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
                  cache_bytes: int | None = None, casting: str | None = None,
-                 cache: str = "host") -> None:
+                 cache: str = "host", row_ids: bool = False) -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
@@ -99,6 +102,9 @@ class Loader:
                                 restart_workers=restart_workers, transform=_Cast.around(transform, dtypes))
         self._start(source, workers, fetch=fetch, copy=copy, output=output, check_views=check_views,
                     cache_bytes=cache_bytes, cache=cache)
+        if row_ids and ROW_ID in {c.name for c in records.columns}:
+            raise ValueError(f"row_ids: the table has a field named {ROW_ID!r} already")
+        self.row_ids = bool(row_ids)
 
     def _start(self, source: BatchSource, workers: WorkerOptions, *, fetch: FetchOptions, copy: bool, output: str,
                check_views: bool | None, cache_bytes: int | None, cache: str = "host") -> None:
@@ -110,6 +116,7 @@ class Loader:
         if cache == "off":
             cache_bytes = 0
         self.cache = cache
+        self.row_ids = False  # see Loader
         self.source, self.workers, self.fetch = source, workers, fetch
         self.dataset = source.dataset
         self.table = source.table
@@ -236,6 +243,8 @@ class Loader:
                     batch = {n: a.copy() for n, a in batch.items()}
                 elif checker is not None:
                     batch = checker.hand_out(batch)
+                if self.row_ids:  # from the plan, here: no worker needs to know
+                    batch[ROW_ID] = plan.batch_row_ids(k)
                 yield to_arrow(batch) if self.output == "arrow" else batch
             sched.drain()
             finished = True

@@ -133,12 +133,8 @@ class RowSource:
                                    self.layout, outputs, transform)
 
     def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        rows, c = [], self.config.chunk_rows
-        for w, first, count in plan.segments(k):
-            local = plan.window_order(w)[first:first + count]
-            rows.append(plan.windows[w][local // c] * c + local % c)
         return functools.partial(_read_rows, self.dataset.location, self.dataset.commit, self.table,
-                                 [col.name for col in self.layout.columns], np.concatenate(rows))
+                                 [col.name for col in self.layout.columns], plan.batch_row_ids(k))
 
     def settings(self) -> dict[str, Any]:
         return plan_settings(self.table, self.config)

@@ -162,7 +162,7 @@ class Feeding:
                                                transform=transform, copy=True,
                                                cache_bytes=self.limits.stream_cache_bytes())
                 loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
-                    Loader(ds, t.table, fields=t.fields, **options)
+                    Loader(ds, t.table, fields=t.fields, row_ids=t.row_ids, **options)
                 self._check_batch(t, loader)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
         except (ValueError, KeyError, TypeError) as exc:

@@ -48,6 +48,7 @@ class Ticket:
     transform_args: dict[str, Any] | None = field(default=None)
     dataset: str | None = None  # which of the server's datasets (None: its only one)
     order: int = ORDER  # the epoch order's algorithm the client expects (loader/order.py)
+    row_ids: bool = False  # batches carry `_row`, each row's index in its table (Loader's row_ids)
 
     def encode(self) -> flight.Ticket:
         return flight.Ticket(self.to_json())
@@ -90,12 +91,14 @@ class Ticket:
                 raise ValueError(f"ticket: {name} must be an integer in [{lo}, {hi}], got {value!r}")
         if self.commit is not None and (not _integer(self.commit) or self.commit < 0):
             raise ValueError(f"ticket: commit must be a commit number (an integer >= 0) or null, got {self.commit!r}")
-        for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last)):
+        for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last), ("row_ids", self.row_ids)):
             if not isinstance(value, bool):
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
         if not _integer(self.order) or self.order != ORDER:
             raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with order {ORDER} "
                              "(a client and server of different zarrfeed releases: upgrade the older one)")
+        if self.row_ids and self.kind != "batches":
+            raise ValueError("ticket: row_ids is for batches of rows (a window's row is its frame_index)")
         if self.kind not in ("batches", "windows"):
             raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {self.kind!r}")
         if not isinstance(self.table, str) or not all(v is None or isinstance(v, str)

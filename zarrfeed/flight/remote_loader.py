@@ -23,7 +23,7 @@ import pyarrow.flight as flight
 
 from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
-from ..loader.batches import LoaderError
+from ..loader.batches import ROW_ID, LoaderError
 from ..loader.layout import Layout
 from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
@@ -191,7 +191,8 @@ class RemoteLoader(_RemoteFeed):
                  fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
                  output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
+                 row_ids: bool = False) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
         tables = self.info["tables"]
         if table not in tables:
@@ -200,11 +201,13 @@ class RemoteLoader(_RemoteFeed):
         if fields:
             Layout.of_records(self.dtype, list(fields), 1)  # the loader's own checks: unknown or repeated fields
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
+        if row_ids:  # the server's Loader adds it (and refuses a table with a field of that name)
+            self.dtype = np.dtype(self.dtype.descr + [(ROW_ID, "<i8")])
         self.transform = transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                             shuffle_window=8 if shuffle_window is None else shuffle_window, drop_last=drop_last)
         self._ticket = Ticket(table, plan, list(fields) if fields else None, self.commit, transform=transform,
-                              transform_args=_json_args(transform_args), dataset=dataset)
+                              transform_args=_json_args(transform_args), dataset=dataset, row_ids=bool(row_ids))
         self._plan(0)  # the server checks the arguments (and the transform's name) now
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
