@@ -265,3 +265,45 @@ def test_a_decode_sent_again_after_its_worker_wrote_it_and_died_is_answered(data
         slots.close()
     finally:
         host_cache.detach(seg)
+
+
+def test_four_remote_ranks_through_one_server_decode_each_chunk_once(data):
+    """The server serves all its streams from the host cache: 4 ranks reading one dataset through
+    `zarrfeed serve` decode each chunk once in their first epoch and none in the next (the server's status
+    counts what its streams decoded)."""
+    import threading
+
+    from test_serve import Server
+    from zarrfeed.flight import RemoteLoader
+    from zarrfeed.flight.protocol import call_options, connect
+
+    s = Server(data)
+    try:
+        client = connect(s.url)
+
+        def decoded() -> int:
+            from pyarrow import flight
+            doc = json.loads(list(client.do_action(flight.Action("status", b""), call_options(None)))[0].body
+                             .to_pybytes())
+            return doc["totals"]["chunks_decoded"]
+
+        loaders = [RemoteLoader(s.url, "agents", batch_size=1000, seed=5, rank=r, world_size=4) for r in range(4)]
+        got: dict[int, list] = {}
+
+        def epoch(r: int) -> None:
+            got.setdefault(r, []).append([digest(b) for b in loaders[r]])
+
+        table_chunks = -(-Dataset.open(data).rows["agents"] // CHUNKS["agents"])
+        for expected in (table_chunks, table_chunks):  # the second epoch adds nothing
+            threads = [threading.Thread(target=epoch, args=(r,)) for r in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert decoded() == expected
+        for r in range(4):
+            assert got[r] == reference(data, r, 4, 2, batch_size=1000, seed=5)
+        for loader in loaders:
+            loader.close()
+    finally:
+        s.stop()

@@ -963,7 +963,7 @@ def test_status_and_the_access_log_show_who_is_connected(tmp_path):
         s.stop()
     log = s.err()
     assert re.search(r"stream \d+ client=ipv4:127\.0\.0\.1:\d+ windows=frames rank=1/2 epoch=0 batches=\d+ "
-                     r"rows=\d+ seconds=[\d.]+ outcome=(cancelled|ok)", log), log
+                     r"rows=\d+ decoded=\d+ seconds=[\d.]+ outcome=(cancelled|ok)", log), log
     assert re.search(r"upload \d+ client=ipv4:127\.0\.0\.1:\d+ accepted=2 passed_over=0 bytes=\d+ seconds=[\d.]+ "
                      r"outcome=ok", log), log
 

@@ -68,7 +68,7 @@ class Activity:
         self.started, self._wall = time.monotonic(), time.time()
         self.streams: dict[int, StreamRecord] = {}
         self.uploads: dict[int, UploadRecord] = {}
-        self.totals = {"streams": 0, "batches": 0, "rows_sent": 0, "bytes_sent": 0, "uploads": 0,
+        self.totals = {"streams": 0, "batches": 0, "rows_sent": 0, "bytes_sent": 0, "chunks_decoded": 0, "uploads": 0,
                        "episodes_accepted": 0, "episodes_passed_over": 0, "bytes_received": 0, "refused": 0}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -91,13 +91,17 @@ class Activity:
             self.totals["rows_sent"] += rows
             self.totals["bytes_sent"] += nbytes
 
-    def stream_ended(self, record: StreamRecord, outcome: str) -> None:
+    def stream_ended(self, record: StreamRecord, outcome: str, decoded: int = 0) -> None:
+        """A stream ended with `outcome`, its loader having decoded `decoded` chunks (0 when every chunk was in
+        the host cache already: what shows that streams share it)."""
         with self._lock:
             self.streams.pop(record.id, None)
-        access_log.info("stream %d client=%s %s=%s%s rank=%d/%d epoch=%d batches=%d rows=%d seconds=%.3f "
+            self.totals["chunks_decoded"] += decoded
+        access_log.info("stream %d client=%s %s=%s%s rank=%d/%d epoch=%d batches=%d rows=%d decoded=%d seconds=%.3f "
                         "outcome=%s", record.id, record.client, record.kind,
                         f"{record.dataset}/" if record.dataset else "", record.table, record.rank, record.world_size,
-                        record.epoch, record.batches, record.rows, time.monotonic() - record.started, outcome)
+                        record.epoch, record.batches, record.rows, decoded, time.monotonic() - record.started,
+                        outcome)
 
     # ------------------------------------------------------------ uploads
     def upload_started(self, client: str, dataset: str) -> UploadRecord:

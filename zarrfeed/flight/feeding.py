@@ -209,7 +209,7 @@ class Feeding:
 
         def done(outcome: str) -> None:
             self.streams.give()
-            self.activity.stream_ended(record, outcome)
+            self.activity.stream_ended(record, outcome, loader.chunks_decoded)
 
         batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader), self.closing,
                            lambda rb: self.activity.sent(record, rb.num_rows, rb.nbytes), done)

@@ -11,6 +11,7 @@ COUNTERS = {  # totals since the server started: name -> (key in status["totals"
     "batches_sent": ("batches", "batches sent to trainers"),
     "rows_sent": ("rows_sent", "rows (or window samples) sent to trainers"),
     "bytes_sent": ("bytes_sent", "bytes of record batches sent to trainers"),
+    "chunks_decoded": ("chunks_decoded", "chunks the streams' loaders decoded (none if the host cache held them)"),
     "uploads": ("uploads", "upload calls started"),
     "episodes_accepted": ("episodes_accepted", "episodes accepted from producers"),
     "episodes_passed_over": ("episodes_passed_over", "episodes passed over (their key was committed)"),
