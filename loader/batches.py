@@ -135,6 +135,7 @@ class Loader:
             start_fork_server(workers.start_method, read_worker.setup)  # ready by the time the loop starts
         self._active = False
         self._plan: EpochPlan | None = None
+        self._spans: tuple[int, list[tuple[int, int]]] | None = None  # an epoch's rows when resharded
         self._run: Run | None = None
         self._finalizer = weakref.finalize(self, lambda: None)
 
@@ -143,7 +144,8 @@ class Loader:
         """The plan of `epoch` (default: the current one): which rows form which batch."""
         epoch = self.epoch if epoch is None else epoch
         if self._plan is None or self._plan.epoch != epoch:
-            self._plan = EpochPlan(self.source.config, epoch, self.source.selection)
+            spans = self._spans[1] if self._spans is not None and self._spans[0] == epoch else None
+            self._plan = EpochPlan(self.source.config, epoch, self.source.selection, spans)
         return self._plan
 
     @property
@@ -195,22 +197,71 @@ class Loader:
         """Where iteration stands, with what decides the batch order (see `loader.state`)."""
         if self._digest is None:  # hashed once: a selection can hold millions of rows
             self._digest = selection_digest(self.source.selection_parts())
+        spans = self._spans[1] if self._spans is not None and self._spans[0] == self.epoch else None
         return LoaderState(kind=self.source.kind, dataset_id=self.dataset.dataset_id, commit=self.dataset.commit,
                            settings=self.source.settings(), selection=self._digest, epoch=self.epoch,
-                           batch=self._position, commit_tag=self.dataset.commit_tag)
+                           batch=self._position, commit_tag=self.dataset.commit_tag,
+                           spans=[list(sp) for sp in spans] if spans is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
         """`state()` as a plain dict, to save with a checkpoint; `load_state_dict` on a new loader made with the
         same arguments continues from here, without reading the batches before."""
         return self.state().to_dict()
 
-    def load_state_dict(self, state: dict[str, Any] | LoaderState) -> None:
+    def load_state_dict(self, state: dict[str, Any] | LoaderState | list) -> None:
         """Continue from `state`; a state made for other data, another commit or other arguments raises one
-        line naming what differs."""
+        line naming what differs. With the states of every rank of a run on another number of ranks (a list,
+        one per old rank), the rows those ranks had not read in their epoch are shared out among this run's
+        ranks, each read exactly once (the last batch of a rank may be short), then epochs go on as usual."""
+        if isinstance(state, (list, tuple)):
+            return self._reshard([LoaderState.from_dict(s) for s in state])
         saved = LoaderState.from_dict(state)
+        c = self.source.config
+        if saved.settings.get("world_size") != c.world_size:  # a run on another number of ranks
+            return self._reshard([saved])
         saved.check_resumes(self.state())
+        self._spans = (int(saved.epoch), [(a, z) for a, z in saved.spans]) if saved.spans is not None else None
+        self._plan = None
         saved.check_position(len(self.plan(saved.epoch)) if saved.epoch >= 0 else 0)
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
+
+    def _reshard(self, states: list[LoaderState]) -> None:
+        """Resume from the states of all N ranks of a run on this run's rank of M (see load_state_dict)."""
+        here = self.state()
+        for s in states:
+            s.check_resumes(here, ranks=False)
+        worlds = {s.settings.get("world_size") for s in states}
+        if len(worlds) != 1:
+            raise ValueError(f"loader states of runs on different numbers of ranks: {sorted(map(str, worlds))}")
+        n = int(worlds.pop() or 1)
+        ranks = sorted(int(s.settings.get("rank", 0)) for s in states)
+        if ranks != list(range(n)):
+            raise ValueError(f"loader states of ranks {ranks} of a run on {n}: the states of all {n} ranks are "
+                             "needed to resume on another number of ranks")
+        epoch = min(s.epoch for s in states)
+        remaining: list[tuple[int, int]] = []
+        for s in sorted(states, key=lambda s: int(s.settings.get("rank", 0))):
+            if s.epoch != epoch and not (s.epoch == epoch + 1 and s.batch == 0):
+                raise ValueError(f"loader states of epochs {epoch} and {s.epoch}: the ranks of a run are in one "
+                                 "epoch (or at the start of the next)")
+            if s.epoch != epoch:
+                continue  # that rank had finished the epoch
+            old = dataclasses.replace(self.source.config, rank=int(s.settings["rank"]), world_size=n)
+            spans = [(int(a), int(z)) for a, z in s.spans] if s.spans is not None else None
+            plan = EpochPlan(old, epoch, self.source.selection, spans)
+            s.check_position(len(plan))
+            remaining += plan.remaining(s.batch)
+        c = self.source.config
+        total = sum(z - a for a, z in remaining)
+        lo, hi = c.rank * total // c.world_size, (c.rank + 1) * total // c.world_size
+        mine, at = [], 0
+        for a, z in remaining:  # this rank's part: rows [lo, hi) of what is left, in order
+            take_a, take_z = max(a, a + lo - at), min(z, a + hi - at)
+            if take_a < take_z:
+                mine.append((take_a, take_z))
+            at += z - a
+        self._spans, self._plan = (epoch, mine), None
+        self.epoch, self._position = epoch, 0
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from typing import NamedTuple
@@ -110,7 +111,10 @@ def selected_rows_per_chunk(n_rows: int, chunk_rows: int, rows: np.ndarray | Non
 class EpochPlan:
     """The plan of one epoch for one rank."""
 
-    def __init__(self, config: PlanConfig, epoch: int, selection: list[np.ndarray] | None = None) -> None:
+    def __init__(self, config: PlanConfig, epoch: int, selection: list[np.ndarray] | None = None,
+                 spans: list[tuple[int, int]] | None = None) -> None:
+        """`spans`: the positions of the epoch's sequence this rank reads, in order, when they are not its
+        usual share (the rest of an epoch resumed on another number of ranks: see `remaining`)."""
         self.config, self.epoch, self.selection = config, epoch, selection
         c = config
         n_chunks = -(-c.n_rows // c.chunk_rows)
@@ -125,8 +129,16 @@ class EpochPlan:
         self._starts = self.window_starts.tolist()
         self.total = int(self.window_starts[-1])
         n, b = self.total, c.batch_size
-        self.per_rank = n // c.world_size if c.drop_last else -(-n // c.world_size)
-        self.num_batches = self.per_rank // b if c.drop_last else -(-self.per_rank // b)
+        if spans is None:  # the rank's share: a contiguous part of the sequence (past its end: repeated rows)
+            m = n // c.world_size if c.drop_last else -(-n // c.world_size)
+            self.spans, self.resumed = [(c.rank * m, c.rank * m + m)], False
+            self.num_batches = m // b if c.drop_last else -(-m // b)
+        else:  # every row of the spans, exactly once: the last batch may be short whatever drop_last says
+            self.spans, self.resumed = [(int(a), int(z)) for a, z in spans if z > a], True
+            m = sum(z - a for a, z in self.spans)
+            self.num_batches = -(-m // b)
+        self.per_rank = m
+        self._span_starts = list(itertools.accumulate([0] + [z - a for a, z in self.spans]))
         self._sizes = sizes
         self._orders: dict[int, np.ndarray] = {}  # the last windows' rows in order (for batch_row_ids)
 
@@ -145,19 +157,37 @@ class EpochPlan:
             raise IndexError(f"batches {k0}..{k0 + count - 1} of an epoch of {self.num_batches}")
         b, m, n = self.config.batch_size, self.per_rank, self.total
         starts = self._starts
-        base = self.config.rank * m
         out = []
         for i in range(count):
-            pos, end = base + (k0 + i) * b, base + min((k0 + i + 1) * b, m)
             first = 0
-            while pos < end:
-                q = pos % n  # past the end: the repeated rows that even out the ranks
-                w = bisect.bisect_right(starts, q) - 1
-                take = min(end - pos, starts[w + 1] - q)
-                out.append(Piece(i, first, w, q - starts[w], take))
-                pos += take
-                first += take
+            for pos, end in self._positions((k0 + i) * b, min((k0 + i + 1) * b, m)):
+                while pos < end:
+                    q = pos % n  # past the end: the repeated rows that even out the ranks
+                    w = bisect.bisect_right(starts, q) - 1
+                    take = min(end - pos, starts[w + 1] - q)
+                    out.append(Piece(i, first, w, q - starts[w], take))
+                    pos += take
+                    first += take
         return out
+
+    def _positions(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """This rank's rows [lo, hi) as ranges of positions in the epoch's sequence."""
+        out = []
+        j = bisect.bisect_right(self._span_starts, lo) - 1
+        while lo < hi and j < len(self.spans):
+            a, z = self.spans[j]
+            off = self._span_starts[j]
+            take = min(hi, off + z - a) - lo
+            if take > 0:
+                out.append((a + lo - off, a + lo - off + take))
+                lo += take
+            j += 1
+        return out
+
+    def remaining(self, batch: int) -> list[tuple[int, int]]:
+        """The positions this rank has not read once batches [0, batch) are made: what an epoch resumed on
+        another number of ranks shares out."""
+        return self._positions(min(batch * self.config.batch_size, self.per_rank), self.per_rank)
 
     def segments(self, k: int) -> list[tuple[int, int, int]]:
         """Batch k as (window, first position in the window's shuffled rows, count), in batch order."""
@@ -239,15 +269,16 @@ class EpochPlan:
 
     def window_batches(self) -> dict[int, tuple[int, int]]:
         """For each window this rank reads: (first batch, last batch) reading it, in order of first batch."""
-        b, m, n = self.config.batch_size, self.per_rank, self.total
-        p0 = self.config.rank * m
+        b, n = self.config.batch_size, self.total
         out: dict[int, tuple[int, int]] = {}
-        for wrap in range(0, p0 + m, max(n, 1)):  # positions past n repeat the sequence from its start
-            for w in range(len(self.windows)):
-                a = max(p0, int(self.window_starts[w]) + wrap)
-                z = min(p0 + m, int(self.window_starts[w + 1]) + wrap)
-                if a < z and (a - p0) // b < self.num_batches:
-                    first, last = (a - p0) // b, min((z - 1 - p0) // b, self.num_batches - 1)
-                    old = out.get(w, (first, last))
-                    out[w] = (min(old[0], first), max(old[1], last))
+        for (s0, s1), off in zip(self.spans, self._span_starts, strict=False):  # off: the span's first row here
+            for wrap in range(0, s1, max(n, 1)):  # positions past n repeat the sequence from its start
+                for w in range(len(self.windows)):
+                    a = max(s0, int(self.window_starts[w]) + wrap)
+                    z = min(s1, int(self.window_starts[w + 1]) + wrap)
+                    if a < z and (off + a - s0) // b < self.num_batches:
+                        first = (off + a - s0) // b
+                        last = min((off + z - 1 - s0) // b, self.num_batches - 1)
+                        old = out.get(w, (first, last))
+                        out[w] = (min(old[0], first), max(old[1], last))
         return dict(sorted(out.items(), key=lambda item: item[1]))

@@ -52,6 +52,9 @@ class LoaderState:
     version: int = VERSION
     order: int = ORDER  # the epoch order's algorithm (loader/order.py); 0: numpy's Generator, before it
     commit_tag: str | None = None  # which copy's commit (see Dataset.commit_tag); None: not recorded
+    # positions of the epoch's sequence this rank reads in `epoch` when they are not its usual share (the rest of
+    # an epoch resumed on another number of ranks, see Loader.load_state_dict); None: its usual share
+    spans: list[list[int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": NAME, **asdict(self)}
@@ -76,14 +79,19 @@ class LoaderState:
             raise ValueError(f"loader state has unexpected fields: {exc}") from None
         for name, kinds in (("kind", str), ("dataset_id", (str, type(None))), ("commit", (int, type(None))),
                             ("settings", dict), ("selection", str), ("epoch", int), ("batch", int), ("order", int),
-                            ("commit_tag", (str, type(None)))):
+                            ("commit_tag", (str, type(None))), ("spans", (list, type(None)))):
             value = getattr(made, name)
             if not isinstance(value, kinds) or isinstance(value, bool):
                 raise ValueError(f"loader state field {name!r} is {value!r}, not a {_kind_names(kinds)}")
+        if made.spans is not None and not all(isinstance(sp, list) and len(sp) == 2 and
+                                              all(type(x) is int and x >= 0 for x in sp) and sp[0] <= sp[1]
+                                              for sp in made.spans):
+            raise ValueError("loader state field 'spans' is not a list of [start, end) positions")
         return made
 
-    def check_resumes(self, here: "LoaderState") -> None:
-        """Raise ValueError (one line naming the first difference) unless this state resumes `here`'s loader."""
+    def check_resumes(self, here: "LoaderState", ranks: bool = True) -> None:
+        """Raise ValueError (one line naming the first difference) unless this state resumes `here`'s loader
+        (without `ranks`: on any rank and number of ranks)."""
         if self.kind != here.kind:
             raise ValueError(f"loader state is of a {self.kind}; this is a {here.kind}")
         if self.dataset_id != here.dataset_id:
@@ -96,6 +104,8 @@ class LoaderState:
             raise ValueError(f"loader state was made on another copy of this dataset: its commit {self.commit} holds "
                              "other rows than this one's")
         for key in sorted(set(self.settings) | set(here.settings)):
+            if not ranks and key in ("rank", "world_size"):
+                continue
             a, b = self.settings.get(key), here.settings.get(key)
             if a != b:
                 raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}")

@@ -75,3 +75,71 @@ def test_remote_batches_carry_their_rows(data):
             Ticket("frames", PlanSettings(8), kind="windows", row_ids=True).check()
     finally:
         s.stop()
+
+
+def epoch_rows(path, world, epoch=0, **kw):
+    """Every row each rank reads in `epoch` of a run on `world` ranks, together (a Counter)."""
+    from collections import Counter
+    out = Counter()
+    for r in range(world):
+        with Loader(path, num_workers=0, rank=r, world_size=world, row_ids=True, **kw) as loader:
+            loader.set_epoch(epoch)
+            for b in loader:
+                out.update(b["_row"].tolist())
+    return out
+
+
+@pytest.mark.parametrize("old, new", [(4, 3), (4, 1), (2, 4), (3, 3)])
+def test_an_epoch_resumed_on_another_number_of_ranks_reads_every_remaining_row_once(data, old, new):
+    """Issue 22: the states of all N old ranks, mid-epoch (each at its own batch), resume on M ranks: the rows
+    read before and after are exactly those of the uninterrupted epoch (its rows once, and the few rows a run
+    repeats to even out its ranks), and the next epoch is the usual one of M ranks."""
+    from collections import Counter
+    kw = dict(batch_size=150, seed=7, shuffle_window=3)
+    before, states = Counter(), []
+    for r in range(old):
+        with Loader(data, num_workers=0, rank=r, world_size=old, row_ids=True, **kw) as loader:
+            it = iter(loader)
+            for _ in range(r + 1):  # each rank somewhere else in the epoch
+                before.update(next(it)["_row"].tolist())
+            states.append(loader.state_dict())
+    after, batches = Counter(), []
+    for j in range(new):
+        with Loader(data, num_workers=1, rank=j, world_size=new, row_ids=True, **kw) as loader:
+            loader.load_state_dict(states)
+            assert loader.epoch == 0
+            rows = [b["_row"].copy() for b in loader]
+            batches.append(len(rows))
+            after.update(np.concatenate(rows).tolist() if rows else [])
+            nxt = [b["_row"].copy() for b in loader]  # epoch 1: as a fresh run on `new` ranks
+        with Loader(data, num_workers=0, rank=j, world_size=new, row_ids=True, **kw) as fresh:
+            fresh.set_epoch(1)
+            assert all(np.array_equal(a, b) for a, b in zip(nxt, [b["_row"].copy() for b in fresh], strict=True))
+    assert before + after == epoch_rows(data, old, **kw)
+    assert max(batches) - min(batches) <= 1
+
+
+def test_a_resharded_epoch_saved_again_resumes_exactly_and_partial_states_are_refused(data):
+    kw = dict(batch_size=150, seed=7, shuffle_window=3)
+    states = []
+    for r in range(2):
+        with Loader(data, num_workers=0, rank=r, world_size=2, row_ids=True, **kw) as loader:
+            it = iter(loader)
+            next(it)
+            states.append(loader.state_dict())
+    with pytest.raises(ValueError, match=r"loader states of ranks \[0\] of a run on 2: the states of all 2"):
+        Loader(data, num_workers=0, rank=0, world_size=3, **kw).load_state_dict(states[:1])
+    with pytest.raises(ValueError, match="loader state has batch_size=150; this loader has batch_size=100"):
+        Loader(data, num_workers=0, rank=0, world_size=3, **{**kw, "batch_size": 100}).load_state_dict(states)
+    with Loader(data, num_workers=0, rank=1, world_size=3, row_ids=True, **kw) as a:
+        a.load_state_dict(states)
+        it = iter(a)
+        first = [next(it)["_row"].copy() for _ in range(2)]
+        saved = a.state_dict()
+        rest = [b["_row"].copy() for b in it]
+    assert saved["spans"] is not None
+    with Loader(data, num_workers=0, rank=1, world_size=3, row_ids=True, **kw) as b:
+        b.load_state_dict(saved)
+        again = [x["_row"].copy() for x in b]
+    assert all(np.array_equal(x, y) for x, y in zip(again, rest, strict=True)) and len(again) == len(rest)
+    assert first

@@ -149,6 +149,9 @@ class _RemoteFeed:
 
     def load_state_dict(self, state: dict[str, Any] | LoaderState) -> None:
         saved = LoaderState.from_dict(state)
+        if saved.spans is not None:  # the server plans an epoch's usual shares only
+            raise ValueError(f"loader state of epoch {saved.epoch} resharded on another number of ranks: resume it "
+                             "with a local Loader, or from the start of the next epoch")
         saved.check_resumes(self.state())
         saved.check_position(self._plan(saved.epoch)[1] if saved.epoch >= 0 else 0)
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
