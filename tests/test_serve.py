@@ -278,15 +278,20 @@ def test_a_trainer_that_leaves_mid_epoch_frees_its_stream(server):
             next(it)
             next(it)
             if i % 25 == 0:
-                assert len(server.descendants()) > base  # this stream's loader workers
+                assert len(server.descendants()) > 1  # the fork server and this stream's loader workers
             it.close()
+    # the server may run to an epoch's end ahead of a trainer that leaves (gRPC buffers what it sends, and this
+    # table is small); a finished epoch's loader is kept for that ticket's next stream: at most IdleLoaders'
+    # limit of them, one worker and a few descriptors each. Anything more is a stream that was not freed.
+    from zarrfeed.flight.feeding import IdleLoaders
+    parked = IdleLoaders().limit
     deadline = time.monotonic() + 10
-    while len(server.descendants()) > base and time.monotonic() < deadline:
+    while len(server.descendants()) > base + parked and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(server.descendants()) <= base  # every stream's loader workers are gone
+    assert len(server.descendants()) <= base + parked  # every other stream's loader workers are gone
     time.sleep(1)
-    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 4  # no growth with connections
-    assert server.rss() < rss + (32 << 20), (rss, server.rss())
+    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 4 + 8 * parked  # no growth with connections
+    assert server.rss() < rss + (32 << 20) + parked * (16 << 20), (rss, server.rss())  # a kept one: its ring
 
 
 def test_tokens(data, tmp_path):
