@@ -10,6 +10,7 @@ whole selection fits, nothing is given up and epochs after the first decode noth
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -101,6 +102,10 @@ class ChunkSlots:
     def key_of(self, slot: int) -> Key:
         """The chunk in `slot`."""
         return next(key for key, s in self._slots.items() if s == slot)
+
+    def decoder_of(self, slot: int) -> int:
+        """This process: only its own workers decode into this cache."""
+        return os.getpid()
 
     def decoded(self, slot: int) -> bool:
         """A worker says it decoded `slot`; whether it is ready."""

@@ -480,6 +480,10 @@ class HostSlots:
     def slot(self, table: str, chunk: int) -> int:
         return self._slots[(table, chunk)]
 
+    def decoder_of(self, slot: int) -> int:
+        """The pid of the process that claimed `slot` for its decode (0 if unknown)."""
+        return int(self.segment.procs[int(self.segment.owner[slot])])
+
     def key_of(self, slot: int) -> Key:
         """The (table, chunk) this loader pinned in `slot`."""
         return self._keys[slot]

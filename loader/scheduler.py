@@ -38,6 +38,7 @@ log = logging.getLogger("zarrfeed.loader")
 AHEAD_EPOCHS = 4  # a run's cache is sized for its first epoch and the 3 after it
 _POLL = 0.05
 _POLL_SHARED = 0.005  # while waiting for chunks that other processes decode (no reply will wake us)
+_SLOW_DECODE = 10.0  # seconds a chunk another process decodes may take before the wait is said in the log
 _GROUP_ROWS = 32768  # rows per gather message (see Sizing.group)
 _GROUP_ROWS_TRANSFORM = 4096
 _RING_BYTES = 8 << 20
@@ -256,6 +257,7 @@ class Epoch:
         self.free_regions = list(range(run.regions))[::-1]
         self.pending: dict[int, int] = {}  # window -> messages (decodes, index) not yet answered
         self.waiting: dict[int, list[int]] = {}  # cache slot -> windows waiting for its decode
+        self.foreign: dict[int, float] = {}  # slot another process decodes -> when this epoch began to wait
         self.k_next = self.k_issue = self.oldest = first
         self.done = np.zeros(plan.num_batches + 1, bool)
         self.load = [0] * run.n_workers
@@ -329,13 +331,22 @@ class Epoch:
         mine = {item.slot for sent in self.sent for msg in sent.values() if isinstance(msg, Decode)
                 for item in msg.items}
         claims = []
+        now = time.monotonic()
         for slot in [s for s in self.waiting if s not in mine]:
             pin = self.cache.poll(slot)
             if pin.ready:
                 self._ready(slot)
+                self.foreign.pop(slot, None)
             elif pin.decode:
                 table, chunk = self.cache.key_of(slot)
                 claims.append(DecodeItem(table, chunk, slot, pin.token))
+                self.foreign.pop(slot, None)
+            elif now - self.foreign.setdefault(slot, now) > _SLOW_DECODE:  # a stopped process: never silent
+                self.foreign[slot] = float("inf")  # said once
+                table, chunk = self.cache.key_of(slot)
+                log.warning("zarrfeed: waiting for chunk %d of table '%s', which process %s is decoding into the "
+                            "host cache for over %.0f s (stopped? once it exits, this loader decodes it itself)",
+                            chunk, table, self.cache.decoder_of(slot), _SLOW_DECODE)
         self._decode(claims)
 
     # ------------------------------------------------------------ messages

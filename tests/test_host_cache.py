@@ -4,6 +4,7 @@ process, datasets and commits never mix, and another user cannot open the cache.
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -307,3 +308,50 @@ def test_four_remote_ranks_through_one_server_decode_each_chunk_once(data):
             loader.close()
     finally:
         s.stop()
+
+
+def test_a_stopped_decoder_is_said_in_the_log_and_its_chunk_decoded_once_it_dies(data, monkeypatch, caplog):
+    """Another process stopped (SIGSTOP) while decoding a chunk makes a loader wait for it: the wait is said
+    in the log, naming the chunk and the process, never silent; once that process dies the loader decodes
+    the chunk itself and its batches are right."""
+    import logging
+    import threading
+
+    from zarrfeed.loader import scheduler
+
+    monkeypatch.setattr(scheduler, "_SLOW_DECODE", 0.5)
+    ds = Dataset.open(data)
+    key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
+    holder = host_cache.attach(key, 1 << 30, 1)
+    try:
+        child = os.fork()
+        if child == 0:
+            try:
+                seg = host_cache.attach(key, 1 << 30, 1)
+                pins = host_cache.HostSlots(seg, key).pin_window(0, [("agents", c) for c in range(3)])
+                with seg.writing(pins[0].slot, pins[0].token):
+                    os.kill(os.getpid(), signal.SIGSTOP)
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(child, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        got: list = []
+        with caplog.at_level(logging.WARNING, logger="zarrfeed"):
+            def read() -> None:
+                with Loader(data, batch_size=700, num_workers=0, seed=9) as loader:
+                    got.extend(digest(b) for b in loader)
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            deadline = time.monotonic() + 30
+            while "which process" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert re.search(r"waiting for chunk \d+ of table 'agents', which process \d+ is decoding", caplog.text)
+            assert reader.is_alive()  # still waiting: the stopped process holds the chunk
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            reader.join(60)
+        assert not reader.is_alive()
+        assert got == reference(data, 0, 1, 1, batch_size=700, seed=9)[0]
+    finally:
+        host_cache.detach(holder)
