@@ -49,12 +49,14 @@ class FillIndex:
 @dataclass(frozen=True, slots=True)
 class GatherRows:
     """Make batches [first, first + count) of `epoch` from the index: `regions` maps each window they read to
-    its index region."""
+    its index region. `spans`: the rank's positions of the epoch when it was resumed on another number of
+    ranks (`EpochPlan.spans`), else None."""
 
     epoch: int
     first: int
     count: int
     regions: dict[int, int]
+    spans: tuple[tuple[int, int], ...] | None = None
 
     @property
     def key(self) -> tuple:
@@ -64,12 +66,13 @@ class GatherRows:
 @dataclass(frozen=True, slots=True)
 class GatherWindows:
     """Make window-sample batches [first, first + count) of `epoch` from the cache: `slots` maps each table's
-    chunks they read to cache slots."""
+    chunks they read to cache slots; `spans` as in `GatherRows`."""
 
     epoch: int
     first: int
     count: int
     slots: dict[str, dict[int, int]]
+    spans: tuple[tuple[int, int], ...] | None = None
 
     @property
     def key(self) -> tuple:

@@ -145,6 +145,12 @@ class EpochPlan:
     def __len__(self) -> int:
         return self.num_batches
 
+    @property
+    def resumed_spans(self) -> tuple[tuple[int, int], ...] | None:
+        """The spans this plan was made with (an epoch resumed on another number of ranks), else None: what a
+        worker needs to make the same plan."""
+        return tuple(self.spans) if self.resumed else None
+
     def batch_rows(self, k: int) -> int:
         """Rows in batch k."""
         b = self.config.batch_size

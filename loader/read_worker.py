@@ -121,13 +121,15 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
     chunk_rows = config.chunk_rows
     spec = records.gather_spec()
     scratch = np.empty(records.slot_bytes, np.uint8) if transform else None
-    plans: dict[int, EpochPlan] = {}
+    plans: dict[tuple, EpochPlan] = {}
 
-    def plan(epoch: int) -> EpochPlan:
-        if epoch not in plans:
-            plans.clear()
-            plans[epoch] = EpochPlan(config, epoch, selection)
-        return plans[epoch]
+    def plan(epoch: int, spans: tuple[tuple[int, int], ...] | None = None) -> EpochPlan:
+        """The consumer's plan of `epoch` (the same rows in the same order: made from the same inputs)."""
+        if (epoch, spans) not in plans:
+            if any(e != epoch for e, _ in plans):  # another epoch: forget the last one's
+                plans.clear()
+            plans[(epoch, spans)] = EpochPlan(config, epoch, selection, None if spans is None else list(spans))
+        return plans[(epoch, spans)]
 
     def handle(msg: Decode | FillIndex | GatherRows) -> Any:
         if isinstance(msg, Decode):
@@ -138,7 +140,7 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
             index[start:start + len(order)] = order
             return IndexFilled(wid, msg.window)
         k0, count, regions = msg.first, msg.count, msg.regions
-        p = plan(msg.epoch)
+        p = plan(msg.epoch, msg.spans)
         pieces = p.group_pieces(k0, count)
         for i in range(count):
             k = k0 + i

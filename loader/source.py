@@ -120,7 +120,7 @@ class RowSource:
 
     def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
                        residency: Residency) -> GatherRows:
-        return GatherRows(plan.epoch, first, count, {w: residency.region(w) for w in windows})
+        return GatherRows(plan.epoch, first, count, {w: residency.region(w) for w in windows}, plan.resumed_spans)
 
     def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
                regions: int) -> read_worker.Shared:

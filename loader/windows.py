@@ -135,13 +135,16 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     specs = {t: _spec(layout, t, dtypes[t]) for t in TABLES}
     by_name = {c.name: c for c in layout.columns}
     scratch = np.empty(layout.slot_bytes, np.uint8) if transform else None
-    plans: dict[int, tuple[EpochPlan, dict]] = {}
+    plans: dict[tuple, tuple[EpochPlan, dict]] = {}
 
-    def plan(epoch: int) -> tuple[EpochPlan, dict]:
-        if epoch not in plans:
-            plans.clear()
-            plans[epoch] = (EpochPlan(config, epoch, samples.selection()), {})
-        return plans[epoch]
+    def plan(epoch: int, spans: tuple[tuple[int, int], ...] | None = None) -> tuple[EpochPlan, dict]:
+        """The consumer's plan of `epoch` (see `GatherWindows.spans`), and its windows' sample orders."""
+        if (epoch, spans) not in plans:
+            if any(e != epoch for e, _ in plans):  # another epoch: forget the last one's
+                plans.clear()
+            plans[(epoch, spans)] = (EpochPlan(config, epoch, samples.selection(),
+                                               None if spans is None else list(spans)), {})
+        return plans[(epoch, spans)]
 
     def runs(table: str, lo: np.ndarray, hi: np.ndarray, slots: dict[int, int]) -> np.ndarray:
         """Rows [lo_i, hi_i) of `table`, in order, as (byte offset in the cache, rows) runs within chunks."""
@@ -182,7 +185,7 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     def handle(msg: Decode | GatherWindows) -> Any:
         if isinstance(msg, Decode):
             return Decoded(wid, decode(msg))
-        p, orders = plan(msg.epoch)
+        p, orders = plan(msg.epoch, msg.spans)
         k0, count, slots = msg.first, msg.count, msg.slots
         all_counts: list[dict[str, int] | None] = []
         for k in range(k0, k0 + count):
@@ -243,7 +246,7 @@ class WindowSource:
         for w in windows:
             for table, chunk, slot in residency.slots(w):
                 slots[table][chunk] = slot
-        return GatherWindows(plan.epoch, first, count, slots)
+        return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
 
     def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
                regions: int) -> read_worker.Shared:
