@@ -23,7 +23,6 @@ first (see `loader.chunk_cache`: in a shuffled epoch the chunk just read is the 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -36,7 +35,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..core._proc import rendezvous
+from ..core._proc.ofd import ProcessLocks
 from ..core._proc.shm import SharedBlock
+from . import host_budget
 from .chunk_cache import Key, Pin
 
 log = logging.getLogger("zarrfeed.loader")
@@ -45,7 +46,7 @@ MAGIC = 0x7A66_6863_0001  # "zfhc", format 1
 MAX_PROCS = 256  # processes using one cache at once
 FREE, DECODING, READY, FAILED = 0, 1, 2, 3
 _HEADER = 4096
-_LOCK_BASE = 1 << 40  # lock bytes lie beyond the end of the file (POSIX allows locks there)
+_LOCK_BASE = 1 << 40  # lock bytes lie beyond the end of the file (see core._proc.ofd)
 _GLOBAL = _LOCK_BASE
 _PAGE = 4096  # the slots start on a page
 
@@ -56,10 +57,6 @@ def _proc_lock(p: int) -> int:
 
 def _slot_lock(s: int) -> int:
     return _LOCK_BASE + 1 + MAX_PROCS + s
-
-
-def _flock(kind: int, start: int) -> bytes:
-    return struct.pack("hhqqi", kind, os.SEEK_SET, start, 1, 0)
 
 
 @dataclass(frozen=True)
@@ -125,7 +122,7 @@ class HostSegment:
 
     def __init__(self, block: SharedBlock, layout: _Layout, register: bool) -> None:
         self.block, self.fd, self.layout = block, block.fd, layout
-        self._pid, self._lockfd = os.getpid(), self._open_description()
+        self._pid, self._locks = os.getpid(), ProcessLocks(block.fd)
         self.header = np.frombuffer(block.buf, np.int64, _HEADER // 8)
         arrays = {}
         for name, (at, count) in layout.offsets().items():
@@ -144,34 +141,22 @@ class HostSegment:
             self._register()
 
     # ------------------------------------------------------------ locks
-    def _open_description(self) -> int:
-        """An open file description of this process's own: OFD locks taken through it exclude every other
-        process (descriptors passed between processes share one description, and locks with it)."""
-        return os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
-
-    def _own(self) -> int:
-        """The lock descriptor, made anew in a forked worker (which inherits the parent's object)."""
+    def _own(self) -> ProcessLocks:
+        """This process's locks, made anew in a forked worker (which inherits the parent's object)."""
         if self._pid != os.getpid():
-            self._pid, self._lockfd = os.getpid(), self._open_description()
+            self._pid, self._locks = os.getpid(), ProcessLocks(self.fd)
             self._thread_lock, self.me, self._my_pins = threading.RLock(), -1, {}
-        return self._lockfd
+        return self._locks
 
     def _lock(self, start: int, wait: bool = True) -> bool:
-        try:
-            fcntl.fcntl(self._own(), fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, start))
-            return True
-        except BlockingIOError:
-            return False
-        except PermissionError:  # EACCES: some kernels say this for a held lock
-            return False
+        return self._own().lock(start, wait)
 
     def _unlock(self, start: int) -> None:
-        fcntl.fcntl(self._own(), fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, start))
+        self._own().unlock(start)
 
     def _held(self, start: int) -> bool:
         """Whether another process holds lock byte `start`."""
-        got = fcntl.fcntl(self._own(), fcntl.F_OFD_GETLK, _flock(fcntl.F_WRLCK, start))
-        return struct.unpack("hhqqi", got)[0] != fcntl.F_UNLCK
+        return self._own().held(start)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -340,7 +325,7 @@ class HostSegment:
         return HostSegment, (self.block, self.layout, False)  # a worker maps it and takes no part in pinning
 
     def close(self) -> None:
-        if self._lockfd < 0:
+        if self._locks.fd < 0:
             return
         if self.me >= 0:
             with self.locked():
@@ -351,67 +336,104 @@ class HostSegment:
         self.header = self.procs = self.directory = self.chunk = self.state = None  # type: ignore[assignment]
         self.gen = self.owner = self.unpinned = self.pins = None  # type: ignore[assignment]
         self.block.close()
-        os.close(self._lockfd)
-        self._lockfd = -1
+        self._locks.close()
 
 
 # ------------------------------------------------------------ one segment per process and key
-_OPEN: dict[str, tuple[HostSegment, rendezvous.Server, int]] = {}
+@dataclass
+class _Open:
+    segment: HostSegment
+    server: rendezvous.Server
+    ledger: host_budget.HostBudget
+    entry: int  # the segment's entry in the ledger
+    users: int  # loaders of this process
+
+
+_OPEN: dict[str, _Open] = {}
 _OPEN_LOCK = threading.Lock()
 _SAID: set[str] = set()
 os.register_at_fork(after_in_child=_OPEN.clear)  # a forked process is another process: it attaches anew
 
 
-def attach(key: CacheKey, budget: int, need: int) -> HostSegment | None:
-    """This process's handle on the host cache of `key` (made with room for `budget` bytes of chunks, at
-    least `need` slots, if this is the first process to ask); None if the existing cache has fewer than
-    `need` slots (the caller keeps a cache of its own). Call `detach` when done."""
+def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | None:
+    """This process's handle on the host cache of `key`, or None if the existing cache has fewer than `need`
+    slots (the caller keeps a cache of its own). Call `detach` when done. A new cache gets `want` slots within
+    what the caches of other datasets leave of the host's budget (`host_budget`: `budget` bytes if this is the
+    first cache on the host), but never fewer than `need` (with less, no loader could go on): then it says in
+    the log by how much it goes beyond."""
     with _OPEN_LOCK:
-        if key.identity in _OPEN:
-            seg, server, users = _OPEN[key.identity]
-            if seg.n_slots < need:
+        held = _OPEN.get(key.identity)
+        if held is not None:
+            if held.segment.n_slots < need:
                 return None
-            _OPEN[key.identity] = (seg, server, users + 1)
-            return seg
-        n_slots = max(min(key.n_chunks, budget // key.slot_bytes), need, 1)
-        layout = _Layout(n_slots, key.slot_bytes, key.n_chunks)
-
-        def init(fd: int) -> None:
-            os.pwrite(fd, struct.pack("5q", MAGIC, n_slots, key.slot_bytes, key.n_chunks, 0), 0)
-            at, count = layout.offsets()["directory"]
-            os.pwrite(fd, np.full(count, -1, np.int64).tobytes(), at)
-
-        fd, created, server = rendezvous.find_or_create(f"cache/{key.identity}", layout.size, init)
-        magic, n, slot_bytes, n_chunks = struct.unpack("4q", os.pread(fd, 32, 0))
-        if (magic, slot_bytes, n_chunks) != (MAGIC, key.slot_bytes, key.n_chunks):
-            server.close()
-            os.close(fd)
-            raise rendezvous.RendezvousError(f"the host cache {key.identity} has another format")
-        if n < need:
-            server.close()
-            os.close(fd)
+            held.users += 1
+            return held.segment
+        ledger = host_budget.acquire(budget)
+        seg = server = None
+        try:
+            with ledger.locked():  # sizing and entering the ledger at once: see host_budget
+                opened = _open_segment(key, want, need, ledger.room())
+                if opened is not None:
+                    seg, server = opened
+                    entry = ledger.enter(key.identity, seg.n_slots * seg.slot_bytes)
+        except BaseException:
+            if seg is not None and server is not None:
+                server.close()
+                seg.close()
+            host_budget.release(ledger)
+            raise
+        if seg is None or server is None:
+            host_budget.release(ledger)
             return None
-        layout = _Layout(n, slot_bytes, n_chunks)
-        seg = HostSegment(SharedBlock(layout.size, fd=fd, populate=False), layout, register=True)
-        _OPEN[key.identity] = (seg, server, 1)
-        if created and key.identity not in _SAID:
-            _SAID.add(key.identity)
-            log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on "
-                     "this machine)", n, n * slot_bytes >> 20)
+        _OPEN[key.identity] = _Open(seg, server, ledger, entry, 1)
         return seg
+
+
+def _open_segment(key: CacheKey, want: int, need: int, room: int
+                  ) -> tuple[HostSegment, rendezvous.Server] | None:
+    """Find or make the memory file of `key` (see `attach`)."""
+    n_slots = max(min(key.n_chunks, want, max(room, 0) // key.slot_bytes), need, 1)
+    layout = _Layout(n_slots, key.slot_bytes, key.n_chunks)
+
+    def init(fd: int) -> None:
+        os.pwrite(fd, struct.pack("5q", MAGIC, n_slots, key.slot_bytes, key.n_chunks, 0), 0)
+        at, count = layout.offsets()["directory"]
+        os.pwrite(fd, np.full(count, -1, np.int64).tobytes(), at)
+
+    fd, created, server = rendezvous.find_or_create(f"cache/{key.identity}", layout.size, init)
+    magic, n, slot_bytes, n_chunks = struct.unpack("4q", os.pread(fd, 32, 0))
+    if (magic, slot_bytes, n_chunks) != (MAGIC, key.slot_bytes, key.n_chunks) or n < need:
+        server.close()
+        os.close(fd)
+        if magic != MAGIC or (slot_bytes, n_chunks) != (key.slot_bytes, key.n_chunks):
+            raise rendezvous.RendezvousError(f"the host cache {key.identity} has another format")
+        return None
+    layout = _Layout(n, slot_bytes, n_chunks)
+    seg = HostSegment(SharedBlock(layout.size, fd=fd, populate=False), layout, register=True)
+    if created and key.identity not in _SAID:
+        _SAID.add(key.identity)
+        log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on "
+                 "this machine)", n, n * slot_bytes >> 20)
+        if n * slot_bytes > room:
+            log.warning("zarrfeed: the host's budget for decoded chunks is held by the caches of other datasets "
+                        "(%d MiB left); this dataset's cache takes the %d chunks its loaders need at once, %d MiB "
+                        "beyond it", max(room, 0) >> 20, n, (n * slot_bytes - max(room, 0)) >> 20)
+    return seg, server
 
 
 def detach(seg: HostSegment) -> None:
     """One loader of this process is done with `seg`; the last one closes it."""
     with _OPEN_LOCK:
-        for ident, (s, server, users) in list(_OPEN.items()):
-            if s is seg:
-                if users > 1:
-                    _OPEN[ident] = (s, server, users - 1)
+        for ident, held in list(_OPEN.items()):
+            if held.segment is seg:
+                held.users -= 1
+                if held.users:
                     return
                 del _OPEN[ident]
-                server.close()
+                held.server.close()
                 seg.close()
+                held.ledger.leave(held.entry)
+                host_budget.release(held.ledger)
                 return
 
 

@@ -142,7 +142,7 @@ class Sizing:
                      "(%d MiB) that an epoch reads", self.cache_bytes >> 20,
                      " (a quarter of the available memory; 0 turns it off)" if self.cache_is_default else "", fit,
                      chunks, chunks * chunk_bytes >> 20)
-        return (max(chunks, 1) if keep == chunks else max(slots, keep)), regions  # all of them: no more needed
+        return min(max(slots, keep), max(chunks, 1)), regions  # a slot for each chunk read: none evicted
 
 
 class _InlinePool:
@@ -185,7 +185,7 @@ class Run:
         needs = [sizing.cache_size(plan)] + [sizing.cache_size(EpochPlan(plan.config, e, plan.selection))
                                               for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
         self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
-        self.cache = self._cache(max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
+        self.cache = self._cache(plan, max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
         self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, self.n_slots, self.regions)
         try:
             self.views = [self.layout.views(self.shared.slot(s), source.config.batch_size)
@@ -202,15 +202,18 @@ class Run:
         self.n_workers = max(self.workers.num_workers, 1)
         self.chunks_decoded = 0  # by the current or last epoch
 
-    def _cache(self, need: int) -> ChunkSlots | host_cache.HostSlots:
+    def _cache(self, plan: EpochPlan, need: int) -> ChunkSlots | host_cache.HostSlots:
         """The host's cache of this dataset commit (found or made), or one of this loader's own: with
         cache="process", or when the host's has fewer slots than this loader needs at once."""
         sizing, source = self.sizing, self.source
         if sizing.host and sizing.cache_bytes:
             key = host_cache.CacheKey.of(source.dataset, source.chunk_bytes)
-            budget = max(self.chunk_slots, sizing.cache_bytes // max(source.chunk_bytes, 1)) * source.chunk_bytes
+            # room for every chunk of the tables read (every rank's), within cache_bytes
+            tables = {table for w in plan.window_batches() for table, _ in source.chunks_of(plan, w)}
+            want = min(sum(key.chunks_per_table[key.tables.index(t)] for t in tables),
+                       sizing.cache_bytes // max(source.chunk_bytes, 1))
             try:
-                segment = host_cache.attach(key, budget, need)
+                segment = host_cache.attach(key, sizing.cache_bytes, max(want, self.chunk_slots), need)
             except RendezvousError as exc:  # slower, never wrong: say why once and go on alone
                 log.warning("zarrfeed: cannot use the host cache (%s); this loader keeps a cache of its own", exc)
                 segment = None

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from expected import shared_memory_held
 from zarrfeed.core._proc import rendezvous
-from zarrfeed.loader import Dataset, Loader, WindowLoader, host_cache
+from zarrfeed.loader import Dataset, Loader, WindowLoader, host_budget, host_cache
 from zarrfeed.writer import DatasetWriter, synthetic
 
 HERE = Path(__file__).resolve().parent
@@ -62,43 +62,81 @@ def cache_pss(pids) -> int:
     return total
 
 
-RANK = """
-import hashlib, json, sys, time, numpy as np, torch.distributed as dist
-from zarrfeed.loader import Loader
-sys.path.insert(0, {tests!r})
-from test_host_cache import digest, cache_pss
-if __name__ == "__main__":
-    dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=int(sys.argv[2]), init_method=sys.argv[3])
-    loader = Loader({path!r}, batch_size=1000, num_workers=1, seed=5, cache=sys.argv[4])
+def rank_epochs(path, rank: int, world: int, url: str, cache: str) -> dict:
+    """One rank of a gloo group on 127.0.0.1: 3 epochs' batch digests and chunks decoded, then the PSS of
+    the host cache's pages in this rank and its workers (measured while every rank still maps the cache)."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=url)
+    loader = Loader(path, batch_size=1000, num_workers=1, seed=5, cache=cache)
     loader.use_ranks(dist.get_rank(), dist.get_world_size())
     dist.barrier()
-    out = {{"epochs": []}}
-    for epoch in range(3):
+    out: dict = {"epochs": []}
+    for _ in range(3):
         digests = [digest(b) for b in loader]
-        out["epochs"].append({{"decoded": loader.chunks_decoded, "digests": digests}})
+        out["epochs"].append({"decoded": loader.chunks_decoded, "digests": digests})
         dist.barrier()
-    out["pss"] = cache_pss([__import__("os").getpid(), *loader.worker_pids])
-    dist.barrier()  # every rank measured while all still map the cache
+    out["pss"] = cache_pss([os.getpid(), *loader.worker_pids])
+    dist.barrier()
     loader.close()
-    print(json.dumps(out))
     dist.destroy_process_group()
+    return out
+
+
+SPAWNED = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from test_host_cache import rank_epochs
+if __name__ == "__main__":
+    print(json.dumps(rank_epochs({path!r}, int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])))
+"""
+
+FORKED = """
+import json, sys
+import torch.multiprocessing as mp
+sys.path.insert(0, {tests!r})
+from test_host_cache import rank_epochs
+
+def rank_main(rank, world, url, cache, out):
+    with open(f"{{out}}/{{rank}}.json", "w") as f:
+        json.dump(rank_epochs({path!r}, rank, world, url, cache), f)
+
+if __name__ == "__main__":
+    mp.start_processes(rank_main, args=(4, sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=4,
+                       start_method=sys.argv[4])
 """
 
 
-@pytest.mark.parametrize("mode", ["host", "process"])
-def test_four_torch_ranks_decode_each_chunk_once_per_host(data, tmp_path, mode):
-    """4 ranks (gloo on 127.0.0.1), 3 epochs: each rank's batches are today's; with the host cache the chunks
-    decoded summed over ranks are the table's in epoch 1 and none after, and the cache's pages are counted once;
-    with cache="process" every rank decodes again (what the host cache is for)."""
-    pytest.importorskip("torch")
-    script = tmp_path / "rank.py"
-    script.write_text(RANK.format(tests=str(HERE), path=str(data)))
+def run_ranks(how: str, data, tmp_path, cache: str) -> list[dict]:
+    """4 ranks, started as separate processes ("shells": as torchrun or a user in 4 shells does) or by
+    torch.multiprocessing from one parent ("fork", "spawn": as mp.spawn does)."""
     url = f"tcp://127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "4", url, mode], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(4)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    script = tmp_path / "ranks.py"
+    script.write_text((SPAWNED if how == "shells" else FORKED).format(tests=str(HERE), path=str(data)))
+    if how == "shells":
+        cmds = [[sys.executable, str(script), str(r), "4", url, cache] for r in range(4)]
+    else:
+        cmds = [[sys.executable, str(script), url, cache, str(tmp_path), how]]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in cmds]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:  # a rank that failed leaves the others waiting in gloo: never leave them behind
+        for p in procs:
+            p.kill()
     assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
-    results = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    if how == "shells":
+        return [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    return [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+
+
+@pytest.mark.parametrize("how, mode", [("shells", "host"), ("shells", "process"), ("fork", "host"),
+                                       ("spawn", "host")])
+def test_four_torch_ranks_decode_each_chunk_once_per_host(data, tmp_path, how, mode):
+    """4 ranks (gloo on 127.0.0.1; separate processes, or forked by torch.multiprocessing), 3 epochs: each
+    rank's batches are today's; with the host cache the chunks decoded summed over ranks are the table's in
+    epoch 1 and none after, and the cache's pages are counted once; with cache="process" every rank decodes
+    again (what the host cache is for)."""
+    pytest.importorskip("torch")
+    results = run_ranks(how, data, tmp_path, mode)
     ds = Dataset.open(data)
     table_chunks = -(-ds.rows["agents"] // CHUNKS["agents"])
     for rank, res in enumerate(results):
@@ -158,12 +196,12 @@ def test_ranks_batches_are_right_with_a_killed_neighbour(data, tmp_path):
     decodes what it left and yields exactly the batches of a loader with a cache of its own."""
     ds = Dataset.open(data)
     key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
-    holder = host_cache.attach(key, 1 << 30, 1)  # keeps the cache alive while the child comes and dies
+    holder = host_cache.attach(key, 1 << 30, 1 << 20, 1)  # keeps the cache alive while the child comes and dies
     try:
         child = os.fork()
         if child == 0:  # claims chunks 0-2, writes garbage into chunk 0's slot mid-"decode", and is killed
             try:
-                seg = host_cache.attach(key, 1 << 30, 1)
+                seg = host_cache.attach(key, 1 << 30, 1 << 20, 1)
                 slots = host_cache.HostSlots(seg, key)
                 pins = slots.pin_window(0, [("agents", 0), ("agents", 1), ("agents", 2)])
                 with seg.writing(pins[0].slot, pins[0].token):
@@ -252,7 +290,7 @@ def test_a_decode_sent_again_after_its_worker_wrote_it_and_died_is_answered(data
 
     ds = Dataset.open(data)
     key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
-    seg = host_cache.attach(key, 1 << 30, 1)
+    seg = host_cache.attach(key, 1 << 30, 1 << 20, 1)
     try:
         slots = host_cache.HostSlots(seg, key)
         pins = slots.pin_window(0, [("agents", 0), ("agents", 1)])
@@ -322,12 +360,12 @@ def test_a_stopped_decoder_is_said_in_the_log_and_its_chunk_decoded_once_it_dies
     monkeypatch.setattr(scheduler, "_SLOW_DECODE", 0.5)
     ds = Dataset.open(data)
     key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
-    holder = host_cache.attach(key, 1 << 30, 1)
+    holder = host_cache.attach(key, 1 << 30, 1 << 20, 1)
     try:
         child = os.fork()
         if child == 0:
             try:
-                seg = host_cache.attach(key, 1 << 30, 1)
+                seg = host_cache.attach(key, 1 << 30, 1 << 20, 1)
                 pins = host_cache.HostSlots(seg, key).pin_window(0, [("agents", c) for c in range(3)])
                 with seg.writing(pins[0].slot, pins[0].token):
                     os.kill(os.getpid(), signal.SIGSTOP)
@@ -355,3 +393,76 @@ def test_a_stopped_decoder_is_said_in_the_log_and_its_chunk_decoded_once_it_dies
         assert got == reference(data, 0, 1, 1, batch_size=700, seed=9)[0]
     finally:
         host_cache.detach(holder)
+
+
+HOLD_KEY = """
+import sys
+from zarrfeed.loader import host_cache
+if __name__ == "__main__":
+    key = host_cache.CacheKey(sys.argv[1], ("agents",), (int(sys.argv[2]),), int(sys.argv[3]))
+    seg = host_cache.attach(key, budget=int(sys.argv[4]), want=10**6, need=1)
+    print(seg.n_slots, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_caches_of_several_datasets_share_one_budget_per_host(tmp_path, caplog):
+    """The host's budget holds across datasets and processes: a cache made while others live gets what they
+    leave of it (and never less than the slots its loaders need at once, said in the log), and the room of a
+    cache whose processes all died, SIGKILL included, is free again."""
+    def key(name: str, chunks: int) -> host_cache.CacheKey:
+        return host_cache.CacheKey(hashlib.sha256(f"{name}{os.getpid()}{tmp_path}".encode()).hexdigest()[:32],
+                                   ("agents",), (chunks,), 1000)
+    a, b, c, d = key("a", 100), key("b", 100), key("c", 100), key("d", 100)
+    if host_budget.usage() is not None:
+        pytest.fail(f"processes of this user already hold host caches: {host_budget.usage()}")
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_KEY)
+    holder = subprocess.Popen([sys.executable, str(script), a.identity, "100", "1000", "150000"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    segs = []
+    try:
+        assert holder.stdout.readline().strip() == "100"  # all its chunks fit
+        use = host_budget.usage()
+        assert (use.budget, use.set_by, use.used) == (150_000, holder.pid, 100_000)
+        segs.append(host_cache.attach(b, budget=10**9, want=100, need=10))  # more than the budget left
+        assert segs[-1].n_slots == 50  # what the other dataset's cache left
+        segs.append(host_cache.attach(c, budget=150_000, want=100, need=10))
+        assert segs[-1].n_slots == 10  # nothing left: only what its loaders need at once, and said so
+        assert "beyond it" in caplog.text
+        assert {(u.identity, u.nbytes) for u in host_budget.usage().caches} == \
+            {(a.identity, 100_000), (b.identity, 50_000), (c.identity, 10_000)}
+        holder.kill()
+        holder.wait()
+        assert {u.identity for u in host_budget.usage().caches} == {b.identity, c.identity}
+        segs.append(host_cache.attach(d, budget=150_000, want=100, need=1))
+        assert segs[-1].n_slots == 90  # the dead process's room is free again
+        assert host_budget.usage().used == 150_000
+    finally:
+        holder.kill()
+        for seg in segs:
+            host_cache.detach(seg)
+    assert host_budget.usage() is None  # the last process gone: no ledger left
+    assert not rendezvous.served("budget") and not any(rendezvous.served(f"cache/{k.identity}") for k in (a, b, c, d))
+
+
+def test_loaders_of_two_datasets_keep_within_one_budget(data, small_dataset, caplog):
+    """Loaders of two datasets in one process: the second dataset's cache is sized by what the first left."""
+    other = small_dataset(8, 23, chunks=CHUNKS, frames=120, agents_per_frame=30)
+    if host_budget.usage() is not None:
+        pytest.fail(f"processes of this user already hold host caches: {host_budget.usage()}")
+    slot = CHUNKS["agents"] * Dataset.open(data)["agents"].dtype.itemsize
+    n = -(-Dataset.open(data).rows["agents"] // CHUNKS["agents"])
+    budget = (n + n // 2) * slot  # the first table and half of the second
+    with Loader(data, batch_size=1000, num_workers=1, seed=5, cache_bytes=budget) as first, \
+            Loader(other, batch_size=1000, num_workers=1, seed=5, cache_bytes=budget) as second:
+        for loader in (first, second):
+            for _ in loader:
+                pass
+        use = host_budget.usage()
+        assert use.budget == budget
+        sizes = sorted(u.nbytes for u in use.caches)
+        assert sizes[-1] == n * slot  # the first: all its chunks
+        # the second: what was left, unless its loaders need more at once (then said in the log)
+        assert sizes[0] == n // 2 * slot or ("beyond it" in caplog.text and sizes[0] > n // 2 * slot)
+        assert first.chunks_decoded == n and second.chunks_decoded == n
