@@ -17,6 +17,9 @@ from .loader import Dataset
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+__all__ = ["Scene", "Summary", "read_scene", "require_matplotlib", "scene_figure", "summarize", "summary_figure",
+           "tracks"]
+
 # a face's status in L5Kit: one-hot over these three
 FACE_STATUS = ("active", "inactive", "unknown")
 FACE_COLOURS = ("tab:orange", "0.6", "white")
