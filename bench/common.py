@@ -115,7 +115,8 @@ def plot_panels(path: Path, title: str, panels: list[tuple[str, str, dict[str, f
         labels, numbers = list(values), list(values.values())
         bars = ax.barh(labels, numbers, color=["tab:blue" if lab.startswith("zarrfeed") else "tab:gray"
                                                 for lab in labels])
-        ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in numbers], padding=3, fontsize="small")
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in numbers], padding=3,
+                     fontsize="small")
         ax.invert_yaxis()
         ax.set_xlim(0, max(numbers, default=1) * 1.18)
         ax.set_xlabel(unit)
