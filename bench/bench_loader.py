@@ -1,6 +1,6 @@
 """Loader benchmark: zarrfeed's shuffled batches against what users write today and the decode bound.
 
-    python bench/bench_loader.py [--scenes 100] [--repeat 3]
+    python bench/bench_loader.py [--scenes 100] [--repeat 3] [--plot loader.png]
 
 On a synthetic L5Kit dataset (100 scenes = 2.1 M agents, chunks of 20,000 rows), the agents table:
   zarrfeed    Loader, shuffle on, 2 workers, batch 256 and 4096: the second epoch (decoded chunks kept
@@ -32,7 +32,8 @@ from pathlib import Path
 import multiprocess as mp
 import numpy as np
 import zarr
-from common import parser, print_ratios, synthetic_dataset
+from common import (add_plot_option, check_plot_option, parser, plot_panels, print_ratios, smaller_than_documented,
+                    synthetic_dataset)
 from zarrfeed.loader import Dataset, Loader, WindowLoader
 
 from zarrfeed.core.chunks import chunk_key
@@ -144,7 +145,9 @@ def memcpy_rows_per_s(itemsize: int) -> float:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--pool-items", type=int, default=1500, help="items the pool baseline reads per run")
+    add_plot_option(p)
     args = p.parse_args()
+    check_plot_option(args.plot)
     with synthetic_dataset(args.scenes) as path:
         ds = Dataset.open(path)
         n, itemsize = ds.rows["agents"], ds["agents"].dtype.itemsize
@@ -201,6 +204,26 @@ def main() -> None:
                             ("zarrfeed batch 4096", "zarrfeed 4096 own cache", None),
                             ("zarrfeed batch 4096 epoch 1", "zarrfeed 4096 own epoch 1", None),
                             ("zarrfeed windows", "zarrfeed windows own cache", None)])
+        if args.plot:
+            m = {k: v / 1e6 for k, v in rate.items()}
+            plot_panels(args.plot, f"Loader: {n:,} agent rows of {itemsize} bytes, 2 workers, median of {args.repeat}",
+                        [("shuffled batches of agents against the decode bound and the peers", "M rows/s", {
+                            "zarrfeed batch 4096, cached epoch (2nd)": m["zarrfeed batch 4096"],
+                            "zarrfeed batch 4096, first epoch (start-up incl.)": m["zarrfeed batch 4096 epoch 1"],
+                            "zarrfeed batch 4096, cache_bytes=0 (decodes)": m["zarrfeed 4096 no cache"],
+                            "zarrfeed batch 4096, cache='process' (2nd)": m["zarrfeed 4096 own cache"],
+                            "zarrfeed batch 256, cached epoch (2nd)": m["zarrfeed batch 256"],
+                            "zarrfeed batch 256, first epoch": m["zarrfeed batch 256 epoch 1"],
+                            "(c) decode bound: Blosc into one buffer, 1 process": m["(c) decode bound"],
+                            "(b) zarr arr[s:s+chunk] in order, 1 process": m["(b) zarr in order"],
+                            "(a) process pool, a zarr slice of 256 per item": m["(a) pool batch 256"],
+                            "memcpy bound of 116-byte rows": copy_rate / 1e6}),
+                         ("L5Kit windows: history 10, future 50, batch 32", "samples/s", {
+                            "zarrfeed WindowLoader, cached epoch": rate["zarrfeed windows"],
+                            "zarrfeed WindowLoader, cache_bytes=0": rate["zarrfeed windows no cache"],
+                            "zarrfeed WindowLoader, cache='process'": rate["zarrfeed windows own cache"],
+                            "(l) L5Kit's way: zarr slices per sample": rate["(l) L5Kit windows"]})],
+                        smoke=smaller_than_documented(p, args))
 
 
 if __name__ == "__main__":

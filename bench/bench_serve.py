@@ -11,7 +11,7 @@
   trainers and producers one server host carries.
 Ratios printed last.
 
-    python bench/bench_serve.py [--scenes 100] [--repeat 3]
+    python bench/bench_serve.py [--scenes 100] [--repeat 3] [--plot serve.png]
 """
 import statistics
 import subprocess
@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import parser, print_ratios, synthetic_dataset, tree_cpu_seconds
+from common import (add_plot_option, check_plot_option, parser, plot_panels, print_ratios, smaller_than_documented,
+                    synthetic_dataset, tree_cpu_seconds)
 from zarrfeed.loader import Loader
 
 from zarrfeed.flight import RemoteLoader, RemoteWriter
@@ -40,7 +41,10 @@ def epoch(make, cpu_of: int | None = None) -> tuple[float, int, float]:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    add_plot_option(p)
+    args = p.parse_args()
+    check_plot_option(args.plot)
     with synthetic_dataset(args.scenes) as path:
         server = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(path), "--port", "0",
                                    "--workers", "2"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -77,6 +81,19 @@ def main() -> None:
                          [("server feeding", "local Loader", None),
                           ("server ingesting", "local DatasetWriter", None)],
                          title="CPU per GB", meaning="local's CPU per GB / the server's: higher is cheaper")
+            if args.plot:
+                plot_panels(args.plot, f"Serving over loopback: {args.scenes} scenes, median of {args.repeat}", [
+                    ("feeding: batches of 4096 agents, one epoch", "MB/s", {
+                        "zarrfeed RemoteLoader from zarrfeed serve": speed["remote"] * itemsize / 1e6,
+                        "zarrfeed Loader in this process (no wire)": speed["local"] * itemsize / 1e6}),
+                    ("ingesting: 2 producers", "MB/s", {
+                        "zarrfeed RemoteWriter x2 through the server": ingest["remote ingest"] / 1e6,
+                        "zarrfeed DatasetWriter(workers=2), local": ingest["local ingest"] / 1e6}),
+                    ("CPU per GB (lower is cheaper)", "CPU-seconds per GB", {
+                        "zarrfeed serve, feeding": cost["remote"], "zarrfeed Loader, local": cost["local"],
+                        "zarrfeed serve, ingesting": ingest_cost["remote ingest"],
+                        "zarrfeed DatasetWriter, local": ingest_cost["local ingest"]})],
+                        smoke=smaller_than_documented(p, args))
         finally:
             server.terminate()
             server.wait(10)

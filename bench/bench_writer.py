@@ -1,6 +1,6 @@
 """Writer benchmark: zarrfeed with 1 and 2 workers against zarr's bulk write and `Array.append` per episode.
 
-    python bench/bench_writer.py [--scenes 100] [--repeat 3] [--out DIR]
+    python bench/bench_writer.py [--scenes 100] [--repeat 3] [--out DIR] [--plot writer.png]
 
 Each variant runs in its own process (so peak RSS is its own) on the same synthetic episodes, generated in
 memory before the clock starts (100 scenes = 2.1 M agents, 290 MB; issue 12 measures 360 scenes, 1 GB):
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import print_ratios
+from common import add_plot_option, check_plot_option, plot_panels, print_ratios, smaller_than_documented
 from zarrfeed.writer import L5KIT_SCHEMA, relocate, synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
@@ -89,7 +89,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=None, help="scratch folder (default: a temporary one)")
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    add_plot_option(p)
     args = p.parse_args()
+    check_plot_option(args.plot)
     out = args.out or Path(tempfile.mkdtemp(prefix="zarrfeed-bench-"))
     if args.variant:  # one measurement, in this process
         target = out / f"{args.variant}.zarr"
@@ -122,6 +124,17 @@ def main() -> None:
              ("zarrfeed-2", "zarr-append", 10)]
     print_ratios({k: 1 / v for k, v in med.items()}, pairs, "ratios, writer open to close")
     print_ratios({k: 1 / v for k, v in steady.items()}, pairs, "ratios, steady state (ingest() alone)")
+    if args.plot:
+        mb = first["bytes"] / 1e6
+        names = {"zarrfeed-1": "zarrfeed, 1 writer process", "zarrfeed-2": "zarrfeed, 2 writer processes",
+                 "zarr-bulk": "zarr bulk write, relocated beforehand (bound)",
+                 "concat+bulk": "numpy relocate + concatenate, then bulk write",
+                 "zarr-append": "zarr Array.append per table and episode"}
+        plot_panels(args.plot, f"Writer: {args.scenes} synthetic L5Kit scenes, {mb:,.0f} MB, median of {args.repeat}",
+                    [("writer open to close", "MB/s", {names[v]: mb / med[v] for v in VARIANTS}),
+                     ("steady state: ingest() alone for zarrfeed", "MB/s",
+                      {names[v]: mb / steady[v] for v in VARIANTS})],
+                        smoke=smaller_than_documented(p, args))
     shutil.rmtree(out, ignore_errors=True) if args.out is None else None
 
 

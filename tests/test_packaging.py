@@ -70,3 +70,19 @@ def test_another_os_is_told_plainly():
     code = "import os; del os.memfd_create; import zarrfeed.writer"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 1 and "ImportError: zarrfeed runs on Linux" in r.stderr
+
+
+def test_the_wheel_and_the_sdist_pass_twine_check(tmp_path):
+    """What PyPI would be given: both distributions build, their metadata and the README (rendered as the
+    long description) pass `twine check --strict`, and the version is the changelog's newest release."""
+    wheel, sdist = build("wheel", tmp_path / "w"), build("sdist", tmp_path / "s")
+    r = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.count("PASSED") == 2, r.stdout + r.stderr
+    import re
+
+    import zarrfeed
+    assert re.fullmatch(r"\d+\.\d+\.\d+", zarrfeed.__version__)  # semantic versioning: MAJOR.MINOR.PATCH
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert releases and releases[0] == zarrfeed.__version__, releases
+    assert any(n.endswith("/CHANGELOG.md") for n in tarfile.open(sdist).getnames())

@@ -1,4 +1,5 @@
-"""The `zarrfeed` command: demo, ingest, load, export, info, validate (it composes `writer` and `loader`).
+"""The `zarrfeed` command: demo, ingest, load, export, info, validate, plot, serve, status (it composes `writer`
+and `loader`).
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback).
 """
@@ -462,6 +463,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from . import plot
+
+    try:
+        plot.require_matplotlib()
+    except ImportError as exc:  # an optional package: one line saying which extra installs it
+        print(f"zarrfeed: error: {exc}", file=sys.stderr)
+        return 2
+    if args.summary == (args.scene is not None):
+        raise ValueError("plot: give --scene N (a scene from above) or --summary (the dataset at a glance)")
+    out = args.out or ("summary.png" if args.summary else f"scene-{args.scene}.png")
+    with _open(args) as ds:
+        if args.summary:
+            fig = plot.summary_figure(ds)
+        else:
+            fig = plot.scene_figure(ds, args.scene, args.frame, args.history, args.future)
+        fig.savefig(out, dpi=args.dpi)
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     print(f"ingesting {args.scenes} synthetic L5Kit scenes into {out} with {args.workers} writer processes")
@@ -637,6 +659,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transforms", metavar="MODULE",
                    help="module name or .py file of named transforms clients may ask for (transform=NAME)")
     p.set_defaults(func=cmd_serve)
+    p = command("plot", "draw a scene from above (--scene N) or the dataset at a glance (--summary) as a PNG; "
+                "needs zarrfeed[plot]")
+    p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
+    p.add_argument("--scene", type=_count, metavar="N", help="draw scene N: tracks by label, the ego path, "
+                   "traffic-light faces, frame --frame with its window")
+    p.add_argument("--summary", action="store_true", help="draw rows per scene, agents per frame, label shares")
+    p.add_argument("--frame", type=_count, metavar="T", help="the frame to mark (a global frame index; default: "
+                   "the scene's middle)")
+    p.add_argument("--history", type=_count, default=10, help="frames before --frame in its window")
+    p.add_argument("--future", type=_count, default=50, help="frames after --frame in its window")
+    p.add_argument("--out", metavar="FILE.png", help="where to save (default: scene-N.png or summary.png)")
+    p.add_argument("--dpi", type=_count, default=100, help="resolution of the PNG")
+    p.set_defaults(func=cmd_plot)
     p = command("validate", "check every interval link and decode every chunk; exit 1 if invalid")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--deep", action="store_true",
