@@ -168,7 +168,8 @@ def load(ds: Dataset, threshold: float = 0.5, *, thresholds: Thresholds | None =
     except KeyError:
         return None, f"no {where} in the dataset"
     if not isinstance(arr, zarr.Array) or arr.shape != (ds.rows["agents"], 2):
-        return None, f"{where} has shape {getattr(arr, 'shape', None)}; the dataset has {ds.rows['agents']} agents"
+        return None, (f"{where} has shape {getattr(arr, 'shape', None)}; the dataset has {ds.rows['agents']} agents "
+                      "(run `zarrfeed mask` again)")
     record = arr.attrs.get(RECORD)
     if record is None:
         if ds.commit is not None:  # a dataset with commits: a mask with no record may be of any of them

@@ -180,7 +180,7 @@ def sample_fields(ego: bool, steps: Steps) -> dict[str, tuple[np.dtype, tuple[in
     """Each field of a sample: (dtype, shape per sample), as `ego_samples` / `agent_samples` return them."""
     h, f = steps.history, steps.future
     f32, f64, i64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
-    out = {
+    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
         "target_positions": (f32, (f, 2)), "target_yaws": (f32, (f, 1)), "target_velocities": (f32, (f, 2)),
         "target_availabilities": (f32, (f,)), "history_positions": (f32, (h + 1, 2)),
         "history_yaws": (f32, (h + 1, 1)), "history_velocities": (f32, (h, 2)),
