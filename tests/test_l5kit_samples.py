@@ -286,3 +286,23 @@ def test_needs_an_l5kit_dataset(tmp_path):
     with pytest.raises(ValueError, match="table 'scenes' is missing"):
         EgoSampleLoader(tmp_path / "c.zarr")
     assert Path(tmp_path / "c.zarr").is_dir()
+
+
+def test_remote_sample_loaders_match_local_ones(scenes):
+    from zarrfeed.flight import FeedServer, RemoteAgentSampleLoader, RemoteEgoSampleLoader, RemoteWindowLoader
+    from zarrfeed.loader import WindowLoader
+
+    with FeedServer(scenes, port=0, workers=1) as server:
+        for remote, local in ((RemoteAgentSampleLoader, AgentSampleLoader), (RemoteEgoSampleLoader, EgoSampleLoader)):
+            with remote(server.url, 3, 4, batch_size=64, seed=5) as r, \
+                    local(scenes, 3, 4, batch_size=64, seed=5, num_workers=0) as loc:
+                got, want = list(r), list(loc)
+                assert len(got) == len(want) > 1 and r.state_dict() == loc.state_dict()
+                for a, b in zip(got, want, strict=True):
+                    assert list(a) == list(b)
+                    for k in a:
+                        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        for whole in (False, True):
+            with RemoteWindowLoader(server.url, 2, 2, batch_size=64, whole_windows=whole) as r, \
+                    WindowLoader(scenes, 2, 2, batch_size=64, whole_windows=whole, num_workers=0) as loc:
+                assert [b["frame_index"].tolist() for b in r] == [b["frame_index"].tolist() for b in loc]
