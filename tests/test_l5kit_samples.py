@@ -306,3 +306,17 @@ def test_remote_sample_loaders_match_local_ones(scenes):
             with RemoteWindowLoader(server.url, 2, 2, batch_size=64, whole_windows=whole) as r, \
                     WindowLoader(scenes, 2, 2, batch_size=64, whole_windows=whole, num_workers=0) as loc:
                 assert [b["frame_index"].tolist() for b in r] == [b["frame_index"].tolist() for b in loc]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transform_runs_on_the_samples_in_the_workers(scenes, workers):
+    def speed_and_goal(batch):
+        return {"goal": batch["target_positions"][:, -1].copy(), "speed": batch["curr_speed"] * 3.6}
+
+    with AgentSampleLoader(scenes, 3, 4, batch_size=64, num_workers=workers, transform=speed_and_goal,
+                           copy=True) as loader:
+        out = list(loader)
+    with AgentSampleLoader(scenes, 3, 4, batch_size=64, num_workers=0, copy=True) as raw:
+        for a, b in zip(out, raw, strict=True):
+            np.testing.assert_array_equal(a["goal"], b["target_positions"][:, -1])
+            np.testing.assert_array_equal(a["speed"], b["curr_speed"] * 3.6)
