@@ -102,7 +102,8 @@ def zarrfeed(ds: Dataset, batch: int, cache_bytes: int | None = None, cache: str
 
 
 def windows_zarrfeed(ds: Dataset, cache_bytes: int | None = None, cache: str = "host") -> tuple[float, int, int]:
-    with WindowLoader(ds, history=10, future=50, batch_size=32, num_workers=2, seed=0,
+    # whole windows, as the L5Kit-style baseline below reads them (the series stays comparable with earlier runs)
+    with WindowLoader(ds, history=10, future=50, batch_size=32, num_workers=2, seed=0, whole_windows=True,
                       cache_bytes=cache_bytes, cache=cache) as loader:
         for _ in loader:  # the first epoch
             pass

@@ -5,7 +5,9 @@ from .arrow_bridge import to_arrow
 from .batches import Loader, LoaderError
 from .dataset import Dataset, ValidationReport
 from .parquet_export import export_parquet
+from .sample_loaders import AgentSampleLoader, EgoSampleLoader
 from .windows import WindowLoader
 
-__all__ = ["Dataset", "FormatError", "Loader", "LoaderError", "ValidationReport", "WindowLoader",
+__all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "Loader", "LoaderError",
+           "ValidationReport", "WindowLoader",
            "export_parquet", "from_arrow", "to_arrow"]

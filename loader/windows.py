@@ -1,8 +1,11 @@
 """`WindowLoader`: L5Kit's access pattern, one sample per frame t with its history and future.
 
-A sample is frame t whose window [t - history, t + future] lies inside its scene. It holds those frames
-(shape (T,) per sample, T = history + 1 + future), plus the agents and traffic-light faces they reference as
-ragged columns: the values of every sample laid end to end, and per sample `T + 1` offsets into them.
+A sample is any frame t of a scene, as in L5Kit: its window [t - history, t + future] holds the frames of the
+scene in it, and frames before the scene's start or after its end are absent (zeros, `frames_availability`
+0, no agents or faces). `whole_windows=True` keeps only frames whose whole window lies inside their scene
+(what WindowLoader made before). A sample holds the T = history + 1 + future frames (shape (T,) per sample),
+plus the agents and traffic-light faces they reference as ragged columns: the values of every sample laid
+end to end, and per sample `T + 1` offsets into them.
 
 Samples are grouped by the agents chunk their frame's agents start in; the epoch plan shuffles these groups
 as it shuffles chunks (windows of `shuffle_window` groups) and the samples within each window. So the agents,
@@ -34,6 +37,7 @@ from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
 from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
 from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
+from .state import LoaderState
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
@@ -44,27 +48,36 @@ LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light
 class Samples:
     """The valid samples of a dataset, grouped by agents chunk, and what each group reads."""
 
-    def __init__(self, ds: Dataset, history: int, future: int, rows: np.ndarray | None = None) -> None:
+    def __init__(self, ds: Dataset, history: int, future: int, rows: np.ndarray | None = None,
+                 whole_windows: bool = False) -> None:
         if history < 0 or future < 0:
             raise ValueError(f"history and future must be >= 0, got {history} and {future}")
         self.history, self.future, self.T = history, future, history + 1 + future
+        self.whole_windows = whole_windows
         scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
         frames = read_rows(ds["frames"], 0, ds.rows["frames"], fields=list(LINKS.values()))
         self.chunk_rows = {t: ds[t].chunks[0] for t in TABLES}
-        t = [np.arange(s + history, e - future) for s, e in scenes.tolist() if e - s >= self.T]
-        self.t = np.concatenate(t) if t else np.zeros(0, np.int64)
+        if whole_windows:
+            t = [np.arange(s + history, e - future) for s, e in scenes.tolist() if e - s >= self.T]
+        else:
+            t = [np.arange(s, e) for s, e in scenes.tolist()]
+        self.t = np.concatenate(t).astype(np.int64) if t else np.zeros(0, np.int64)
         if rows is not None:  # only these frames, as an index array or a boolean mask over frames
             keep = selected_rows_per_chunk(len(frames), max(len(frames), 1), rows)
             self.t = self.t[np.isin(self.t, keep[0] if keep else [])]
+        scene = np.searchsorted(scenes[:, 1], self.t, side="right")
+        # each sample's frames inside its scene: [lo, hi), within its window [t - history, t + future + 1)
+        self.lo = np.maximum(self.t - history, scenes[scene, 0]) if len(self.t) else self.t
+        self.hi = np.minimum(self.t + future + 1, scenes[scene, 1]) if len(self.t) else self.t
         if len(self.t):
             ivs = {table: frames[field] for table, field in LINKS.items()}
-            first, last = self.t - history, self.t + future
+            first, last = self.lo, self.hi - 1
             self.max_rows = {table: int((iv[last, 1] - iv[first, 0]).max()) for table, iv in ivs.items()}
             key = ivs["agents"][self.t, 0] // self.chunk_rows["agents"]
             cuts = np.flatnonzero(np.diff(key)) + 1
             self.group_start = np.concatenate([[0], cuts])
             ends = np.concatenate([cuts, [len(self.t)]])
-            tf, tl = self.t[self.group_start] - history, self.t[ends - 1] + future
+            tf, tl = self.lo[self.group_start], self.hi[ends - 1] - 1
             self.reads: list[list[tuple[str, int]]] = []
             for a, b in zip(tf.tolist(), tl.tolist(), strict=True):
                 cf = self.chunk_rows["frames"]
@@ -102,7 +115,8 @@ class Samples:
 
 
 def _window_layout(ds: Dataset, samples: Samples, batch_size: int) -> Layout:
-    cols: list[tuple] = [("frame_index", np.dtype(np.int64), (), -1)]
+    cols: list[tuple] = [("frame_index", np.dtype(np.int64), (), -1),
+                         ("frames_availability", np.dtype(np.float32), (samples.T,), -1)]
     fdt = ds["frames"].dtype
     for name in fdt.names:
         sub = fdt.fields[name][0]
@@ -158,18 +172,39 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
                 a += n
         return np.array(out, np.int64).reshape(-1, 2)
 
+    frame_views = [c for c in layout.columns if c.name.startswith("frames/")]
+
     def one_batch(dst, p: EpochPlan, orders: dict, k: int, slots: dict) -> dict[str, int]:
         ids = samples.sample_ids(p, p.segments(k), orders)
         t = samples.t[ids]
         b = len(t)
         np.frombuffer(dst, np.int64, count=b, offset=by_name["frame_index"].base)[:] = t
-        gather_runs(cache, dtypes["frames"].itemsize, runs("frames", t - h, t - h + T, slots["frames"]), dst,
-                    specs["frames"], 0)
+        first, last = samples.lo[ids] - (t - h), samples.hi[ids] - (t - h)  # the present frames [first, last)
+        present = (np.arange(T) >= first[:, None]) & (np.arange(T) < last[:, None])
+        avail = np.frombuffer(dst, np.float32, count=b * T, offset=by_name["frames_availability"].base)
+        avail[:] = present.reshape(-1)
+        partial = np.flatnonzero((first > 0) | (last < T))
+        whole = np.flatnonzero((first == 0) & (last == T))
+        if len(partial):  # absent frames are zeros: the slot holds an earlier batch's bytes
+            for c in frame_views:
+                np.frombuffer(dst, np.uint8, count=b * c.size, offset=c.base).reshape(b, -1)[partial] = 0
+        fs = dtypes["frames"].itemsize
+        if len(whole) == b:  # one call for the batch
+            gather_runs(cache, fs, runs("frames", t - h, t - h + T, slots["frames"]), dst, specs["frames"], 0)
+        else:
+            for i in range(b):
+                a, z = int(samples.lo[ids[i]]), int(samples.hi[ids[i]])
+                gather_runs(cache, fs, runs("frames", np.array([a]), np.array([z]), slots["frames"]), dst,
+                            specs["frames"], i * T + int(first[i]))
         counts = {}
+        rows = np.arange(b)
         for table, field in LINKS.items():
             col = by_name[f"frames/{field}"]
             iv = np.frombuffer(dst, np.int64, count=b * T * 2, offset=col.base).reshape(b, T, 2)
-            lo, hi = iv[:, 0, 0], iv[:, -1, 1]
+            lo, hi = iv[rows, first, 0], iv[rows, last - 1, 1]
+            if len(partial):  # absent frames own no rows: before the scene at its first row, after it at its end
+                iv = np.where(present[..., None], iv, np.where(np.arange(T)[:, None] < first[:, None, None],
+                                                                lo[:, None, None], hi[:, None, None]))
             n = hi - lo
             base = np.concatenate([[0], np.cumsum(n)])
             total = int(base[-1])
@@ -259,25 +294,30 @@ class WindowSource:
     def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
         """A picklable call that makes batch k with a one-process WindowLoader over the same samples."""
         c = self.config
-        options = dict(history=self.samples.history, future=self.samples.future, batch_size=c.batch_size,
+        options = dict(history=self.samples.history, future=self.samples.future,
+                       whole_windows=self.samples.whole_windows, batch_size=c.batch_size,
                        shuffle=c.shuffle, seed=c.seed, shuffle_window=c.shuffle_window, drop_last=c.drop_last,
                        rank=c.rank, world_size=c.world_size, rows=self.samples.t, cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
         return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, options, plan.epoch, k)
 
     def settings(self) -> dict[str, Any]:
+        partial = {} if self.samples.whole_windows else {"partial_windows": True}  # whole: as states before it
         return {**plan_settings(self.table, self.config), "history": self.samples.history,
-                "future": self.samples.future, "samples": len(self.samples)}
+                "future": self.samples.future, "samples": len(self.samples), **partial}
 
     def selection_parts(self) -> list[np.ndarray]:
         return [self.samples.t]  # the sample frames, exactly
 
 
 class WindowLoader(Loader):
-    """Batches of L5Kit-style samples: frame t with `history` frames before and `future` after, inside its
-    scene, and the agents and traffic-light faces of those frames (ragged: values + per-frame offsets).
+    """Batches of L5Kit-style samples: every frame t of every scene with `history` frames before and `future`
+    after, and the agents and traffic-light faces of those frames (ragged: values + per-frame offsets). Frames
+    of the window outside t's scene are absent, as in L5Kit: zeros, `frames_availability` 0, no agents or
+    faces. `whole_windows=True` samples only the frames whose whole window lies inside their scene.
 
-    A batch holds `frame_index` (B,), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
+    A batch holds `frame_index` (B,), `frames_availability` (B, T) float32 (1: the frame is in the sample's
+    scene), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
     `agents_offsets` (B, T + 1): sample i's frame j has agents[agents_offsets[i, j]:agents_offsets[i, j + 1]],
     and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. Options as `Loader`, all
     keyword-only (`shuffle_window` counts groups of samples, one per agents chunk: default 4; `rows` selects
@@ -287,7 +327,8 @@ class WindowLoader(Loader):
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
-                 batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int = 4,
+                 whole_windows: bool = False, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+                 shuffle_window: int = 4,
                  num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
@@ -300,7 +341,7 @@ class WindowLoader(Loader):
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
-        samples = Samples(ds, history, future, rows)
+        samples = Samples(ds, history, future, rows, whole_windows)
         self.samples, self.history, self.future = samples, history, future
         g = samples.group_rows
         selection = samples.selection()
@@ -314,6 +355,17 @@ class WindowLoader(Loader):
                                 restart_workers=restart_workers, transform=transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
                     cache_bytes=cache_bytes, cache=cache)
+
+
+    def load_state_dict(self, state: Any) -> None:
+        """As `Loader.load_state_dict`; a state saved before partial windows (whole windows only) says so."""
+        for one in state if isinstance(state, (list, tuple)) else [state]:
+            saved = LoaderState.from_dict(one)
+            if saved.kind == "WindowLoader" and "partial_windows" not in saved.settings and \
+                    not self.samples.whole_windows:
+                raise ValueError("loader state is of whole windows only (saved before WindowLoader sampled every "
+                                 "frame, or with whole_windows=True): pass whole_windows=True to resume it")
+        super().load_state_dict(state)
 
 
 def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:

@@ -7,21 +7,33 @@ from zarrfeed.writer import synthetic, write_dataset
 
 
 def check_against_numpy(path, batches, history, future):
+    """Each sample against the frames of its window that lie in its scene (the others zeros, unavailable, with
+    no agents or faces), and the agents and faces of those frames."""
     g = zarr.open_group(str(path), "r")
     frames, agents, faces = g["frames"][:], g["agents"][:], g["traffic_light_faces"][:]
+    bounds = g["scenes"][:]["frame_index_interval"]
     T = history + 1 + future
     seen = []
     for b in batches:
         assert b["frames/ego_rotation"].shape == (len(b["frame_index"]), T, 3, 3)
         for i, t in enumerate(b["frame_index"].tolist()):
-            window = frames[t - history:t + future + 1]
+            s, e = next((s, e) for s, e in bounds.tolist() if s <= t < e)
+            lo, hi = max(s, t - history), min(e, t + future + 1)
+            first = lo - (t - history)
+            present = np.zeros(T, bool)
+            present[first:first + hi - lo] = True
+            np.testing.assert_array_equal(b["frames_availability"][i], present.astype(np.float32))
+            window = frames[lo:hi]
             for name in frames.dtype.names:
-                np.testing.assert_array_equal(b[f"frames/{name}"][i], window[name])
+                np.testing.assert_array_equal(b[f"frames/{name}"][i][present], window[name])
+                assert not b[f"frames/{name}"][i][~present].any()  # absent frames are zeros
             for table, rows, field in (("agents", agents, "agent_index_interval"),
                                        ("traffic_light_faces", faces, "traffic_light_faces_index_interval")):
                 off = b[f"{table}_offsets"][i]
                 iv = window[field]
-                assert (np.diff(off) == iv[:, 1] - iv[:, 0]).all()
+                counts = np.zeros(T, np.int64)
+                counts[present] = iv[:, 1] - iv[:, 0]
+                assert (np.diff(off) == counts).all()
                 for name in rows.dtype.names:
                     np.testing.assert_array_equal(b[f"{table}/{name}"][off[0]:off[-1]], rows[name][iv[0, 0]:iv[-1, 1]])
             seen.append(t)
@@ -33,7 +45,13 @@ def test_real_scene_windows_match_numpy(real_scene, workers):
     with WindowLoader(real_scene, history=10, future=50, batch_size=16, num_workers=workers, copy=True) as loader:
         batches = list(loader)
     seen = check_against_numpy(real_scene, batches, 10, 50)
-    assert sorted(seen) == list(range(10, 248 - 50))  # every frame whose window lies in the scene, once
+    assert sorted(seen) == list(range(248))  # every frame of the scene, once, as L5Kit's EgoDataset
+    with WindowLoader(real_scene, history=10, future=50, batch_size=16, num_workers=workers, copy=True,
+                      whole_windows=True) as loader:
+        batches = list(loader)
+    seen = check_against_numpy(real_scene, batches, 10, 50)
+    assert sorted(seen) == list(range(10, 248 - 50))  # whole windows only: every frame whose window lies inside
+    assert all((b["frames_availability"] == 1).all() for b in batches)
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +63,13 @@ def scenes(small_dataset):
 def test_windows_stay_inside_their_scene(scenes):
     ds = Dataset.open(scenes)
     bounds = ds["scenes"][:]["frame_index_interval"]
-    with WindowLoader(ds, history=5, future=7, batch_size=20, num_workers=2, copy=True) as loader:
-        batches = list(loader)
-    seen = check_against_numpy(scenes, batches, 5, 7)
-    want = [t for s, e in bounds.tolist() for t in range(s + 5, e - 7)]
-    assert sorted(seen) == want
+    for whole in (False, True):
+        with WindowLoader(ds, history=5, future=7, batch_size=20, num_workers=2, copy=True,
+                          whole_windows=whole) as loader:
+            batches = list(loader)
+        seen = check_against_numpy(scenes, batches, 5, 7)
+        want = [t for s, e in bounds.tolist() for t in (range(s + 5, e - 7) if whole else range(s, e))]
+        assert sorted(seen) == want
 
 
 def test_same_windows_for_any_workers_and_resume(scenes):
@@ -108,9 +128,12 @@ def test_empty_tables_and_scenes_shorter_than_a_window(tmp_path):
     write_dataset(tmp_path / "e.zarr", synthetic.episodes(2, frames=5, agents_per_frame=0))
     with Loader(tmp_path / "e.zarr", "agents", batch_size=10) as loader:
         assert len(loader) == 0 and list(loader) == []
-    with WindowLoader(tmp_path / "e.zarr", history=10, future=50) as loader:
+    with WindowLoader(tmp_path / "e.zarr", history=10, future=50, whole_windows=True) as loader:
         assert len(loader) == 0 and list(loader) == []
-    with WindowLoader(tmp_path / "e.zarr", history=1, future=1, batch_size=4, copy=True) as loader:
+    with WindowLoader(tmp_path / "e.zarr", history=10, future=50, batch_size=4, copy=True) as loader:
+        assert sorted(t for b in loader for t in b["frame_index"].tolist()) == list(range(10))  # partial windows
+    with WindowLoader(tmp_path / "e.zarr", history=1, future=1, batch_size=4, copy=True,
+                      whole_windows=True) as loader:
         batches = list(loader)
     assert sorted(t for b in batches for t in b["frame_index"].tolist()) == [1, 2, 3, 6, 7, 8]
     assert all(len(b["agents/centroid"]) == 0 and (b["agents_offsets"] == 0).all() for b in batches)
@@ -160,6 +183,20 @@ def test_window_state_refuses_other_windows(scenes):
                      rows=np.arange(0, 400, 2)).load_state_dict(state)
 
 
+def test_states_of_whole_windows_resume_only_whole_windows(scenes):
+    with WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0, whole_windows=True) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+        rest = [b["frame_index"].copy() for b in it]
+    assert "partial_windows" not in state["settings"]  # as states saved before partial windows: they resume
+    with pytest.raises(ValueError, match="whole windows only .* pass whole_windows=True"):
+        WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0).load_state_dict(state)
+    with WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0, whole_windows=True) as loader:
+        loader.load_state_dict(state)
+        assert all((a["frame_index"] == b).all() for a, b in zip(loader, rest, strict=True))
+
+
 def test_an_empty_row_list_is_an_empty_epoch_of_windows(scenes):
     """Issue 19 item 9: `rows=[]` was refused as float64; it selects no frames."""
     with WindowLoader(scenes, history=2, future=2, rows=[], num_workers=2) as loader:
@@ -192,6 +229,7 @@ def test_frames_that_all_hold_the_same_agents_fill_every_batch_exactly(tmp_path,
     write_dataset(path, episodes, chunks={"agents": 160, "frames": 16, "traffic_light_faces": 32}, workers=0)
     with WindowLoader(path, history=4, future=5, batch_size=8, num_workers=workers, copy=True) as loader:
         batches = list(loader)
-    assert all(len(b["agents/track_id"]) == len(b["frame_index"]) * 10 * 10 for b in batches)  # 10 frames x 10
+    # every batch fills the slot's agents exactly when all its windows are whole: 10 frames x 10 agents
+    assert any(len(b["agents/track_id"]) == len(b["frame_index"]) * 10 * 10 for b in batches)
     seen = check_against_numpy(path, batches, 4, 5)
-    assert sorted(seen) == [s * 50 + t for s in range(3) for t in range(4, 50 - 5)]
+    assert sorted(seen) == list(range(150))

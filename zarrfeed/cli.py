@@ -1,5 +1,5 @@
-"""The `zarrfeed` command: demo, ingest, load, export, info, validate, plot, serve, status (it composes `writer`
-and `loader`).
+"""The `zarrfeed` command: demo, ingest, load, mask, export, info, validate, plot, serve, status (it composes
+`writer` and `loader`).
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback).
 """
@@ -436,6 +436,24 @@ def cmd_load(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mask(args: argparse.Namespace) -> int:
+    from .loader import agents_mask
+
+    with _open(args) as ds:
+        if not {"scenes", "frames", "agents"} <= set(ds.tables):
+            raise ValueError(f"{args.path}: not an L5Kit dataset (it needs tables scenes, frames and agents)")
+        if ds.location.is_zip:
+            raise ValueError(f"{ds.location}: a .zip dataset is read-only; the mask cannot be stored in it")
+        t0 = time.perf_counter()
+        mask = agents_mask.compute(ds, args.threshold, workers=args.workers)
+        where = agents_mask.save(ds, mask, args.threshold)
+        selected = len(agents_mask.selected_rows(mask))
+    commit = f"commit {ds.commit}" if ds.commit is not None else "no commits"
+    print(f"{where}: {plural(len(mask), 'agent')}, {selected:,} with >= 10 valid past and >= 1 future frames "
+          f"(AgentDataset's samples); {commit}; {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .loader.arrow_bridge import write_ipc_stream
     from .loader.parquet_export import export_parquet
@@ -611,6 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_count, default=1, help="epochs to iterate")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_load)
+    p = command("mask", "compute L5Kit's agents mask and store it at agents_mask/<threshold> in the dataset")
+    p.add_argument("path", help="dataset: directory or fsspec URL (not a .zip: read-only)")
+    p.add_argument("--threshold", type=float, default=0.5, help="label probability threshold (L5Kit's "
+                   "filter_agents_threshold); yaw 30 degrees, extent ratio 1.1, 50 m to the AV, as L5Kit")
+    p.add_argument("--workers", type=_count, default=2, help="processes (0: in this process)")
+    p.set_defaults(func=cmd_mask)
     p = command("export", "write tables as Parquet (one folder per table) or an Arrow IPC stream")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("out", help="output folder (parquet), or file or - for stdout (arrow)")

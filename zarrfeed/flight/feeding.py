@@ -23,12 +23,12 @@ import pyarrow.flight as flight
 
 from ..core.arrow_records import arrow_schema
 from ..core.store import Location
-from ..loader import Dataset, Loader, LoaderError, WindowLoader
+from ..loader import AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, WindowLoader
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.plan import PlanSettings
 from .activity import outcome_of
 from .limits import MiB
-from .protocol import TICKET_BYTES, Ticket
+from .protocol import SAMPLES, TICKET_BYTES, Ticket
 from .serving import Serving
 
 log = logging.getLogger("zarrfeed.serve")
@@ -161,8 +161,7 @@ class Feeding:
                 options: dict[str, Any] = dict(**dataclasses.asdict(t.plan), num_workers=self.workers,
                                                transform=transform, copy=True,
                                                cache_bytes=self.limits.stream_cache_bytes())
-                loader = WindowLoader(ds, t.history, t.future, **options) if t.kind == "windows" else \
-                    Loader(ds, t.table, fields=t.fields, row_ids=t.row_ids, **options)
+                loader = _make_loader(ds, t, options)
                 self._check_batch(t, loader)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
         except (ValueError, KeyError, TypeError) as exc:
@@ -173,7 +172,7 @@ class Feeding:
         """Refuse a ticket whose batches or transform arguments are over the server's limits, in one line."""
         if t.table not in ds.tables:
             return  # the loader names the unknown table
-        rows = t.plan.batch_size * (t.history + t.future + 1 if t.kind == "windows" else 1)  # at least
+        rows = t.plan.batch_size * (t.history + t.future + 1 if t.kind in SAMPLES else 1)  # at least
         size = rows * ds[t.table].dtype.itemsize
         if size > self.limits.max_batch_bytes:
             raise ValueError(f"ticket: a batch of {t.plan.batch_size} is at least {size / MiB:.0f} MiB of "
@@ -219,6 +218,17 @@ class Feeding:
                 not t.transform else pa.schema([])
             return flight.GeneratorStream(schema, iter(()))
         return flight.GeneratorStream(first.schema, itertools.chain([first], batches))
+
+
+def _make_loader(ds: Dataset, t: Ticket, options: dict[str, Any]) -> Loader:
+    """The local loader a ticket asks for."""
+    if t.kind == "windows":
+        return WindowLoader(ds, t.history, t.future, whole_windows=t.whole_windows, **options)
+    if t.kind == "agents":
+        return AgentSampleLoader(ds, t.history, t.future, step_time=t.step_time, threshold=t.threshold, **options)
+    if t.kind == "ego":
+        return EgoSampleLoader(ds, t.history, t.future, step_time=t.step_time, **options)
+    return Loader(ds, t.table, fields=t.fields, row_ids=t.row_ids, **options)
 
 
 def _reuse_key(t: Ticket) -> str:

@@ -29,10 +29,15 @@ DATASET_NAME = re.compile(r"[A-Za-z][\w.-]*")  # a dataset's name on a server of
 TICKET_BYTES = 64 << 10  # what a ticket's own settings may take (fields included), beside its transform arguments
 
 
+KINDS = ("batches", "windows", "agents", "ego")  # Loader, WindowLoader, AgentSampleLoader, EgoSampleLoader
+SAMPLES = ("windows", "agents", "ego")  # kinds whose batches hold a sample per row, each of T frames
+
+
 @dataclass(frozen=True)
 class Ticket:
-    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader; the
-    plan's settings as a local loader takes them), the commit and where to start. Sent as JSON."""
+    """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader,
+    "agents": AgentSampleLoader, "ego": EgoSampleLoader; the plan's settings as a local loader takes them), the
+    commit and where to start. Sent as JSON."""
 
     table: str
     plan: PlanSettings = field(default_factory=PlanSettings)
@@ -49,6 +54,9 @@ class Ticket:
     dataset: str | None = None  # which of the server's datasets (None: its only one)
     order: int = ORDER  # the epoch order's algorithm the client expects (loader/order.py)
     row_ids: bool = False  # batches carry `_row`, each row's index in its table (Loader's row_ids)
+    whole_windows: bool = False  # WindowLoader's whole_windows
+    step_time: float = 0.1  # the sample loaders' step_time
+    threshold: float = 0.5  # AgentSampleLoader's agents mask threshold
 
     def encode(self) -> flight.Ticket:
         return flight.Ticket(self.to_json())
@@ -91,7 +99,8 @@ class Ticket:
                 raise ValueError(f"ticket: {name} must be an integer in [{lo}, {hi}], got {value!r}")
         if self.commit is not None and (not _integer(self.commit) or self.commit < 0):
             raise ValueError(f"ticket: commit must be a commit number (an integer >= 0) or null, got {self.commit!r}")
-        for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last), ("row_ids", self.row_ids)):
+        for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last), ("row_ids", self.row_ids),
+                            ("whole_windows", self.whole_windows)):
             if not isinstance(value, bool):
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
         if not _integer(self.order) or self.order != ORDER:
@@ -99,8 +108,12 @@ class Ticket:
                              "(a client and server of different zarrfeed releases: upgrade the older one)")
         if self.row_ids and self.kind != "batches":
             raise ValueError("ticket: row_ids is for batches of rows (a window's row is its frame_index)")
-        if self.kind not in ("batches", "windows"):
-            raise ValueError(f"ticket: kind must be 'batches' or 'windows', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"ticket: kind must be one of {', '.join(map(repr, KINDS))}, got {self.kind!r}")
+        for name, number, least, most in (("step_time", self.step_time, 1e-9, 1e6),
+                                          ("threshold", self.threshold, 0.0, 1.0)):
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not least <= number <= most:
+                raise ValueError(f"ticket: {name} must be a number in [{least}, {most}], got {number!r}")
         if not isinstance(self.table, str) or not all(v is None or isinstance(v, str)
                                                       for v in (self.transform, self.dataset)):
             raise ValueError("ticket: table, transform and dataset must be strings")

@@ -1,5 +1,5 @@
-"""`RemoteLoader` and `RemoteWindowLoader`: a Loader's or WindowLoader's batches from a `zarrfeed serve`
-process, over Arrow Flight.
+"""`RemoteLoader`, `RemoteWindowLoader`, `RemoteAgentSampleLoader` and `RemoteEgoSampleLoader`: a Loader's,
+WindowLoader's or sample loader's batches from a `zarrfeed serve` process, over Arrow Flight.
 
 The batches are exactly those of a local loader with the same arguments, in the same order: the server runs
 that loader (its workers do the decoding, gathering and any transform) and ships each batch as one Arrow
@@ -230,14 +230,54 @@ class RemoteWindowLoader(_RemoteFeed):
                  drop_last: bool = False, token: str | None = None, output: str = "numpy",
                  transform: str | None = None, transform_args: dict[str, Any] | None = None,
                  tls_root_certs: bytes | None = None, timeout: float = 30.0,
-                 reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+                 reconnect_timeout: float = 60.0, dataset: str | None = None, whole_windows: bool = False) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                             shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
         self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
-                              transform=transform, transform_args=_json_args(transform_args), dataset=dataset)
+                              transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
+                              whole_windows=bool(whole_windows))
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
         return columns_from_arrow(rb) if self.transform else window_batch_from_arrow(rb)
+
+
+class _RemoteSamples(_RemoteFeed):
+    """L5Kit samples from the server: what both remote sample loaders share."""
+
+    KIND = ""
+    TABLE = ""
+
+    def __init__(self, url: str, history: int = 10, future: int = 50, *, step_time: float = 0.1,
+                 threshold: float = 0.5, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                 token: str | None = None, output: str = "numpy", transform: str | None = None,
+                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
+        self.history, self.future, self.transform = history, future, transform
+        plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                            shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
+        self._ticket = Ticket(self.TABLE, plan, None, self.commit, kind=self.KIND, history=history, future=future,
+                              transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
+                              step_time=step_time, threshold=threshold)
+        self._plan(0)
+
+    def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
+        return columns_from_arrow(rb)
+
+
+class RemoteAgentSampleLoader(_RemoteSamples):
+    """`AgentSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
+    yields them (fixed-shape columns; the server's agents mask). Reconnects as `RemoteLoader` does."""
+
+    KIND, TABLE = "agents", "agents"
+
+
+class RemoteEgoSampleLoader(_RemoteSamples):
+    """`EgoSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
+    yields them. Reconnects as `RemoteLoader` does."""
+
+    KIND, TABLE = "ego", "frames"

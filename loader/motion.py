@@ -1,0 +1,196 @@
+"""L5Kit's motion-prediction samples, computed as L5Kit 1.5.0 computes them, vectorised over many samples.
+
+One sample is an agent row (or, for the ego, a frame) at its frame t: its pose at t, and its poses at the
+`history` frames before and `future` frames after, in its own frame of reference, with availabilities (0 where
+the frame is outside the scene or, for an agent, where its track is absent from that frame). The numerics
+follow `l5kit.sampling.agent_sampling.generate_agent_sample` step by step (`get_relative_poses`,
+`compute_agent_velocity`, `compute_agent_pose`, `angular_distance`, `rotation33_as_yaw`), in the same dtypes,
+so the fields equal L5Kit's (tests hold them to what L5Kit returns on the real scene). Only the order of the
+work differs: each step runs on arrays of shape (samples, frames) instead of a Python loop per frame.
+
+`Context` holds the columns of a span of frames and of their agents, with an index of (frame, track id) ->
+first agent row, which is how L5Kit finds a track in a frame (`filter_agents_by_track_id(...)[0]`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EGO_EXTENT = (4.87, 1.85, 1.8)  # l5kit.rasterization.rasterizer: EGO_EXTENT_LENGTH, _WIDTH, _HEIGHT
+_EPS4 = np.finfo(float).eps * 4.0  # transforms3d.euler.mat2euler's threshold for a degenerate rotation
+FRAME_FIELDS = ("timestamp", "agent_index_interval", "ego_translation", "ego_rotation")
+AGENT_FIELDS = ("centroid", "yaw", "extent", "track_id")
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How many frames of history and future a sample holds, and the seconds between two frames (L5Kit's
+    `history_num_frames`, `future_num_frames`, `step_time`)."""
+
+    history: int = 10
+    future: int = 50
+    step_time: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.history < 0 or self.future < 0:
+            raise ValueError(f"history and future must be >= 0, got {self.history} and {self.future}")
+        if not self.step_time > np.finfo(float).eps:
+            raise ValueError(f"step_time must be > 0, got {self.step_time}")
+
+    @property
+    def T(self) -> int:
+        return self.history + 1 + self.future
+
+
+class Context:
+    """Frames [f0, f0 + len) and agents [a0, a0 + len) of a dataset as columns (global rows minus f0 / a0),
+    and the sorted (frame, track id) keys of those agents. The agents must be exactly those of the frames."""
+
+    def __init__(self, f0: int, frames: dict[str, np.ndarray], a0: int, agents: dict[str, np.ndarray]) -> None:
+        self.f0, self.a0 = f0, a0
+        self.frames, self.agents = frames, agents
+        iv = frames["agent_index_interval"]
+        n = len(agents["track_id"])
+        if len(iv) and (iv[0, 0] != a0 or iv[-1, 1] != a0 + n):
+            raise ValueError(f"context: frames {f0}.. own agents [{iv[0, 0]}, {iv[-1, 1]}), given [{a0}, {a0 + n})")
+        frame_of = np.searchsorted(iv[:, 1], np.arange(a0, a0 + n), side="right")  # each agent's frame (local)
+        self.tracks, code = np.unique(agents["track_id"], return_inverse=True)
+        self.keys = frame_of.astype(np.int64) * max(len(self.tracks), 1) + code.reshape(-1)
+        self.order = np.argsort(self.keys, kind="stable")  # equal keys keep row order: the first row first
+        self.sorted = self.keys[self.order]
+
+    def find(self, frames: np.ndarray, track_ids: np.ndarray) -> np.ndarray:
+        """For global frames (B, T) and track ids (B,): the first agent row (local) of that track in each frame,
+        or -1 where it is absent (or the frame is outside the context)."""
+        code = np.searchsorted(self.tracks, track_ids)
+        code = np.minimum(code, max(len(self.tracks) - 1, 0))
+        known = (self.tracks[code] == track_ids) if len(self.tracks) else np.zeros(len(track_ids), bool)
+        local = frames - self.f0
+        inside = (local >= 0) & (local < len(self.frames["timestamp"]))
+        keys = local * max(len(self.tracks), 1) + code[:, None]
+        at = np.minimum(np.searchsorted(self.sorted, keys), max(len(self.sorted) - 1, 0))
+        found = inside & known[:, None] & (self.sorted[at] == keys) if len(self.sorted) else inside & False
+        return np.where(found, self.order[at] if len(self.order) else 0, -1)
+
+
+def _window(t: np.ndarray, scene_lo: np.ndarray, scene_hi: np.ndarray, steps: Steps) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's T frames t - history .. t + future (B, T), and whether each lies in the sample's scene."""
+    frames = t[:, None] + np.arange(-steps.history, steps.future + 1)
+    return frames, (frames >= scene_lo[:, None]) & (frames < scene_hi[:, None])
+
+
+def _yaw_of_rotation(rot: np.ndarray) -> np.ndarray:
+    """transforms3d's mat2euler(rot)[2] (axes 'sxyz'), which is L5Kit's `rotation33_as_yaw`."""
+    cy = np.sqrt(rot[..., 0, 0] * rot[..., 0, 0] + rot[..., 1, 0] * rot[..., 1, 0])
+    return np.where(cy > _EPS4, np.arctan2(rot[..., 1, 0], rot[..., 0, 0]), 0.0)
+
+
+def _relative(steps: Steps, pos: np.ndarray, yaw: np.ndarray, ext: np.ndarray, avail: np.ndarray,
+              centroid: np.ndarray, cur_yaw: np.ndarray) -> dict[str, np.ndarray]:
+    """L5Kit's `get_relative_poses` for history and future, `compute_agent_pose` and `compute_agent_velocity`,
+    from each sample's window (B, T) of world poses: pos float64 (B, T, 2), yaw float32 (B, T), ext float32
+    (B, T, 2), avail bool (B, T); its pose at t: centroid float64 (B, 2), cur_yaw float64 (B,)."""
+    h = steps.history
+    c, s = np.cos(cur_yaw), np.sin(cur_yaw)
+    world_from_agent = np.zeros((len(cur_yaw), 3, 3))
+    world_from_agent[:, 0, 0], world_from_agent[:, 0, 1], world_from_agent[:, 0, 2] = c, -s, centroid[:, 0]
+    world_from_agent[:, 1, 0], world_from_agent[:, 1, 1], world_from_agent[:, 1, 2] = s, c, centroid[:, 1]
+    world_from_agent[:, 2, 2] = 1
+    agent_from_world = np.linalg.inv(world_from_agent) if len(cur_yaw) else world_from_agent.copy()
+    a = np.where(avail, np.float32(1), np.float32(0))  # L5Kit's availabilities: float32 0/1
+    pos = np.where(avail[..., None], pos, 0.0)  # absent frames are 0 before the transform, as in L5Kit
+    m = np.transpose(agent_from_world, (0, 2, 1))
+    local = (pos @ m[:, :2, :2] + m[:, -1:, :2]) * a[..., None]  # transform_points, then * availabilities
+    local = local.astype(np.float32)
+    y32 = np.where(avail, yaw, np.float32(0)).astype(np.float32)
+    rel = ((y32 - cur_yaw.astype(np.float32)[:, None] + np.float32(np.pi)) % np.float32(2 * np.pi)
+           - np.float32(np.pi)) * a  # angular_distance in float32, * availabilities
+    ext = np.where(avail[..., None], ext, np.float32(0)).astype(np.float32)
+    hist, fut = slice(h, None, -1) if h else slice(h, h + 1), slice(h + 1, None)  # history: t, t-1, .., t-h
+    hist_pos = local[:, hist]
+    fut_pos = local[:, fut]
+    dt = np.float32(steps.step_time)
+    out = {
+        "target_positions": fut_pos,
+        "target_yaws": rel[:, fut, None],
+        "target_velocities": np.concatenate((fut_pos[:, :1], np.diff(fut_pos, axis=1)), axis=1) / dt,
+        "target_availabilities": a[:, fut],
+        "history_positions": hist_pos,
+        "history_yaws": rel[:, hist, None],
+        "history_velocities": -np.diff(hist_pos, axis=1) / dt,
+        "history_availabilities": a[:, hist],
+        "agent_from_world": agent_from_world,
+        "world_from_agent": world_from_agent,
+        "centroid": centroid,
+        "yaw": cur_yaw,
+        "history_extents": ext[:, hist],
+        "future_extents": ext[:, fut],
+    }
+    if h:  # L5Kit has no curr_speed without history
+        v = out["history_velocities"][:, 0]
+        out["curr_speed"] = np.sqrt(v[:, 0] * v[:, 0] + v[:, 1] * v[:, 1])
+    return out
+
+
+def _about(ctx: Context, t: np.ndarray, scene: np.ndarray, scene_lo: np.ndarray) -> dict[str, np.ndarray]:
+    return {"frame_index": t - scene_lo, "scene_index": scene.astype(np.int64), "frame_row": t.astype(np.int64),
+            "timestamp": ctx.frames["timestamp"][t - ctx.f0].astype(np.int64)}
+
+
+def ego_samples(ctx: Context, t: np.ndarray, scene: np.ndarray, scene_lo: np.ndarray, scene_hi: np.ndarray,
+                steps: Steps) -> dict[str, np.ndarray]:
+    """The ego's samples at frames t (B,) of scenes `scene` spanning frames [scene_lo, scene_hi): L5Kit's
+    `generate_agent_sample` with `selected_track_id=None` (EgoDataset), without the raster."""
+    frames, avail = _window(t, scene_lo, scene_hi, steps)
+    local = np.clip(frames - ctx.f0, 0, max(len(ctx.frames["timestamp"]) - 1, 0))
+    pos = ctx.frames["ego_translation"][local][..., :2]
+    yaw = _yaw_of_rotation(ctx.frames["ego_rotation"][local]).astype(np.float32)
+    ext = np.broadcast_to(np.array(EGO_EXTENT[:2], np.float32), (*frames.shape, 2))
+    now = t - ctx.f0
+    cur_yaw = _yaw_of_rotation(ctx.frames["ego_rotation"][now])
+    out = _relative(steps, pos, yaw, ext, avail, ctx.frames["ego_translation"][now][:, :2].copy(), cur_yaw)
+    out["extent"] = np.broadcast_to(np.array(EGO_EXTENT, np.float64), (len(t), 3)).copy()
+    return {**out, **_about(ctx, t, scene, scene_lo), "track_id": np.full(len(t), -1, np.int64),
+            "agent_row": np.full(len(t), -1, np.int64)}
+
+
+def agent_samples(ctx: Context, rows: np.ndarray, t: np.ndarray, scene: np.ndarray, scene_lo: np.ndarray,
+                  scene_hi: np.ndarray, steps: Steps) -> dict[str, np.ndarray]:
+    """The samples of agent rows `rows` (B,, global) at their frames t (B,) of scenes `scene` spanning frames
+    [scene_lo, scene_hi): L5Kit's `generate_agent_sample` with the row's track id (AgentDataset), without the
+    raster. The pose at t is the row's own; each frame of the window holds the first row of its track."""
+    me = rows - ctx.a0
+    track = ctx.agents["track_id"][me]
+    frames, avail = _window(t, scene_lo, scene_hi, steps)
+    found = ctx.find(frames, track)
+    avail &= found >= 0
+    at = np.maximum(found, 0)
+    pos = ctx.agents["centroid"][at]
+    yaw = ctx.agents["yaw"][at]
+    ext = ctx.agents["extent"][at][..., :2]
+    cur_yaw = ctx.agents["yaw"][me].astype(np.float64)  # float(agent["yaw"])
+    out = _relative(steps, pos, yaw, ext, avail, ctx.agents["centroid"][me].copy(), cur_yaw)
+    out["extent"] = ctx.agents["extent"][me].copy()
+    return {**out, **_about(ctx, t, scene, scene_lo), "track_id": track.astype(np.int64),
+            "agent_row": rows.astype(np.int64)}
+
+
+def sample_fields(ego: bool, steps: Steps) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Each field of a sample: (dtype, shape per sample), as `ego_samples` / `agent_samples` return them."""
+    h, f = steps.history, steps.future
+    f32, f64, i64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+        "target_positions": (f32, (f, 2)), "target_yaws": (f32, (f, 1)), "target_velocities": (f32, (f, 2)),
+        "target_availabilities": (f32, (f,)), "history_positions": (f32, (h + 1, 2)),
+        "history_yaws": (f32, (h + 1, 1)), "history_velocities": (f32, (h, 2)),
+        "history_availabilities": (f32, (h + 1,)), "agent_from_world": (f64, (3, 3)),
+        "world_from_agent": (f64, (3, 3)), "centroid": (f64, (2,)), "yaw": (f64, ()),
+        "history_extents": (f32, (h + 1, 2)), "future_extents": (f32, (f, 2)),
+    }
+    if h:
+        out["curr_speed"] = (f32, ())
+    out["extent"] = (f64 if ego else f32, (3,))
+    out.update({"frame_index": (i64, ()), "scene_index": (i64, ()), "frame_row": (i64, ()),
+                "timestamp": (i64, ()), "track_id": (i64, ()), "agent_row": (i64, ())})
+    return out

@@ -1,0 +1,402 @@
+"""`AgentSampleLoader` and `EgoSampleLoader`: L5Kit's `AgentDataset` and `EgoDataset` samples (no raster), in
+fixed-shape batches, from the loader's workers and its shared cache of decoded chunks.
+
+A sample is an agent row (by default those of L5Kit's agents mask: >= 10 valid past and >= 1 future frames)
+or, for the ego, a frame; every frame of a scene can be one, and frames of the window outside the scene are
+unavailable, as in L5Kit. Samples are grouped by the chunk their row lies in (agents chunk, or frames chunk for
+the ego), and a group reads the frames of its samples' windows (clipped to their scenes) and, for agents,
+those frames' agents. The epoch plan shuffles groups as it shuffles chunks, and samples within windows of
+groups, as for `WindowLoader`. A worker turns a group's cached chunks into a `motion.Context` once (kept
+across epochs) and computes a batch's samples from it with arrays (`loader.motion`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core._proc.pool import RemoteError, preload_in_workers
+from ..core.chunks import read_rows
+from ..core.store import Location
+from . import agents_mask, read_worker
+from .batches import Loader, fetch_options, open_dataset
+from .chunk_cache import ProcessChunks
+from .dataset import Dataset
+from .fetch import FetchOptions
+from .host_cache import HostSegment
+from .layout import Layout
+from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
+from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
+from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
+from .scheduler import WorkerOptions
+from .source import Residency, plan_settings
+
+preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
+log = logging.getLogger("zarrfeed.loader")
+_CONTEXTS = 64  # groups whose Context a worker keeps (about 1-3 MB each)
+
+
+class MotionSamples:
+    """The samples of an agent or ego loader: each one's row (agent row, or frame for the ego), frame t and
+    scene, grouped by the chunk of their row, and the frames and agents each group reads."""
+
+    def __init__(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray) -> None:
+        self.steps, self.ego = steps, ego
+        h, f = steps.history, steps.future
+        scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
+        iv = read_rows(ds["frames"], 0, ds.rows["frames"], fields=["agent_index_interval"])["agent_index_interval"]
+        self.chunk_rows = {t: ds[t].chunks[0] for t in ("frames", "agents")}
+        self.items = np.asarray(items, np.int64)
+        self.t = self.items if ego else np.searchsorted(iv[:, 1], self.items, side="right").astype(np.int64)
+        self.scene = np.searchsorted(scenes[:, 1], self.t, side="right").astype(np.int64)
+        if len(self.t) and (self.scene >= len(scenes)).any():
+            bad = int(self.t[self.scene >= len(scenes)][0])
+            raise ValueError(f"frame {bad} belongs to no scene (the scenes' frame intervals end at {scenes[-1, 1]})")
+        self.scene_lo = scenes[self.scene, 0] if len(self.t) else np.zeros(0, np.int64)
+        self.scene_hi = scenes[self.scene, 1] if len(self.t) else np.zeros(0, np.int64)
+        lo, hi = np.maximum(self.t - h, self.scene_lo), np.minimum(self.t + f + 1, self.scene_hi)  # frames [lo, hi)
+        key = self.items // self.chunk_rows["frames" if ego else "agents"]
+        cuts = np.flatnonzero(np.diff(key)) + 1
+        self.group_start = np.concatenate([[0], cuts]).astype(np.int64) if len(key) else np.zeros(0, np.int64)
+        ends = np.concatenate([cuts, [len(key)]]).astype(np.int64) if len(key) else np.zeros(0, np.int64)
+        self.sizes = ends - self.group_start
+        self.frame_spans = np.stack([lo[self.group_start], hi[ends - 1]], axis=1) if len(key) else \
+            np.zeros((0, 2), np.int64)
+        self.agent_spans = np.stack([iv[self.frame_spans[:, 0], 0], iv[self.frame_spans[:, 1] - 1, 1]], axis=1) \
+            if len(key) else np.zeros((0, 2), np.int64)
+        self.reads: list[list[tuple[str, int]]] = []
+        for (f0, f1), (a0, a1) in zip(self.frame_spans.tolist(), self.agent_spans.tolist(), strict=True):
+            cf, ca = self.chunk_rows["frames"], self.chunk_rows["agents"]
+            need = [("frames", c) for c in range(f0 // cf, (f1 - 1) // cf + 1)]
+            if not ego and a1 > a0:
+                need += [("agents", c) for c in range(a0 // ca, (a1 - 1) // ca + 1)]
+            self.reads.append(need)
+        self.group_rows = int(self.sizes.max(initial=1))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def selection(self) -> list[np.ndarray]:
+        """The plan's view: group g is a 'chunk' of `group_rows` rows whose first `sizes[g]` are samples."""
+        return [np.arange(n) for n in self.sizes.tolist()]
+
+    def sample_ids(self, plan: EpochPlan, pieces: list[tuple[int, int, int]],
+                   orders: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Sample indices of plan pieces (window, first, count), in batch order, and the group of each."""
+        ids, groups = [], []
+        for w, pos, n in pieces:
+            if w not in orders:
+                orders[w] = plan.window_order(w)
+            local = orders[w][pos:pos + n]
+            g = plan.windows[w][local // self.group_rows]
+            ids.append(self.group_start[g] + local % self.group_rows)
+            groups.append(g)
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(ids), np.concatenate(groups)
+
+
+def _columns(view: Callable[[str, int], np.ndarray], table: str, rows: tuple[int, int], chunk_rows: int,
+             fields: tuple[str, ...], dtype: np.dtype) -> dict[str, np.ndarray]:
+    """Rows [a, b) of `table`'s `fields` as owned columns, from the chunks `view(table, chunk)` gives."""
+    a, b = rows
+    parts: dict[str, list[np.ndarray]] = {f: [] for f in fields}
+    while a < b:
+        chunk, r = divmod(a, chunk_rows)
+        n = min(b, (chunk + 1) * chunk_rows) - a
+        records = view(table, chunk)
+        for f in fields:
+            parts[f].append(records[f][r:r + n])
+        a += n
+    return {f: np.concatenate(p) if p else np.zeros(0, dtype[f]) for f, p in parts.items()}
+
+
+def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig,
+          samples: MotionSamples, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
+          transform: Callable | None) -> Callable[[Decode | GatherWindows], Any]:
+    """The sample loaders' worker message handler (see `loader.read_worker` for decode)."""
+    tables = ["frames"] if samples.ego else ["frames", "agents"]
+    decode = read_worker.chunk_decoder(source, tables, shared)
+    cache, _ = shared.arrays()
+    S = shared.slot_bytes
+    scratch = np.empty(layout.slot_bytes, np.uint8) if transform else None
+    plans: dict[int, tuple[EpochPlan, dict]] = {}
+    contexts: OrderedDict[int, Context] = OrderedDict()
+
+    def plan(epoch: int) -> tuple[EpochPlan, dict]:
+        if epoch not in plans:
+            plans.clear()
+            plans[epoch] = (EpochPlan(config, epoch, samples.selection()), {})
+        return plans[epoch]
+
+    def context(g: int, slots: dict[str, dict[int, int]]) -> Context:
+        if g in contexts:
+            contexts.move_to_end(g)
+            return contexts[g]
+
+        def view(table: str, chunk: int) -> np.ndarray:
+            n = samples.chunk_rows[table]
+            return np.frombuffer(cache, dtypes[table], count=n, offset=slots[table][chunk] * S)
+
+        f0, f1 = (int(x) for x in samples.frame_spans[g])
+        frames = _columns(view, "frames", (f0, f1), samples.chunk_rows["frames"], FRAME_FIELDS,
+                          dtypes["frames"])
+        a0, a1 = (int(x) for x in samples.agent_spans[g])
+        if samples.ego:
+            agents = {"track_id": np.zeros(0, np.uint64)}
+            frames["agent_index_interval"] = np.zeros((f1 - f0, 2), np.int64)
+            a0 = 0
+        else:
+            agents = _columns(view, "agents", (a0, a1), samples.chunk_rows["agents"], AGENT_FIELDS,
+                              dtypes["agents"])
+        contexts[g] = ctx = Context(f0, frames, a0, agents)
+        if len(contexts) > _CONTEXTS:
+            contexts.popitem(last=False)
+        return ctx
+
+    def one_batch(dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
+        ids, groups = samples.sample_ids(p, p.segments(k), orders)
+        views = layout.views(dst, len(ids))
+        for g in np.unique(groups).tolist():
+            at = np.flatnonzero(groups == g)
+            i = ids[at]
+            ctx = context(g, slots)
+            if samples.ego:
+                out = ego_samples(ctx, samples.t[i], samples.scene[i], samples.scene_lo[i], samples.scene_hi[i],
+                                  samples.steps)
+            else:
+                out = agent_samples(ctx, samples.items[i], samples.t[i], samples.scene[i], samples.scene_lo[i],
+                                    samples.scene_hi[i], samples.steps)
+            for name, view in views.items():
+                view[at] = out[name]
+
+    def handle(msg: Decode | GatherWindows) -> Any:
+        if isinstance(msg, Decode):
+            return Decoded(wid, decode(msg))
+        p, orders = plan(msg.epoch)
+        for k in range(msg.first, msg.first + msg.count):
+            if not transform:
+                one_batch(shared.slot(k), p, orders, k, msg.slots)
+                continue
+            assert outputs is not None and scratch is not None  # made with the transform
+            one_batch(scratch, p, orders, k, msg.slots)
+            try:
+                out = transform(layout.views(scratch, p.batch_rows(k)))
+                outputs.check(out, k, p.batch_rows(k))
+            except Exception as exc:
+                return TransformFailed(wid, msg.first, k, RemoteError.capture(exc))
+            for name, view in outputs.views(shared.slot(k), p.batch_rows(k)).items():
+                view[...] = out[name]
+        return Gathered(wid, msg.first, msg.count, None)
+
+    handle.urgent, handle.waiting = read_worker.urgent, decode.waiting  # type: ignore[attr-defined]
+    return handle
+
+
+@dataclass
+class MotionSource:
+    """Batches of agent or ego samples (see `AgentSampleLoader`): the plan's 'chunks' are groups of samples."""
+
+    dataset: Dataset
+    samples: MotionSamples
+    config: PlanConfig
+    selection: list[np.ndarray] | None
+    layout: Layout
+    reader: read_worker.Source
+    fetch: FetchOptions
+    kind: str
+    table: str
+    options: dict[str, Any]  # the loader's arguments that decide its samples (for probe_batch)
+    uses_index: bool = False
+    rows_column: str | None = "frame_row"
+
+    @property
+    def tables(self) -> list[str]:
+        return ["frames"] if self.samples.ego else ["frames", "agents"]
+
+    @property
+    def dtypes(self) -> dict[str, np.dtype]:
+        return {t: self.dataset[t].dtype for t in self.tables}
+
+    @property
+    def chunk_bytes(self) -> int:
+        return max(self.dataset[t].chunks[0] * self.dataset[t].dtype.itemsize for t in self.tables)
+
+    def rows_touched(self) -> int:
+        return self.config.batch_size * self.samples.steps.T * (1 if self.samples.ego else 8)
+
+    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
+        return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
+
+    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
+                       residency: Residency) -> GatherWindows:
+        slots: dict[str, dict[int, int]] = {t: {} for t in self.tables}
+        for w in windows:
+            for table, chunk, slot in residency.slots(w):
+                slots[table][chunk] = slot
+        return GatherWindows(plan.epoch, first, count, slots)
+
+    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+               regions: int) -> read_worker.Shared:
+        return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
+
+    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
+               transform: Callable | None) -> tuple[Callable, tuple]:
+        return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)
+
+    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
+        """A picklable call that makes batch k with a one-process loader over the same samples."""
+        c = self.config
+        options = dict(self.options, batch_size=c.batch_size, shuffle=c.shuffle, seed=c.seed,
+                       shuffle_window=c.shuffle_window, drop_last=c.drop_last, rank=c.rank,
+                       world_size=c.world_size, rows=self.samples.items, cache_dir=self.fetch.cache_dir,
+                       cache_dir_bytes=self.fetch.cache_bytes)
+        return functools.partial(_sample_batch, self.kind, self.dataset.location, self.dataset.commit, options,
+                                 plan.epoch, k)
+
+    def settings(self) -> dict[str, Any]:
+        s = self.samples.steps
+        return {**plan_settings(self.table, self.config), "history": s.history, "future": s.future,
+                "step_time": s.step_time, "samples": len(self.samples)}
+
+    def selection_parts(self) -> list[np.ndarray]:
+        return [self.samples.items]  # the sample rows, exactly
+
+
+def _layout(ego: bool, steps: Steps, batch_size: int) -> Layout:
+    return Layout([(name, dtype, shape, -1) for name, (dtype, shape) in sample_fields(ego, steps).items()],
+                  batch_size)
+
+
+class _SampleLoader(Loader):
+    """What both sample loaders share: the samples, the source, the options."""
+
+    def _begin(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray, options: dict[str, Any], *,
+               batch_size: int, shuffle: bool, seed: int, shuffle_window: int, num_workers: int, prefetch: int,
+               drop_last: bool, rank: int, world_size: int, transform: Callable | None, copy: bool,
+               start_method: str | None, restart_workers: bool, cache_dir: str | os.PathLike | None,
+               cache_dir_bytes: int, check_views: bool | None, cache_bytes: int | None, cache: str) -> None:
+        samples = MotionSamples(ds, steps, ego, items)
+        self.samples, self.steps = samples, steps
+        self.history, self.future = steps.history, steps.future
+        g = samples.group_rows
+        selection = samples.selection()
+        config = PlanConfig.of(len(selection) * g, g, PlanSettings(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
+            world_size=world_size, drop_last=drop_last))
+        fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
+        kind = type(self).__name__
+        source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
+                              read_worker.Source.of(ds, fetch), fetch, kind, "frames" if ego else "agents", options)
+        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
+                                restart_workers=restart_workers, transform=transform)
+        self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
+                    cache_bytes=cache_bytes, cache=cache)
+
+
+def _l5kit_dataset(ds: Dataset, who: str) -> None:
+    missing = [t for t in ("scenes", "frames", "agents") if t not in ds.tables]
+    if missing:
+        raise ValueError(f"{who} needs an L5Kit dataset; table {missing[0]!r} is missing")
+
+
+def _selected(n: int, rows: np.ndarray | None, what: str) -> np.ndarray | None:
+    """`rows=` (an index array or a boolean mask over `what`) as sorted unique rows; None when not given."""
+    if rows is None:
+        return None
+    keep = selected_rows_per_chunk(n, max(n, 1), rows)
+    return keep[0].astype(np.int64) if keep else np.zeros(0, np.int64)
+
+
+class AgentSampleLoader(_SampleLoader):
+    """Batches of L5Kit's `AgentDataset` samples (without the raster): one per selected agent row, with its
+    history and future in its own frame (`target_positions` (B, future, 2), `target_yaws`, `target_velocities`,
+    `target_availabilities`, `history_positions` (B, history + 1, 2), `history_yaws`, `history_velocities`
+    (B, history, 2), `history_availabilities`, `agent_from_world`, `world_from_agent`, `centroid`, `yaw`,
+    `extent`, `history_extents`, `future_extents`, `curr_speed`), and `track_id`, `frame_index` (in its scene,
+    as L5Kit), `scene_index`, `timestamp`, `frame_row` (the frame's row) and `agent_row` (the agent's row).
+
+    The rows are L5Kit's: those of the agents mask at `threshold` (label probability; L5Kit's other thresholds)
+    with at least `min_history` valid past and `min_future` valid future frames. The mask is read from
+    `agents_mask/<threshold>` when it belongs to this dataset commit (`zarrfeed mask DATASET`), else computed
+    now (said in the log). `rows=` samples other agent rows (an index array or a boolean mask over agents).
+    Options as `Loader` (`shuffle_window` counts groups of samples, one per agents chunk: default 4).
+    """
+
+    def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
+                 step_time: float = 0.1, threshold: float = 0.5, min_history: int = 10, min_future: int = 1,
+                 batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int = 4,
+                 num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
+                 world_size: int = 1, rows: np.ndarray | None = None,
+                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 storage_options: dict[str, Any] | None = None, commit: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
+                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host") -> None:
+        ds = open_dataset(dataset_or_path, storage_options, commit)
+        _l5kit_dataset(ds, "AgentSampleLoader")
+        steps = Steps(history, future, step_time)
+        items = _selected(ds.rows["agents"], rows, "agents")
+        if items is None:
+            mask, why = agents_mask.load(ds, threshold)
+            if mask is None:
+                log.info("zarrfeed: computing L5Kit's agents mask at threshold %s (%s); `zarrfeed mask` stores it",
+                         threshold, why)
+                mask = agents_mask.compute(ds, threshold, workers=num_workers)
+            items = agents_mask.selected_rows(mask, min_history, min_future)
+        self.threshold = threshold
+        options = dict(history=history, future=future, step_time=step_time)
+        self._begin(ds, steps, False, items, options, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                    shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch, drop_last=drop_last,
+                    rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
+                    restart_workers=restart_workers, cache_dir=cache_dir, cache_dir_bytes=cache_dir_bytes,
+                    check_views=check_views, cache_bytes=cache_bytes, cache=cache)
+
+
+class EgoSampleLoader(_SampleLoader):
+    """Batches of L5Kit's `EgoDataset` samples (without the raster): one per frame (or per frame of `rows=`,
+    an index array or boolean mask over frames), the ego's history and future in its own frame, with the same
+    fields as `AgentSampleLoader` (`track_id` and `agent_row` -1; `extent` float64, as L5Kit gives it). The ego's
+    yaw comes from the frame's rotation matrix, as in L5Kit. Options as `Loader` (`shuffle_window` counts groups
+    of samples, one per frames chunk: default 4)."""
+
+    def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
+                 step_time: float = 0.1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+                 shuffle_window: int = 4, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
+                 rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
+                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 storage_options: dict[str, Any] | None = None, commit: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
+                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host") -> None:
+        ds = open_dataset(dataset_or_path, storage_options, commit)
+        _l5kit_dataset(ds, "EgoSampleLoader")
+        steps = Steps(history, future, step_time)
+        items = _selected(ds.rows["frames"], rows, "frames")
+        if items is None:
+            items = np.arange(ds.rows["frames"], dtype=np.int64)
+        options = dict(history=history, future=future, step_time=step_time)
+        self._begin(ds, steps, True, items, options, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                    shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch, drop_last=drop_last,
+                    rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
+                    restart_workers=restart_workers, cache_dir=cache_dir, cache_dir_bytes=cache_dir_bytes,
+                    check_views=check_views, cache_bytes=cache_bytes, cache=cache)
+
+
+_KINDS: dict[str, type[_SampleLoader]] = {"AgentSampleLoader": AgentSampleLoader, "EgoSampleLoader": EgoSampleLoader}
+
+
+def _sample_batch(kind: str, location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:
+    """Batch k of `epoch` of a sample loader with `options`, made in this process and copied out of its ring."""
+    loader = _KINDS[kind](Dataset.reopen(location, commit), num_workers=0, copy=True, **options)
+    loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
+    try:
+        return next(iter(loader))
+    finally:
+        loader.close()
