@@ -288,3 +288,32 @@ class EpochPlan:
                         old = out.get(w, (first, last))
                         out[w] = (min(old[0], first), max(old[1], last))
         return dict(sorted(out.items(), key=lambda item: item[1]))
+
+
+@dataclass
+class WorkerPlan:
+    """An epoch plan as a worker holds it, with what the worker derives from it (`orders`: window -> its
+    rows' order)."""
+
+    plan: EpochPlan
+    orders: dict[int, np.ndarray]
+
+
+class WorkerPlans:
+    """The plans a worker makes from its messages' (epoch, spans): the same plans as the consumer's, made from
+    the same inputs. Plans of the current epoch are kept (with and without spans); another epoch's are
+    dropped."""
+
+    def __init__(self, config: PlanConfig, selection: list[np.ndarray] | None) -> None:
+        self.config, self.selection = config, selection
+        self._plans: dict[tuple, WorkerPlan] = {}
+
+    def get(self, epoch: int, spans: tuple[tuple[int, int], ...] | None = None) -> WorkerPlan:
+        """The plan of `epoch`, resumed on `spans` if given (see `EpochPlan.resumed_spans`)."""
+        key = (epoch, spans)
+        if key not in self._plans:
+            if any(e != epoch for e, _ in self._plans):
+                self._plans.clear()
+            plan = EpochPlan(self.config, epoch, self.selection, None if spans is None else list(spans))
+            self._plans[key] = WorkerPlan(plan, {})
+        return self._plans[key]

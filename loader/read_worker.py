@@ -26,7 +26,7 @@ from .gather import gather
 from .host_cache import HostSegment
 from .layout import Layout
 from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherRows, IndexFilled, TransformFailed
-from .plan import EpochPlan, PlanConfig
+from .plan import PlanConfig, WorkerPlans
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
@@ -121,26 +121,18 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
     chunk_rows = config.chunk_rows
     spec = records.gather_spec()
     scratch = np.empty(records.slot_bytes, np.uint8) if transform else None
-    plans: dict[tuple, EpochPlan] = {}
-
-    def plan(epoch: int, spans: tuple[tuple[int, int], ...] | None = None) -> EpochPlan:
-        """The consumer's plan of `epoch` (the same rows in the same order: made from the same inputs)."""
-        if (epoch, spans) not in plans:
-            if any(e != epoch for e, _ in plans):  # another epoch: forget the last one's
-                plans.clear()
-            plans[(epoch, spans)] = EpochPlan(config, epoch, selection, None if spans is None else list(spans))
-        return plans[(epoch, spans)]
+    plans = WorkerPlans(config, selection)
 
     def handle(msg: Decode | FillIndex | GatherRows) -> Any:
         if isinstance(msg, Decode):
             return Decoded(wid, decode(msg))
         if isinstance(msg, FillIndex):  # the shuffled rows of the window, as cache rows: slot * chunk_rows + r
-            order = plan(msg.epoch).window_order(msg.window, np.asarray(msg.slots, np.int64) * chunk_rows)
+            order = plans.get(msg.epoch).plan.window_order(msg.window, np.asarray(msg.slots, np.int64) * chunk_rows)
             start = msg.region * shared.region_rows
             index[start:start + len(order)] = order
             return IndexFilled(wid, msg.window)
         k0, count, regions = msg.first, msg.count, msg.regions
-        p = plan(msg.epoch, msg.spans)
+        p = plans.get(msg.epoch, msg.spans).plan
         pieces = p.group_pieces(k0, count)
         for i in range(count):
             k = k0 + i

@@ -33,7 +33,7 @@ from .host_cache import HostSegment
 from .layout import Layout
 from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
-from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
+from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
 from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
 
@@ -126,14 +126,8 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     cache, _ = shared.arrays()
     S = shared.slot_bytes
     scratch = np.empty(layout.slot_bytes, np.uint8) if transform else None
-    plans: dict[int, tuple[EpochPlan, dict]] = {}
+    plans = WorkerPlans(config, samples.selection())
     contexts: OrderedDict[int, Context] = OrderedDict()
-
-    def plan(epoch: int) -> tuple[EpochPlan, dict]:
-        if epoch not in plans:
-            plans.clear()
-            plans[epoch] = (EpochPlan(config, epoch, samples.selection()), {})
-        return plans[epoch]
 
     def context(g: int, slots: dict[str, dict[int, int]]) -> Context:
         if g in contexts:
@@ -179,7 +173,8 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     def handle(msg: Decode | GatherWindows) -> Any:
         if isinstance(msg, Decode):
             return Decoded(wid, decode(msg))
-        p, orders = plan(msg.epoch)
+        got = plans.get(msg.epoch, msg.spans)
+        p, orders = got.plan, got.orders
         for k in range(msg.first, msg.first + msg.count):
             if not transform:
                 one_batch(shared.slot(k), p, orders, k, msg.slots)
@@ -240,7 +235,7 @@ class MotionSource:
         for w in windows:
             for table, chunk, slot in residency.slots(w):
                 slots[table][chunk] = slot
-        return GatherWindows(plan.epoch, first, count, slots)
+        return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
 
     def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
                regions: int) -> read_worker.Shared:

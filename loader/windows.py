@@ -34,7 +34,7 @@ from .gather import gather_runs
 from .host_cache import HostSegment
 from .layout import Layout
 from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
-from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
+from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
 from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
 from .state import LoaderState
@@ -149,16 +149,7 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     specs = {t: _spec(layout, t, dtypes[t]) for t in TABLES}
     by_name = {c.name: c for c in layout.columns}
     scratch = np.empty(layout.slot_bytes, np.uint8) if transform else None
-    plans: dict[tuple, tuple[EpochPlan, dict]] = {}
-
-    def plan(epoch: int, spans: tuple[tuple[int, int], ...] | None = None) -> tuple[EpochPlan, dict]:
-        """The consumer's plan of `epoch` (see `GatherWindows.spans`), and its windows' sample orders."""
-        if (epoch, spans) not in plans:
-            if any(e != epoch for e, _ in plans):  # another epoch: forget the last one's
-                plans.clear()
-            plans[(epoch, spans)] = (EpochPlan(config, epoch, samples.selection(),
-                                               None if spans is None else list(spans)), {})
-        return plans[(epoch, spans)]
+    plans = WorkerPlans(config, samples.selection())
 
     def runs(table: str, lo: np.ndarray, hi: np.ndarray, slots: dict[int, int]) -> np.ndarray:
         """Rows [lo_i, hi_i) of `table`, in order, as (byte offset in the cache, rows) runs within chunks."""
@@ -220,7 +211,8 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     def handle(msg: Decode | GatherWindows) -> Any:
         if isinstance(msg, Decode):
             return Decoded(wid, decode(msg))
-        p, orders = plan(msg.epoch, msg.spans)
+        got = plans.get(msg.epoch, msg.spans)
+        p, orders = got.plan, got.orders
         k0, count, slots = msg.first, msg.count, msg.slots
         all_counts: list[dict[str, int] | None] = []
         for k in range(k0, k0 + count):

@@ -179,3 +179,36 @@ def test_window_samples_resumed_on_another_number_of_ranks_are_each_read_once(da
                 np.testing.assert_array_equal(b["frames/timestamp"][:, 3], frames["timestamp"][t])
                 after.update(t.tolist())
     assert before + after == whole
+
+
+@pytest.mark.parametrize("ego", [False, True])
+def test_l5kit_samples_resumed_on_another_number_of_ranks_are_each_read_once(data, ego):
+    """The same for AgentSampleLoader (a sample names its row in `agent_row`) and EgoSampleLoader (`frame_row`):
+    every sample once, each computed at its own row."""
+    from collections import Counter
+
+    from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader
+    make, key = (EgoSampleLoader, "frame_row") if ego else (AgentSampleLoader, "agent_row")
+    ds = Dataset.open(data)
+    kw = dict(history=3, future=4, batch_size=64, seed=3, shuffle_window=2)
+    if not ego:
+        kw["min_history"] = 0
+    whole, before, states = Counter(), Counter(), []
+    for r in range(2):
+        with make(data, num_workers=0, rank=r, world_size=2, **kw) as loader:
+            whole.update(x for b in loader for x in b[key].tolist())
+            it = iter(loader)
+            for _ in range(r + 2):
+                before.update(next(it)[key].tolist())
+            states.append(loader.state_dict())
+    after = Counter()
+    table = ds["frames"][:] if ego else ds["agents"][:]
+    for j in range(3):
+        with make(data, num_workers=1, rank=j, world_size=3, **kw) as loader:
+            loader.load_state_dict(states)
+            for b in loader:
+                rows = b[key]
+                want = table["ego_translation"][rows][:, :2] if ego else table["centroid"][rows]
+                np.testing.assert_array_equal(b["centroid"], want)
+                after.update(rows.tolist())
+    assert before + after == whole
