@@ -14,12 +14,15 @@ as current. The tables and the commit manifest are not touched: the dataset's co
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import math
 import multiprocessing
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import xxhash
 import zarr
 
 from ..core import dataset_format
@@ -46,10 +49,23 @@ class Thresholds:
     extent_ratio: float = 1.1
     distance_av: float = 50.0
 
+    def __post_init__(self) -> None:
+        for name, value, lo, hi in (("threshold", self.label, 0.0, 1.0), ("yaw_degrees", self.yaw_degrees, 0.0, 360.0),
+                                    ("extent_ratio", self.extent_ratio, 1.0, math.inf),
+                                    ("distance_av", self.distance_av, 0.0, math.inf)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value < hi:
+                raise ValueError(f"agents mask: {name} must be a number in [{lo}, {hi}), got {value!r}")
+
     @property
     def name(self) -> str:
         """The mask's array name under agents_mask/ (L5Kit: `str(threshold)`)."""
         return str(float(self.label))
+
+
+def of_interest(label_probabilities: np.ndarray, threshold: float) -> np.ndarray:
+    """L5Kit's label filter (`filter_agents_by_labels`): the rows whose probability summed over the kept labels
+    is above `threshold`."""
+    return np.sum(label_probabilities[:, LABELS_KEPT], axis=1) > threshold
 
 
 def valid_agents(frames: np.ndarray, agents: np.ndarray, scenes: np.ndarray, a0: int,
@@ -66,10 +82,10 @@ def valid_agents(frames: np.ndarray, agents: np.ndarray, scenes: np.ndarray, a0:
     f0 = int(scenes[0, 0])
     frame = np.searchsorted(iv[:, 1], np.arange(a0, a0 + n), side="right")  # local frame of each row
     scene = np.searchsorted(scenes[:, 1] - f0, frame, side="right")
-    of_interest = np.sum(agents["label_probabilities"][:, LABELS_KEPT], axis=1) > th.label
+    interesting = of_interest(agents["label_probabilities"], th.label)
     d = frames["ego_translation"][frame, :2] - agents["centroid"]
     near = np.sqrt(d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1]) < th.distance_av
-    point = of_interest & near
+    point = interesting & near
     _, code = np.unique(agents["track_id"], return_inverse=True)
     order = np.argsort(scene.astype(np.int64) * (int(code.max()) + 1) + code.reshape(-1), kind="stable")
     s_scene, s_code, s_frame, s_point = scene[order], code.reshape(-1)[order], frame[order], point[order]
@@ -143,24 +159,37 @@ def _record(ds: Dataset, th: Thresholds) -> dict[str, Any]:
             "agents": ds.rows["agents"], "thresholds": asdict(th)}
 
 
+def _digest(mask: np.ndarray) -> str:
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(mask, np.uint32).tobytes())
+
+
 def save(ds: Dataset, mask: np.ndarray, threshold: float = 0.5, *, thresholds: Thresholds | None = None) -> str:
     """Store `mask` at agents_mask/<threshold> in the dataset (replacing one there), with the commit it belongs
-    to; returns the array's path. The tables and the manifest are left as they are."""
+    to and a digest of its values; returns the array's path. The tables and the manifest are left as they are.
+
+    Never read half-written: the old array goes first; the new one is made with a record that says it is not
+    finished (written before the array exists, so no moment shows an array without a record, which `load`
+    would take for one written by L5Kit), then its values, then its full record."""
     th = thresholds or Thresholds(label=threshold)
     if mask.shape != (ds.rows["agents"], 2):
         raise ValueError(f"agents mask of shape {mask.shape}; the dataset has {ds.rows['agents']} agents")
     if ds.location.is_zip:
         raise ValueError(f"{ds.location}: a .zip dataset is read-only; the mask cannot be stored in it")
     group = dataset_format.open_group(ds.location, "a")
-    sub = group.require_group(GROUP)
-    arr = sub.create_dataset(th.name, shape=mask.shape, chunks=(10_000, 2), dtype=np.uint32, overwrite=True)
+    group.require_group(GROUP)
+    path = f"{GROUP}/{th.name}"
+    zarr.storage.rmdir(group.store, path)
+    group.store[f"{path}/.zattrs"] = json.dumps({RECORD: {"complete": False}}).encode()
+    arr = zarr.create(store=group.store, path=path, shape=mask.shape, chunks=(10_000, 2), dtype=np.uint32,
+                      overwrite=False)
     arr[:] = mask
-    arr.attrs[RECORD] = _record(ds, th)  # written last: a mask without its record is never taken as current
-    return f"{GROUP}/{th.name}"
+    arr.attrs[RECORD] = {**_record(ds, th), "complete": True, "digest": _digest(mask)}
+    return path
 
 
 def load(ds: Dataset, threshold: float = 0.5, *, thresholds: Thresholds | None = None) -> tuple[np.ndarray | None, str]:
-    """The stored mask for these thresholds if it belongs to `ds`'s commit, else None; and why (one line)."""
+    """The stored mask for these thresholds if it belongs to `ds`'s commit and its values are those recorded,
+    else None; and why (one line)."""
     th = thresholds or Thresholds(label=threshold)
     where = f"{GROUP}/{th.name}"
     try:
@@ -176,13 +205,29 @@ def load(ds: Dataset, threshold: float = 0.5, *, thresholds: Thresholds | None =
             return None, f"{where} does not say which commit it was computed from (written by another tool)"
         if th != Thresholds(label=th.label):
             return None, f"{where} does not say its thresholds; asked for {asdict(th)}"
-        return np.asarray(arr[:], np.uint32), f"{where} (no record; the dataset has no commits and its rows match)"
+        if arr.nchunks_initialized != arr.nchunks:  # zarr would read a missing chunk as zeros
+            return None, f"{where} lacks {arr.nchunks - arr.nchunks_initialized} of its {arr.nchunks} chunks"
+        values, why = _read(arr, where)
+        return values, why or f"{where} (no record; the dataset has no commits and its rows match)"
+    if not record.get("complete"):
+        return None, f"{where} was not finished (its writer stopped)"
     want = _record(ds, th)
     for key in ("dataset_id", "commit", "commit_tag", "agents", "thresholds"):
         if record.get(key) != want[key]:
             return None, (f"{where} was computed for {key}={record.get(key)!r}; this dataset has {want[key]!r} "
                           "(run `zarrfeed mask` again)")
-    return np.asarray(arr[:], np.uint32), where
+    values, why = _read(arr, where)
+    if values is not None and _digest(values) != record.get("digest"):
+        return None, f"{where} does not hold the values recorded with it (a chunk lost or rewritten)"
+    return values, why or where
+
+
+def _read(arr: zarr.Array, where: str) -> tuple[np.ndarray | None, str]:
+    """The array's values, or None and why (a chunk that cannot be read or decoded)."""
+    try:
+        return np.asarray(arr[:], np.uint32), ""
+    except Exception as exc:  # a truncated or corrupt chunk: blosc, zlib, OSError ...
+        return None, f"{where} cannot be read ({type(exc).__name__}: {exc})"
 
 
 def selected_rows(mask: np.ndarray, min_history: int = 10, min_future: int = 1) -> np.ndarray:

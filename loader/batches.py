@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import weakref
 from typing import Any, Callable, Iterator, cast
 
@@ -136,6 +137,7 @@ class Loader:
         self._active = False
         self._plan: EpochPlan | None = None
         self._spans: tuple[int, list[tuple[int, int]]] | None = None  # an epoch's rows when resharded
+        self._loaded: Any = None  # the state(s) given to load_state_dict, applied again by use_ranks
         self._run: Run | None = None
         self._finalizer = weakref.finalize(self, lambda: None)
 
@@ -171,6 +173,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` from its first batch at the next iteration."""
         self.epoch, self._position = int(epoch), 0
+        self._spans, self._plan, self._loaded = None, None, None
 
     def use_ranks(self, rank: int, world_size: int) -> None:
         """Read rank `rank`'s part of every epoch (how `to_torch` follows `torch.distributed`). A loader made
@@ -185,6 +188,8 @@ class Loader:
             raise RuntimeError("use_ranks() must come before the first batch")
         self.source.config = dataclasses.replace(c, rank=rank, world_size=world_size)
         self._plan = None
+        if self._loaded is not None:  # states loaded before: shared out again, among these ranks
+            self.load_state_dict(self._loaded)
 
     def to_torch(self) -> Any:
         """This loader as a `torch.utils.data.IterableDataset` of dicts of tensors, for
@@ -214,16 +219,24 @@ class Loader:
         one per old rank), the rows those ranks had not read in their epoch are shared out among this run's
         ranks, each read exactly once (the last batch of a rank may be short), then epochs go on as usual."""
         if isinstance(state, (list, tuple)):
-            return self._reshard([LoaderState.from_dict(s) for s in state])
+            if not state:
+                raise ValueError("load_state_dict([]): no loader states given (the states of every rank of the "
+                                 "run, or one state)")
+            self._reshard([LoaderState.from_dict(s) for s in state])
+            self._loaded = list(state)
+            return
         saved = LoaderState.from_dict(state)
         c = self.source.config
         if saved.settings.get("world_size") != c.world_size:  # a run on another number of ranks
-            return self._reshard([saved])
+            self._reshard([saved])
+            self._loaded = state
+            return
         saved.check_resumes(self.state())
         self._spans = (int(saved.epoch), [(a, z) for a, z in saved.spans]) if saved.spans is not None else None
         self._plan = None
         saved.check_position(len(self.plan(saved.epoch)) if saved.epoch >= 0 else 0)
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
+        self._loaded = state
 
     def _reshard(self, states: list[LoaderState]) -> None:
         """Resume from the states of all N ranks of a run on this run's rank of M (see load_state_dict)."""
@@ -236,9 +249,16 @@ class Loader:
         n = int(worlds.pop() or 1)
         ranks = sorted(int(s.settings.get("rank", 0)) for s in states)
         if ranks != list(range(n)):
+            c = self.source.config
+            hint = (" (this loader is rank 0 of 1: under torch.distributed, call use_ranks(rank, world_size) or "
+                    "to_torch() before load_state_dict)" if (c.rank, c.world_size) == (0, 1) else "")
             raise ValueError(f"loader states of ranks {ranks} of a run on {n}: the states of all {n} ranks are "
-                             "needed to resume on another number of ranks")
+                             f"needed to resume on another number of ranks{hint}")
         epoch = min(s.epoch for s in states)
+        if all(s.epoch == epoch and s.batch == 0 for s in states):  # nothing read of it: this run's own epoch
+            self._spans, self._plan = None, None
+            self.epoch, self._position = epoch, 0
+            return
         remaining: list[tuple[int, int]] = []
         for s in sorted(states, key=lambda s: int(s.settings.get("rank", 0))):
             if s.epoch != epoch and not (s.epoch == epoch + 1 and s.batch == 0):
@@ -304,7 +324,10 @@ class Loader:
             self._active = False
             if checker is not None:
                 checker.seal()
-            if not finished:  # broken out of, an exception, or garbage collected: stop the workers now
+            # broken out of, an exception, or garbage collected: stop the workers now; not once the interpreter
+            # is exiting (modules are being torn down: the kernel frees the memory and the workers see their
+            # parent gone)
+            if not finished and not sys.is_finalizing():
                 self.close()
 
     def _output_layout(self, plan: EpochPlan, k: int) -> Layout:

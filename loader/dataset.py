@@ -1,6 +1,8 @@
 """`Dataset`: open a zarrfeed or L5Kit dataset, describe it (`info`) and check it (`validate`)."""
 from __future__ import annotations
 
+import hashlib
+
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -130,6 +132,24 @@ class Dataset:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return cls.open(location, commit=commit)
+
+    def version_tag(self) -> str:
+        """What tells this state of the dataset from any other at the same place: the newest commit's key
+        (`commit_tag`) and number; without a commit log (a dataset L5Kit or another tool wrote, which may be
+        rewritten in place), a digest of every stored file's name, size and modification time (one listing of
+        the store)."""
+        if self.commit_tag is not None:
+            return f"{self.commit_tag}#{self.commit}"
+        fs, root = self.location.filesystem()
+        h = hashlib.sha256()
+        if self.location.is_zip:
+            st = os.stat(self.location.url)
+            h.update(f"{st.st_size}|{st.st_mtime_ns}".encode())
+            return h.hexdigest()[:32]
+        for path, info in sorted(fs.find(root, detail=True).items()):
+            when = info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("created")
+            h.update(f"{path}|{info.get('size')}|{when}\n".encode())
+        return h.hexdigest()[:32]
 
     def __getitem__(self, table: str) -> zarr.Array:
         return self.tables[table]

@@ -197,7 +197,7 @@ def usage() -> BudgetUse | None:
         held = _HELD.get("ledger")
         if held is not None:
             return held.ledger.usage()
-    fds = [fd for fd in (rendezvous.ask(s) for s in rendezvous.served("budget/serve/")) if fd is not None]
+    fds = [fd for fd in (rendezvous.ask(s, "budget") for s in rendezvous.served("budget/serve/")) if fd is not None]
     if not fds:
         return None
     for extra in fds[1:]:

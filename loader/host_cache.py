@@ -73,11 +73,11 @@ class CacheKey:
     def of(cls, ds: Any, slot_bytes: int) -> "CacheKey":
         """The key of dataset `ds` (a `loader.Dataset`) as opened, with slots of `slot_bytes` (a loader's
         cache rows are counted in slots of its table's chunk size, so loaders with other slot sizes keep other
-        caches): its location, id and commit; a dataset without a zarrfeed manifest (no id, no commit) is named
-        by its location and each table's rows."""
+        caches): where it is (`Location.place`), its id, and which state of it (`Dataset.version_tag`: a copy
+        put in its place, or a dataset without commits rewritten in place, is another cache)."""
         tables = tuple(sorted(ds.tables))
         chunks = tuple(-(-ds.rows[t] // ds[t].chunks[0]) for t in tables)
-        what = {"location": str(ds.location), "dataset_id": ds.dataset_id, "commit": ds.commit,
+        what = {"place": ds.location.place(), "dataset_id": ds.dataset_id, "version": ds.version_tag(),
                 "rows": {t: ds.rows[t] for t in tables}, "slot_bytes": slot_bytes,
                 "chunks": {t: [ds[t].chunks[0], str(ds[t].dtype)] for t in tables}}
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
@@ -123,6 +123,11 @@ class HostSegment:
     def __init__(self, block: SharedBlock, layout: _Layout, register: bool) -> None:
         self.block, self.fd, self.layout = block, block.fd, layout
         self._pid, self._locks = os.getpid(), ProcessLocks(block.fd)
+        self._thread_lock = threading.RLock()
+        self.me = -1
+        self._my_pins: dict[int, int] = {}  # slot -> pins by this process's loaders
+        if register:  # a process number first, before any view of the memory exists: refused, nothing stays
+            self.me = self._take_number()
         self.header = np.frombuffer(block.buf, np.int64, _HEADER // 8)
         arrays = {}
         for name, (at, count) in layout.offsets().items():
@@ -134,11 +139,10 @@ class HostSegment:
         self.pins = arrays["pins"].view(np.uint64).reshape(layout.n_slots, MAX_PROCS // 64)
         self.data_offset = layout.offsets()["data"][0]
         self.slot_bytes, self.n_slots = layout.slot_bytes, layout.n_slots
-        self._thread_lock = threading.RLock()
-        self.me = -1
-        self._my_pins: dict[int, int] = {}  # slot -> pins by this process's loaders
         if register:
-            self._register()
+            with self.locked():
+                self._forget(self.me)  # whatever a dead process with this number left
+                self.procs[self.me] = os.getpid()
 
     # ------------------------------------------------------------ locks
     def _own(self) -> ProcessLocks:
@@ -170,14 +174,14 @@ class HostSegment:
                 self._unlock(_GLOBAL)
 
     # ------------------------------------------------------------ processes
-    def _register(self) -> None:
-        with self.locked():
-            for p in range(MAX_PROCS):
-                if self._lock(_proc_lock(p), wait=False):
-                    self._forget(p)  # whatever a dead process with this number left
-                    self.me = p
-                    self.procs[p] = os.getpid()
-                    return
+    def _take_number(self) -> int:
+        """A process number of this process's own: its lock byte, free until now (its last holder died or
+        left). Mapped memory is not touched here (see __init__)."""
+        for p in range(MAX_PROCS):
+            if self._lock(_proc_lock(p), wait=False):
+                return p
+        self._locks.close()
+        self.block.close()
         raise rendezvous.RendezvousError(f"more than {MAX_PROCS} processes use one host cache")
 
     def _alive(self, p: int) -> bool:
@@ -335,8 +339,8 @@ class HostSegment:
             self._unlock(_proc_lock(self.me))
         self.header = self.procs = self.directory = self.chunk = self.state = None  # type: ignore[assignment]
         self.gen = self.owner = self.unpinned = self.pins = None  # type: ignore[assignment]
-        self.block.close()
         self._locks.close()
+        self.block.close()
 
 
 # ------------------------------------------------------------ one segment per process and key
@@ -372,7 +376,7 @@ def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | No
         seg = server = None
         try:
             with ledger.locked():  # sizing and entering the ledger at once: see host_budget
-                opened = _open_segment(key, want, need, ledger.room())
+                opened = _open_segment(key, want, need, ledger.room(), ledger.budget)
                 if opened is not None:
                     seg, server = opened
                     entry = ledger.enter(key.identity, seg.n_slots * seg.slot_bytes)
@@ -389,7 +393,7 @@ def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | No
         return seg
 
 
-def _open_segment(key: CacheKey, want: int, need: int, room: int
+def _open_segment(key: CacheKey, want: int, need: int, room: int, budget: int
                   ) -> tuple[HostSegment, rendezvous.Server] | None:
     """Find or make the memory file of `key` (see `attach`)."""
     n_slots = max(min(key.n_chunks, want, max(room, 0) // key.slot_bytes), need, 1)
@@ -409,15 +413,28 @@ def _open_segment(key: CacheKey, want: int, need: int, room: int
             raise rendezvous.RendezvousError(f"the host cache {key.identity} has another format")
         return None
     layout = _Layout(n, slot_bytes, n_chunks)
-    seg = HostSegment(SharedBlock(layout.size, fd=fd, populate=False), layout, register=True)
+    try:
+        block = SharedBlock(layout.size, fd=fd, populate=False)
+    except BaseException:
+        server.close()
+        os.close(fd)
+        raise
+    try:
+        seg = HostSegment(block, layout, register=True)
+    except BaseException:  # (more than MAX_PROCS processes): it closed the block; serve nothing either
+        server.close()
+        raise
     if created and key.identity not in _SAID:
         _SAID.add(key.identity)
         log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on "
                  "this machine)", n, n * slot_bytes >> 20)
         if n * slot_bytes > room:
-            log.warning("zarrfeed: the host's budget for decoded chunks is held by the caches of other datasets "
-                        "(%d MiB left); this dataset's cache takes the %d chunks its loaders need at once, %d MiB "
-                        "beyond it", max(room, 0) >> 20, n, (n * slot_bytes - max(room, 0)) >> 20)
+            others = budget - room
+            why = (f"the caches of other datasets hold {others >> 20} of its {budget >> 20} MiB" if others > 0
+                   else f"it is {budget >> 20} MiB")
+            log.warning("zarrfeed: the host's budget for decoded chunks is too small for this dataset (%s); its "
+                        "cache takes the %d chunks its loaders need at once, %d MiB beyond the budget", why, n,
+                        (n * slot_bytes - max(room, 0)) >> 20)
     return seg, server
 
 

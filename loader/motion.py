@@ -59,19 +59,29 @@ class Context:
         self.keys = frame_of.astype(np.int64) * max(len(self.tracks), 1) + code.reshape(-1)
         self.order = np.argsort(self.keys, kind="stable")  # equal keys keep row order: the first row first
         self.sorted = self.keys[self.order]
+        # the same index over the rows that pass the label threshold (`agents["passing"]`, if given)
+        passing = agents.get("passing")
+        if passing is None:
+            self.passing_order, self.passing_sorted = self.order, self.sorted
+        else:
+            rows = np.flatnonzero(passing)
+            self.passing_order = rows[np.argsort(self.keys[rows], kind="stable")]
+            self.passing_sorted = self.keys[self.passing_order]
 
-    def find(self, frames: np.ndarray, track_ids: np.ndarray) -> np.ndarray:
-        """For global frames (B, T) and track ids (B,): the first agent row (local) of that track in each frame,
-        or -1 where it is absent (or the frame is outside the context)."""
+    def find(self, frames: np.ndarray, track_ids: np.ndarray, passing: bool = False) -> np.ndarray:
+        """For global frames (B, T) and track ids (B,): the first agent row (local) of that track in each frame
+        (among the rows passing the label threshold, with `passing`), or -1 where it is absent (or the frame is
+        outside the context)."""
+        order, ordered = (self.passing_order, self.passing_sorted) if passing else (self.order, self.sorted)
         code = np.searchsorted(self.tracks, track_ids)
         code = np.minimum(code, max(len(self.tracks) - 1, 0))
         known = (self.tracks[code] == track_ids) if len(self.tracks) else np.zeros(len(track_ids), bool)
         local = frames - self.f0
         inside = (local >= 0) & (local < len(self.frames["timestamp"]))
         keys = local * max(len(self.tracks), 1) + code[:, None]
-        at = np.minimum(np.searchsorted(self.sorted, keys), max(len(self.sorted) - 1, 0))
-        found = inside & known[:, None] & (self.sorted[at] == keys) if len(self.sorted) else inside & False
-        return np.where(found, self.order[at] if len(self.order) else 0, -1)
+        at = np.minimum(np.searchsorted(ordered, keys), max(len(ordered) - 1, 0))
+        found = inside & known[:, None] & (ordered[at] == keys) if len(ordered) else inside & False
+        return np.where(found, order[at] if len(order) else 0, -1)
 
 
 def _window(t: np.ndarray, scene_lo: np.ndarray, scene_hi: np.ndarray, steps: Steps) -> tuple[np.ndarray, np.ndarray]:
@@ -159,9 +169,12 @@ def agent_samples(ctx: Context, rows: np.ndarray, t: np.ndarray, scene: np.ndarr
                   scene_hi: np.ndarray, steps: Steps) -> dict[str, np.ndarray]:
     """The samples of agent rows `rows` (B,, global) at their frames t (B,) of scenes `scene` spanning frames
     [scene_lo, scene_hi): L5Kit's `generate_agent_sample` with the row's track id (AgentDataset), without the
-    raster. The pose at t is the row's own; each frame of the window holds the first row of its track."""
-    me = rows - ctx.a0
-    track = ctx.agents["track_id"][me]
+    raster. As in L5Kit, the pose at t is the first row of the track in frame t that passes the label threshold
+    (the row itself unless its frame holds the track twice; the row itself if none passes, where L5Kit raises);
+    each frame of the window holds the first row of its track."""
+    track = ctx.agents["track_id"][rows - ctx.a0]
+    centre = ctx.find(t[:, None], track, passing=True)[:, 0]
+    me = np.where(centre >= 0, centre, rows - ctx.a0)
     frames, avail = _window(t, scene_lo, scene_hi, steps)
     found = ctx.find(frames, track)
     avail &= found >= 0

@@ -193,7 +193,9 @@ class EpochPlan:
     def remaining(self, batch: int) -> list[tuple[int, int]]:
         """The positions this rank has not read once batches [0, batch) are made: what an epoch resumed on
         another number of ranks shares out."""
-        return self._positions(min(batch * self.config.batch_size, self.per_rank), self.per_rank)
+        # with drop_last, not the rows past the rank's last whole batch: its epoch never reads them
+        end = self.per_rank if self.resumed else min(self.per_rank, self.num_batches * self.config.batch_size)
+        return self._positions(min(batch * self.config.batch_size, end), end)
 
     def segments(self, k: int) -> list[tuple[int, int, int]]:
         """Batch k as (window, first position in the window's shuffled rows, count), in batch order."""

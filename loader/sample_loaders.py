@@ -46,8 +46,9 @@ class MotionSamples:
     """The samples of an agent or ego loader: each one's row (agent row, or frame for the ego), frame t and
     scene, grouped by the chunk of their row, and the frames and agents each group reads."""
 
-    def __init__(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray) -> None:
+    def __init__(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray, threshold: float = 0.5) -> None:
         self.steps, self.ego = steps, ego
+        self.threshold = threshold  # L5Kit's label threshold: which row of a track is the agent at t
         h, f = steps.history, steps.future
         scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
         iv = read_rows(ds["frames"], 0, ds.rows["frames"], fields=["agent_index_interval"])["agent_index_interval"]
@@ -147,8 +148,9 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             frames["agent_index_interval"] = np.zeros((f1 - f0, 2), np.int64)
             a0 = 0
         else:
-            agents = _columns(view, "agents", (a0, a1), samples.chunk_rows["agents"], AGENT_FIELDS,
-                              dtypes["agents"])
+            agents = _columns(view, "agents", (a0, a1), samples.chunk_rows["agents"],
+                              (*AGENT_FIELDS, "label_probabilities"), dtypes["agents"])
+            agents["passing"] = agents_mask.of_interest(agents.pop("label_probabilities"), samples.threshold)
         contexts[g] = ctx = Context(f0, frames, a0, agents)
         if len(contexts) > _CONTEXTS:
             contexts.popitem(last=False)
@@ -257,8 +259,11 @@ class MotionSource:
 
     def settings(self) -> dict[str, Any]:
         s = self.samples.steps
-        return {**plan_settings(self.table, self.config), "history": s.history, "future": s.future,
-                "step_time": s.step_time, "samples": len(self.samples)}
+        out = {**plan_settings(self.table, self.config), "history": s.history, "future": s.future,
+               "step_time": s.step_time, "samples": len(self.samples)}
+        if not self.samples.ego:  # which row of a track is the agent at t
+            out["threshold"] = self.samples.threshold
+        return out
 
     def selection_parts(self) -> list[np.ndarray]:
         return [self.samples.items]  # the sample rows, exactly
@@ -277,7 +282,7 @@ class _SampleLoader(Loader):
                drop_last: bool, rank: int, world_size: int, transform: Callable | None, copy: bool,
                start_method: str | None, restart_workers: bool, cache_dir: str | os.PathLike | None,
                cache_dir_bytes: int, check_views: bool | None, cache_bytes: int | None, cache: str) -> None:
-        samples = MotionSamples(ds, steps, ego, items)
+        samples = MotionSamples(ds, steps, ego, items, options.get("threshold", 0.5))
         self.samples, self.steps = samples, steps
         self.history, self.future = steps.history, steps.future
         g = samples.group_rows
@@ -346,7 +351,7 @@ class AgentSampleLoader(_SampleLoader):
                 mask = agents_mask.compute(ds, threshold, workers=num_workers)
             items = agents_mask.selected_rows(mask, min_history, min_future)
         self.threshold = threshold
-        options = dict(history=history, future=future, step_time=step_time)
+        options = dict(history=history, future=future, step_time=step_time, threshold=threshold)
         self._begin(ds, steps, False, items, options, batch_size=batch_size, shuffle=shuffle, seed=seed,
                     shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch, drop_last=drop_last,
                     rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,

@@ -123,7 +123,7 @@ def _window_layout(ds: Dataset, samples: Samples, batch_size: int) -> Layout:
         cols.append((f"frames/{name}", sub.base, (samples.T, *sub.shape), fdt.fields[name][1]))
     for table in LINKS:
         dt = ds[table].dtype
-        cap = max(1, samples.max_rows[table] * batch_size)
+        cap = max(1, samples.max_rows[table]) * batch_size  # (at least a batch: the slot views make batch_size rows)
         for name in dt.names:
             sub = dt.fields[name][0]
             cols.append((f"{table}/{name}", sub.base, sub.shape, dt.fields[name][1], cap))

@@ -302,6 +302,11 @@ def test_remote_sample_loaders_match_local_ones(scenes):
                     assert list(a) == list(b)
                     for k in a:
                         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        kw = dict(min_history=0, min_future=3, threshold=0.3, batch_size=64, seed=2)  # the selection travels too
+        with RemoteAgentSampleLoader(server.url, 3, 4, **kw) as r, \
+                AgentSampleLoader(scenes, 3, 4, num_workers=0, **kw) as loc:
+            got, want = [b["agent_row"].tolist() for b in r], [b["agent_row"].tolist() for b in loc]
+            assert got == want and sum(map(len, got)) != len(AgentSampleLoader(scenes, 3, 4).samples)
         for whole in (False, True):
             with RemoteWindowLoader(server.url, 2, 2, batch_size=64, whole_windows=whole) as r, \
                     WindowLoader(scenes, 2, 2, batch_size=64, whole_windows=whole, num_workers=0) as loc:

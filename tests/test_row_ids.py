@@ -212,3 +212,80 @@ def test_l5kit_samples_resumed_on_another_number_of_ranks_are_each_read_once(dat
                 np.testing.assert_array_equal(b["centroid"], want)
                 after.update(rows.tolist())
     assert before + after == whole
+
+
+def _old_run(data, world, steps, **kw):
+    """Each of `world` ranks reads steps[r] batches and saves its state: (rows read, states)."""
+    from collections import Counter
+    before, states = Counter(), []
+    for r in range(world):
+        with Loader(data, num_workers=0, rank=r, world_size=world, row_ids=True, **kw) as loader:
+            it = iter(loader)
+            for _ in range(steps[r]):
+                before.update(next(it)["_row"].tolist())
+            states.append(loader.state_dict())
+    return before, states
+
+
+def test_states_loaded_before_use_ranks_are_shared_out_among_the_new_ranks(data):
+    """A Loader made with the default rank 0 of 1 takes its rank later (`use_ranks`, as `to_torch()` does under
+    torch.distributed): the states loaded before are shared out again among those ranks (found by the
+    adversarial pass: every new rank read every remaining row)."""
+    from collections import Counter
+    kw = dict(batch_size=300, seed=7, shuffle_window=3)
+    table = Dataset.open(data)["agents"][:]
+    before, states = _old_run(data, 3, [2, 1, 3], **kw)
+    after = Counter()
+    for j in range(2):
+        with Loader(data, num_workers=0, row_ids=True, **kw) as loader:
+            loader.load_state_dict(states)
+            loader.use_ranks(j, 2)
+            for b in loader:
+                np.testing.assert_array_equal(b["track_id"], table["track_id"][b["_row"]])
+                after.update(b["_row"].tolist())
+    assert before + after == epoch_rows(data, 3, **kw)
+    with Loader(data, num_workers=0, **kw) as loader:  # one rank's state, before use_ranks: says what to do
+        with pytest.raises(ValueError, match=r"call use_ranks\(rank, world_size\) or to_torch\(\) before"):
+            loader.load_state_dict(states[1])
+        with pytest.raises(ValueError, match=r"no loader states given"):
+            loader.load_state_dict([])
+
+
+def test_a_resharded_drop_last_epoch_reads_only_the_rows_the_run_would_have_read(data):
+    """With drop_last, the rows past a rank's last whole batch are never read by its epoch: resumed on other
+    ranks, they are not read either."""
+    kw = dict(batch_size=700, seed=2, shuffle_window=2, drop_last=True)
+    before, states = _old_run(data, 3, [1, 2, 1], **kw)
+    after = epoch_rows_resumed(data, states, 2, **kw)
+    assert before + after == epoch_rows(data, 3, **kw)
+
+
+def test_states_saved_at_an_epochs_end_resume_on_other_ranks_as_their_own_next_epoch(data):
+    """States saved after every rank finished epoch 0 say (epoch 1, batch 0): on M ranks, epoch 1 is then the
+    M ranks' own epoch 1, batch for batch."""
+    kw = dict(batch_size=500, seed=5, shuffle_window=2)
+    states = []
+    for r in range(3):
+        with Loader(data, num_workers=0, rank=r, world_size=3, **kw) as loader:
+            for _ in loader:
+                pass
+            states.append(loader.state_dict())
+    for j in range(2):
+        with Loader(data, num_workers=0, rank=j, world_size=2, row_ids=True, **kw) as resumed, \
+                Loader(data, num_workers=0, rank=j, world_size=2, row_ids=True, **kw) as fresh:
+            resumed.load_state_dict(states)
+            fresh.set_epoch(1)
+            got, want = [b["_row"].copy() for b in resumed], [b["_row"].copy() for b in fresh]
+            assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def epoch_rows_resumed(path, states, world, **kw):
+    """The rows `world` new ranks read after loading `states`, together (a Counter)."""
+    from collections import Counter
+    out = Counter()
+    for j in range(world):
+        with Loader(path, num_workers=0, rank=j, world_size=world, row_ids=True, **kw) as loader:
+            loader.load_state_dict(states)
+            for b in loader:
+                out.update(b["_row"].tolist())
+    return out

@@ -188,6 +188,16 @@ class Location:
     def __repr__(self) -> str:
         return f"Location({self.url!r})"
 
+    def place(self) -> str:
+        """Where the dataset is, the same however it is spelled: a local path resolved (symbolic links, the
+        working directory), a URL with the endpoint its storage options name (one bucket name on two S3
+        servers is two places). Credentials are not part of it."""
+        if self.is_local:
+            return os.path.realpath(self.url)
+        opts = self.storage_options
+        endpoint = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+        return f"{self.url.rstrip('/')}@{endpoint}" if endpoint else self.url.rstrip("/")
+
     def same_place(self, other: "Location") -> bool:
         """Whether two locations name the same dataset (resolved local paths, or equal URLs)."""
         if self.is_local and other.is_local:

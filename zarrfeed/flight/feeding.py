@@ -225,7 +225,8 @@ def _make_loader(ds: Dataset, t: Ticket, options: dict[str, Any]) -> Loader:
     if t.kind == "windows":
         return WindowLoader(ds, t.history, t.future, whole_windows=t.whole_windows, **options)
     if t.kind == "agents":
-        return AgentSampleLoader(ds, t.history, t.future, step_time=t.step_time, threshold=t.threshold, **options)
+        return AgentSampleLoader(ds, t.history, t.future, step_time=t.step_time, threshold=t.threshold,
+                                 min_history=t.min_history, min_future=t.min_future, **options)
     if t.kind == "ego":
         return EgoSampleLoader(ds, t.history, t.future, step_time=t.step_time, **options)
     return Loader(ds, t.table, fields=t.fields, row_ids=t.row_ids, **options)

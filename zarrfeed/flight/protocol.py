@@ -57,6 +57,8 @@ class Ticket:
     whole_windows: bool = False  # WindowLoader's whole_windows
     step_time: float = 0.1  # the sample loaders' step_time
     threshold: float = 0.5  # AgentSampleLoader's agents mask threshold
+    min_history: int = 10  # AgentSampleLoader's min_history and min_future
+    min_future: int = 1
 
     def encode(self) -> flight.Ticket:
         return flight.Ticket(self.to_json())
@@ -94,7 +96,9 @@ class Ticket:
                                     ("plan.world_size", p.world_size, 1, 1 << 20),
                                     ("plan.rank", p.rank, 0, p.world_size - 1 if _integer(p.world_size) else 0),
                                     ("epoch", self.epoch, 0, 2**31 - 1), ("batch", self.batch, 0, 2**63 - 1),
-                                    ("history", self.history, 0, 1 << 16), ("future", self.future, 0, 1 << 16)):
+                                    ("history", self.history, 0, 1 << 16), ("future", self.future, 0, 1 << 16),
+                                    ("min_history", self.min_history, 0, 1 << 16),
+                                    ("min_future", self.min_future, 0, 1 << 16)):
             if not _integer(value) or not lo <= value <= hi:
                 raise ValueError(f"ticket: {name} must be an integer in [{lo}, {hi}], got {value!r}")
         if self.commit is not None and (not _integer(self.commit) or self.commit < 0):

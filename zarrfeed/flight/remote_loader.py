@@ -251,7 +251,8 @@ class _RemoteSamples(_RemoteFeed):
     TABLE = ""
 
     def __init__(self, url: str, history: int = 10, future: int = 50, *, step_time: float = 0.1,
-                 threshold: float = 0.5, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+                 threshold: float = 0.5, min_history: int = 10, min_future: int = 1, batch_size: int = 32,
+                 shuffle: bool = True, seed: int = 0,
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
                  token: str | None = None, output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
@@ -262,7 +263,8 @@ class _RemoteSamples(_RemoteFeed):
                             shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
         self._ticket = Ticket(self.TABLE, plan, None, self.commit, kind=self.KIND, history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
-                              step_time=step_time, threshold=threshold)
+                              step_time=step_time, threshold=threshold, min_history=min_history,
+                              min_future=min_future)
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:

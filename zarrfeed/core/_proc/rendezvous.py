@@ -1,16 +1,20 @@
 """One anonymous memory file per name, per user, per host: found by any process that asks for the name, with
 no daemon, no file on disk and nothing in /dev/shm.
 
-How. Each process that holds the memory file (`memfd_create`) serves it: a thread accepts connections on a
-Unix socket in Linux's abstract namespace (a name, not a file: it goes away with the process, even after
-SIGKILL) and passes the file descriptor over it (SCM_RIGHTS), after checking with SO_PEERCRED that the peer
-runs as the same user (abstract sockets have no permissions of their own, so this check is what keeps other
-users out). A process that asks for the name takes a creation lock (another abstract socket name, bound for
-the moment of the lookup: released by the kernel if the process dies), looks for a live server in
-/proc/net/unix, and either receives the descriptor from it or creates the file; then it serves too. Because
-every holder serves, the file stays reachable as long as any process holds it, and it is freed by the kernel
-when the last one closes it or dies. We write this ourselves: no library we know of shares a memfd between
-unrelated processes without a broker process.
+How. Each process that holds the memory file (`memfd_create`) serves it: it listens on a Unix socket in
+Linux's abstract namespace (a name, not a file: it goes away with the process, even after SIGKILL) whose name
+says the process and the descriptor that holds the file. A process that asks for the name takes a creation
+lock (another abstract socket name, bound for the moment of the lookup: released by the kernel if the process
+dies), looks for a live server in /proc/net/unix, and opens the file through /proc/<pid>/fd/<fd> of that
+server (the kernel allows it for processes of the same user only, and it needs nothing of the server: a
+stopped or busy server still hands it over); where /proc refuses (a process that is not dumpable), a thread
+of the server passes the descriptor over the socket (SCM_RIGHTS), after checking with SO_PEERCRED that the
+peer runs as the same user. Either way the asker checks that the file is a zarrfeed memory file of that name
+owned by its own user (abstract socket names have no permissions: anyone can bind one, so a server is never
+trusted by its name alone). If no server hands it over, the asker creates the file; then it serves too.
+Because every holder serves, the file stays reachable as long as any process holds it, and it is freed by the
+kernel when the last one closes it or dies. We write this ourselves: no library we know of shares a memfd
+between unrelated processes without a broker process.
 """
 from __future__ import annotations
 
@@ -57,12 +61,52 @@ def _servers(prefix: str) -> list[str]:
     return found
 
 
-def ask(server: str, timeout: float = _ASK_TIMEOUT) -> int | None:
-    """The descriptor served at abstract name `server`, or None if nobody answers (gone, or refused us)."""
+def _memfd_name(name: str) -> str:
+    return f"{_PREFIX}-{name[:40]}"
+
+
+def _ours(fd: int, name: str | None) -> bool:
+    """Whether `fd` is a memory file of this user (and, given `name`, made for that name)."""
+    try:
+        st = os.fstat(fd)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False
+    if st.st_uid != os.geteuid() or not target.startswith("/memfd:"):
+        return False
+    return name is None or target[len("/memfd:"):].removesuffix(" (deleted)") == _memfd_name(name)
+
+
+def ask(server: str, name: str | None = None, timeout: float = _ASK_TIMEOUT) -> int | None:
+    """The descriptor served at abstract name `server` (checked to be this user's memory file for `name`), or
+    None if it cannot be had (gone, refused us, or not what it should be)."""
+    fd = _from_proc(server)
+    if fd is None:
+        fd = _from_socket(server, timeout)
+    if fd is not None and not _ours(fd, name):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _from_proc(server: str) -> int | None:
+    """The server's descriptor, opened through /proc/<pid>/fd/<fd> (the numbers its socket's name gives)."""
+    try:
+        pid, fd, _ = server.rsplit("/", 1)[1].split("-")
+        return os.open(f"/proc/{int(pid)}/fd/{int(fd)}", os.O_RDWR | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+
+
+def _from_socket(server: str, timeout: float) -> int | None:
+    """The descriptor the server's thread passes over its socket, if the server runs as this user."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         try:
             s.connect(server)
+            _, peer_uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if peer_uid != os.geteuid():
+                return None
             _, fds, _, _ = socket.recv_fds(s, 16, 1)
         except OSError:
             return None
@@ -76,7 +120,7 @@ class Server:
     def __init__(self, fd: int, prefix: str) -> None:
         self.fd = os.dup(fd)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(f"{prefix}{os.getpid()}-{id(self):x}")
+        self.sock.bind(f"{prefix}{os.getpid()}-{self.fd}-{id(self):x}")  # see _from_proc
         self.sock.listen(64)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="zarrfeed-rendezvous", daemon=True)
@@ -156,12 +200,12 @@ def find_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[i
                 time.sleep(0.002)
         fd = None
         for server in _servers(prefix):
-            fd = ask(server)
+            fd = ask(server, name)
             if fd is not None:
                 break
         created = fd is None
         if fd is None:
-            fd = os.memfd_create(f"{_PREFIX}-{name[:40]}", os.MFD_CLOEXEC)
+            fd = os.memfd_create(_memfd_name(name), os.MFD_CLOEXEC)
             try:
                 os.ftruncate(fd, size)
                 init(fd)

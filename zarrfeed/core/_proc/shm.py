@@ -75,13 +75,14 @@ class SharedBlock:
         """Unmap and close; the memory is freed once no process maps it."""
         if self._fd < 0:
             return
-        self.buf.release()
+        fd, self._fd = self._fd, -1
         try:
+            self.buf.release()
             self._mmap.close()
         except BufferError:  # a numpy view still exports the buffer; the mapping goes with the last view
             pass
-        os.close(self._fd)
-        self._fd = -1
+        finally:
+            os.close(fd)
 
 
 def _attach(dup: Any, size: int, populate: bool) -> SharedBlock:
