@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""The mutation score of the modules where a wrong line loses or mixes data (issue 26), per module.
+
+    python .ci/mutation.py [--modules keys,plan] [--jobs 2]
+
+It runs mutmut 3 (`pip install -e '.[mutation]'`): every small change mutmut makes to those modules (a `<`
+for a `<=`, a constant off by one, a dropped call, ...) should make some test fail. The score of a module is
+killed / (mutants - equivalent): a surviving mutant is a bug the suite would not see, unless it is listed in
+`.ci/mutation_equivalent.txt` with the reason it cannot change behaviour. Each module runs against the test
+files that exercise it (MODULES below); mutmut runs, for each mutant, only the tests that reach the mutated
+function, in a process forked from one that has imported everything, so the run takes minutes, not hours.
+
+mutmut mutates a copy of the sources laid out as installed (`zarrfeed/writer`, `zarrfeed/loader`), which this
+script makes under build/mutation/, so the repository's files are never changed. Too slow for every push
+(about N minutes on 2 cores: see the README's development section); run it before a release and after
+changing one of these modules.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE = ROOT / "build" / "mutation"
+EQUIVALENT = ROOT / ".ci" / "mutation_equivalent.txt"
+
+# module (as installed) -> the test files that exercise it
+MODULES: dict[str, list[str]] = {
+    "zarrfeed/core/keys.py": ["test_keys.py", "test_committer.py"],
+    "zarrfeed/core/commit_log.py": ["test_committer.py", "test_digests.py", "test_never_lose.py"],
+    "zarrfeed/core/links.py": ["test_links.py", "test_write.py"],
+    "zarrfeed/writer/commit.py": ["test_committer.py", "test_never_lose.py"],
+    "zarrfeed/writer/journal.py": ["test_committer.py", "test_digests.py", "test_never_lose.py"],
+    "zarrfeed/writer/committer.py": ["test_committer.py", "test_never_lose.py"],
+    "zarrfeed/writer/lease.py": ["test_lease.py"],
+    "zarrfeed/writer/episode.py": ["test_write.py", "test_keys.py", "test_dataset_writer.py"],
+    "zarrfeed/loader/plan.py": ["test_plan.py", "test_row_ids.py"],
+    "zarrfeed/loader/order.py": ["test_order.py", "test_plan.py"],
+    "zarrfeed/loader/state.py": ["test_loader.py", "test_row_ids.py"],
+    "zarrfeed/loader/chunk_cache.py": ["test_chunk_cache.py"],
+    "zarrfeed/loader/gather.py": ["test_gather.py"],
+    "zarrfeed/loader/gather_numpy.py": ["test_gather.py"],
+    "zarrfeed/core/arrow_records.py": ["test_arrow.py"],
+    "zarrfeed/flight/remote_writer.py": ["test_serve.py"],
+}
+
+
+def stage(modules: list[str]) -> None:
+    """build/mutation: the sources laid out as installed, the tests, and mutmut's configuration."""
+    if STAGE.exists():
+        shutil.rmtree(STAGE)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "zarrfeed", STAGE / "zarrfeed", ignore=ignore)
+    for part in ("writer", "loader"):  # package-dir: zarrfeed.writer lives in writer/, as the wheel installs it
+        shutil.copytree(ROOT / part, STAGE / "zarrfeed" / part, ignore=ignore)
+    shutil.copytree(ROOT / "tests", STAGE / "tests", ignore=ignore)
+    tests = sorted({f"tests/{t}" for m in modules for t in MODULES[m]})
+    (STAGE / "pyproject.toml").write_text(
+        "[tool.mutmut]\n"
+        'source_paths = ["zarrfeed"]\n'
+        f"only_mutate = {modules!r}\n"
+        f"pytest_add_cli_args_test_selection = {tests!r}\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+        "[tool.pytest.ini_options]\n"
+        'testpaths = ["tests"]\n')
+
+
+def equivalent() -> dict[str, str]:
+    """mutant name -> why it cannot change behaviour (lines `name: reason`, # comments)."""
+    out = {}
+    if EQUIVALENT.exists():
+        for line in EQUIVALENT.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                name, _, reason = line.partition(":")
+                out[name.strip()] = reason.strip()
+    return out
+
+
+def module_of(mutant: str) -> str:
+    """zarrfeed.core.keys.x_fingerprint__mutmut_3 -> zarrfeed/core/keys.py"""
+    return mutant.split(".x", 1)[0].replace(".", "/") + ".py"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modules", help="comma-separated names (keys,plan,...); default: all of MODULES")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    ap.add_argument("--survivors", action="store_true", help="print each surviving mutant's diff")
+    args = ap.parse_args()
+    modules = list(MODULES)
+    if args.modules:
+        want = set(args.modules.split(","))
+        modules = [m for m in MODULES if Path(m).stem in want]
+        if len(modules) != len(want):
+            ap.error(f"--modules: unknown {sorted(want - {Path(m).stem for m in modules})}; known "
+                     f"{sorted(Path(m).stem for m in MODULES)}")
+    stage(modules)
+    # Worker processes (multiprocess: spawn, forkserver) get this sys.path and import the mutants; scripts a
+    # test runs with sys.executable import the installed package, so mutants they alone reach survive.
+    # (PYTHONPATH=mutants would reach them too, but mutmut's first run then finds no test for any mutant.)
+    env = dict(os.environ)
+    mutmut = [sys.executable, "-m", "mutmut"]
+    run = subprocess.run([*mutmut, "run", "--max-children", str(args.jobs)], cwd=STAGE, env=env,
+                         capture_output=True, text=True)
+    if run.returncode:
+        tail = (run.stdout.replace("\r", "\n")[-3000:] + run.stderr[-3000:]).strip()
+        print(f"mutation: mutmut run failed (exit {run.returncode}):\n{tail}", file=sys.stderr)
+        return 2
+    listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=STAGE, env=env, capture_output=True,
+                             text=True, check=True).stdout
+    skip = equivalent()
+    counts: dict[str, Counter] = {m: Counter() for m in modules}
+    survivors = []
+    for line in listing.splitlines():
+        m = re.match(r"^\s*(\S+__mutmut_\d+): (.+)$", line)
+        if not m:
+            continue
+        name, status = m.groups()
+        module = module_of(name)
+        if module not in counts:
+            continue
+        status = "equivalent" if name in skip else status
+        counts[module][status] += 1
+        if status not in ("killed", "equivalent"):
+            survivors.append((name, status))
+    print(f"{'module':40} {'mutants':>8} {'killed':>7} {'equiv':>6} {'left':>5} {'score':>7}")
+    total = Counter()
+    for module, c in counts.items():
+        n, killed, eq = sum(c.values()), c["killed"], c["equivalent"]
+        total.update({"n": n, "killed": killed, "eq": eq})
+        score = killed / (n - eq) if n > eq else 1.0
+        print(f"{module:40} {n:8d} {killed:7d} {eq:6d} {n - killed - eq:5d} {score:7.1%}")
+    n, killed, eq = total["n"], total["killed"], total["eq"]
+    print(f"{'all':40} {n:8d} {killed:7d} {eq:6d} {n - killed - eq:5d} {killed / max(n - eq, 1):7.1%}")
+    for name, status in survivors:
+        print(f"  {status}: {name}")
+        if args.survivors:
+            print(subprocess.run([*mutmut, "show", name], cwd=STAGE, env=env, capture_output=True,
+                                 text=True).stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
