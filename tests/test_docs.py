@@ -87,3 +87,18 @@ def test_the_home_page_says_what_the_readme_says():
 
     for start, end in (("- **Writer**", "## Why not"), ("Measured on this project", "zarrfeed reads and writes")):
         assert part(home, start, end) == part(readme, start, end), start
+
+
+def test_the_format_number_the_docs_name_is_the_one_written(tmp_path):
+    """The changelog and the format page name the manifest's format field and number (they once named a field
+    `format` that zarrfeed.json does not have)."""
+    import json
+
+    from zarrfeed.writer import synthetic, write_dataset
+
+    write_dataset(tmp_path / "d.zarr", synthetic.episodes(1, seed=0), workers=0)
+    number = json.loads((tmp_path / "d.zarr" / "zarrfeed.json").read_text())["zarrfeed"]
+    said = f"the field `zarrfeed` of `zarrfeed.json`, {number} in this version"
+    assert said in " ".join((ROOT / "CHANGELOG.md").read_text().split())
+    page = " ".join((DOCS / "guides/format.md").read_text().split())
+    assert f"its field `zarrfeed` says the format, {number};" in page
