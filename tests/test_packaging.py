@@ -2,6 +2,7 @@
 falls back to the numpy kernel with one warning, the package is typed and licensed, and another OS is told
 plainly."""
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -19,10 +20,15 @@ def run(command: list, env: dict | None = None) -> None:
 
 
 def build(kind: str, out: Path, env: dict | None = None) -> Path:
-    """An sdist or a wheel of this checkout, built with the setuptools already installed (no download)."""
+    """An sdist or a wheel of this checkout, built with the setuptools already installed (no download). A wheel
+    is built from a clean copy of the sources: an in-tree build leaves build/ behind, whose compiled kernels
+    the next build would package (a no-compiler wheel then held them)."""
     if kind == "wheel":
+        src = out.parent / f"{out.name}-src"
+        shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.so", "__pycache__",
+                                                                   "*.egg-info", ".pytest_cache", "site"))
         run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-             str(ROOT)], env)
+             str(src)], env)
         return next(out.glob("*.whl"))
     run([sys.executable, "-c", "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])",
          str(out)], env)

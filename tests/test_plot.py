@@ -112,3 +112,11 @@ def test_without_matplotlib_the_command_says_what_to_install(real_scene, tmp_pat
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr == "zarrfeed: error: drawing needs matplotlib: pip install 'zarrfeed[plot]'\n"
+
+
+def test_a_dataset_without_scenes_is_said_not_drawn_empty(tmp_path):
+    from zarrfeed.writer import write_dataset
+    write_dataset(tmp_path / "e.zarr", [], workers=0)
+    r = zarrfeed("plot", tmp_path / "e.zarr", "--summary", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().endswith("has no scenes to draw"), r.stderr
+    assert not (tmp_path / "summary.png").exists()

@@ -216,6 +216,8 @@ def summary_figure(dataset: Dataset) -> Figure:
     from matplotlib.ticker import MaxNLocator
 
     s = summarize(dataset)
+    if not len(s.frames_per_scene):
+        raise ValueError(f"--summary: {dataset.location} has no scenes to draw")
     names = labels_of(dataset)
     fig = Figure(figsize=(10, 9), layout="constrained")
     per_scene, per_frame, shares = fig.subplots(3, 1)
@@ -228,7 +230,10 @@ def summary_figure(dataset: Dataset) -> Figure:
     per_scene.set_ylabel("rows (log)")
     per_scene.legend(fontsize="small")
     per_scene.set_title(f"{_name(dataset)}: rows per scene")
-    per_scene.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(x) <= 20:  # a tick per scene (MaxNLocator puts ticks between scenes when there are few)
+        per_scene.set_xticks(x)
+    else:
+        per_scene.xaxis.set_major_locator(MaxNLocator(integer=True))
     per_frame.plot(np.arange(len(s.agents_per_frame)), s.agents_per_frame, linewidth=0.8)
     mean = s.agents_per_frame.mean() if len(s.agents_per_frame) else 0.0
     per_frame.axhline(mean, color="black", linestyle="--", linewidth=0.8, label=f"mean {mean:.1f}")
