@@ -51,15 +51,17 @@ MODULES: dict[str, list[str]] = {
 }
 
 
-def stage(modules: list[str]) -> None:
-    """build/mutation: the sources laid out as installed, the tests, and mutmut's configuration."""
-    if STAGE.exists():
+def stage(modules: list[str], fresh: bool) -> None:
+    """build/mutation: the sources laid out as installed, the tests, and mutmut's configuration. Kept between
+    runs (unless `fresh`): mutmut then tests only the mutants of functions that changed, or not tested yet."""
+    if fresh and STAGE.exists():
         shutil.rmtree(STAGE)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(ROOT / "zarrfeed", STAGE / "zarrfeed", ignore=ignore)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "mutants")
+    copy = dict(ignore=ignore, dirs_exist_ok=True)
+    shutil.copytree(ROOT / "zarrfeed", STAGE / "zarrfeed", **copy)
     for part in ("writer", "loader"):  # package-dir: zarrfeed.writer lives in writer/, as the wheel installs it
-        shutil.copytree(ROOT / part, STAGE / "zarrfeed" / part, ignore=ignore)
-    shutil.copytree(ROOT / "tests", STAGE / "tests", ignore=ignore)
+        shutil.copytree(ROOT / part, STAGE / "zarrfeed" / part, **copy)
+    shutil.copytree(ROOT / "tests", STAGE / "tests", **copy)
     tests = sorted({f"tests/{t}" for m in modules for t in MODULES[m]})
     (STAGE / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
@@ -93,6 +95,7 @@ def main() -> int:
     ap.add_argument("--modules", help="comma-separated names (keys,plan,...); default: all of MODULES")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     ap.add_argument("--survivors", action="store_true", help="print each surviving mutant's diff")
+    ap.add_argument("--fresh", action="store_true", help="test every mutant again (default: only what changed)")
     args = ap.parse_args()
     modules = list(MODULES)
     if args.modules:
@@ -101,7 +104,7 @@ def main() -> int:
         if len(modules) != len(want):
             ap.error(f"--modules: unknown {sorted(want - {Path(m).stem for m in modules})}; known "
                      f"{sorted(Path(m).stem for m in MODULES)}")
-    stage(modules)
+    stage(modules, args.fresh)
     # Worker processes (multiprocess: spawn, forkserver) get this sys.path and import the mutants; scripts a
     # test runs with sys.executable import the installed package, so mutants they alone reach survive.
     # (PYTHONPATH=mutants would reach them too, but mutmut's first run then finds no test for any mutant.)
@@ -128,17 +131,19 @@ def main() -> int:
             continue
         status = "equivalent" if name in skip else status
         counts[module][status] += 1
-        if status not in ("killed", "equivalent"):
+        if status not in ("killed", "timeout", "equivalent", "not checked"):
             survivors.append((name, status))
-    print(f"{'module':40} {'mutants':>8} {'killed':>7} {'equiv':>6} {'left':>5} {'score':>7}")
+    print(f"{'module':40} {'mutants':>8} {'killed':>7} {'equiv':>6} {'left':>5} {'unrun':>6} {'score':>7}")
     total = Counter()
     for module, c in counts.items():
-        n, killed, eq = sum(c.values()), c["killed"], c["equivalent"]
-        total.update({"n": n, "killed": killed, "eq": eq})
-        score = killed / (n - eq) if n > eq else 1.0
-        print(f"{module:40} {n:8d} {killed:7d} {eq:6d} {n - killed - eq:5d} {score:7.1%}")
-    n, killed, eq = total["n"], total["killed"], total["eq"]
-    print(f"{'all':40} {n:8d} {killed:7d} {eq:6d} {n - killed - eq:5d} {killed / max(n - eq, 1):7.1%}")
+        n, eq, unrun = sum(c.values()), c["equivalent"], c["not checked"]
+        killed = c["killed"] + c["timeout"]  # a mutant that makes a test hang is caught too
+        total.update({"n": n, "killed": killed, "eq": eq, "unrun": unrun})
+        print(f"{module:40} {n:8d} {killed:7d} {eq:6d} {n - killed - eq - unrun:5d} {unrun:6d} "
+              f"{killed / max(n - eq - unrun, 1):7.1%}")
+    n, killed, eq, unrun = total["n"], total["killed"], total["eq"], total["unrun"]
+    print(f"{'all':40} {n:8d} {killed:7d} {eq:6d} {n - killed - eq - unrun:5d} {unrun:6d} "
+          f"{killed / max(n - eq - unrun, 1):7.1%}")
     for name, status in survivors:
         print(f"  {status}: {name}")
         if args.survivors:
