@@ -83,7 +83,7 @@ class DatasetWriter:
             to the workers as often. Lower: readers see rows sooner; higher: fewer manifest writes and fewer
             chunks shared by two segments.
         segment_bytes: Bytes of each shared-memory segment buffer (default 4 MiB on a local disk, 16 MiB on an
-            object store; at least two chunks of the widest table). The writer holds (tables + 2 x workers) of
+            object store; at least twice the largest chunk's bytes). The writer holds (tables + 2 x workers) of
             them; larger ones let each worker send more chunks at once.
         coordinator: Hands out each episode's rows in every table (`Coordinator.reserve`); default a
             `LocalCoordinator`, which appends in submission order. Pass one to share row ranges with other
