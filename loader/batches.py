@@ -68,6 +68,59 @@ class Loader:
     to check that a resumed run read every row once. Every option after `table` is
     keyword-only. Iterating continues where the previous iteration stopped; after a complete epoch the epoch
     advances.
+
+    Args:
+        dataset_or_path: An open `Dataset`, or a directory, `.zip` file or fsspec URL to open (with
+            `storage_options` and `commit`, which are ignored when a `Dataset` is given).
+        table: The table whose rows are batched (default "agents").
+        batch_size: Rows per batch (default 256); the last batch of an epoch may be shorter (see `drop_last`).
+        fields: The fields to load, in this order (default all); fewer fields mean less to gather and copy.
+            An unknown or repeated field is refused.
+        shuffle: Shuffle the rows (default); False reads the selected rows in table order.
+        seed: The integer that, with the epoch, decides the shuffled order (the same on every machine).
+        shuffle_window: Chunks (in a random order) whose rows are shuffled together (default 8). More mixes rows
+            from further apart, at the cost of more decoded chunks held at once.
+        num_workers: Reader processes that decode chunks and gather batches (default 2; 0: in this process).
+            The batches and their order do not depend on it.
+        prefetch: Batches made ahead of the one being used, at least (default 4); more smooths out slow
+            chunks, at the cost of shared memory.
+        drop_last: Drop the rows that do not fill a last batch and, with several ranks, the tail that does
+            not divide equally among them. Default: the last batch is short, and ranks' shares are made equal
+            by repeating rows from the start of the epoch.
+        rank: This process's rank, in [0, world_size): it reads the rank-th of `world_size` equal parts of each
+            epoch (mostly different chunks), the same order on every rank.
+        world_size: The number of ranks sharing each epoch (default 1). `use_ranks` (or `to_torch`) can set
+            both from `torch.distributed` instead.
+        rows: The committed rows to read, as an index array (no repeats; read in plan order, not the given
+            order) or a boolean mask with one entry per committed row. Default: all of them.
+        transform: A function run in the workers on each batch (after `dtypes`), taking and returning a dict of
+            numpy arrays whose first axis is the batch's rows; its output shapes per row must not change. It
+            runs once first, in a process of its own, to size the batch slots.
+        copy: Yield batches that own their arrays (one copy each). Default: views into shared memory, valid
+            until the next batch is requested.
+        start_method: How worker processes start ("fork", "spawn" or "forkserver"); default "forkserver" where
+            the platform has it. "fork" starts faster, but a child of a process with threads may deadlock.
+        restart_workers: Start a new worker in place of one that dies, and have it make that worker's
+            batches again. Default: raise `LoaderError`.
+        output: "numpy" (default): dicts of arrays; "arrow": pyarrow RecordBatches over the same memory.
+        storage_options: fsspec options for a URL (credentials, `endpoint_url`, ...).
+        commit: The commit number to read (default: the latest when opened); pin one so that every rank
+            reads the same rows while a writer appends.
+        cache_dir: A local folder keeping fetched chunk objects of a dataset on an object store across epochs
+            and runs (nothing is kept for a local dataset); default: none.
+        cache_dir_bytes: The bound of `cache_dir`, in bytes (default 8 GiB); least recently used go first.
+        dtypes: Fields converted in the workers (`{"centroid": "float32"}`); only fields of the batches.
+        casting: Which `dtypes` conversions are allowed: numpy's rule ("no", "equiv", "safe", "same_kind",
+            "unsafe"). Default (None): "safe" casts, and a float to a narrower float.
+        check_views: Make a view used after the next batch fault loudly (a debug mode; no effect with
+            `copy=True`). Default (None): the environment variable ZARRFEED_CHECK_VIEWS decides.
+        cache_bytes: Bytes of decoded chunks kept across epochs (default: a quarter of the memory available;
+            0: none, every epoch decodes again). With `cache="host"` it sizes the host's cache if this loader
+            makes it.
+        cache: Where decoded chunks are kept: "host" (default), one cache shared by every loader of this
+            dataset commit on this machine; "process", this loader's own; "off", none.
+        row_ids: Add a column `_row` (int64): each row's index in the table, to join batches with labels kept
+            elsewhere or to check that every row was read once.
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, table: str = "agents", *,

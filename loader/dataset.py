@@ -32,6 +32,7 @@ class ValidationReport:
 
     @property
     def ok(self) -> bool:
+        """Whether no violation was found."""
         return self.count == 0
 
     def __str__(self) -> str:
@@ -99,7 +100,15 @@ class Dataset:
         The rows are those of the latest commit when opened, or of commit number `commit` (pin one to make
         every rank of a job read the same rows while a writer appends: `Dataset.open(path).commit` on one rank,
         then `commit=` on all). On S3 the whole opening is bounded by the store's budget (`zarrfeed_timeout`):
-        each call has that budget, and an opening makes several."""
+        each call has that budget, and an opening makes several.
+
+        Args:
+            path_or_url: A directory, a `.zip` file, an fsspec URL (`s3://bucket/prefix`) or a `Location`.
+            mode: "r" (default) opens it read-only; any other mode opens the zarr group and arrays writable
+                (outside zarrfeed's commits; a `.zip` is refused).
+            storage_options: fsspec options for a URL (credentials, `endpoint_url`, `zarrfeed_timeout`, ...).
+            commit: The commit number whose rows to read (default: the latest).
+        """
         location = Location.of(path_or_url, storage_options)
         return bounded(location.budget, lambda: cls._open(location, mode, commit),
                        f"{location}: opening the dataset (the store does not answer)")
@@ -159,6 +168,7 @@ class Dataset:
         return f"Dataset({str(self.location)!r}, schema={self.schema.name!r}, rows: {rows})"
 
     def close(self) -> None:
+        """Close the store (a `.zip` file's handle; nothing to close for a directory or a URL)."""
         close = getattr(self.group.store, "close", None)
         if close:
             close()
@@ -187,6 +197,8 @@ class Dataset:
         return out
 
     def chunks(self, table: str) -> "ChunkReader":
+        """`table`'s committed rows one chunk at a time, as (start row, records), None for a missing chunk; a
+        chunk that cannot be decoded raises `FormatError`."""
         return ChunkReader(self, table)
 
     def validate(self, limit: int = 20, progress: Callable[[int], None] | None = None) -> ValidationReport:
@@ -274,7 +286,16 @@ class Dataset:
     def to_batches(self, table: str, batch_size: int = 65_536, fields: list[str] | None = None,
                    join: dict[str, str] | None = None, row_index: str | None = None) -> ArrowStream:
         """`table` in row order as an Arrow stream (see `zarrfeed.loader.arrow_bridge.table_batches`): iterate it for
-        RecordBatches, or pass it to polars, DuckDB or pyarrow, which read its Arrow C stream."""
+        RecordBatches, or pass it to polars, DuckDB or pyarrow, which read its Arrow C stream.
+
+        Args:
+            table: The table to read.
+            batch_size: Rows per RecordBatch (default 65,536).
+            fields: The fields to read, in this order (default all).
+            join: Child tables to nest, each with the interval field that points at it
+                (`{"agents": "agent_index_interval"}`): a list<struct> column of each row's child rows.
+            row_index: The name of a column to add holding each row's index in the table (default: none).
+        """
         return table_batches(self, table, batch_size, fields, join, row_index)
 
     def to_arrow(self, table: str, fields: list[str] | None = None) -> pa.Table:

@@ -65,7 +65,25 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     `client`, by its cluster's workers (which must reach the dataset and `out_dir`). Each file's metadata
     holds the numpy dtype, the zarrfeed schema, the dataset attrs and its first row; `row_index` adds each
     row's global row number (None: no such column). `storage_options` apply to the dataset (when a path is
-    given) and to `out_dir`. Returns rows and bytes per table, and seconds."""
+    given) and to `out_dir`. Returns rows and bytes per table, and seconds.
+
+    Args:
+        dataset: An open `Dataset`, or a path or URL to open (its latest commit; an open one's commit is kept).
+        out_dir: The folder (or fsspec URL, or `Location`) to write to; not a `.zip`. Each exported table's
+            existing `part-*.parquet` files there are removed first, and if the export fails, what it wrote.
+        tables: The tables to export (default all).
+        row_group_rows: Rows per Parquet row group (default 100,000): smaller groups let readers skip more,
+            larger ones compress better.
+        compression: The Parquet codec, as pyarrow names it ("zstd" (default), "snappy", "gzip", "lz4",
+            "none", ...).
+        workers: Processes writing files (default 2; 0: this process). Ignored with a `client`.
+        file_rows: Rows per file (default 1,000,000), rounded down to whole chunks of the table (at least one).
+        row_index: The name of a column holding each row's index in the table (default "_row"), which
+            `from_arrow` and `ingest_parquet` ignore; None: no such column.
+        progress: Show a progress bar (bytes).
+        storage_options: fsspec options for the dataset (when a path is given) and for `out_dir`.
+        client: A `distributed.Client` whose cluster writes the files instead of `workers`.
+    """
     if workers < 0:
         raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
     ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset, storage_options=storage_options)

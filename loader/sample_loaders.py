@@ -326,7 +326,23 @@ class AgentSampleLoader(_SampleLoader):
     with at least `min_history` valid past and `min_future` valid future frames. The mask is read from
     `agents_mask/<threshold>` when it belongs to this dataset commit (`zarrfeed mask DATASET`), else computed
     now (said in the log). `rows=` samples other agent rows (an index array or a boolean mask over agents).
-    Options as `Loader` (`shuffle_window` counts groups of samples, one per agents chunk: default 4).
+
+    Options as `Loader` (except `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does
+    not take), plus:
+
+    Args:
+        history: Past frames of each sample (L5Kit's `history_num_frames`, default 10).
+        future: Future frames of each sample (L5Kit's `future_num_frames`, default 50).
+        step_time: Seconds between two frames (default 0.1), which velocities are divided by.
+        threshold: The label probability (summed over L5Kit's kept labels) above which a row counts as an agent
+            (default 0.5): it picks the agents mask, and which row of a track is the agent in each frame (also
+            with `rows=`).
+        min_history: Valid past frames a sampled agent needs in the mask (default 10); not used with `rows=`.
+        min_future: Valid future frames a sampled agent needs in the mask (default 1); not used with `rows=`.
+        num_workers: As `Loader`'s; also the processes that compute the agents mask when none is stored.
+        batch_size: Samples per batch (default 32).
+        shuffle_window: Groups of samples, one per agents chunk, whose samples are shuffled together (default 4).
+        rows: The agent rows to sample instead of the mask's, as an index array or a boolean mask over agents.
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
@@ -363,8 +379,19 @@ class EgoSampleLoader(_SampleLoader):
     """Batches of L5Kit's `EgoDataset` samples (without the raster): one per frame (or per frame of `rows=`,
     an index array or boolean mask over frames), the ego's history and future in its own frame, with the same
     fields as `AgentSampleLoader` (`track_id` and `agent_row` -1; `extent` float64, as L5Kit gives it). The ego's
-    yaw comes from the frame's rotation matrix, as in L5Kit. Options as `Loader` (`shuffle_window` counts groups
-    of samples, one per frames chunk: default 4)."""
+    yaw comes from the frame's rotation matrix, as in L5Kit.
+
+    Options as `Loader` (except `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does
+    not take), plus:
+
+    Args:
+        history: Past frames of each sample (L5Kit's `history_num_frames`, default 10).
+        future: Future frames of each sample (L5Kit's `future_num_frames`, default 50).
+        step_time: Seconds between two frames (default 0.1), which velocities are divided by.
+        batch_size: Samples per batch (default 32).
+        shuffle_window: Groups of samples, one per frames chunk, whose samples are shuffled together (default 4).
+        rows: The frames to sample, as an index array or a boolean mask over frames (default: every frame).
+    """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
                  step_time: float = 0.1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,

@@ -316,6 +316,19 @@ class WindowLoader(Loader):
     frames, as an index array or a boolean mask over the frames table). A `transform` receives the whole batch
     and returns fixed-shape arrays whose first axis is the batch's samples. Batches are numpy: ragged columns
     of different lengths make no single RecordBatch.
+
+    Options as `Loader` (except `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does
+    not take), plus:
+
+    Args:
+        history: Frames before t in each sample's window (default 10).
+        future: Frames after t in each sample's window (default 50); a window holds history + 1 + future frames.
+        whole_windows: Sample only the frames whose whole window lies inside their scene (no absent frames);
+            default: every frame of every scene.
+        batch_size: Samples (frames t) per batch (default 32).
+        shuffle_window: Groups of samples, one per agents chunk, whose samples are shuffled together (default 4).
+        rows: The frames to sample, as an index array or a boolean mask over the frames table (default all;
+            with `whole_windows`, those of them whose window is whole).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,

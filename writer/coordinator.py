@@ -11,6 +11,8 @@ from typing import Mapping, Protocol
 
 
 class Coordinator(Protocol):
+    """What `DatasetWriter(coordinator=...)` takes: anything that reserves rows, never the same rows twice."""
+
     def reserve(self, rows: Mapping[str, int]) -> dict[str, int]:
         """Reserve `rows[t]` rows in every table t; return the first reserved row of each."""
         ...
@@ -23,6 +25,8 @@ class LocalCoordinator:
         self.next = dict(start)
 
     def reserve(self, rows: Mapping[str, int]) -> dict[str, int]:
+        """Reserve `rows[t]` rows in every table t right after the last reservation; return the first reserved
+        row of each."""
         offsets = {t: self.next[t] for t in rows}
         for t, n in rows.items():
             self.next[t] += n

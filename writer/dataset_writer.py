@@ -60,6 +60,48 @@ class DatasetWriter:
     never committed. Either way the writer holds the dataset's lease until it is closed: a second writer is
     refused. Episodes land in submission order, so the dataset is the same for any number of workers.
     Use as a context manager, or call `close()`. What is committed, and when, is its `committer`'s.
+
+    Args:
+        path: Where the dataset is: a local directory, any fsspec URL (`s3://bucket/prefix`), or a `Location`.
+        schema: The tables (record dtypes, chunk rows), links, attrs and compressor of a new dataset (default
+            L5Kit's). With mode "a" its tables' dtypes and its links must be the dataset's, else `FormatError`.
+        workers: Writer processes that compress and store segments (default 2); 0 writes in this process. More
+            compress more in parallel (on an object store: more PUTs at once); each adds two segment buffers.
+        mode: "w" (default) creates a new dataset; "a" appends to an existing one, first dropping rows that
+            were written but never committed.
+        compressor: A numcodecs codec for a new dataset's chunks instead of the schema's (L5Kit's: Blosc lz4,
+            level 5, byte shuffle). Ignored with mode "a": the dataset keeps its own.
+        chunks: Rows per chunk for some tables of a new dataset (`{"agents": 50_000}`), instead of the schema's;
+            a table the schema does not have is refused. Larger chunks mean fewer, larger objects; a loader reads
+            and decodes whole chunks. Ignored with mode "a".
+        on_error: What a bad episode does: "raise" (default) raises `ValueError` naming table, field and row,
+            with nothing of it written; "skip" logs a warning, records its key as skipped and goes on.
+        progress: Show a progress bar (episodes, rows/s, MB/s) during `ingest`.
+        overwrite: With mode "w", replace the dataset already at `path` (a location that holds anything but a
+            zarr dataset is refused even then). Default: refuse a non-empty location.
+        commit_interval: Seconds between commits while writing (default 1.0); partly filled segments are sent
+            to the workers as often. Lower: readers see rows sooner; higher: fewer manifest writes and fewer
+            chunks shared by two segments.
+        segment_bytes: Bytes of each shared-memory segment buffer (default 4 MiB on a local disk, 16 MiB on an
+            object store; at least twice the largest chunk's bytes). The writer holds (tables + 2 x workers) of
+            them; larger ones let each worker send more chunks at once.
+        coordinator: Hands out each episode's rows in every table (`Coordinator.reserve`); default a
+            `LocalCoordinator`, which appends in submission order. Pass one to share row ranges with other
+            writers of the dataset's rows (a cluster-wide counter).
+        synchronizer: The zarr synchronizer under which a chunk that two segments share is written; default a
+            `zarr.ProcessSynchronizer` over a temporary folder of file locks, removed at close. It must lock
+            across the writer's processes.
+        start_method: How worker processes start ("fork", "spawn" or "forkserver"); default "forkserver" where
+            the platform has it. "fork" starts faster, but a child of a process with threads may deadlock.
+        storage_options: fsspec options for a URL `path` (credentials, `endpoint_url`, ...); merged into those
+            of a `Location`.
+        lease_timeout: Seconds (default 60) after which another writer may take over the lease of a writer
+            whose heartbeat stopped (renewed every sixth of it); this writer stops writing two heartbeats
+            before. Raise it if storing one segment can take longer. On an object store it also bounds taking
+            the lease.
+        stall_timeout: Seconds (default 120) a worker may take to store one segment before the writer stops
+            with `WorkerError` (a store that accepts connections and never answers); on an object store it
+            also bounds each of this process's metadata calls.
     """
 
     def __init__(self, path: str | os.PathLike | Location, schema: Schema = L5KIT_SCHEMA, workers: int = 2,

@@ -72,8 +72,21 @@ def ingest_parquet(in_dir: str | os.PathLike | Location, out: str | os.PathLike 
                    schema: Schema | None = None, storage_options: dict[str, Any] | None = None,
                    **options: Any) -> dict[str, Any]:
     """Write the Parquet export in `in_dir` (one folder per table; a folder or any fsspec URL) to a new
-    dataset at `out`; return the writer's summary. The schema comes from the files' metadata (else `schema`,
-    else L5Kit's). `storage_options` apply to both places (pass `Location`s for different ones)."""
+    dataset at `out`; return the writer's summary. The schema is `schema` if given, else the one in the files'
+    metadata (a zarrfeed export's), else L5Kit's. `storage_options` apply to both places (pass `Location`s for
+    different ones).
+
+    Args:
+        in_dir: The export: a folder (or fsspec URL, or `Location`) holding one folder of `*.parquet` files per
+            table of the schema, read in name order.
+        out: Where the new dataset goes: a directory, an fsspec URL or a `Location`.
+        workers: Writer processes (default 2; 0: write in this process).
+        schema: The dataset's tables and links, for Parquet that another tool wrote; it takes precedence over
+            the schema recorded in the files. Default: the recorded one, else L5Kit's.
+        storage_options: fsspec options for `in_dir` and `out` given as paths or URLs (merged into a
+            `Location`'s own).
+        **options: Any other option of `DatasetWriter` (`overwrite`, `chunks`, `progress`, `on_error`, ...).
+    """
     source = Location.of(in_dir, storage_options)
     fs, root = source.filesystem()
     if not fs.isdir(root):

@@ -95,7 +95,14 @@ def from_arrow(data: pa.Table | pa.RecordBatch, dtype: np.dtype | None = None, w
     """Arrow data back to structured records of `dtype` (default: the one in its metadata), bit-exact.
 
     `ValueError` names the column (and `where`, e.g. a file) for a missing column, a type that does not
-    match the dtype, a list of the wrong length, nulls, or a string longer than its numpy width."""
+    match the dtype, a list of the wrong length, nulls, or a string longer than its numpy width.
+
+    Args:
+        data: A pyarrow Table or RecordBatch with a column per field of `dtype` (other columns are ignored).
+        dtype: The structured dtype of the records; default: the one recorded in the schema's metadata (as
+            `to_arrow` and `export_parquet` write it).
+        where: What the data is (a file name), for the error messages.
+    """
     dtype = _dtype(data, dtype, where)
     out = np.zeros(data.num_rows, dtype)
     for name, column in columns_from_arrow(data, dtype, where).items():

@@ -166,6 +166,7 @@ class Schema:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "Schema":
+        """The schema `to_json` described (as a dataset's manifest or a Parquet export's metadata holds it)."""
         return cls(
             tables={name: (dtype_from_descr(t["dtype"]), t["chunk_rows"]) for name, t in doc["tables"].items()},
             links=tuple(Link(*link) for link in doc["links"]),

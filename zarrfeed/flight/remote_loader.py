@@ -187,7 +187,35 @@ class RemoteLoader(_RemoteFeed):
     If the server goes away mid-epoch (a restart, a shutdown, a moment of "busy"), the loader reconnects with
     backoff for up to `reconnect_timeout` seconds and goes on from the batch after the last one it yielded:
     the epoch's batches are exactly those that would have come. `dataset` names one of a server's several
-    datasets (`zarrfeed serve train=... val=...`)."""
+    datasets (`zarrfeed serve train=... val=...`).
+
+    The server's loader runs with the server's workers and cache; the options that decide the batches are
+    `Loader`'s, sent to it:
+
+    Args:
+        url: The server: `grpc://host:port`, or `grpc+tls://host:port` when it serves TLS.
+        table: The table whose rows are batched (default "agents").
+        batch_size: As `Loader`'s (default 256).
+        seed: As `Loader`'s.
+        shuffle: As `Loader`'s.
+        shuffle_window: As `Loader`'s; None: `Loader`'s default (8).
+        rank: As `Loader`'s.
+        world_size: As `Loader`'s.
+        fields: As `Loader`'s.
+        drop_last: As `Loader`'s.
+        token: The server's read token (or its ingest token), if it needs one; sent as a bearer token.
+        output: "numpy" (default): dicts of numpy columns; "arrow": the received RecordBatches.
+        transform: The name of one of the server's transforms, which its workers apply to each batch;
+            default none. The server never runs code a client sends.
+        transform_args: Keyword arguments of the transform, as a JSON object (numbers, strings, lists, dicts).
+        tls_root_certs: PEM bytes of the certificate authority to trust for a `grpc+tls` server (for example
+            a self-signed certificate); default: the system's.
+        timeout: Seconds each call other than a stream may take (default 30): describing the dataset and
+            planning an epoch. A stream, which lasts an epoch, has no deadline.
+        reconnect_timeout: Seconds to keep reconnecting once a stream is lost (default 60); 0: raise at once.
+        dataset: The name of the dataset to read, of a server that serves several (then required).
+        row_ids: As `Loader`'s: a column `_row` with each row's index in the table.
+    """
 
     def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256, seed: int = 0, shuffle: bool = True,
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
@@ -223,7 +251,17 @@ class RemoteWindowLoader(_RemoteFeed):
     `agents_offsets`, likewise traffic-light faces). Each batch travels as one record batch with a row per
     sample: ragged columns as lists, the offsets as columns (`zarrfeed.loader.arrow_bridge.window_batch_to_arrow`);
     `output="arrow"` gives those. A transform (by name, see RemoteLoader) makes the server send its compact
-    arrays instead of raw windows, about 0.6 MB each."""
+    arrays instead of raw windows, about 0.6 MB each.
+
+    Options as `RemoteLoader` (except `table`, `fields` and `row_ids`), plus:
+
+    Args:
+        history: As `WindowLoader`'s: frames before t in each window (default 10).
+        future: As `WindowLoader`'s: frames after t in each window (default 50).
+        whole_windows: As `WindowLoader`'s: only frames whose whole window lies inside their scene.
+        batch_size: Samples per batch (default 32).
+        shuffle_window: As `WindowLoader`'s; None: its default (4).
+    """
 
     def __init__(self, url: str, history: int = 10, future: int = 50, *, batch_size: int = 32, shuffle: bool = True,
                  seed: int = 0, shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
@@ -273,13 +311,39 @@ class _RemoteSamples(_RemoteFeed):
 
 class RemoteAgentSampleLoader(_RemoteSamples):
     """`AgentSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
-    yields them (fixed-shape columns; the server's agents mask). Reconnects as `RemoteLoader` does."""
+    yields them (fixed-shape columns; the server's agents mask). Reconnects as `RemoteLoader` does.
+
+    Options as `RemoteLoader` (except `table`, `fields` and `row_ids`), plus:
+
+    Args:
+        history: As `AgentSampleLoader`'s: past frames of each sample (default 10).
+        future: As `AgentSampleLoader`'s: future frames of each sample (default 50).
+        step_time: As `AgentSampleLoader`'s: seconds between two frames (default 0.1).
+        threshold: As `AgentSampleLoader`'s: the label probability threshold (default 0.5).
+        min_history: As `AgentSampleLoader`'s: valid past frames a sampled agent needs (default 10).
+        min_future: As `AgentSampleLoader`'s: valid future frames a sampled agent needs (default 1).
+        batch_size: Samples per batch (default 32).
+        shuffle_window: As `AgentSampleLoader`'s; None: its default (4).
+    """
 
     KIND, TABLE = "agents", "agents"
 
 
 class RemoteEgoSampleLoader(_RemoteSamples):
     """`EgoSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
-    yields them. Reconnects as `RemoteLoader` does."""
+    yields them. Reconnects as `RemoteLoader` does.
+
+    Options as `RemoteLoader` (except `table`, `fields` and `row_ids`), plus:
+
+    Args:
+        history: As `EgoSampleLoader`'s: past frames of each sample (default 10).
+        future: As `EgoSampleLoader`'s: future frames of each sample (default 50).
+        step_time: As `EgoSampleLoader`'s: seconds between two frames (default 0.1).
+        threshold: Not used for the ego: sent with the request, and not passed to the server's `EgoSampleLoader`.
+        min_history: Not used for the ego (as `threshold`).
+        min_future: Not used for the ego (as `threshold`).
+        batch_size: Samples per batch (default 32).
+        shuffle_window: As `EgoSampleLoader`'s; None: its default (4).
+    """
 
     KIND, TABLE = "ego", "frames"

@@ -39,6 +39,18 @@ class RemoteWriter:
     whatever the server had accepted but not committed when it died is written, and what it had committed
     is passed over by key: every episode exactly once. A sync answered by another server instance than the
     one that accepted the episodes (the server restarted, and gRPC reconnected by itself) sends them again too.
+
+    Args:
+        url: The server: `grpc://host:port`, or `grpc+tls://host:port` when it serves TLS.
+        token: The server's ingest token, if it has one (else its read token, if it needs one); sent as a
+            bearer token. Uploads with a read-only token are refused with `PermissionError`.
+        tls_root_certs: PEM bytes of the certificate authority to trust for a `grpc+tls` server (for example
+            a self-signed certificate); default: the system's.
+        timeout: Seconds each call other than the upload stream may take (default 120), `sync` included, which
+            waits for the server's commit. The upload stream has no deadline.
+        max_unsynced_bytes: Bytes of sent episodes kept for re-sending until a sync confirms them (default
+            256 MiB); beyond it, `submit` syncs by itself. Lower holds less memory, at more waits for commits.
+        dataset: The name of the dataset to write to, of a server that serves several (then required).
     """
 
     def __init__(self, url: str, token: str | None = None, tls_root_certs: bytes | None = None,

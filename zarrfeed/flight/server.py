@@ -81,7 +81,26 @@ class FeedServer(flight.FlightServerBase):
     name or .py file), within `limits` (default: sized from the machine; shared by all datasets). Reading
     needs `token` if given; uploads are taken with `ingest` or an `ingest_token` (then they need it; see
     access.py); each dataset has its own commit pin and writer lease. It listens once made; `serve()` blocks
-    until `shutdown()`. As a context manager it stops and commits what it accepted on exit."""
+    until `shutdown()`. As a context manager it stops and commits what it accepted on exit.
+
+    Args:
+        location: The dataset (a path, fsspec URL or `Location`), or several, as a mapping of name (letters,
+            digits, "_", "." and "-", starting with a letter) to location; clients then name one (`dataset=`).
+        host: The address to listen on (default 127.0.0.1: this machine only). Unlike `zarrfeed serve`, this
+            class does not refuse another address without tokens: give `token` (and `ingest_token`) there.
+        port: The port to listen on (default 8815); 0: a free one, read from `url`.
+        token: The read token every call must carry (`authorization: Bearer <token>`); default: anyone who
+            reaches the port reads.
+        ingest: Take uploads of episodes (default: the server only feeds). Without `ingest_token`, anyone who
+            may read may upload.
+        ingest_token: The token uploads need (it also reads); implies `ingest`. Must differ from `token`.
+        workers: Loader processes per stream (default 2); also sizes the default `limits`.
+        tls: (certificate chain, private key) PEM bytes to serve `grpc+tls`; default: plain gRPC.
+        transforms: The transforms clients may ask for by name: a module name, a `.py` file, or `Transforms`;
+            default none.
+        limits: Caps on streams, uploads, message, batch and transform-argument sizes (`Limits`); default
+            `Limits.for_machine(workers)`, sized from this machine.
+    """
 
     def __init__(self, location: Location | str | os.PathLike | Mapping[str, Location | str | os.PathLike], *,
                  host: str = "127.0.0.1", port: int = 8815, token: str | None = None, ingest: bool = False,
@@ -196,6 +215,8 @@ class FeedServer(flight.FlightServerBase):
 
     @one_line
     def do_action(self, context: Any, action: flight.Action) -> list[flight.Result]:
+        """Flight: run the action `action.type` (describe, plan, status, begin_input, sync) on its JSON body;
+        one JSON result. The ingesting ones need the right to upload."""
         handler = self._actions.get(action.type)
         if handler is None:
             raise flight.FlightServerError(f"unknown action {action.type!r} (actions: {', '.join(ACTIONS)})")
@@ -208,10 +229,12 @@ class FeedServer(flight.FlightServerBase):
         return [flight.Result(json.dumps(answer).encode())]
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        """Flight: the actions served, as (name, description)."""
         return [(a.name, a.description) for a in ACTIONS.values()]
 
     @one_line
     def list_flights(self, context: Any, criteria: bytes) -> list[flight.FlightInfo]:
+        """Flight: one flight per table of each dataset served (`criteria` is not used)."""
         return [info for served in self.datasets.values() for info in served.feeding.flights()]
 
     def _flight(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
@@ -223,10 +246,12 @@ class FeedServer(flight.FlightServerBase):
 
     @one_line
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        """Flight: the flight of the table a descriptor path names: [table] or [dataset, table]."""
         return self._flight(descriptor)
 
     @one_line
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        """Flight: the Arrow schema of the table a descriptor path names, as `get_flight_info`."""
         # pyarrow (through 26) sends get_schema's errors to the client as "Python exception: Traceback ...",
         # formatted by Python's traceback module, where every other call sends a FlightError's message alone:
         # `zarrfeed serve` sets sys.tracebacklimit to 0 (see hide_frames), so the client reads the message only
@@ -234,6 +259,7 @@ class FeedServer(flight.FlightServerBase):
 
     @one_line
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+        """Flight: the stream of batches a ticket (JSON, see `protocol.Ticket`) asks for."""
         try:
             name = dataset_of(ticket.ticket)
         except ValueError as exc:
@@ -242,6 +268,8 @@ class FeedServer(flight.FlightServerBase):
 
     @one_line
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        """Flight: an upload of episodes (descriptor path ['episodes'] or [dataset, 'episodes']), each acked on
+        `writer`; needs the right to upload."""
         self.access.refuse_upload(grants_of(context))
         path = [p.decode(errors="replace") for p in descriptor.path or []]
         if path[-1:] != ["episodes"] or len(path) > 2:
@@ -251,6 +279,7 @@ class FeedServer(flight.FlightServerBase):
 
     @one_line
     def do_exchange(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        """Flight: not served (refused in one line)."""
         raise flight.FlightServerError("zarrfeed: do_exchange is not served: do_get reads batches, do_put "
                                        "uploads episodes")
 

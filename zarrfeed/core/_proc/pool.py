@@ -65,6 +65,7 @@ class WorkerError(RuntimeError):
 
     @property
     def remote_traceback(self) -> str | None:
+        """The worker's traceback as text when it raised; None when it died or stalled without raising."""
         return self.remote.traceback if self.remote else None
 
 
