@@ -1,5 +1,6 @@
 """Episode keys and fingerprints: what tells one input, and one episode, from another."""
 import numpy as np
+import pytest
 
 
 def test_a_change_in_any_table_or_field_changes_the_fingerprint():
@@ -23,3 +24,21 @@ def test_a_change_in_any_table_or_field_changes_the_fingerprint():
         shorter = {**episode, table: arr[:-1]}
         assert fingerprint(shorter) != base, table
     assert changed >= 2 * sum(len(a.dtype.names) for a in episode.values())
+
+
+@pytest.mark.parametrize("how", ["local", "remote"])
+def test_fewer_keys_than_episodes_is_one_line_naming_the_episode(tmp_path, how):
+    """DatasetWriter.ingest and RemoteWriter.ingest say which episode has no key (RemoteWriter let a bare
+    StopIteration out)."""
+    from zarrfeed.writer import DatasetWriter, synthetic, write_dataset
+    eps = list(synthetic.episodes(3, seed=3, frames=10, agents_per_frame=3))
+    path = tmp_path / "d.zarr"
+    write_dataset(path, eps[:1], workers=0)
+    with pytest.raises(ValueError, match=r"keys: fewer keys than episodes \(none for episode 2\)"):
+        if how == "local":
+            with DatasetWriter(path, mode="a", workers=0) as w:
+                w.ingest(eps, keys=["a", "b"])
+        else:
+            from zarrfeed.flight import FeedServer, RemoteWriter
+            with FeedServer(str(path), port=0, workers=1, ingest=True) as server, RemoteWriter(server.url) as w:
+                w.ingest(eps, keys=["a", "b"])

@@ -142,7 +142,10 @@ class RemoteWriter:
         try:
             for i, episode in enumerate(episodes):
                 if it is not None:
-                    key = check_key(next(it))
+                    given = next(it, None)
+                    if given is None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
+                        raise ValueError(f"keys: fewer keys than episodes (none for episode {i})")
+                    key = check_key(given)
                 else:
                     if i == 0:
                         self._begin_input(episode, resume)
