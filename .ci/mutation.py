@@ -37,7 +37,7 @@ MODULES: dict[str, list[str]] = {
     "zarrfeed/core/commit_log.py": ["test_committer.py", "test_digests.py", "test_never_lose.py"],
     "zarrfeed/core/links.py": ["test_links.py", "test_write.py"],
     "zarrfeed/writer/commit.py": ["test_committer.py", "test_never_lose.py"],
-    "zarrfeed/writer/journal.py": ["test_committer.py", "test_digests.py", "test_never_lose.py"],
+    "zarrfeed/writer/journal.py": ["test_journal.py", "test_committer.py"],
     "zarrfeed/writer/committer.py": ["test_committer.py", "test_never_lose.py"],
     "zarrfeed/writer/lease.py": ["test_lease.py"],
     "zarrfeed/writer/episode.py": ["test_write.py", "test_keys.py", "test_dataset_writer.py"],
