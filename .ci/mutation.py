@@ -12,8 +12,8 @@ function, in a process forked from one that has imported everything, so the run 
 
 mutmut mutates a copy of the sources laid out as installed (`zarrfeed/writer`, `zarrfeed/loader`), which this
 script makes under build/mutation/, so the repository's files are never changed. Too slow for every push
-(the modules of the loader side take about 15 minutes on 2 cores, the writer side's lease, committer and
-remote writer, whose tests start S3 and Flight servers, over an hour): run it before a release and after
+(the loader side's modules did not finish in 13 minutes on 2 cores; the writer side's lease, committer
+and remote writer, whose tests start S3 and Flight servers, take an hour or more): run it before a release and after
 changing one of these modules (`--modules` runs some; results are kept between runs).
 """
 from __future__ import annotations

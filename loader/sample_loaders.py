@@ -26,16 +26,15 @@ from ..core.chunks import read_rows
 from ..core.store import Location
 from . import agents_mask, read_worker
 from .batches import Loader, fetch_options, open_dataset
-from .chunk_cache import ProcessChunks
 from .dataset import Dataset
 from .fetch import FetchOptions
-from .host_cache import HostSegment
 from .layout import Layout
 from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
 from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
 from .scheduler import WorkerOptions
-from .source import Residency, plan_settings
+from .windows import SampleGroups
+from .source import plan_settings
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 log = logging.getLogger("zarrfeed.loader")
@@ -197,7 +196,7 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
 
 
 @dataclass
-class MotionSource:
+class MotionSource(SampleGroups):
     """Batches of agent or ego samples (see `AgentSampleLoader`): the plan's 'chunks' are groups of samples."""
 
     dataset: Dataset
@@ -227,21 +226,6 @@ class MotionSource:
 
     def rows_touched(self) -> int:
         return self.config.batch_size * self.samples.steps.T * (1 if self.samples.ego else 8)
-
-    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
-        return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
-
-    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
-                       residency: Residency) -> GatherWindows:
-        slots: dict[str, dict[int, int]] = {t: {} for t in self.tables}
-        for w in windows:
-            for table, chunk, slot in residency.slots(w):
-                slots[table][chunk] = slot
-        return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
-
-    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
-               regions: int) -> read_worker.Shared:
-        return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
 
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:

@@ -236,8 +236,36 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     return handle
 
 
+class SampleGroups:
+    """What the sources of sample groups share (`WindowSource`, `sample_loaders.MotionSource`): each plan
+    'chunk' is a group of samples that reads `samples.reads[group]`; workers gather straight from the cached
+    chunks (no index regions). `tables`: the tables its workers read (a window's three by default)."""
+
+    samples: Any
+
+    @property
+    def tables(self) -> list[str]:
+        """The tables whose chunks the groups read."""
+        return list(TABLES)
+
+    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
+        return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
+
+    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
+                       residency: Residency) -> GatherWindows:
+        slots: dict[str, dict[int, int]] = {t: {} for t in self.tables}
+        for w in windows:
+            for table, chunk, slot in residency.slots(w):
+                slots[table][chunk] = slot
+        return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
+
+    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+               regions: int) -> read_worker.Shared:
+        return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
+
+
 @dataclass
-class WindowSource:
+class WindowSource(SampleGroups):
     """Batches of window samples (see `WindowLoader`), gathered from the cached chunks of frames, agents and
     traffic-light faces they read: the plan's 'chunks' are groups of samples, one per agents chunk."""
 
@@ -263,21 +291,6 @@ class WindowSource:
 
     def rows_touched(self) -> int:
         return self.config.batch_size * max(self.samples.T + self.samples.max_rows["agents"], 1)
-
-    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
-        return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
-
-    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
-                       residency: Residency) -> GatherWindows:
-        slots: dict[str, dict[int, int]] = {t: {} for t in TABLES}
-        for w in windows:
-            for table, chunk, slot in residency.slots(w):
-                slots[table][chunk] = slot
-        return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
-
-    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
-               regions: int) -> read_worker.Shared:
-        return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
 
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:
