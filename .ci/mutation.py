@@ -24,12 +24,17 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGE = ROOT / "build" / "mutation"
+STAGES = ROOT / "build" / "mutation"
 EQUIVALENT = ROOT / ".ci" / "mutation_equivalent.txt"
+MUTMUT = [sys.executable, "-m", "mutmut"]
+# the tests find the real L5Kit scene beside the repository (tests/conftest.py), not beside build/mutation/<module>
+ENV = {"ZARRFEED_REAL_SCENE": str(ROOT.parent / "shared" / "data" / "l5kit_single_scene.zarr"), **os.environ}
+ALIVE = ("survived", "no tests", "suspicious", "segfault")  # verdicts of mutants no test caught
 
 # module (as installed) -> the test files that exercise it
 MODULES: dict[str, list[str]] = {
@@ -52,26 +57,35 @@ MODULES: dict[str, list[str]] = {
 }
 
 
-def stage(modules: list[str], fresh: bool) -> None:
-    """build/mutation: the sources laid out as installed, the tests, and mutmut's configuration. Kept between
-    runs (unless `fresh`): mutmut then tests only the mutants of functions that changed, or not tested yet."""
-    if fresh and STAGE.exists():
-        shutil.rmtree(STAGE)
+def stage_of(module: str) -> Path:
+    """build/mutation/<module's stem>: one mutmut project per module. One per module because mutmut copies the
+    files it is not told to mutate with a fresh time, and a later run told to mutate one of them takes that
+    copy for an up-to-date mutant file and tests an unmutated module (every mutant then reads "no tests")."""
+    return STAGES / Path(module).stem
+
+
+def stage(module: str, fresh: bool) -> Path:
+    """The sources laid out as installed, the tests, and mutmut's configuration for `module`. Kept between runs
+    (unless `fresh`): mutmut then tests only the mutants of functions that changed, or not tested yet."""
+    where = stage_of(module)
+    if fresh and where.exists():
+        shutil.rmtree(where)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "mutants")
     copy = dict(ignore=ignore, dirs_exist_ok=True)
-    shutil.copytree(ROOT / "zarrfeed", STAGE / "zarrfeed", **copy)
+    shutil.copytree(ROOT / "zarrfeed", where / "zarrfeed", **copy)
     for part in ("writer", "loader"):  # package-dir: zarrfeed.writer lives in writer/, as the wheel installs it
-        shutil.copytree(ROOT / part, STAGE / "zarrfeed" / part, **copy)
-    shutil.copytree(ROOT / "tests", STAGE / "tests", **copy)
-    tests = sorted({f"tests/{t}" for m in modules for t in MODULES[m]})
-    (STAGE / "pyproject.toml").write_text(
+        shutil.copytree(ROOT / part, where / "zarrfeed" / part, **copy)
+    shutil.copytree(ROOT / "tests", where / "tests", **copy)
+    tests = [f"tests/{t}" for t in MODULES[module]]
+    (where / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["zarrfeed"]\n'
-        f"only_mutate = {modules!r}\n"
+        f"only_mutate = {[module]!r}\n"
         f"pytest_add_cli_args_test_selection = {tests!r}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
         "[tool.pytest.ini_options]\n"
         'testpaths = ["tests"]\n')
+    return where
 
 
 def equivalent() -> dict[str, str]:
@@ -91,6 +105,16 @@ def module_of(mutant: str) -> str:
     return mutant.split(".x", 1)[0].replace(".", "/") + ".py"
 
 
+def results(module: str) -> dict[str, str]:
+    """mutant name -> mutmut's verdict (killed, survived, no tests, timeout, not checked, ...) for `module`."""
+    if not (stage_of(module) / "mutants").exists():
+        return {}
+    listing = subprocess.run([*MUTMUT, "results", "--all", "true"], cwd=stage_of(module), capture_output=True,
+                             text=True, check=True).stdout
+    found = (re.match(r"^\s*(\S+__mutmut_\d+): (.+)$", line) for line in listing.splitlines())
+    return {m[1]: m[2] for m in found if m and module_of(m[1]) == module}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modules", help="comma-separated names (keys,plan,...); default: all of MODULES")
@@ -106,36 +130,35 @@ def main() -> int:
         if len(modules) != len(want):
             ap.error(f"--modules: unknown {sorted(want - {Path(m).stem for m in modules})}; known "
                      f"{sorted(Path(m).stem for m in MODULES)}")
-    if not args.report:
-        stage(modules, args.fresh)
     # Worker processes (multiprocess: spawn, forkserver) get this sys.path and import the mutants; scripts a
-    # test runs with sys.executable import the installed package, so mutants they alone reach survive.
+    # test runs with sys.executable import the installed package, so mutants they alone reach are "no tests"
+    # (mutmut sees which functions each test calls in its own process only); in-process tests reach them.
     # (PYTHONPATH=mutants would reach them too, but mutmut's first run then finds no test for any mutant.)
-    env = dict(os.environ)
-    mutmut = [sys.executable, "-m", "mutmut"]
-    run = subprocess.run([*mutmut, "run", "--max-children", str(args.jobs)], cwd=STAGE, env=env,
-                         capture_output=True, text=True) if not args.report else None
-    if run is not None and run.returncode:
-        tail = (run.stdout.replace("\r", "\n")[-3000:] + run.stderr[-3000:]).strip()
-        print(f"mutation: mutmut run failed (exit {run.returncode}):\n{tail}", file=sys.stderr)
-        return 2
-    listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=STAGE, env=env, capture_output=True,
-                             text=True, check=True).stdout
+    failed = 0
+    for module in modules if not args.report else ():
+        started = time.monotonic()
+        print(f"mutation: {module} ...", file=sys.stderr, flush=True)
+        where = stage(module, args.fresh)
+        # mutmut keeps a verdict until the function changes: survivors are tried again against today's tests
+        again = [name for name, status in results(module).items() if status in ALIVE]
+        for names in ([again] if again else []) + [[]]:
+            run = subprocess.run([*MUTMUT, "run", "--max-children", str(args.jobs), *names], cwd=where, env=ENV,
+                                 capture_output=True, text=True)
+            if run.returncode:
+                failed += 1
+                tail = (run.stdout.replace("\r", "\n")[-3000:] + run.stderr[-3000:]).strip()
+                print(f"mutation: mutmut run failed on {module} (exit {run.returncode}):\n{tail}", file=sys.stderr)
+                break
+        print(f"mutation: {module} done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     skip = equivalent()
     counts: dict[str, Counter] = {m: Counter() for m in modules}
     survivors = []
-    for line in listing.splitlines():
-        m = re.match(r"^\s*(\S+__mutmut_\d+): (.+)$", line)
-        if not m:
-            continue
-        name, status = m.groups()
-        module = module_of(name)
-        if module not in counts:
-            continue
-        status = "equivalent" if name in skip else status
-        counts[module][status] += 1
-        if status not in ("killed", "timeout", "equivalent", "not checked"):
-            survivors.append((name, status))
+    for module in modules:
+        for name, status in results(module).items():
+            status = "equivalent" if name in skip else status
+            counts[module][status] += 1
+            if status in ALIVE:
+                survivors.append((name, status))
     print(f"{'module':40} {'mutants':>8} {'killed':>7} {'equiv':>6} {'left':>5} {'unrun':>6} {'score':>7}")
     total = Counter()
     for module, c in counts.items():
@@ -150,9 +173,9 @@ def main() -> int:
     for name, status in survivors:
         print(f"  {status}: {name}")
         if args.survivors:
-            print(subprocess.run([*mutmut, "show", name], cwd=STAGE, env=env, capture_output=True,
+            print(subprocess.run([*MUTMUT, "show", name], cwd=stage_of(module_of(name)), capture_output=True,
                                  text=True).stdout)
-    return 0
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

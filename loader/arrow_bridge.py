@@ -62,7 +62,7 @@ def to_arrow(batch: Mapping[str, np.ndarray] | np.ndarray) -> pa.RecordBatch:
     arrays = []
     for (name, col), (leaf, shape) in zip(batch.items(), plans, strict=True):
         if leaf is None or not col.flags.c_contiguous:
-            arrays.append(column_to_arrow(name, col))
+            arrays.append(column_to_arrow(col, schema.field(name).type))
             continue
         values = pa.Array.from_buffers(leaf, col.size, [None, pa.py_buffer(col)])
         for size in reversed(shape):

@@ -92,5 +92,5 @@ def shuffle(a: np.ndarray, seed: int, epoch: int, stream: int) -> np.ndarray:
 def inverse(order: np.ndarray) -> np.ndarray:
     """Where each of 0..n-1 comes in `order`: inverse(order)[order[p]] == p."""
     where = np.empty(len(order), np.int64)
-    where[order] = np.arange(len(order), dtype=np.int64)
+    where[order] = np.arange(len(order))  # stored as int64 whatever arange gives
     return where

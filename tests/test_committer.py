@@ -84,3 +84,44 @@ def test_a_committer_that_fails_before_any_commit_removes_the_dataset_it_created
     kept = Committer(Location.of(tmp_path / "e.zarr"))
     kept.fail(KeyboardInterrupt(), remove=False)  # a run meant to be resumed keeps what it made
     assert (tmp_path / "e.zarr").exists()
+
+
+def test_a_reserved_key_keeps_its_fingerprint_and_a_table_left_out_reserves_no_rows(tmp_path):
+    """What `reserve` records: the episode's fingerprint (an interrupted run's key is refused with another
+    episode), and rows only for the tables named (a table left out of `rows` gets none)."""
+    ep = episodes(1, seed=4)[0]
+    ep["traffic_light_faces"] = ep["traffic_light_faces"][:0]
+    ep["frames"]["traffic_light_faces_index_interval"] = 0
+    rows = {t: n for t, n in rows_of(ep).items() if t != "traffic_light_faces"}
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=0)
+    starts = c.reserve("a", rows, fingerprint(ep))
+    c.reserve("b", rows, "fp-b")
+    c.release()  # interrupted: neither is written
+    again = Committer(Location.of(tmp_path / "d.zarr"), mode="a", commit_interval=0)
+    assert again.missing() == ["a", "b"]
+    again.check_resubmitted("a", fingerprint(ep))
+    with pytest.raises(ValueError, match=r"episode b: not the episode submitted under this key .*was fp-b"):
+        again.check_resubmitted("b", "fp-other")
+    again.release()
+    c = Committer(Location.of(tmp_path / "e.zarr"), commit_interval=0)
+    starts = c.reserve("a", rows, fingerprint(ep))
+    stored = write(c, ep, starts)
+    assert c.written("a", [w for ws in stored.values() for w in ws]) == {**rows, "traffic_light_faces": 0}
+    assert c.close()["traffic_light_faces"] == 0
+    assert_holds(Dataset.open(tmp_path / "e.zarr"), [ep])
+
+
+def test_a_failed_committer_keeps_a_folder_it_found_and_never_removes_after_losing_its_lease(tmp_path, caplog):
+    (tmp_path / "empty.zarr").mkdir()
+    c = Committer(Location.of(tmp_path / "empty.zarr"))
+    c.reserve("a", {"scenes": 1})
+    c.fail(RuntimeError("the input broke"))
+    assert (tmp_path / "empty.zarr").is_dir() and not any((tmp_path / "empty.zarr").iterdir())  # as it was
+    c = Committer(Location.of(tmp_path / "d.zarr"))
+    c.reserve("a", {"scenes": 1})
+    (tmp_path / "d.zarr" / "zarrfeed.lease").unlink()  # the lease is no longer this writer's
+    with caplog.at_level("WARNING", logger="zarrfeed.writer"):
+        c.fail(RuntimeError("the input broke"))
+    assert (tmp_path / "d.zarr" / ".zarray").exists() or (tmp_path / "d.zarr" / ".zgroup").exists()
+    assert (f"{Location.of(tmp_path / 'd.zarr')}: not removing the dataset this writer created: its lease is no "
+            "longer held") in caplog.messages

@@ -125,3 +125,62 @@ if __name__ == "__main__":
         kernel, digest = out.stdout.split()
         runs[kernel] = digest
     assert set(runs) == {"c", "numpy"} and runs["c"] == runs["numpy"]
+
+
+def outcome(kernel, name, *args):
+    """What a kernel call does: the error (type and message) or the output bytes."""
+    out = args[3]
+    try:
+        getattr(kernel, name)(*args)
+    except Exception as e:  # noqa: BLE001 -- compared as data between the kernels
+        return type(e).__name__, str(e), bytes(out)
+    return "ok", "", bytes(out)
+
+
+def test_the_kernels_agree_at_every_bound():
+    """Each argument at its bound and one past it, one fault at a time: the numpy kernel refuses exactly what the
+    C kernel refuses, with the same error, and writes the same bytes where it accepts (nothing where it refuses)."""
+    rng = np.random.default_rng(5)
+    row, nsrc = 24, 10
+    src = np.frombuffer(rng.bytes(row * nsrc + 5), np.uint8).copy()  # 5 bytes past the last whole row
+    fields = [(0, 8, 0), (8, 4, 8 * 12), (12, 12, 8 * 12 + 4 * 12)]  # output room for 12 rows of each field
+    out_len = 8 * 12 + 4 * 12 + 12 * 12
+
+    def spec(fs):
+        return np.array(fs, np.int64).reshape(-1)
+
+    def rows(*r):
+        return np.array(r, np.int64)
+
+    last = (src.nbytes - row) // row  # the last row whose record fits (9; row 10 would be 5 bytes)
+    gathers = [
+        (row, rows(0, 3, last), spec(fields), 0, row), (row, rows(last + 1), spec(fields), 0, row),
+        (row, rows(-1), spec(fields), 0, row), (row, rows(), spec(fields), 12, row),
+        (row, rows(0, 1, 2, 3), spec(fields), 8, row), (row, rows(0, 1, 2, 3), spec(fields), 9, row),  # 12, 13 rows
+        (row, rows(1), spec(fields), -1, row), (0, rows(1), spec(fields), 0, row), (-3, rows(1), spec(fields), 0, row),
+        (row, rows(1), spec(fields), 0, 0), (row, rows(1), spec(fields), 0, -1),
+        (row, rows(src.nbytes - row), spec(fields), 0, 1), (row, rows(src.nbytes - row + 1), spec(fields), 0, 1),
+        (row, rows(7, 2), spec([(12, 12, 0)]), 0, row), (row, rows(7, 2), spec([(13, 12, 0)]), 0, row),
+        (row, rows(7, 2), spec([(-1, 4, 0)]), 0, row), (row, rows(7, 2), spec([(0, -1, 0)]), 0, row),
+        (row, rows(7, 2), spec([(0, 4, -1)]), 0, row), (row, rows(7, 2), spec([(0, 4, out_len - 8)]), 0, row),
+        (row, rows(7, 2), spec([(0, 4, out_len - 7)]), 0, row), (row, rows(7, 2), spec([]), 0, row),
+        (row, rows(7, 2), spec([(0, 0, out_len)]), 3, row), (row, rows(7, 2), spec([(0, 0, out_len + 1)]), 3, row),
+    ]
+    for r_bytes, r, f, first, scale in gathers:
+        got = [outcome(k, "gather", src, r_bytes, r, np.zeros(out_len, np.uint8), f, first, scale) for k in (c, py)]
+        assert got[0] == got[1], (r_bytes, r, f, first, scale)
+    end = src.nbytes
+    runs = [
+        rows(0, 3, row * 7, 2), rows(end - 2 * row, 2), rows(end - 2 * row + 1, 2), rows(-1, 1), rows(0, -1),
+        rows(end, 0), rows(end + 1, 0), rows(5, 3, 0, 0, 40, 7),
+        rows(0, 10, 0, 2), rows(0, 10, 0, 3), rows(3, 1),  # 12 and 13 rows; a run need not start on a record
+    ]
+    for first in (0, 1, -1):
+        for run in runs:
+            for r_bytes in (row, 0, -1):
+                got = [outcome(k, "gather_runs", src, r_bytes, run, np.zeros(out_len, np.uint8), spec(fields), first)
+                       for k in (c, py)]
+                assert got[0] == got[1], (r_bytes, run, first)
+    accepted = [outcome(py, "gather", src, row, rows(0, 3, last), np.zeros(out_len, np.uint8), spec(fields), 0, row),
+                outcome(py, "gather_runs", src, row, rows(0, 10, 0, 2), np.zeros(out_len, np.uint8), spec(fields), 0)]
+    assert all(kind == "ok" and any(data) for kind, _, data in accepted)  # the cases compare real copies

@@ -84,3 +84,13 @@ def test_a_journal_from_older_manifests():
     empty = Journal.from_json(None)
     assert empty.to_json() == {"inputs": {}, "pending": [], "last_input": None} and not empty.legacy
     assert empty.committed_count() == 0
+
+
+def test_a_new_journal_and_inputs_without_one_of_their_sets():
+    """A new journal is empty, not legacy, with no input yet; an input whose manifest part lacks a set has it empty."""
+    new = Journal()
+    assert new.to_json() == {"inputs": {}, "pending": [], "last_input": None} and new.legacy is False
+    part = Journal.from_json({"inputs": {"a": {"committed": [[0, 2]]}, "b": {"skipped": [[5, 6]]}}})
+    assert part.to_json()["inputs"] == {"a": {"committed": [[0, 2]], "skipped": []},
+                                        "b": {"committed": [], "skipped": [[5, 6]]}}
+    assert part.done(Position("a", 1)) and part.done(Position("b", 5)) and not part.done(Position("b", 0))

@@ -503,3 +503,16 @@ def test_a_transform_returning_objects_is_a_loader_error_naming_the_field(data, 
                                           r"an array of Python objects \(dtype object\)"):
         with Loader(data, batch_size=100, transform=objects, num_workers=workers) as loader:
             next(iter(loader))
+
+
+@pytest.mark.parametrize("field, value, kinds", [
+    ("epoch", "3", "int"), ("epoch", True, "int"), ("commit", "7", "int or None"), ("dataset_id", 5, "str or None"),
+    ("spans", {}, "list or None"), ("settings", [], "dict"),
+])
+def test_a_state_field_of_the_wrong_kind_is_named_with_the_kinds_it_takes(field, value, kinds):
+    from zarrfeed.loader.state import LoaderState
+    good = LoaderState(kind="Loader", dataset_id="d", commit=1).to_dict()
+    assert LoaderState.from_dict(good) == LoaderState(kind="Loader", dataset_id="d", commit=1)
+    with pytest.raises(ValueError) as err:
+        LoaderState.from_dict({**good, field: value})
+    assert str(err.value) == f"loader state field {field!r} is {value!r}, not a {kinds}"

@@ -55,17 +55,17 @@ def arrow_schema(dtype: np.dtype, fields: list[str] | None = None) -> pa.Schema:
                      metadata={DTYPE_KEY: json.dumps(kept.descr).encode()})
 
 
-def column_to_arrow(name: str, col: np.ndarray, sub: np.dtype | None = None) -> pa.Array:
-    """One column (rows, *subarray shape) as an Arrow array; no copy for native numeric C-contiguous data."""
-    base = col.dtype
-    t = _field_type(name, np.dtype((base, col.shape[1:])) if sub is None else sub)
-    flat = col.reshape(-1) if col.flags.c_contiguous else np.ascontiguousarray(col).reshape(-1)
-    if base.kind in "iuf":
-        if not base.isnative:
-            flat = flat.astype(base.newbyteorder("="))
-        values = pa.Array.from_buffers(pa.from_numpy_dtype(flat.dtype), len(flat), [None, pa.py_buffer(flat)])
+def column_to_arrow(col: np.ndarray, field_type: pa.DataType) -> pa.Array:
+    """One column (rows, *subarray shape) as an Arrow array of `field_type` (its field's type in
+    `arrow_schema`); no copy for native numeric C-contiguous data."""
+    leaf = _leaf(field_type)
+    flat = np.ascontiguousarray(col).reshape(-1)  # a view when the column is C-contiguous already
+    if col.dtype.kind in ("i", "u", "f"):
+        if not col.dtype.isnative:
+            flat = flat.astype(col.dtype.newbyteorder("="))
+        values = pa.Array.from_buffers(leaf, len(flat), [None, pa.py_buffer(flat)])
     else:
-        values = pa.array(flat, type=t if not col.shape[1:] else _leaf(t))
+        values = pa.array(flat, type=leaf)
     for size in reversed(col.shape[1:]):
         values = pa.FixedSizeListArray.from_arrays(values, size)
     return values
@@ -80,9 +80,7 @@ def _leaf(t: pa.DataType) -> pa.DataType:
 def records_to_arrow(records: np.ndarray, fields: list[str] | None = None) -> pa.RecordBatch:
     """A structured array as a RecordBatch (each field is copied out of the interleaved records once)."""
     schema = arrow_schema(records.dtype, fields)
-    cols = [column_to_arrow(f.name, np.ascontiguousarray(records[f.name]), records.dtype[f.name])
-            for f in schema]
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+    return pa.RecordBatch.from_arrays([column_to_arrow(records[f.name], f.type) for f in schema], schema=schema)
 
 
 def dtype_of(schema: pa.Schema) -> np.dtype | None:
