@@ -96,10 +96,12 @@ def test_a_reserved_key_keeps_its_fingerprint_and_a_table_left_out_reserves_no_r
     c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=0)
     starts = c.reserve("a", rows, fingerprint(ep))
     c.reserve("b", rows, "fp-b")
-    c.release()  # interrupted: neither is written
+    c.reserve("c", rows)  # no fingerprint given: nothing to check it by
+    c.release()  # interrupted: none is written
     again = Committer(Location.of(tmp_path / "d.zarr"), mode="a", commit_interval=0)
-    assert again.missing() == ["a", "b"]
+    assert again.missing() == ["a", "b", "c"]
     again.check_resubmitted("a", fingerprint(ep))
+    again.check_resubmitted("c", fingerprint(ep))
     with pytest.raises(ValueError, match=r"episode b: not the episode submitted under this key .*was fp-b"):
         again.check_resubmitted("b", "fp-other")
     again.release()

@@ -249,9 +249,10 @@ class Committer:
         self.commit(force=True)
 
     def check_resubmitted(self, key: Key, fingerprint: str) -> None:
-        """Refuse an episode under a key that an interrupted writer placed with another fingerprint."""
+        """Refuse an episode under a key that an interrupted writer placed with another fingerprint (one placed
+        with none, "", cannot be checked)."""
         earlier = self._journal.pending.get(key)
-        if earlier is not None and earlier != fingerprint:
+        if earlier and earlier != fingerprint:
             raise ValueError(f"episode {key}: not the episode submitted under this key before the interruption "
                              f"(fingerprint {fingerprint}, was {earlier}); resume with the same input")
 

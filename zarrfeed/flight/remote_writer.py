@@ -138,13 +138,14 @@ class RemoteWriter:
             self._recover()
         self._input = None
         pending: list[Key] = []
-        written = 0
+        written, keyless = 0, None
         try:
             for i, episode in enumerate(episodes):
                 if it is not None:
                     given = next(it, None)
-                    if given is None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
-                        raise ValueError(f"keys: fewer keys than episodes (none for episode {i})")
+                    if given is None:  # the ones sent before are acknowledged first, then one line
+                        keyless = i
+                        break
                     key = check_key(given)
                 else:
                     if i == 0:
@@ -166,6 +167,8 @@ class RemoteWriter:
             self._unsynced_bytes = sum(_nbytes(ep) for _, ep in self._unsynced)
             after = f"; the {len(pending) - 1} sent after it were not written" if len(pending) > 1 else ""
             raise ValueError(f"{exc}{after}") from None
+        if keyless is not None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
+            raise ValueError(f"keys: fewer keys than episodes (none for episode {keyless})")
         self.sync()
         return written
 
