@@ -1,6 +1,7 @@
 """Decoded chunks kept across epochs: later epochs decode nothing when the chunks fit, part of them within a
 smaller budget, and the batches are the same as without the cache (against a one-process, no-cache loader)."""
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -100,4 +101,19 @@ def test_the_most_recently_unpinned_chunk_is_given_up_first():
     assert slots.cached() == {("a", 0), ("a", 1), ("a", 3)}
     assert slots.pin(("a", 0), 1) == (0, False)
     assert not slots.fits([("a", 4), ("a", 5)])  # one slot is unpinned, two are needed
+    slots.close()
+
+
+def test_a_slot_is_polled_until_decoded_and_names_its_chunk():
+    """What a loader asks of a slot it waits for: ready once a worker said it decoded it, never to be decoded
+    again by the asker (this loader's workers were asked already), and which chunk it holds."""
+    slots = ChunkSlots(2, 64)
+    pins = slots.pin_window(0, [("a", 5), ("b", 7)])
+    assert [(p.slot, p.decode, p.ready) for p in pins] == [(0, True, False), (1, True, False)]
+    assert [(p.slot, p.decode, p.ready) for p in (slots.poll(0), slots.poll(1))] == [(0, False, False),
+                                                                                      (1, False, False)]
+    assert slots.decoded(1)
+    assert [(p.slot, p.decode, p.ready) for p in (slots.poll(0), slots.poll(1))] == [(0, False, False),
+                                                                                      (1, False, True)]
+    assert slots.key_of(0) == ("a", 5) and slots.key_of(1) == ("b", 7) and slots.decoder_of(1) == os.getpid()
     slots.close()

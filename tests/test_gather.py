@@ -184,3 +184,40 @@ def test_the_kernels_agree_at_every_bound():
     accepted = [outcome(py, "gather", src, row, rows(0, 3, last), np.zeros(out_len, np.uint8), spec(fields), 0, row),
                 outcome(py, "gather_runs", src, row, rows(0, 10, 0, 2), np.zeros(out_len, np.uint8), spec(fields), 0)]
     assert all(kind == "ok" and any(data) for kind, _, data in accepted)  # the cases compare real copies
+
+
+def test_the_kernels_take_and_refuse_the_same_index_buffers():
+    """Index arrays (rows, runs, fields) come as any buffer: int64 in any spelling of its format is taken
+    ('l', 'q', '<q' from ctypes); unsigned, big-endian, 4-byte or float buffers are refused with the same
+    message by both kernels, naming the call and the argument."""
+    import array
+    import ctypes
+
+    def c_int64(*values):
+        return (ctypes.c_int64 * len(values))(*values)
+
+    src = np.arange(12 * 20, dtype=np.uint8)  # 20 records of 12 bytes: an int32 and a float64
+    spec = [(0, 4, 0), (4, 8, 4 * 10)]
+    good_fields = np.array(spec, np.int64).reshape(-1)
+    spellings = [np.array([3, 1], np.int64), c_int64(3, 1), array.array("q", [3, 1]), array.array("l", [3, 1]),
+                 memoryview(np.array([3, 1], np.int64)).cast("B").cast("@q"),
+                 array.array("Q", [3, 1]), np.array([3, 1], ">i8"), np.array([3, 1], np.uint64),
+                 np.array([3, 1], np.int32), np.array([3.0, 1.0]), np.array([3, 9, 1, 9], np.int64)[::2]]
+    taken = 0
+    for rows in spellings:
+        got = [outcome(k, "gather", src, 12, rows, np.zeros(120, np.uint8), good_fields, 0, 12) for k in (c, py)]
+        assert got[0] == got[1], memoryview(rows).format
+        taken += got[0][0] == "ok"
+        for f in (good_fields, rows):  # as a run (byte 3, one record), and as fields (not whole groups of 3)
+            got = [outcome(k, "gather_runs", src, 12, rows, np.zeros(120, np.uint8), f, 0) for k in (c, py)]
+            assert got[0] == got[1], memoryview(rows).format
+            got = [outcome(k, "gather", src, 12, np.array([1], np.int64), np.zeros(120, np.uint8), f, 0, 12)
+                   for k in (c, py)]
+            assert got[0] == got[1], memoryview(rows).format
+    assert taken == 5  # the five spellings of int64
+    for row_bytes in (1, 12):  # a record of one byte is a record
+        for k_out in [[outcome(k, "gather", src, row_bytes, np.array([5, 0], np.int64), np.zeros(120, np.uint8),
+                               np.array([(0, 1, 0)], np.int64).reshape(-1), 0, row_bytes) for k in (c, py)],
+                      [outcome(k, "gather_runs", src, row_bytes, np.array([5, 2], np.int64), np.zeros(120, np.uint8),
+                               np.array([(0, 1, 0)], np.int64).reshape(-1), 0) for k in (c, py)]]:
+            assert k_out[0] == k_out[1] and k_out[0][0] == "ok" and any(k_out[0][2])

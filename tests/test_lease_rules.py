@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from zarrfeed.writer.lease import (
@@ -28,6 +29,12 @@ from zarrfeed.writer.lease import (
 from zarrfeed.core.store import FormatError, Location
 
 HOST = socket.gethostname()
+
+
+@pytest.fixture
+def memory():
+    """A fresh place on fsspec's in-memory store (it lives as long as the process: each test has its own)."""
+    return f"memory://lease-{uuid.uuid4().hex}.zarr"
 
 
 def dead_pid() -> int:
@@ -68,7 +75,7 @@ def test_a_holders_timeout_must_be_positive_or_absent(timeout, readable):
     assert (parsed is not None) == readable and (parsed is None or parsed.timeout == timeout)
 
 
-def test_who_is_gone_and_why():
+def test_who_is_gone_and_why(memory):
     assert holder(age=1).gone(60) is None  # another host, beating
     assert holder(age=120).gone(300) == "no heartbeat for 120 s (timeout 60 s)"  # by the holder's own timeout
     assert holder(age=50, timeout=None).gone(40) == "no heartbeat for 50 s (timeout 40 s)"  # or the taker's
@@ -83,16 +90,16 @@ def test_who_is_gone_and_why():
     assert holder(HOST, os.getpid(), pid_start=None, token="x").gone(60) is None  # who knows which process
     parent = holder(HOST, os.getppid(), pid_start=_process_start(os.getppid()))
     assert parent.gone(60) is None and holder(HOST, os.getppid(), age=61).gone(60) is not None
-    with Lease(Location.of("memory://gone.zarr"), timeout=60) as live:  # this process's live lease
+    with Lease(Location.of(memory), timeout=60) as live:  # this process's live lease
         assert live.holder.gone(60) is None
 
 
-def test_a_holder_and_a_refusal_say_who_and_how_long():
+def test_a_holder_and_a_refusal_say_who_and_how_long(memory):
     h = holder(age=125)
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.started))
     assert str(h) == f"pid 4242 on another-host (since {since}, last heartbeat 125 s ago)"
     assert str(holder(age=-30)).endswith("last heartbeat 0 s ago)")  # a clock ahead: not negative
-    loc = Location.of("memory://r.zarr")
+    loc = Location.of(memory)
     msg = str(_refuse(loc, h, 10))
     assert msg == (f"{loc}: being written by {h}; wait for it to finish, or stop it (a lease whose holder died "
                    "is taken over at once on the same host, otherwise after 60 s without a heartbeat)")
@@ -289,8 +296,8 @@ def test_a_local_lease_refused_by_the_lock_of_another_process(tmp_path):
 
 
 # ---------------------------------------------------------------- other fsspec stores (exclusive create)
-def test_a_lease_on_a_store_with_exclusive_create(caplog):
-    loc = Location.of("memory://create.zarr")
+def test_a_lease_on_a_store_with_exclusive_create(memory, caplog):
+    loc = Location.of(memory)
     fs, root = loc.filesystem()
     path = f"{root}/{LEASE_KEY}"
     lease = Lease(loc, timeout=60)
@@ -318,8 +325,8 @@ def test_a_lease_on_a_store_with_exclusive_create(caplog):
     assert Holder.parse(fs.cat_file(path)).token == "fresh"
 
 
-def test_a_store_without_exclusive_create_is_refused(monkeypatch):
-    loc = Location.of("memory://noexcl.zarr")
+def test_a_store_without_exclusive_create_is_refused(memory, monkeypatch):
+    loc = Location.of(memory)
     fs, _ = loc.filesystem()
 
     def no_x(path, mode="rb", **kw):

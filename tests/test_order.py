@@ -110,12 +110,21 @@ def test_an_epochs_rows_and_positions_are_found_by_window(selection):
     for p in np.random.default_rng(1).choice(plan.total, 300, replace=False):
         row = plan.row_at(int(p))
         assert row == sequence[p] and plan.position_of(row) == p
-    with pytest.raises(IndexError):
-        plan.row_at(plan.total)
+    for p in (0, plan.total - 1):  # the ends
+        assert plan.row_at(p) == sequence[p] and plan.position_of(plan.row_at(p)) == p
+    for p in (plan.total, -1):
+        with pytest.raises(IndexError, match=f"^position {p} outside an epoch of {plan.total} rows$"):
+            plan.row_at(p)
     if selection:
         unselected = next(r for r in range(700) if r not in set(sel[0].tolist()))
-        with pytest.raises(ValueError, match="is not selected"):
-            plan.position_of(unselected)
+        past = int(sel[0][-1]) + 1  # after the chunk's last selected row
+        for row in (unselected, past, -1, 15 * 700, 15 * 700 + 3):  # the last three: chunks that do not exist
+            with pytest.raises(ValueError, match=f"^row {row} is not selected$"):
+                plan.position_of(row)
+    else:  # the last chunk holds 200 rows: row 10,000 and beyond are in no chunk of the epoch
+        for row in (10_000, 10_000 + 299, -1, 15 * 700 + 3):
+            with pytest.raises(ValueError, match=f"^row {row} is not in this epoch$"):
+                plan.position_of(row)
 
 
 def test_a_state_saved_mid_epoch_with_numpys_order_is_refused_at_an_epochs_start_taken(small_dataset):
