@@ -82,6 +82,9 @@ def stage(module: str, fresh: bool) -> Path:
         f"only_mutate = {[module]!r}\n"
         f"pytest_add_cli_args_test_selection = {tests!r}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+        # each mutant's process is forked from a server that never ran a test: forked from one that had (gRPC
+        # threads of the Flight tests), remote_writer's mutants segfaulted
+        'process_isolation = "forkserver"\n'
         "[tool.pytest.ini_options]\n"
         'testpaths = ["tests"]\n')
     return where

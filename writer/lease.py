@@ -64,6 +64,16 @@ class Fence:
     def __reduce__(self) -> tuple[Any, ...]:  # a worker gets the same shared deadline
         return Fence, (self._block,)
 
+    @property
+    def until(self) -> float:
+        """The deadline (`time.monotonic()`) writes may go on until; 0 once revoked or closed."""
+        return self._until[0] if self._until is not None else 0.0
+
+    @property
+    def closed(self) -> bool:
+        """Unmapped by `close` (in this process)."""
+        return self._until is None
+
     def extend(self, until: float) -> None:
         if self._until is not None:
             self._until[0] = until
