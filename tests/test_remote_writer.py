@@ -192,3 +192,148 @@ def test_several_datasets_by_name(tmp_path):
 def test_no_server_there_is_one_line():
     with pytest.raises(ConnectionError, match=r"grpc://127\.0\.0\.1:\d+"):
         RemoteWriter(f"grpc://127.0.0.1:{free_port()}", timeout=5)
+
+
+def totals(server: FeedServer) -> dict:
+    return server.status()["totals"]
+
+
+def test_a_writer_syncs_by_itself_exactly_past_its_bound(target):
+    """max_unsynced_bytes bounds what a writer keeps for re-sending: it syncs when what it keeps goes beyond
+    the bound, not at it; after a sync it keeps nothing."""
+    ep = eps(1, seed=12)[0]
+    size = sum(a.nbytes for a in ep.values())
+    with serve(target) as server, RemoteWriter(server.url, max_unsynced_bytes=size) as w:
+        syncs = []
+        real = w.sync
+        w.sync = lambda: syncs.append(1) or real()
+        w.submit(ep, key="a")  # size: at the bound
+        assert syncs == []
+        w.submit(ep, key="b")  # 2 x size: beyond it
+        assert syncs == [1]
+        w.submit(ep, key="c")  # size again after the sync
+        assert syncs == [1]
+        w.ingest([ep] * 3, keys=["d", "e", "f"], window=1)  # after d: 2 x size (c and d); then e; then f
+        assert len(syncs) == 1 + 2 + 1  # d, f, and ingest's own at its end
+        assert totals(server)["episodes_accepted"] == 6 and totals(server)["episodes_passed_over"] == 0
+
+
+def test_a_session_with_no_failure_sends_each_episode_once(target):
+    more = eps(4, seed=13)
+    with serve(target) as server:
+        with RemoteWriter(server.url) as w:
+            for i, ep in enumerate(more[:2]):
+                w.submit(ep, key=f"k{i}")
+            w.sync()
+            w.ingest(more[2:], keys=["k2", "k3"])
+            w.sync()
+        t = totals(server)
+        assert (t["episodes_accepted"], t["episodes_passed_over"], t["uploads"]) == (4, 0, 1)
+
+
+def test_keyless_episodes_go_on_from_where_an_ingest_ended(target):
+    more = eps(4, seed=14)
+    with serve(target) as server:
+        with RemoteWriter(server.url) as w:
+            assert w.ingest(more[:2]) == 2
+            assert w.submit(more[2])  # position 2 of the same input
+            assert w.ingest(eps(1, seed=15), keys=["x"]) == 1
+            assert w.submit(more[3])  # after a keyed ingest: a new input, whose first episode is more[3]
+        with RemoteWriter(server.url) as w:
+            assert w.ingest(more[:3], resume=True) == 0  # positions 0, 1, 2: all committed
+    assert_holds(Dataset.open(target), FIRST + more[:3] + eps(1, seed=15) + more[3:])
+
+
+@pytest.mark.parametrize("at, after", [(0, 2), (1, 1), (2, 0)])
+def test_a_refusal_says_how_many_sent_after_it_were_not_written(target, at, after):
+    good = eps(3, seed=16)
+    bad = {t: a.copy() for t, a in good[at].items()}
+    bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
+    batch = [bad if i == at else ep for i, ep in enumerate(good)]
+    with serve(target) as server, RemoteWriter(server.url) as w:
+        with pytest.raises(ValueError) as refused:
+            w.ingest(batch, keys=["a", "b", "c"], window=8)
+        message = str(refused.value)
+        assert message.endswith(f"; the {after} sent after it were not written") == bool(after)
+        assert ("sent after" in message) == bool(after) and message.startswith("zarrfeed: episode ")
+        assert w.sync()["scenes"] == 1 + at  # those before it are written
+    assert_holds(Dataset.open(target), FIRST + good[:at])
+
+
+def test_episodes_refused_with_their_predecessor_are_not_sent_again_by_a_reconnect(target):
+    port = free_port()
+    good = eps(3, seed=17)
+    bad = {t: a.copy() for t, a in good[0].items()}
+    bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
+    server = serve(target, port)
+    try:
+        w = RemoteWriter(server.url)
+        with pytest.raises(ValueError, match="the 2 sent after it were not written"):
+            w.ingest([bad, good[1], good[2]], keys=["a", "b", "c"], window=8)
+        assert w.submit(good[0], key="d")
+        server.stop()
+        server = serve(target, port)
+        for _ in range(2):
+            try:
+                w.close()
+                break
+            except ConnectionError:
+                continue
+        t = totals(server)
+        assert (t["episodes_accepted"], t["episodes_passed_over"]) == (0, 1)  # d again, passed over; not b, c
+    finally:
+        server.stop()
+    assert_holds(Dataset.open(target), FIRST + [good[0]])
+
+
+def test_read_tokens_cannot_upload_in_any_way(target):
+    with serve(target, token="read", ingest_token="write") as server:
+        w = RemoteWriter(server.url, token="read")
+        refusal = f"{server.url}: zarrfeed: this token may read, not upload (uploads need the server's ingest token)"
+        with pytest.raises(PermissionError) as keyless:
+            w.submit(eps(1, seed=18)[0])  # begins an input: an action
+        with pytest.raises(PermissionError) as keyed:
+            w.submit(eps(1, seed=18)[0], key="k")  # an upload call
+        assert str(keyless.value) == refusal and str(keyed.value) == refusal
+
+
+def test_a_server_that_went_away_is_named_with_the_reason(target):
+    server = serve(target)
+    w = RemoteWriter(server.url)
+    w.submit(eps(1, seed=19)[0], key="a")
+    server.stop()
+    with pytest.raises(ConnectionError) as gone:
+        for i in range(3):  # the first write may still be taken by the socket's buffer
+            w.submit(eps(1, seed=19)[0], key=f"b{i}")
+    message = str(gone.value)
+    assert message.startswith(f"{server.url}: ")
+    if "went away" in message:
+        reason = message.split("the server went away (", 1)[1].rsplit("); call again", 1)[0]
+        assert reason and reason != "None" and message.endswith(
+            "; call again: this writer reconnects and re-sends what is not committed")
+
+
+def test_a_server_that_never_answers_is_given_up_after_the_timeout():
+    import threading
+    import time
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        held = []
+        threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(ConnectionError):
+            RemoteWriter(f"grpc://127.0.0.1:{listener.getsockname()[1]}", timeout=1)
+        assert time.monotonic() - started < 15
+
+
+def test_over_tls(target, tmp_path):
+    from test_serve import self_signed
+    cert, key = self_signed(tmp_path)
+    with serve(target, tls=(cert.read_bytes(), key.read_bytes())) as server:
+        assert server.url.startswith("grpc+tls://")
+        with pytest.raises(ConnectionError, match="the TLS handshake failed"):
+            RemoteWriter(server.url)
+        with RemoteWriter(server.url, tls_root_certs=cert.read_bytes()) as w:
+            assert w.submit(eps(1, seed=20)[0], key="a")
+    assert Dataset.open(target).rows["scenes"] == 2
