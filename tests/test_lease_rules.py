@@ -288,7 +288,7 @@ def test_a_local_lease_refused_by_the_lock_of_another_process(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "held"
-        with pytest.raises(LeaseHeld, match=f"pid {child.pid} on {HOST}"):
+        with pytest.raises(LeaseHeld, match=f"^{loc}: being written by pid {child.pid} on {HOST} "):
             Lease(loc, timeout=60).acquire()
     finally:
         child.kill()
@@ -365,8 +365,9 @@ def test_an_s3_lease_taken_renewed_and_released(s3, caplog):
     assert any(m.endswith("no heartbeat for 90 s (timeout 60 s)") for m in caplog.messages)
     assert Holder.parse(fs.cat(key)).token == "thief"  # its release left the new holder's document
     fs.pipe(key, b"junk")
-    with Lease(loc, timeout=60) as taker:
+    with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"), Lease(loc, timeout=60) as taker:
         assert Holder.parse(fs.cat(key)).token == taker.holder.token
+    assert caplog.messages[-1] == f"{loc}: took over the write lease of None: its lease document is unreadable"
     fs.pipe(key, holder(age=1, token="fresh").encode())
     with pytest.raises(LeaseHeld, match="pid 4242 on another-host"):
         Lease(loc, timeout=60).acquire()
@@ -632,3 +633,10 @@ def test_s3_takeover_races(s3):
         return got
     backend._get = stolen_after_reading
     assert backend.renew(me) is False and Holder.parse(fs.cat(key)).token == "thief"
+
+
+def test_a_lease_document_lies_in_its_dataset_on_other_stores(memory):
+    loc = Location.of(memory.replace(".zarr", "-BOX"))  # a name ending in X, not a dataset's usual .zarr
+    fs, root = loc.filesystem()
+    with Lease(loc, timeout=60) as lease:
+        assert Holder.parse(fs.cat_file(f"{root}/{LEASE_KEY}")).token == lease.holder.token

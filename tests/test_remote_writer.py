@@ -118,6 +118,8 @@ def test_a_server_stopped_and_started_again_gets_every_episode_once(target):
         server = serve(target, port)
         assert w.submit(more[2], key="c")  # reconnects, re-sends a and b (passed over), sends c
         assert w.ingest(more[3:5], keys=["d", "e"]) == 2
+        t = totals(server)
+        assert (t["episodes_accepted"], t["episodes_passed_over"]) == (3, 2)  # reconnected once, not per call
         server.stop()
         server = serve(target, port)
         try:
@@ -241,6 +243,7 @@ def test_keyless_episodes_go_on_from_where_an_ingest_ended(target):
             assert w.submit(more[3])  # after a keyed ingest: a new input, whose first episode is more[3]
         with RemoteWriter(server.url) as w:
             assert w.ingest(more[:3], resume=True) == 0  # positions 0, 1, 2: all committed
+            assert w.ingest(more[3:], resume=True) == 0  # the input more[3] began: committed too
     assert_holds(Dataset.open(target), FIRST + more[:3] + eps(1, seed=15) + more[3:])
 
 
@@ -256,6 +259,7 @@ def test_a_refusal_says_how_many_sent_after_it_were_not_written(target, at, afte
         message = str(refused.value)
         assert message.endswith(f"; the {after} sent after it were not written") == bool(after)
         assert ("sent after" in message) == bool(after) and message.startswith("zarrfeed: episode ")
+        assert message.endswith(")") or after  # the server's line, as it is
         assert w.sync()["scenes"] == 1 + at  # those before it are written
     assert_holds(Dataset.open(target), FIRST + good[:at])
 
@@ -330,10 +334,84 @@ def test_a_server_that_never_answers_is_given_up_after_the_timeout():
 def test_over_tls(target, tmp_path):
     from test_serve import self_signed
     cert, key = self_signed(tmp_path)
-    with serve(target, tls=(cert.read_bytes(), key.read_bytes())) as server:
+    tls, port = (cert.read_bytes(), key.read_bytes()), free_port()
+    server = serve(target, port, tls=tls)
+    try:
         assert server.url.startswith("grpc+tls://")
-        with pytest.raises(ConnectionError, match="the TLS handshake failed"):
+        with pytest.raises(ConnectionError) as untrusted:
             RemoteWriter(server.url)
-        with RemoteWriter(server.url, tls_root_certs=cert.read_bytes()) as w:
-            assert w.submit(eps(1, seed=20)[0], key="a")
-    assert Dataset.open(target).rows["scenes"] == 2
+        assert str(untrusted.value).startswith(f"{server.url}: the TLS handshake failed")
+        w = RemoteWriter(server.url, tls_root_certs=cert.read_bytes())
+        assert w.submit(eps(2, seed=20)[0], key="a")
+        server.stop()
+        server = serve(target, port, tls=tls)
+        for _ in range(2):  # the call that notices the restart raises; the next reconnects, over TLS
+            try:
+                assert w.submit(eps(2, seed=20)[1], key="b")
+                break
+            except ConnectionError:
+                continue
+        assert w.close()["scenes"] == 3
+    finally:
+        server.stop()
+
+
+def test_a_server_stopped_in_the_middle_of_an_ingest(target):
+    """The episodes an ingest sent before its server went away are sent again, under their keys, by the call
+    after it: each once."""
+    port = free_port()
+    more = eps(5, seed=21)
+    box = {"server": serve(target, port)}
+
+    def produced():
+        yield from more[:3]
+        box["server"].stop()  # it commits what it accepted, then stops
+        yield from more[3:]
+    try:
+        w = RemoteWriter(box["server"].url)
+        with pytest.raises(ConnectionError):
+            w.ingest(produced(), keys=[f"k{i}" for i in range(5)], window=8)
+        box["server"] = serve(target, port)
+        assert w.ingest(more, keys=[f"k{i}" for i in range(5)]) == 2  # k0..k2 passed over
+        w.close()
+    finally:
+        box["server"].stop()
+    assert_holds(Dataset.open(target), FIRST + more)
+
+
+def test_a_server_killed_is_named_with_its_reason(target):
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(target), "--port", "0", "--workers",
+                             "1", "--ingest"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().split()[2]
+        w = RemoteWriter(url)
+        assert w.submit(eps(1, seed=22)[0], key="a")
+        proc.kill()
+        proc.wait()
+        with pytest.raises(ConnectionError) as gone:
+            for i in range(50):  # a write may still go to the socket's buffer
+                w.submit(eps(1, seed=22)[0], key=f"b{i}")
+        message = str(gone.value)
+        reason = message.split(f"{url}: the server went away (", 1)[1].rsplit("); call again", 1)[0]
+        assert reason.strip() and reason != "None", message
+        assert message.endswith("; call again: this writer reconnects and re-sends what is not committed")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_busy_server_says_so(target):
+    import dataclasses
+
+    from zarrfeed.flight.limits import Limits
+    limits = dataclasses.replace(Limits.for_machine(workers=1), max_uploads=1)
+    server = FeedServer(str(target), port=0, workers=1, ingest=True, limits=limits)
+    with server, RemoteWriter(server.url) as a, RemoteWriter(server.url) as b:
+        assert a.submit(eps(1, seed=23)[0], key="a")  # a's upload call stays open
+        with pytest.raises(ConnectionError) as busy:
+            b.submit(eps(2, seed=23)[1], key="b")
+        assert str(busy.value).startswith(f"{server.url}: zarrfeed: ") and "busy" in str(busy.value)
+        a.close()
+        assert b.submit(eps(2, seed=23)[1], key="b")
