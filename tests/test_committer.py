@@ -127,3 +127,21 @@ def test_a_failed_committer_keeps_a_folder_it_found_and_never_removes_after_losi
     assert (tmp_path / "d.zarr" / ".zarray").exists() or (tmp_path / "d.zarr" / ".zgroup").exists()
     assert (f"{Location.of(tmp_path / 'd.zarr')}: not removing the dataset this writer created: its lease is no "
             "longer held") in caplog.messages
+
+
+def test_a_committer_that_fails_commits_what_is_durable_first(tmp_path):
+    """fail() after an error: the episodes already stored are committed before the lease goes (a resume then
+    starts after them); the rows of one not stored are not."""
+    eps = episodes(2, seed=6)
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=1000)  # no commit but the forced ones
+    starts = [c.place(k, rows_of(e), fingerprint(e)) for k, e in zip("ab", eps, strict=True)]
+    for t in L5KIT_SCHEMA.tables:
+        c.grow(t, starts[1][t] + len(eps[1][t]))
+    stored = write(c, eps[0], starts[0])
+    for t in L5KIT_SCHEMA.tables:
+        c.stored(t, starts[0][t], starts[0][t] + len(eps[0][t]), stored[t])
+    c.fail(RuntimeError("the input broke"), remove=False)
+    again = Committer(Location.of(tmp_path / "d.zarr"), mode="a")
+    assert again.is_committed("a") and not again.is_committed("b") and again.missing() == ["b"]
+    assert again.close()["scenes"] == 1
+    assert_holds(Dataset.open(tmp_path / "d.zarr"), eps[:1])

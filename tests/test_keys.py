@@ -42,3 +42,23 @@ def test_fewer_keys_than_episodes_is_one_line_naming_the_episode(tmp_path, how):
             from zarrfeed.flight import FeedServer, RemoteWriter
             with FeedServer(str(path), port=0, workers=1, ingest=True) as server, RemoteWriter(server.url) as w:
                 w.ingest(eps, keys=["a", "b"])
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.0, b"k", ("a", 1), ["a"]])  # (None: no key, the next position)
+def test_a_key_is_a_string_an_integer_or_a_position(bad, tmp_path):
+    """True would be the key 1 (True == 1 in Python): an episode under key=True, and another under key=1, would
+    be one and the same to the journal; bools, floats, bytes and containers are refused before anything is
+    written, in one line."""
+    from zarrfeed.loader import Dataset
+    from zarrfeed.writer import DatasetWriter, synthetic
+
+    from zarrfeed.core.keys import Position, check_key
+    assert check_key("k") == "k" and check_key(7) == 7 and check_key(Position("in", 3)) == Position("in", 3)
+    with pytest.raises(TypeError, match=f"^an episode key is a str or an int, got {type(bad).__name__} "):
+        check_key(bad)
+    ep = next(synthetic.episodes(1, seed=2, frames=10, agents_per_frame=3))
+    with DatasetWriter(tmp_path / "d.zarr", workers=0) as w:
+        with pytest.raises(TypeError, match="an episode key is a str or an int"):
+            w.submit(ep, key=bad)
+        assert w.submit(ep, key=1)
+    assert Dataset.open(tmp_path / "d.zarr").rows["scenes"] == 1
