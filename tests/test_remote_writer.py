@@ -20,6 +20,25 @@ def eps(n: int, seed: int) -> list[dict]:
 FIRST = eps(1, seed=100)
 
 
+@pytest.fixture(autouse=True)
+def writers_end(monkeypatch):
+    """Every RemoteWriter a test made is let go at its end, as a `with` block left by an exception does: one a
+    failing test left open kept a gRPC thread alive, and pytest never exited."""
+    made = []
+    real = RemoteWriter.__init__
+
+    def init(self, *args, **kwargs):
+        made.append(self)
+        real(self, *args, **kwargs)
+    monkeypatch.setattr(RemoteWriter, "__init__", init)
+    yield
+    for w in made:
+        try:
+            w.__exit__(RuntimeError, None, None)
+        except Exception:  # noqa: BLE001 -- a writer whose __init__ failed has nothing to let go
+            pass
+
+
 @pytest.fixture
 def target(tmp_path):
     path = tmp_path / "t.zarr"
@@ -415,3 +434,45 @@ def test_a_busy_server_says_so(target):
         assert str(busy.value).startswith(f"{server.url}: zarrfeed: ") and "busy" in str(busy.value)
         a.close()
         assert b.submit(eps(2, seed=23)[1], key="b")
+
+
+def busy_server(target) -> FeedServer:
+    import dataclasses
+
+    from zarrfeed.flight.limits import Limits
+    return FeedServer(str(target), port=0, workers=1, ingest=True,
+                      limits=dataclasses.replace(Limits.for_machine(workers=1), max_uploads=1))
+
+
+def test_episodes_a_busy_server_turned_away_are_sent_by_the_next_call(target):
+    """Found by an adversarial pass (as a mutant): a writer told busy must re-send what that call sent, or a
+    sync that follows confirms episodes the server never got."""
+    more = eps(4, seed=24)
+    with busy_server(target) as server:
+        b = RemoteWriter(server.url)
+        assert b.submit(more[0], key="b0")
+        bad = {**more[1], "frames": more[1]["frames"][:0]}
+        with pytest.raises(ValueError):
+            b.submit(bad, key="bad")  # refused: the server ends b's call
+        a = RemoteWriter(server.url)
+        assert a.submit(eps(1, seed=25)[0], key="a0")  # a's call holds the only upload slot
+        with pytest.raises(ConnectionError, match="busy"):
+            b.ingest(more[2:4], keys=["b2", "b3"])
+        a.close()
+        b.sync()
+        b.close()
+    assert_holds(Dataset.open(target), FIRST + [more[0], eps(1, seed=25)[0]] + more[2:4])
+
+
+def test_a_writer_left_by_an_exception_frees_its_upload_call(target):
+    import time
+    with busy_server(target) as server:
+        with pytest.raises(KeyboardInterrupt):
+            with RemoteWriter(server.url) as a:
+                a.submit(eps(1, seed=26)[0], key="a0")
+                raise KeyboardInterrupt
+        deadline = time.monotonic() + 10
+        while server.status()["uploads"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with RemoteWriter(server.url) as b:  # the only upload slot is free again
+            assert b.submit(eps(1, seed=27)[0], key="b0")

@@ -397,7 +397,7 @@ class _S3Backend(_Backend):
         self.location = location
         self.fs, root = location.filesystem()
         self.bucket, _, prefix = root.partition("/")
-        self.key = f"{prefix.rstrip('/')}/{LEASE_KEY}" if prefix else LEASE_KEY
+        self.key = f"{prefix}/{LEASE_KEY}" if prefix else LEASE_KEY  # fsspec's roots end in no "/"
         self.etag: str | None = None
 
     def _put(self, me: Holder, **condition: str) -> bool:
@@ -466,7 +466,7 @@ class _CreateBackend(_Backend):
     def __init__(self, location: Location) -> None:
         self.location = location
         self.fs, root = location.filesystem()
-        self.path = f"{root.rstrip('/')}/{LEASE_KEY}"
+        self.path = f"{root}/{LEASE_KEY}"  # fsspec's roots end in no "/"
 
     def _create(self, me: Holder) -> bool:
         try:
