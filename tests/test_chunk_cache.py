@@ -117,3 +117,16 @@ def test_a_slot_is_polled_until_decoded_and_names_its_chunk():
                                                                                       (1, False, True)]
     assert slots.key_of(0) == ("a", 5) and slots.key_of(1) == ("b", 7) and slots.decoder_of(1) == os.getpid()
     slots.close()
+
+
+def test_a_slot_given_to_another_chunk_is_not_ready_until_decoded_again():
+    """Found by an adversarial pass: a slot taken from an unpinned chunk kept its "decoded" mark, so the new
+    chunk would have been gathered from the old one's bytes."""
+    slots = ChunkSlots(1, 64)
+    [pin] = slots.pin_window(0, [("a", 0)])
+    assert slots.decoded(pin.slot)
+    slots.unpin_window(0, [("a", 0)])
+    [pin] = slots.pin_window(1, [("a", 1)])
+    assert pin.decode and not pin.ready and not slots.poll(pin.slot).ready
+    assert slots.key_of(pin.slot) == ("a", 1)
+    slots.close()

@@ -516,3 +516,16 @@ def test_a_state_field_of_the_wrong_kind_is_named_with_the_kinds_it_takes(field,
     with pytest.raises(ValueError) as err:
         LoaderState.from_dict({**good, field: value})
     assert str(err.value) == f"loader state field {field!r} is {value!r}, not a {kinds}"
+
+
+def test_a_state_missing_a_setting_is_refused_naming_it(small_dataset):
+    """Found by an adversarial pass: comparing only the settings a saved state holds let a state without its
+    seed resume another seed's epoch, in another order."""
+    path = small_dataset(2, seed=1, frames=30, agents_per_frame=10)
+    with Loader(path, table="agents", batch_size=32, seed=3, num_workers=0) as a:
+        next(iter(a))
+        state = a.state_dict()
+    del state["settings"]["seed"]
+    with Loader(path, table="agents", batch_size=32, seed=5, num_workers=0) as b:
+        with pytest.raises(ValueError, match="seed"):
+            b.load_state_dict(state)
