@@ -55,3 +55,33 @@ def test_streamed_chunks_count_like_brute_force(pairs, n_child, chunk):
         checker.feed(iv[s:s + chunk])
     violations = checker.finish()
     assert checker.count == len(violations) == brute_force_count(iv, n_child)
+
+
+def test_every_violation_is_said_where_and_what_in_one_line():
+    """The exact lines (found by the mutation run: only their presence was tested): row numbers count across
+    feeds, empty intervals and intervals starting at 0 are fine, the limit keeps the first ones and counts all."""
+    from zarrfeed.core.links import Violation
+    c = IntervalChecker(LINK, 10, limit=20)
+    c.feed(np.array([[0, 0], [0, 3]], np.uint32))  # empty, then from 0: fine (any integer dtype)
+    c.feed(np.array([[3, 2], [5, 7], [6, 8], [-1, 9], [9, 11]], np.int64))
+    lines = [str(v) for v in c.finish()]
+    assert lines == [
+        "frames.agent_index_interval row 2: interval [3, 2) has start > end",
+        "frames.agent_index_interval row 3: interval [5, 7) starts at 5 but the previous interval ends at 2 "
+        "(a gap in agents)",
+        "frames.agent_index_interval row 4: interval [6, 8) starts at 6 but the previous interval ends at 7 "
+        "(an overlap in agents)",
+        "frames.agent_index_interval row 5: interval [-1, 9) is outside the rows of agents, [0, 10)",
+        "frames.agent_index_interval row 6: interval [9, 11) is outside the rows of agents, [0, 10)",
+        "frames.agent_index_interval row 6: last interval ends at 11, but agents has 10 rows (they must be "
+        "covered in order)",
+    ]
+    first = IntervalChecker(LINK, 10)
+    first.feed(np.array([[2, 10]]))
+    assert [str(v) for v in first.finish()] == [
+        "frames.agent_index_interval row 0: interval [2, 10) starts at 2 but the first interval must start at 0 "
+        "(a gap in agents)"]
+    assert str(Violation("scenes", None, None, "no rows")) == "scenes: no rows"
+    violations, count = check_link(LINK, np.array([[1, 2]] * 5), 2, limit=3)
+    assert [v.row for v in violations] == [0, 1, 2] and count == 5  # the first 3 of 5
+    assert check_link(LINK, np.array([[0, 1]]), 1, limit=0) == ([], 0)
