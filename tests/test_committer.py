@@ -145,3 +145,17 @@ def test_a_committer_that_fails_commits_what_is_durable_first(tmp_path):
     assert again.is_committed("a") and not again.is_committed("b") and again.missing() == ["b"]
     assert again.close()["scenes"] == 1
     assert_holds(Dataset.open(tmp_path / "d.zarr"), eps[:1])
+
+
+def test_the_episodes_touching_a_range_are_those_with_rows_inside_it():
+    """Which uncommitted episodes a failed write of rows [start, end) concerns (they are reported as lost):
+    an episode ending where the range starts, or starting where it ends, has no row in it."""
+    from zarrfeed.writer.commit import CommitTracker
+    t = CommitTracker({"agents": 0})
+    t.add_episode("a", {"agents": 0}, {"agents": 10})
+    t.add_episode("b", {"agents": 10}, {"agents": 20})
+    t.add_episode("c", {"agents": 20}, {"agents": 30})
+    assert t.episodes_touching("agents", 10, 20) == ["b"]
+    assert t.episodes_touching("agents", 9, 21) == ["a", "b", "c"]
+    assert t.episodes_touching("agents", 30, 40) == [] and t.episodes_touching("agents", 0, 0) == []
+    assert t.episodes_touching("agents", 25, 26) == ["c"]
