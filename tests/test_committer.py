@@ -159,3 +159,16 @@ def test_the_episodes_touching_a_range_are_those_with_rows_inside_it():
     assert t.episodes_touching("agents", 9, 21) == ["a", "b", "c"]
     assert t.episodes_touching("agents", 30, 40) == [] and t.episodes_touching("agents", 0, 0) == []
     assert t.episodes_touching("agents", 25, 26) == ["c"]
+
+
+def test_the_last_write_of_a_shared_chunk_is_told_by_its_links_or_not_at_all():
+    """Which write of a chunk came last, from the `replaced` links alone: the one no other write replaced; when
+    two writes both look last (a link missing), no digest is recorded rather than a wrong one."""
+    from zarrfeed.writer.chunk_write import ChunkWrite
+    from zarrfeed.writer.commit import _last
+    first = ChunkWrite("agents", 0, 10, "d1", None, True)
+    second = ChunkWrite("agents", 0, 20, "d2", "d1", True)
+    third = ChunkWrite("agents", 0, 30, "d3", "d2", True)
+    assert _last({third, first, second}) == (30, "d3")
+    assert _last({first}) == (10, "d1") and _last({ChunkWrite("agents", 0, 10, "d1", "d1", True)}) == (10, "d1")
+    assert _last({first, ChunkWrite("agents", 0, 20, "d2", None, True)}) is None  # two unlinked: unknown
