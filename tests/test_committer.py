@@ -172,3 +172,20 @@ def test_the_last_write_of_a_shared_chunk_is_told_by_its_links_or_not_at_all():
     assert _last({third, first, second}) == (30, "d3")
     assert _last({first}) == (10, "d1") and _last({ChunkWrite("agents", 0, 10, "d1", "d1", True)}) == (10, "d1")
     assert _last({first, ChunkWrite("agents", 0, 20, "d2", None, True)}) is None  # two unlinked: unknown
+
+
+def test_a_chunk_is_sealed_once_its_rows_are_committed_and_forgotten_once_recorded():
+    """ChunkDigests.seal at its bounds (found by the mutation run): a chunk is sealed when its last row is
+    committed, the table's last chunk too when the writer closes (`tail`) if any of its rows is committed, never a
+    chunk past the committed rows; `forget` drops what a published commit recorded."""
+    from zarrfeed.writer.chunk_write import ChunkWrite
+    from zarrfeed.writer.commit import ChunkDigests
+    digests = ChunkDigests({"agents": 10})
+    digests.add([ChunkWrite("agents", i, 100 + i, f"d{i}") for i in range(4)])
+    assert digests.seal({"agents": 19}) == {"agents": {0: (100, "d0")}}
+    assert digests.seal({"agents": 20}) == {"agents": {0: (100, "d0"), 1: (101, "d1")}}
+    assert digests.seal({"agents": 25}) == {"agents": {0: (100, "d0"), 1: (101, "d1")}}  # chunk 2 still open
+    assert digests.seal({"agents": 30}, tail=True) == {"agents": {0: (100, "d0"), 1: (101, "d1"), 2: (102, "d2")}}
+    assert digests.seal({"agents": 31}, tail=True)["agents"][3] == (103, "d3")
+    digests.forget({"agents": {0: (100, "d0"), 2: (102, "d2")}})
+    assert digests.seal({"agents": 40}) == {"agents": {1: (101, "d1"), 3: (103, "d3")}}

@@ -85,3 +85,24 @@ def test_every_violation_is_said_where_and_what_in_one_line():
     violations, count = check_link(LINK, np.array([[1, 2]] * 5), 2, limit=3)
     assert [v.row for v in violations] == [0, 1, 2] and count == 5  # the first 3 of 5
     assert check_link(LINK, np.array([[0, 1]]), 1, limit=0) == ([], 0)
+
+
+def test_defaults_and_edges_of_each_rule():
+    """What the mutation run left alive: the default limit (20), an empty interval that is wrong only for where
+    it starts, an interval starting at 0 that overlaps, and intervals compared as integers past 2**53 (where a
+    float would round two different row numbers to one)."""
+    iv = np.array([[1, 2]] * 25)
+    violations, count = check_link(LINK, iv, 2)
+    assert len(violations) == 20 and count == 25
+    c = IntervalChecker(LINK, 2)
+    c.feed(iv)
+    assert len(c.finish()) == 20 and c.count == 25
+    empty_late, _ = check_link(LINK, np.array([[3, 3]]), 3)
+    assert [v.message for v in empty_late][0] == (
+        "interval [3, 3) starts at 3 but the first interval must start at 0 (a gap in agents)")
+    from_zero, _ = check_link(LINK, np.array([[0, 2], [0, 3]]), 3)
+    assert [v.message for v in from_zero] == [
+        "interval [0, 3) starts at 0 but the previous interval ends at 2 (an overlap in agents)"]
+    big = 2**53 + 1
+    assert check_link(LINK, np.array([[0, big], [big, big]], np.uint64), big) == ([], 0)
+    assert check_link(LINK, np.array([[0, big - 1], [big - 1, big]], np.int64), big) == ([], 0)
