@@ -52,7 +52,7 @@ MODULES: dict[str, list[str]] = {
     "zarrfeed/core/links.py": ["test_links.py", "test_write.py", "test_dataset.py"],
     "zarrfeed/writer/commit.py": ["test_committer.py", "test_never_lose.py", "test_digests.py"],
     "zarrfeed/writer/journal.py": ["test_journal.py", "test_committer.py"],
-    "zarrfeed/writer/committer.py": ["test_committer.py", "test_never_lose.py"],
+    "zarrfeed/writer/committer.py": ["test_committer.py", "test_committer_rules.py", "test_never_lose.py"],
     "zarrfeed/writer/lease.py": ["test_lease_rules.py"],  # test_lease.py: the same end to end, minutes a mutant
     "zarrfeed/writer/episode.py": ["test_write.py", "test_keys.py", "test_dataset_writer.py"],
     "zarrfeed/loader/plan.py": ["test_plan.py", "test_row_ids.py", "test_order.py"],

@@ -55,12 +55,14 @@ class Committer:
             raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
         self.location, self.commit_interval, self._store_timeout = location, commit_interval, store_timeout
         self._published: tuple | None = None  # what the last commit published (the same again is not written)
-        self.closed = True
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
+        holds_data = self._holds_data()
+        if mode == "a" and not holds_data:  # before the lease's lock file makes a directory there
+            raise FormatError(f"{location}: no dataset to append to (nothing is stored there)")
         # a dataset created here is removed again if it never gets a commit (see fail); a directory that was
         # there, empty, stays
-        self._created = mode == "w" and not self._holds_data()
+        self._created = not holds_data
         self._had_root = location.is_local and location.path.is_dir()
         if mode == "w":
             self._check_new(store, overwrite)
@@ -406,7 +408,8 @@ class Committer:
             for key in self._tracker.advance():
                 self._journal.commit(key)
             if not self._lease.lost and not within(FAIL_SECONDS, self._write_manifest):
-                log.debug("%s: no last commit after %s (the store does not answer)", self.location, exc)
+                log.warning("%s: the last commit after the error did not land; what was stored since commit %d "
+                            "is not committed (resume to write it)", self.location, self._commit_no)
             if remove and not any(self.committed.values()):
                 self._remove_if_created()
         finally:
@@ -447,5 +450,8 @@ class Committer:
 
 
 def key_order(key: Key) -> tuple:
-    """Keys in a stable order: positions (by input, then index), then the others by their repr."""
-    return (0, key.input, key.index, "") if isinstance(key, Position) else (1, "", 0, repr(key))
+    """Keys in a stable order: positions (by input, then index), then int keys by value, then str keys (ints and
+    strs do not compare with each other)."""
+    if isinstance(key, Position):
+        return (0, key.input, key.index)
+    return (1, key) if isinstance(key, int) else (2, key)

@@ -1,0 +1,390 @@
+"""The committer's rules one by one, in this process (found by the mutation run of writer/committer.py: the
+end-to-end tests reach these lines through worker processes, where a wrong line goes unseen): how it opens, what
+it refuses and with which line, how far it grows arrays, what a commit publishes and what it withdraws, and what
+is left after close, fail and a store that does not answer."""
+import json
+import shutil
+import threading
+
+import numcodecs
+import pytest
+import zarr
+from test_committer import episodes, rows_of, write
+from zarrfeed.loader import Dataset
+from zarrfeed.writer import L5KIT_SCHEMA
+from zarrfeed.writer.committer import Committer, key_order
+
+from zarrfeed.core import dataset_format
+from zarrfeed.core.keys import Position, fingerprint
+from zarrfeed.core.store import FormatError, Location, StoreTimeout
+
+TABLES = list(L5KIT_SCHEMA.tables)
+
+
+def put(c: Committer, key, ep: dict) -> dict:
+    """Place, write and report one episode."""
+    starts = c.place(key, rows_of(ep), fingerprint(ep))
+    for t in TABLES:
+        c.grow(t, starts[t] + len(ep[t]))
+    stored = write(c, ep, starts)
+    for t in TABLES:
+        c.stored(t, starts[t], starts[t] + len(ep[t]), stored[t])
+    return starts
+
+
+def logged_chunks(path) -> dict:
+    """The chunk records of the dataset's commit log as the latest manifest lists it."""
+    store = zarr.storage.DirectoryStore(str(path))
+    return dataset_format.read_log(store, dataset_format.read_manifest(store)).whole().chunks
+
+
+def test_mode_and_what_a_location_must_hold(tmp_path):
+    with pytest.raises(ValueError) as err:
+        Committer(Location.of(tmp_path / "d.zarr"), mode="x")
+    assert str(err.value) == "mode must be 'w' or 'a', got 'x'"
+    loc = Location.of(tmp_path / "none.zarr")
+    with pytest.raises(FormatError) as err:  # appending to nothing: refused before the lease makes a folder
+        Committer(loc, mode="a")
+    assert str(err.value) == f"{loc}: no dataset to append to (nothing is stored there)"
+    assert not (tmp_path / "none.zarr").exists()
+    c = Committer(Location.of(tmp_path / "d.zarr"))
+    c.close()
+    loc = Location.of(tmp_path / "d.zarr")
+    with pytest.raises(FormatError) as err:  # overwrite is not the default
+        Committer(loc)
+    assert str(err.value) == (f"{loc}: already exists and is not empty; append to it (mode='a'), resume an "
+                              "interrupted ingest into it, or overwrite it")
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in "abcde":
+        (other / name).write_text("x")
+    with pytest.raises(FormatError) as err:
+        Committer(Location.of(other), overwrite=True)
+    assert str(err.value) == (f"{Location.of(other)}: not a zarr dataset (it holds a, b, c, d, ...); refusing to "
+                              "overwrite it")
+    (other / "e").unlink()
+    (other / "d").unlink()
+    with pytest.raises(FormatError) as err:
+        Committer(Location.of(other), overwrite=True)
+    assert str(err.value).endswith("(it holds a, b, c); refusing to overwrite it")
+
+
+def test_what_a_new_dataset_is_made_with(tmp_path):
+    """Chunks, compressor and lease timeout reach the dataset; commits are at most a second apart by default."""
+    c = Committer(Location.of(tmp_path / "d.zarr"), chunks={"agents": 48}, compressor=numcodecs.Zlib(level=3),
+                  lease_timeout=7.0)
+    assert c.commit_interval == 1.0
+    assert c.arrays["agents"].chunks == (48,) and c.arrays["agents"].compressor == numcodecs.Zlib(level=3)
+    assert json.loads((tmp_path / "d.zarr" / "zarrfeed.lease").read_bytes())["timeout"] == 7.0
+    c.close()
+
+
+def test_appending_checks_the_schema_and_the_stored_rows(tmp_path):
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), commit_interval=0)
+    put(c, "a", episodes(1, seed=1)[0])
+    c.close()
+    loc = Location.of(path)
+    other = L5KIT_SCHEMA.tables["agents"].dtype.descr[:-1]  # the agents' dtype without its last field
+    from zarrfeed.core.schema import Schema, Table
+    changed = Schema({**L5KIT_SCHEMA.tables, "agents": Table("agents", __import__("numpy").dtype(other),
+                                                             L5KIT_SCHEMA.tables["agents"].chunk_rows)},
+                     L5KIT_SCHEMA.links)
+    with pytest.raises(FormatError) as err:
+        Committer(loc, changed, mode="a")
+    assert str(err.value) == f"{loc}: table 'agents' does not match the schema to append"
+    extra = Schema({**L5KIT_SCHEMA.tables, "more": Table("more", L5KIT_SCHEMA.tables["scenes"].dtype, 8)},
+                   L5KIT_SCHEMA.links)
+    with pytest.raises(FormatError) as err:  # a table the dataset lacks: the same line, not a KeyError
+        Committer(loc, extra, mode="a")
+    assert str(err.value) == f"{loc}: table 'more' does not match the schema to append"
+    with pytest.raises(FormatError) as err:
+        Committer(loc, Schema(L5KIT_SCHEMA.tables, L5KIT_SCHEMA.links[:-1]), mode="a")
+    assert str(err.value) == f"{loc}: its links differ from the schema to append"
+    zarr.open_array(str(path / "agents"), mode="r+").resize(3)  # fewer rows than committed: damaged
+    with pytest.raises(FormatError) as err:
+        Committer(loc, mode="a")
+    committed = dataset_format.read_manifest(zarr.storage.DirectoryStore(str(path)))["committed"]["agents"]
+    assert str(err.value) == (f"{loc}: table 'agents': {committed} rows committed but the array holds 3; the "
+                              "dataset is damaged")
+
+
+def test_appending_to_a_dataset_of_another_tool(tmp_path):
+    """No manifest: the shapes are the rows, commits start at 1, a table it lacks is made empty and writable."""
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), commit_interval=0)
+    ep = episodes(1, seed=2)[0]
+    put(c, "a", ep)
+    c.close()
+    (path / dataset_format.MANIFEST_KEY).unlink()
+    (path / ".zmetadata").unlink()
+    for name in ("zarrfeed.commits", "zarrfeed.log", "traffic_light_faces"):
+        shutil.rmtree(path / name)
+    again = Committer(Location.of(path), mode="a", commit_interval=0)
+    assert again.committed == {**rows_of(ep), "traffic_light_faces": 0} and again.commit_number == 0
+    tl = again.arrays["traffic_light_faces"]
+    assert tl.shape == (0,) and tl.dtype == L5KIT_SCHEMA.tables["traffic_light_faces"].dtype
+    assert tl.chunks == (L5KIT_SCHEMA.tables["traffic_light_faces"].chunk_rows,)
+    assert tl.compressor == again.arrays["agents"].compressor
+    assert tl.fill_value.tobytes() == bytes(tl.dtype.itemsize)
+    again.begin_input("x", resume=False)
+    assert again.commit_number == 1
+    again.close()
+    doc = dataset_format.read_manifest(zarr.storage.DirectoryStore(str(path)))
+    assert doc["dataset_id"] == again.dataset_id and len(again.dataset_id) > 8
+
+
+def test_appending_keeps_the_identity_journal_and_log(tmp_path):
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), commit_interval=0)
+    put(c, "a", episodes(1, seed=3)[0])
+    c.skip("bad")
+    c.close()
+    again = Committer(Location.of(path), mode="a", commit_interval=0)
+    assert again.dataset_id == c.dataset_id and again.commit_number == c.commit_number
+    assert again.is_committed("a") and again.is_committed("bad") and not again.is_committed("c")
+    again.release()
+    store = zarr.storage.DirectoryStore(str(path))
+    doc = dataset_format.read_manifest(store)
+    orphan = f"zarrfeed.log/{doc['commit'] + 5:010d}-deadbeef.json"
+    store[orphan] = b'{"committed": [], "skipped": [], "chunks": {}}'  # a commit that never published
+    Committer(Location.of(path), mode="a").release()
+    assert orphan not in dataset_format.log_keys(store)
+    gone = doc["log"][0]["key"]
+    del store[gone]
+    loc = Location.of(path)
+    with pytest.raises(FormatError) as err:
+        Committer(loc, mode="a")
+    assert str(err.value) == f"{loc}: commit log segment '{gone}' is missing; the dataset is damaged"
+
+
+def test_arrays_grow_in_large_steps_and_are_trimmed_at_close(tmp_path):
+    c = Committer(Location.of(tmp_path / "d.zarr"), chunks={"agents": 10}, commit_interval=1000)
+    length = lambda: zarr.open_array(str(tmp_path / "d.zarr" / "agents"), mode="r").shape[0]  # noqa: E731
+    c.grow("agents", 1)
+    assert length() == 40  # 4 chunks on a local disk
+    c.grow("agents", 40)
+    assert length() == 40
+    c.grow("agents", 41)
+    assert length() == 80  # doubled
+    c.grow("agents", 1000)
+    assert length() == 1000
+    ep = episodes(1, seed=4)[0]
+    put(c, "a", ep)  # not committed yet: the interval is long
+    assert c.committed["agents"] == 0
+    assert c.close()["agents"] == len(ep["agents"])  # close commits what is stored, then trims
+    assert length() == len(ep["agents"])
+    meta = zarr.open_consolidated(str(tmp_path / "d.zarr"), mode="r")
+    assert meta["agents"].shape == (len(ep["agents"]),)
+    remote = Committer(Location.of("memory://grow-steps/d.zarr"), chunks={"agents": 10})
+    remote.grow("agents", 1)
+    assert zarr.Array(remote.store, path="agents").shape == (640,)  # 64 chunks on an object store
+    remote.release()
+
+
+def test_a_commit_with_nothing_new_publishes_nothing_and_old_segments_are_deleted(tmp_path):
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), commit_interval=0)
+    eps = episodes(3, seed=5)
+    put(c, "a", eps[0])
+    c.commit(force=True)
+    assert c.commit_number == 1
+    store = zarr.storage.DirectoryStore(str(path))
+    assert dataset_format.log_keys(store)[0].startswith("zarrfeed.log/0000000001-")
+    c.commit(force=True)
+    assert c.commit_number == 1  # nothing new: no commit
+    put(c, "b", eps[1])
+    c.commit()
+    put(c, "c", eps[2])
+    c.commit()
+    listed = {r["key"] for r in dataset_format.read_manifest(store)["log"]}
+    assert c.commit_number == 3 and set(dataset_format.log_keys(store)) == listed  # merged ones deleted
+    c.close()
+
+
+def test_a_commit_that_fails_is_published_whole_by_the_next(tmp_path, monkeypatch):
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), commit_interval=0)
+    eps = episodes(2, seed=6)
+    put(c, "a", eps[0])
+    c.commit()
+    real = dataset_format.write_manifest
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(dataset_format, "write_manifest", broken)
+    put(c, "b", eps[1])
+    with pytest.raises(OSError, match="disk full"):
+        c.commit()
+    assert c.commit_number == 1
+    monkeypatch.setattr(dataset_format, "write_manifest", real)
+    c.commit(force=True)
+    assert c.commit_number == 2
+    store = zarr.storage.DirectoryStore(str(path))
+    whole = dataset_format.read_log(store, dataset_format.read_manifest(store)).whole()
+    assert whole.committed == ["a", "b"]
+    c.close()
+    assert Dataset.open(path).rows["scenes"] == 2
+
+
+def test_a_last_chunk_recorded_by_a_closed_writer_is_withdrawn_before_it_is_written_again(tmp_path):
+    """Its digest would no longer match: withdrawn (None) by a commit before the first write there, sealed again
+    at close; a table not written to keeps its record; a writer that writes nothing keeps every record."""
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), chunks={"agents": 64, "frames": 16, "scenes": 4}, commit_interval=0)
+    ep = episodes(1, seed=7)[0]
+    put(c, "a", ep)
+    c.close()
+    na, nf = len(ep["agents"]), len(ep["frames"])
+    assert na % 64 and nf % 16
+    before = logged_chunks(path)
+    assert before["agents"][na // 64] is not None and before["frames"][nf // 16] is not None
+    idle = Committer(Location.of(path), mode="a", commit_interval=1000)
+    idle.begin_input("x", resume=False)  # a commit, but nothing is written: nothing withdrawn
+    assert logged_chunks(path) == before
+    idle.release()
+    assert Dataset.open(path).verify().unverifiable == 0
+    c = Committer(Location.of(path), mode="a", commit_interval=1000)
+    frames_only = {t: a[:0] if t == "agents" else a for t, a in ep.items()}
+    frames_only["frames"] = frames_only["frames"].copy()
+    frames_only["frames"]["agent_index_interval"] = 0
+    starts = c.place("b", rows_of(frames_only), fingerprint(frames_only))  # forced commit: tails withdrawn
+    now = logged_chunks(path)
+    assert now["agents"][na // 64] is None and now["frames"][nf // 16] is None
+    for t in TABLES:
+        c.grow(t, starts[t] + len(frames_only[t]))
+    stored = write(c, frames_only, starts)
+    for t in TABLES:
+        c.stored(t, starts[t], starts[t] + len(frames_only[t]), stored[t])
+    c.close()
+    after = logged_chunks(path)
+    assert after["agents"][na // 64] == before["agents"][na // 64]  # not written to: sealed again as it was
+    assert after["frames"][nf // 16] not in (None, before["frames"][nf // 16])
+    report = Dataset.open(path).verify()
+    assert report.ok and report.unverifiable == 0
+
+
+def test_keys_are_listed_in_a_natural_order(tmp_path):
+    assert sorted(["b", 10, Position("y", 1), 2, "a", Position("x", 10), Position("x", 2)], key=key_order) == [
+        Position("x", 2), Position("x", 10), Position("y", 1), 2, 10, "a", "b"]
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=1000)
+    for key in (10, "b", 2, Position("x", 3)):
+        c.place(key, {"scenes": 1})
+    c.skip(7)
+    assert c.is_committed(7) and c.is_known(7) and not c.is_committed(2) and c.is_known(2)
+    with pytest.raises(TypeError, match="an episode key is a str or an int"):
+        c.skip(1.5)
+    assert c.missing() == [Position("x", 3), 2, 10, "b"]
+    assert c.episodes_touching("scenes", 1, 3) == ["b", 2] and c.episodes_touching("frames", 0, 1) == []
+    c.release()
+
+
+def test_begin_input_refusals_say_what_to_do(tmp_path):
+    loc = Location.of(tmp_path / "d.zarr")
+    c = Committer(loc, commit_interval=1000)
+    c.begin_input("fp-1", resume=False)  # recorded with a commit of its own, whatever the interval
+    assert c.commit_number == 1
+    c.place(Position("fp-1", 0), {"scenes": 1})
+    c.commit(force=True)  # the placed key is recorded (not committed: its rows are not stored)
+    with pytest.raises(ValueError) as err:
+        c.begin_input("fp-1", resume=False)
+    assert str(err.value) == (f"{loc}: this input was ingested before (0 of its parts are committed; its "
+                              "fingerprint is fp-1); resume it to finish it (resume=True, --resume), or pass keys= "
+                              "to write it again")
+    with pytest.raises(ValueError) as err:
+        c.begin_input("fp-2", resume=True)
+    assert str(err.value) == (f"{loc}: cannot resume with this input (its fingerprint is fp-2): the interrupted "
+                              "ingest had another (fp-1); resume with the same input, or append this one without "
+                              "resume (--append)")
+    c.release()
+    again = Committer(loc, mode="a", commit_interval=1000)
+    again.begin_input("fp-1", resume=True)
+    assert again.missing() == [Position("fp-1", 0)]
+    again.release()
+
+
+def test_a_closed_committer_says_so_and_keeps_the_error(tmp_path):
+    loc = Location.of(tmp_path / "d.zarr")
+    c = Committer(loc)
+    c.close()
+    with pytest.raises(RuntimeError) as err:
+        c.place("a", {"scenes": 1})
+    assert str(err.value) == f"the writer of {loc} is closed"
+    c = Committer(Location.of(tmp_path / "e.zarr"))
+    boom = ValueError("boom")
+
+    def fails():
+        raise boom
+    with pytest.raises(ValueError):
+        c.guarded(fails)
+    assert c.error is boom and c.closed
+
+
+def test_empty_rows_are_not_tracked_and_stored_rows_are_committed_at_close(tmp_path):
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=1000)
+    c.place("a", {"scenes": 1})
+    c.stored("frames", 0, 0, ())  # nothing stored: no segment of the tracker
+    c.stored("scenes", 0, 1, ())
+    assert c.close()["scenes"] == 1
+
+
+class Hang:
+    """A store call that never returns (until the test ends)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __call__(self, *args, **kwargs):
+        self.release.wait(30)
+
+
+@pytest.mark.parametrize("call, then, line", [
+    ("set_length", "grow", "growing agents to 40 rows"),
+    ("write_manifest", "commit", "publishing commit 1"),
+    ("set_length", "close", "setting the length of agents"),
+    ("consolidate", "close", "consolidating the metadata"),
+])
+def test_a_store_that_does_not_answer_is_one_line_naming_the_call(tmp_path, monkeypatch, call, then, line):
+    loc = Location.of(tmp_path / "d.zarr")
+    c = Committer(loc, chunks={"agents": 10}, store_timeout=0.3, commit_interval=1000)
+    if then == "close" and call == "set_length":
+        c.grow("agents", 5)
+    hang = Hang()
+    monkeypatch.setattr(dataset_format, call, hang)
+    try:
+        with pytest.raises(StoreTimeout) as err:
+            if then == "grow":
+                c.grow("agents", 1)
+            elif then == "commit":
+                c.place("a", {"scenes": 1})
+                c.stored("scenes", 0, 1, ())
+                c.commit(force=True)
+            else:
+                c.close()
+        assert str(err.value) == f"{loc}: {line}: no answer in 0.3 s"
+        if then == "close":
+            assert c.error is err.value and c.closed
+    finally:
+        hang.release.set()
+        c.release()
+
+
+def test_a_failed_last_commit_is_said(tmp_path, monkeypatch, caplog):
+    loc = Location.of(tmp_path / "d.zarr")
+    c = Committer(loc, commit_interval=1000)
+    c.place("a", {"scenes": 1})
+    c.stored("scenes", 0, 1, ())
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(dataset_format, "write_manifest", broken)
+    with caplog.at_level("WARNING", logger="zarrfeed.writer"):
+        c.fail(RuntimeError("the input broke"), remove=False)
+    assert caplog.messages == [f"{loc}: the last commit after the error did not land; what was stored since "
+                               "commit 0 is not committed (resume to write it)"]
+    monkeypatch.undo()
+    caplog.clear()
+    c = Committer(Location.of(tmp_path / "e.zarr"), commit_interval=1000)
+    with caplog.at_level("WARNING", logger="zarrfeed.writer"):
+        c.fail(RuntimeError("the input broke"), remove=False)
+    assert caplog.messages == []
