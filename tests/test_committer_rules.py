@@ -388,3 +388,14 @@ def test_a_failed_last_commit_is_said(tmp_path, monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="zarrfeed.writer"):
         c.fail(RuntimeError("the input broke"), remove=False)
     assert caplog.messages == []
+
+
+def test_releasing_again_leaves_the_next_writers_lease_alone(tmp_path):
+    loc = Location.of(tmp_path / "d.zarr")
+    c = Committer(loc)
+    c.close()
+    nxt = Committer(loc, mode="a")
+    c.release()
+    c.close()
+    nxt.check_lease()  # still held
+    nxt.close()

@@ -68,7 +68,6 @@ class Committer:
             self._check_new(store, overwrite)
         self._lease = Lease(location, lease_timeout)
         self._lease.acquire()
-        self._released = False
         try:
             self.store = store
             if mode == "w":
@@ -433,11 +432,9 @@ class Committer:
         within(FAIL_SECONDS, lambda: self.location.remove(keep_root=self._had_root))
 
     def release(self) -> None:
-        """Release the lease (within FAIL_SECONDS after an error). Idempotent."""
+        """Release the lease (within FAIL_SECONDS after an error). Idempotent, as `Lease.release` is."""
         self.closed = True
-        if not self._released:
-            self._released = True
-            self._lease.release(FAIL_SECONDS if self.error is not None else None)
+        self._lease.release(FAIL_SECONDS if self.error is not None else None)
 
     # ---------------------------------------------------------------- helpers
     def _bounded(self, fn: Callable[[], Any], what: str) -> Any:
