@@ -399,3 +399,98 @@ def test_releasing_again_leaves_the_next_writers_lease_alone(tmp_path):
     c.close()
     nxt.check_lease()  # still held
     nxt.close()
+
+
+def test_a_new_dataset_publishes_no_commit_until_something_changes(tmp_path):
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=0)
+    c.commit(force=True)
+    assert c.commit_number == 0
+    c.close()
+
+
+def test_commits_wait_for_their_interval_unless_forced(tmp_path):
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=1000)
+    c.place("a", {"scenes": 1})
+    c.stored("scenes", 0, 1, ())
+    c.commit()
+    assert c.commit_number == 0 and not c.is_committed("a")
+    c.commit(force=True)
+    assert c.commit_number == 1 and c.is_committed("a")
+    c.close()
+
+
+def test_an_empty_range_reported_at_the_start_of_a_stored_one_loses_nothing(tmp_path):
+    """An episode with no rows of a table reports [s, s): it must not replace the range [s, e) of the next
+    episode reported before it (that episode would then never commit)."""
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=0)
+    c.place("a", {"scenes": 1, "frames": 2})
+    c.place("b", {"scenes": 1, "frames": 0})
+    c.place("c", {"scenes": 1, "frames": 3})
+    c.stored("frames", 2, 5, ())  # c's frames first
+    c.stored("frames", 2, 2, ())  # then b's none
+    c.stored("frames", 0, 2, ())
+    c.stored("scenes", 0, 3, ())
+    c.commit(force=True)
+    assert [c.is_committed(k) for k in "abc"] == [True, True, True]
+    assert c.close() == {"scenes": 3, "frames": 5, "agents": 0, "traffic_light_faces": 0}
+
+
+def test_reopening_drops_rows_stored_past_the_last_commit(tmp_path):
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), commit_interval=0)
+    put(c, "a", episodes(1, seed=8)[0])
+    c.commit(force=True)
+    c.grow("agents", 10_000)  # rows past the commit (a writer killed mid-write)
+    c.release()
+    again = Committer(Location.of(path), mode="a")
+    assert zarr.open_array(str(path / "agents"), mode="r").shape == (again.committed["agents"],)
+    again.release()
+
+
+def test_a_key_placed_without_a_fingerprint_cannot_be_checked_on_resume(tmp_path):
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=0)
+    c.place("k", {"scenes": 1})
+    c.commit(force=True)
+    c.release()
+    again = Committer(Location.of(tmp_path / "d.zarr"), mode="a")
+    again.check_resubmitted("k", "any-fingerprint")  # nothing to check it by: accepted
+    again.release()
+
+
+def test_a_table_made_on_append_takes_the_datasets_compressor(tmp_path):
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), compressor=numcodecs.Zlib(level=2))
+    c.close()
+    shutil.rmtree(path / "traffic_light_faces")
+    again = Committer(Location.of(path), mode="a")
+    assert again.arrays["traffic_light_faces"].compressor == numcodecs.Zlib(level=2)
+    again.close()
+
+
+def test_resuming_a_dataset_whose_last_input_is_not_recorded(tmp_path):
+    """A journal that lists inputs but not the last one (written before `last_input` was kept) says so."""
+    path = tmp_path / "d.zarr"
+    loc = Location.of(path)
+    c = Committer(loc)
+    c.begin_input("fp-1", resume=False)
+    c.close()
+    doc = json.loads((path / dataset_format.MANIFEST_KEY).read_bytes())
+    del doc["journal"]["last_input"]
+    (path / dataset_format.MANIFEST_KEY).write_text(json.dumps(doc))
+    again = Committer(loc, mode="a")
+    with pytest.raises(ValueError, match=r"the interrupted ingest had another \(unknown\);"):
+        again.begin_input("fp-2", resume=True)
+    again.release()
+
+
+def test_a_table_the_manifest_does_not_count_has_no_committed_rows(tmp_path):
+    """As readers count them: a table made after the last commit (an L5Kit dataset's missing traffic-light faces,
+    made by an append that then stopped) has 0 committed rows."""
+    path = tmp_path / "d.zarr"
+    Committer(Location.of(path)).close()
+    doc = json.loads((path / dataset_format.MANIFEST_KEY).read_bytes())
+    del doc["committed"]["traffic_light_faces"]
+    (path / dataset_format.MANIFEST_KEY).write_text(json.dumps(doc))
+    again = Committer(Location.of(path), mode="a")
+    assert again.committed["traffic_light_faces"] == 0
+    again.close()

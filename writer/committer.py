@@ -19,7 +19,6 @@ import time
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import numcodecs
-import numpy as np
 import zarr
 
 from ..core import dataset_format
@@ -133,8 +132,7 @@ class Committer:
             raise FormatError(f"{self.location}: its links differ from the schema to append")
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
-                group.create_dataset(name, shape=(0,), chunks=(table.chunk_rows,), dtype=table.dtype,
-                                     compressor=found.compressor, fill_value=np.zeros(1, table.dtype)[0])
+                dataset_format.create_table(group, table, found.compressor)
         doc = dataset_format.read_manifest(group.store)
         self._log = CommitLog()
         if doc is None:  # written by another tool: its shapes are its rows
@@ -170,7 +168,7 @@ class Committer:
         out = {}
         for t, n in committed.items():
             c = self.schema.tables[t].chunk_rows
-            record = chunks.get(t, {}).get(n // c) if n % c else None
+            record = chunks.get(t, {}).get(n // c)  # none where n % c == 0: a chunk past the rows is never sealed
             if record is not None:
                 out[t] = (n // c, record)
         return out

@@ -328,11 +328,16 @@ def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, i
     made = zarr.storage.MemoryStore()
     group = zarr.group(made)
     for t in schema.tables.values():
-        group.create_dataset(t.name, shape=(0,), chunks=(t.chunk_rows,), dtype=t.dtype,
-                             compressor=schema.compressor, fill_value=np.zeros(1, t.dtype)[0])
+        create_table(group, t, schema.compressor)
     group.attrs.update(schema.attrs)
     put_all(store, {key: bytes(made[key]) for key in made.keys()})
     return schema, dataset_id
+
+
+def create_table(group: zarr.Group, table: Table, compressor: numcodecs.abc.Codec | None) -> zarr.Array:
+    """An empty table's array in `group`: 0 rows, the table's chunk rows and dtype, filled with zero bytes."""
+    return group.create_dataset(table.name, shape=(0,), chunks=(table.chunk_rows,), dtype=table.dtype,
+                                compressor=compressor, fill_value=np.zeros(1, table.dtype)[0])
 
 
 def consolidate(store: zarr.storage.BaseStore) -> None:
