@@ -223,3 +223,44 @@ def test_a_table_as_a_dask_dataframe_and_parquet_export_on_the_cluster(client, t
     back = pq.read_table(tmp_path / "pq" / "agents")
     assert back.num_rows == ds.rows["agents"]
     assert back.sort_by("_row").drop_columns(["_row"]).equals(ds.to_arrow("agents"))
+
+
+def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp_path):
+    """A write task reads the lease document before it stores rows: with a token the document does not name
+    (the client that placed the rows lost the lease, and another writer may be writing there), `_write`
+    raises LeaseLost and no chunk of the rows is stored; with the holder's token the same call stores them.
+    In this process, with the cluster's locks (the client fixture), as a worker runs it."""
+    from zarrfeed.core.keys import Position
+    from zarrfeed.core.store import Location
+    from zarrfeed.writer.committer import Committer
+    from zarrfeed.writer.lease import LeaseLost
+
+    path = tmp_path / "d.zarr"
+    committer = Committer(Location.of(path), chunks=src.SMALL)
+    try:
+        schema_doc = committer.schema.to_json()
+        loaded = zdask._load(src.small, 3, schema_doc, "raise")  # 3 episodes: whole chunks and shared ones
+        counted = loaded[1]
+        committer.begin_input(counted.fingerprints[0], False, "its first episode has fingerprint", "episodes")
+        which = list(range(len(counted.fingerprints)))
+        starts = None
+        for j in which:
+            first = committer.reserve(Position(counted.fingerprints[0], j), counted.rows[j],
+                                      counted.fingerprints[j])
+            starts = starts or first
+        store = committer.location.store("r")
+
+        def chunks() -> list[str]:
+            return [k for k in store.keys() if k.split("/")[0] in committer.schema.tables
+                    and not k.rsplit("/", 1)[-1].startswith(".")]
+
+        assert committer.lease_token != "0" * 32
+        with pytest.raises(LeaseLost, match="no longer holds the write lease"):
+            zdask._write(loaded, which, counted.checked, committer.location, committer.dataset_id, "0" * 32,
+                         schema_doc, starts)
+        assert chunks() == []
+        result = zdask._write(loaded, which, counted.checked, committer.location, committer.dataset_id,
+                              committer.lease_token, schema_doc, starts)
+        assert result["writes"] and len(chunks()) == len(result["writes"])
+    finally:
+        committer.fail(None)

@@ -466,3 +466,55 @@ def test_loaders_of_two_datasets_keep_within_one_budget(data, small_dataset, cap
         # the second: what was left, unless its loaders need more at once (then said in the log)
         assert sizes[0] == n // 2 * slot or ("beyond the budget" in caplog.text and sizes[0] > n // 2 * slot)
         assert first.chunks_decoded == n and second.chunks_decoded == n
+
+
+def one_slot_cache(name: str) -> host_cache.HostSegment:
+    """A host cache of its own (a key no loader uses) with one slot for two chunks: every claim reuses it."""
+    key = host_cache.CacheKey(hashlib.sha256(f"{name}{os.getpid()}{time.time()}".encode()).hexdigest()[:32],
+                              ("agents",), (2,), 4096)
+    seg = host_cache.attach(key, budget=1 << 30, want=1, need=1)
+    assert seg.n_slots == 1
+    return seg
+
+
+def test_a_late_decode_with_a_claim_given_up_and_claimed_again_writes_nothing():
+    """A worker that was sent a decode of slot s under claim token t may come late: its loader gave the claim
+    up (closed, or thought the worker dead) and the slot was claimed again, under a new token. `writing(s, t)`
+    must then say no (the slot is the new claim's), or the late worker's bytes are marked READY as the new
+    claim's; the new claim's own decode goes ahead."""
+    seg = one_slot_cache("late")
+    try:
+        [pin] = seg.pin_all([0])
+        assert pin.decode
+        seg.give_up({pin.slot: pin.token})
+        again = seg.poll(pin.slot)  # given up: ours to decode again, under a new token
+        assert again.decode and again.token != pin.token
+        with seg.writing(pin.slot, pin.token) as ours:
+            assert not ours, "a decode under a claim given up was let write into the slot"
+        assert not seg.is_ready(pin.slot)
+        with seg.writing(again.slot, again.token) as ours:
+            assert ours
+            seg.array()[again.slot * seg.slot_bytes:][:seg.slot_bytes] = 7
+        assert seg.is_ready(again.slot)
+    finally:
+        host_cache.detach(seg)
+
+
+def test_a_slot_reused_for_another_chunk_is_no_longer_the_first_chunks():
+    """One slot, two chunks: chunk 0 is decoded and unpinned, then chunk 1 takes its slot. Pinning chunk 0
+    again must ask for a decode; if the directory still named the slot for chunk 0, it would be reported
+    ready and a reader would get chunk 1's bytes as chunk 0."""
+    seg = one_slot_cache("reuse")
+    try:
+        for cid in (0, 1):
+            [pin] = seg.pin_all([cid])
+            assert pin.decode, f"chunk {cid} is not cached yet"
+            with seg.writing(pin.slot, pin.token) as ours:
+                assert ours
+                seg.array()[pin.slot * seg.slot_bytes:][:seg.slot_bytes] = 10 + cid
+            seg.unpin(pin.slot)
+        [pin] = seg.pin_all([0])
+        assert pin.decode and not pin.ready, "chunk 0 reported cached in the slot that now holds chunk 1"
+        seg.unpin(pin.slot)
+    finally:
+        host_cache.detach(seg)

@@ -187,6 +187,35 @@ def test_agent_samples_follow_their_tracks(scenes, h, f):
     assert (got["target_availabilities"][past_end] == 0).all() and (got["history_availabilities"][before] == 0).all()
 
 
+def test_every_samples_availabilities_are_its_tracks_at_chunk_edges(small_dataset):
+    """Small chunks (16 frames, 160 agents), so that groups of samples end at many chunk edges, and every
+    sample checked (not a draw): each target and history availability is whether the sample's track has a
+    row in that frame of its scene, found by brute force from the raw tables. A group that reads one frame too
+    few past its last sample's t + future loses that frame's availability (found by a planted bug)."""
+    path = small_dataset(2, 31, chunks={"agents": 160, "frames": 16, "traffic_light_faces": 500}, frames=80,
+                         agents_per_frame=10)
+    g = zarr.open_group(str(path), "r")
+    frames, agents = g["frames"][:], g["agents"][:]
+    bounds = g["scenes"][:]["frame_index_interval"]
+    h, f = 3, 5
+    with AgentSampleLoader(path, h, f, min_history=0, shuffle=False, batch_size=64, num_workers=1,
+                           copy=True) as loader:
+        got = _epoch(loader)
+    assert len(got["agent_row"]) == len(loader.samples) > 0
+    for name, offsets in (("target", range(1, f + 1)), ("history", range(0, -h - 1, -1))):
+        want = np.zeros((len(got["agent_row"]), len(offsets)), np.float32)
+        for i, (row, t) in enumerate(zip(got["agent_row"].tolist(), got["frame_row"].tolist(), strict=True)):
+            s0, s1 = next((a, b) for a, b in bounds.tolist() if a <= t < b)
+            track = agents["track_id"][row]
+            for j, d in enumerate(offsets):
+                if s0 <= t + d < s1:
+                    lo, hi = frames[t + d]["agent_index_interval"]
+                    want[i, j] = float((agents["track_id"][lo:hi] == track).any())
+        wrong = np.flatnonzero((got[f"{name}_availabilities"] != want).any(axis=1))
+        assert not len(wrong), f"{len(wrong)} samples' {name} availabilities are wrong, e.g. agent rows " \
+                               f"{got['agent_row'][wrong[:5]].tolist()}"
+
+
 def test_ego_samples_every_frame_with_partial_windows(scenes):
     g = zarr.open_group(str(scenes), "r")
     frames = g["frames"][:]

@@ -476,3 +476,52 @@ def test_a_writer_left_by_an_exception_frees_its_upload_call(target):
             time.sleep(0.05)
         with RemoteWriter(server.url) as b:  # the only upload slot is free again
             assert b.submit(eps(1, seed=27)[0], key="b0")
+
+
+def serve_process(path, port: int):
+    """`zarrfeed serve --ingest` in its own process on 127.0.0.1:`port` (so that it can be SIGKILLed), once it
+    listens."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(path), "--port", str(port),
+                             "--workers", "1", "--ingest"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("serving on "):
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the server did not start: {line!r}")
+    return proc
+
+
+def test_a_sync_answered_by_an_instance_that_accepted_only_some_sends_the_others_again(target):
+    """ep1 is accepted by server instance A; a refused episode ends the upload call (the writer is not
+    broken); A is SIGKILLed before it commits ep1; a new server B on the same port accepts ep2 on a new call
+    (gRPC reconnects by itself). B answers the sync and is among the instances that accepted the unsynced
+    episodes, but not the only one: ep1 was accepted only by A, whose uncommitted episodes died with it, so
+    the sync must send it again, or it is silently lost."""
+    import signal
+
+    port = free_port()
+    ep1, ep2 = eps(2, seed=31)
+    bad = {t: a.copy() for t, a in ep2.items()}
+    bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
+    a = serve_process(target, port)
+    b = None
+    try:
+        w = RemoteWriter(f"grpc://127.0.0.1:{port}")
+        assert w.submit(ep1, key="ep1")  # accepted by A, committed only after a second's pause
+        with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3"):
+            w.submit(bad, key="bad")  # A ends this call
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        assert Dataset.open(target).rows["scenes"] == 1, "A committed ep1 before it was killed"
+        b = serve_process(target, port)
+        assert w.submit(ep2, key="ep2")  # accepted by B
+        assert w.close()["scenes"] == 3
+    finally:
+        for proc in (a, b):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    assert_holds(Dataset.open(target), FIRST + [ep2, ep1])  # ep1 sent again after B took ep2

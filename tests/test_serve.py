@@ -1118,3 +1118,48 @@ def test_a_token_with_a_newline_is_refused_in_one_line_before_any_call():
                  lambda: RemoteLoader("grpc://127.0.0.1:1", "agents", token="x y")):
         with pytest.raises(ValueError, match="token: empty, or holds spaces, a newline"):
             make()
+
+
+
+def test_uploads_after_a_writer_worker_died_get_a_new_writer_and_nothing_acked_is_lost(target):
+    """A writer worker SIGKILLed mid-service (as the OOM killer might): the server's writer stops; the producer
+    is told once, in one line, and the uploads after that get a new writer (the dataset reopened, resumed)
+    rather than the stopped writer's error for ever. The episode acknowledged before the kill, which the
+    stopped writer never committed, is not lost: the producer's sync is answered by another instance than the
+    one that accepted it, and sends it again. Every episode ends up in the dataset exactly once."""
+    from zarrfeed.flight import RemoteWriter
+
+    eps = list(synthetic.episodes(4, seed=11, frames=30, agents_per_frame=20))
+    s = Server(target, "--ingest")
+    w = RemoteWriter(s.url)
+    told: list[str] = []
+
+    def again_if_stopped(call):
+        try:
+            return call()
+        except ValueError as exc:  # the writer stopped: one line; the same call again gets a new writer
+            assert "the writer stopped" in str(exc) and "\n" not in str(exc), str(exc)
+            told.append(str(exc))
+            return call()
+
+    try:
+        assert w.submit(eps[0], key="e0")  # acknowledged; committed only after a second's pause
+        stat = {pid: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] for pid in s.descendants()}
+        workers = [pid for pid, parent in stat.items() if int(parent) != s.proc.pid]  # forked by the fork server
+        assert workers
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        for pid in workers:  # reaped before the next upload, so that its writer sees it dead
+            for _ in range(3000):
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                time.sleep(0.01)
+        for i, ep in enumerate(eps[1:], start=1):
+            assert again_if_stopped(lambda: w.submit(ep, key=f"e{i}"))  # noqa: B023  # called now
+        assert again_if_stopped(w.close)["scenes"] == 5
+        assert len(told) == 1, told
+    finally:
+        s.stop()
+    want = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)) + eps
+    assert episodes_in(target) == sorted(content_key(ep) for ep in want)
+    assert Dataset.open(target).validate().ok

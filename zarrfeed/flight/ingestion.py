@@ -42,8 +42,8 @@ class Ingestion:
         self.location, self.name, self.workers, self._committed = location, name, serving.workers, committed
         self.limits, self.activity, self.uploads = serving.limits, serving.activity, serving.uploads
         self._accepted = self._committed_before = 0  # episodes accepted, and committed, since the writer opened
-        # who accepted an episode: a sync answered by another instance (the server restarted meanwhile) does not
-        # confirm it, and the producer sends it again
+        # who accepted an episode: a sync answered by another instance (the server restarted meanwhile, or the
+        # writer that accepted it stopped) does not confirm it, and the producer sends it again
         self.instance = uuid.uuid4().hex
         self._writer: DatasetWriter | None = None
         self._closed = False
@@ -91,7 +91,7 @@ class Ingestion:
         except ValueError as exc:  # bad input: nothing of it written, the writer goes on
             raise flight.FlightServerError(f"zarrfeed: {exc}") from None
         except (WorkerError, RuntimeError) as exc:
-            self._writer = None
+            self._drop_writer()
             raise flight.FlightServerError(f"zarrfeed: the writer stopped: {exc}") from None
 
     def _commit_loop(self) -> None:
@@ -108,7 +108,14 @@ class Ingestion:
                         self._writer.sync()
                     except Exception as exc:  # the writer stopped (a dead worker): the next upload reopens it
                         log.error("zarrfeed: the writer stopped: %s", exc)
-                        self._writer = None
+                        self._drop_writer()
+
+    def _drop_writer(self) -> None:
+        """Forget a writer that stopped (call with the lock). What it accepted and had not committed is gone
+        (the next writer resumes from the last commit), so the instance changes: a producer's next sync is
+        answered by an instance that did not accept those episodes, and it sends them again."""
+        self._writer = None
+        self.instance = uuid.uuid4().hex
 
     def status(self) -> dict[str, Any]:
         """The action "status"'s ingestion part: whether a writer is open, what it committed, how far
@@ -145,12 +152,13 @@ class Ingestion:
             except (ValueError, KeyError, pa.ArrowException) as exc:
                 raise flight.FlightServerError(f"zarrfeed: {exc}") from None
             for key, episode in episodes:
-                accepted = self._with_writer(lambda w: w.submit(episode, key=key))  # noqa: B023  # called now
+                # the instance read with the lock held: the one whose writer accepted it
+                accepted, instance = self._with_writer(lambda w: (w.submit(episode, key=key), self.instance))  # noqa: B023
                 self._last_submit, self._unsynced = time.monotonic(), True
                 self._accepted += accepted
                 self.activity.received(record, accepted, sum(a.nbytes for a in episode.values()))
                 writer.write(pa.py_buffer(json.dumps({"key": key_to_json(key), "accepted": accepted,
-                                                      "instance": self.instance}).encode()))
+                                                      "instance": instance}).encode()))
 
     def begin_input(self, body: bytes) -> dict[str, Any]:
         """The action "begin_input": record an input (its first episode's fingerprint) as a local ingest does,
