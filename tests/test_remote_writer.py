@@ -456,10 +456,15 @@ def test_episodes_a_busy_server_turned_away_are_sent_by_the_next_call(target):
             b.submit(bad, key="bad")  # refused: the server ends b's call
         a = RemoteWriter(server.url)
         assert a.submit(eps(1, seed=25)[0], key="a0")  # a's call holds the only upload slot
-        with pytest.raises(ConnectionError, match="busy"):
+        with pytest.raises(ConnectionError, match="busy"):  # as b2 is written, or as its answer is read
             b.ingest(more[2:4], keys=["b2", "b3"])
+        went_out = [k for k in b.unsynced if k in ("b2", "b3")]  # before the refusal came: b2, b3 or neither
+        assert went_out == ["b2", "b3"][:len(went_out)]
         a.close()
-        b.sync()
+        b.sync()  # what went out is sent again: the server that refused it never wrote it
+        assert b.unsynced == []
+        assert_holds(Dataset.open(target), FIRST + [more[0], eps(1, seed=25)[0]] + more[2:2 + len(went_out)])
+        b.ingest(more[2:4], keys=["b2", "b3"])  # the call that raised, made again: what went out passed over
         b.close()
     assert_holds(Dataset.open(target), FIRST + [more[0], eps(1, seed=25)[0]] + more[2:4])
 

@@ -237,6 +237,12 @@ class RemoteWriter:
             return ValueError(server_message(exc))
         return self._gone(exc)
 
+    @property
+    def unsynced(self) -> list[Key]:
+        """The keys of the episodes sent and not yet confirmed committed (by `sync`), oldest first: what a
+        reconnect sends again."""
+        return [key for key, _ in self._unsynced]
+
     def sync(self) -> dict[str, int]:
         """Returns once every episode accepted so far is committed; the committed rows per table."""
         if self._broken:
