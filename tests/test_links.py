@@ -106,3 +106,5 @@ def test_defaults_and_edges_of_each_rule():
     big = 2**53 + 1
     assert check_link(LINK, np.array([[0, big], [big, big]], np.uint64), big) == ([], 0)
     assert check_link(LINK, np.array([[0, big - 1], [big - 1, big]], np.int64), big) == ([], 0)
+    gap, count = check_link(LINK, np.array([[0, big - 1], [big, big]], np.int64), big)  # one row left out
+    assert count == 1 and "(a gap in agents)" in gap[0].message
