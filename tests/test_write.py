@@ -50,3 +50,22 @@ def test_refuses_to_overwrite_a_dataset(tmp_path):
     write_dataset(tmp_path / "d.zarr", synthetic.episodes(1))
     with pytest.raises(ValueError, match="already exists"):
         write_dataset(tmp_path / "d.zarr", synthetic.episodes(1))
+
+
+def test_each_kind_of_bad_episode_is_one_exact_line():
+    """check_episode's lines (found by the mutation run: only their start was tested)."""
+    from zarrfeed.writer.episode import check_episode
+    good = synthetic.episode(0)
+
+    def refused(episode) -> str:
+        with pytest.raises(ValueError) as err:
+            check_episode(episode, L5KIT_SCHEMA)
+        return str(err.value)
+    assert refused([good]) == "expected a dict of table name -> structured ndarray, got list"
+    assert refused({**good, "extra": good["scenes"]}) == (
+        "table 'extra': not in schema 'l5kit' (tables: scenes, frames, agents, traffic_light_faces)")
+    assert refused({**good, "agents": [1, 2]}) == "table 'agents': expected a structured ndarray, got list"
+    assert refused({**good, "agents": np.zeros(3)}) == (
+        "table 'agents': expected a structured ndarray, got ndarray of float64")
+    assert refused({**good, "agents": np.stack([good["agents"], good["agents"]])}) == (
+        f"table 'agents': expected 1-D records, got shape (2, {len(good['agents'])})")
