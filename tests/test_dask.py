@@ -203,6 +203,20 @@ def test_cli_ingest_on_a_scheduler_equals_a_local_ingest(cluster, tmp_path, caps
     assert_same(stored(tmp_path / "own.zarr"), stored(tmp_path / "local.zarr"))
 
 
+@pytest.mark.parametrize("scenes", [1, 11])
+def test_cli_ingest_on_a_scheduler_keeps_the_scene_past_a_whole_source(cluster, tmp_path, capsys, scenes):
+    """Issue 26 (a planted bug the suite missed): the CLI cuts the scenes into sources of 10; a range that
+    stopped one short (`range(0, n - 1, 10)`) dropped the last scene when it began a source of its own, and
+    23 scenes (the test above) never did. 1 and 11 scenes: every one written, as a local ingest writes them."""
+    from zarrfeed.cli import main
+
+    assert main(["ingest", str(tmp_path / "local.zarr"), "--synthetic", str(scenes), "--seed", "5", "-q"]) == 0
+    assert main(["ingest", str(tmp_path / "d.zarr"), "--synthetic", str(scenes), "--seed", "5", "-q",
+                 "--scheduler", cluster.scheduler_address]) == 0
+    assert Dataset.open(tmp_path / "d.zarr").rows["scenes"] == scenes
+    assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+
+
 def test_a_table_as_a_dask_dataframe_and_parquet_export_on_the_cluster(client, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

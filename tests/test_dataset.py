@@ -94,6 +94,23 @@ def test_committed_count_not_shape_is_what_readers_see(tmp_path):
         Dataset.open(tmp_path / "d.zarr")
 
 
+def test_validate_checks_links_against_the_committed_rows_not_the_arrays_length(tmp_path):
+    """Issue 26 (a planted bug the suite missed): the links were checked against the child array's length.
+    A writer mid-append grows the arrays before it commits: the committed rows must still validate, and a
+    frame whose agents run into the uncommitted rows (rows a reader never sees) must be a violation."""
+    write_dataset(tmp_path / "d.zarr", synthetic.episodes(2))
+    agents = zarr.open_array(str(tmp_path / "d.zarr" / "agents"), mode="r+")
+    committed = agents.shape[0]
+    agents.resize(committed + 5000)  # rows written, not committed
+    assert Dataset.open(tmp_path / "d.zarr").validate().ok
+    frames = zarr.open_array(str(tmp_path / "d.zarr" / "frames"), mode="r+")
+    last = frames[-1]
+    last["agent_index_interval"][1] += 10  # into the uncommitted rows, inside the array
+    frames[-1] = last
+    report = Dataset.open(tmp_path / "d.zarr").validate()
+    assert not report.ok and f"is outside the rows of agents, [0, {committed})" in str(report), str(report)
+
+
 def test_missing_chunk_inside_committed_rows_is_a_violation(tmp_path):
     write_dataset(tmp_path / "d.zarr", synthetic.episodes(3), chunks={"agents": 5000})
     (tmp_path / "d.zarr" / "agents" / "2").unlink()

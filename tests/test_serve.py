@@ -973,6 +973,31 @@ def test_status_and_the_access_log_show_who_is_connected(tmp_path):
                      r"outcome=ok", log), log
 
 
+def test_episodes_passed_over_leave_no_commit_lag(target):
+    """Issue 26 (a planted bug the suite missed): the status counted every episode uploaded as accepted, so
+    episodes passed over (their keys committed) showed as a commit lag that never went away: an operator
+    waits for commits that will never come. Two producers send the same keys: once all is synced the lag is
+    0 and the second producer's episodes were passed over, not written again."""
+    from zarrfeed.flight import RemoteWriter
+
+    eps = list(synthetic.episodes(3, seed=90, frames=20, agents_per_frame=5))
+    s = Server(target, "--ingest")
+    try:
+        with RemoteWriter(s.url) as first:
+            assert all(first.submit(ep, key=f"p{i}") for i, ep in enumerate(eps))
+        with RemoteWriter(s.url) as again:
+            assert not any(again.submit(ep, key=f"p{i}") for i, ep in enumerate(eps))  # committed: passed over
+            again.sync()
+            out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url, "--json"],
+                                 capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        ingestion = json.loads(out.stdout)["datasets"][""]["ingestion"]
+        assert ingestion["writer_open"] and ingestion["committed_rows"]["scenes"] == 4, ingestion
+        assert ingestion["commit_lag_episodes"] == 0, ingestion
+    finally:
+        s.stop()
+
+
 def test_prometheus_metrics_on_their_own_port(target):
     """--metrics-port serves the status figures as Prometheus metrics (prometheus_client, an optional extra)."""
     import urllib.request

@@ -139,6 +139,20 @@ def test_empty_tables_and_scenes_shorter_than_a_window(tmp_path):
     assert all(len(b["agents/centroid"]) == 0 and (b["agents_offsets"] == 0).all() for b in batches)
 
 
+def test_a_scene_exactly_one_window_long_has_one_whole_window(tmp_path):
+    """Issue 26 (a planted bug the suite missed): `whole_windows` kept scenes longer than a window (`>` for
+    `>=`) and nothing noticed, since no test had a scene exactly T frames long. Such a scene has one whole
+    window, its middle frame's, and it must be sampled; a scene one frame shorter has none."""
+    write_dataset(tmp_path / "e.zarr", synthetic.episodes(2, frames=5, agents_per_frame=2))
+    with WindowLoader(tmp_path / "e.zarr", history=2, future=2, batch_size=4, copy=True, num_workers=0,
+                      whole_windows=True) as loader:
+        batches = list(loader)
+    assert sorted(t for b in batches for t in b["frame_index"].tolist()) == [2, 7]
+    check_against_numpy(tmp_path / "e.zarr", batches, 2, 2)
+    with WindowLoader(tmp_path / "e.zarr", history=3, future=2, whole_windows=True) as loader:
+        assert len(loader) == 0 and list(loader) == []
+
+
 def test_rows_select_the_sample_frames(scenes):
     n_frames = Dataset.open(scenes).rows["frames"]
     mask = np.zeros(n_frames, bool)
