@@ -55,8 +55,8 @@ MODULES: dict[str, list[str]] = {
     "zarrfeed/writer/committer.py": ["test_committer.py", "test_committer_rules.py", "test_never_lose.py"],
     "zarrfeed/writer/lease.py": ["test_lease_rules.py"],  # test_lease.py: the same end to end, minutes a mutant
     "zarrfeed/writer/episode.py": ["test_write.py", "test_keys.py", "test_dataset_writer.py"],
-    "zarrfeed/loader/plan.py": ["test_plan.py", "test_row_ids.py", "test_order.py"],
-    "zarrfeed/loader/order.py": ["test_order.py", "test_plan.py"],
+    "zarrfeed/loader/plan.py": ["test_plan.py", "test_plan_rules.py", "test_row_ids.py", "test_order.py"],
+    "zarrfeed/loader/order.py": ["test_order.py", "test_plan.py", "test_plan_rules.py"],
     "zarrfeed/loader/state.py": ["test_loader.py", "test_row_ids.py"],
     "zarrfeed/loader/chunk_cache.py": ["test_chunk_cache.py", "test_loader.py"],
     "zarrfeed/loader/gather_numpy.py": ["test_gather.py"],

@@ -180,21 +180,21 @@ class EpochPlan:
         """This rank's rows [lo, hi) as ranges of positions in the epoch's sequence."""
         out = []
         j = bisect.bisect_right(self._span_starts, lo) - 1
-        while lo < hi and j < len(self.spans):
+        while lo < hi:  # the spans are not empty and cover [0, per_rank): each step takes some
             a, z = self.spans[j]
             off = self._span_starts[j]
             take = min(hi, off + z - a) - lo
-            if take > 0:
-                out.append((a + lo - off, a + lo - off + take))
-                lo += take
+            out.append((a + lo - off, a + lo - off + take))
+            lo += take
             j += 1
         return out
 
     def remaining(self, batch: int) -> list[tuple[int, int]]:
         """The positions this rank has not read once batches [0, batch) are made: what an epoch resumed on
         another number of ranks shares out."""
-        # with drop_last, not the rows past the rank's last whole batch: its epoch never reads them
-        end = self.per_rank if self.resumed else min(self.per_rank, self.num_batches * self.config.batch_size)
+        # with drop_last, not the rows past the rank's last whole batch: its epoch never reads them (a resumed
+        # plan's batches cover all of its rows)
+        end = min(self.per_rank, self.num_batches * self.config.batch_size)
         return self._positions(min(batch * self.config.batch_size, end), end)
 
     def segments(self, k: int) -> list[tuple[int, int, int]]:
@@ -216,15 +216,14 @@ class EpochPlan:
         base = np.arange(len(chunks)) * c if chunk_base is None else np.asarray(chunk_base)
         contiguous = (np.diff(base) == c).all() and (self._sizes[chunks[:-1]] == c).all()
         n = int(self._sizes[chunks].sum())
-        if self.selection is None and contiguous:  # no gap: one range
-            first = int(base[0]) if len(base) else 0
-            rows = np.arange(first, first + n, dtype=np.int64)
+        if self.selection is None and contiguous:  # no gap: one range (a window has at least one chunk)
+            rows = np.arange(int(base[0]), int(base[0]) + n, dtype=np.int64)
         else:
             parts = []
             for j, ch in enumerate(chunks):
                 mine = self.selection[ch] if self.selection is not None else np.arange(self._sizes[ch])
                 parts.append(base[j] + mine)
-            rows = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+            rows = np.concatenate(parts).astype(np.int64, copy=False)
         return shuffle(rows, self.config.seed, self.epoch, w) if self.config.shuffle else rows
 
     def batch_row_ids(self, k: int) -> np.ndarray:
@@ -237,7 +236,7 @@ class EpochPlan:
                     del self._orders[next(iter(self._orders))]
                 self._orders[w] = self.window_order(w, self.windows[w] * self.config.chunk_rows)
             parts.append(self._orders[w][pos:pos + n])
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return np.concatenate(parts)  # a batch has rows: group_pieces refuses a k past the last
 
     def row_at(self, position: int) -> int:
         """The row (of the table) at `position` in the epoch's sequence, computed on its own: only the order of
