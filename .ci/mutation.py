@@ -57,8 +57,8 @@ MODULES: dict[str, list[str]] = {
     "zarrfeed/writer/episode.py": ["test_write.py", "test_keys.py", "test_dataset_writer.py"],
     "zarrfeed/loader/plan.py": ["test_plan.py", "test_plan_rules.py", "test_row_ids.py", "test_order.py"],
     "zarrfeed/loader/order.py": ["test_order.py", "test_plan.py", "test_plan_rules.py"],
-    "zarrfeed/loader/state.py": ["test_loader.py", "test_row_ids.py"],
-    "zarrfeed/loader/chunk_cache.py": ["test_chunk_cache.py", "test_loader.py"],
+    "zarrfeed/loader/state.py": ["test_state_rules.py", "test_loader.py", "test_row_ids.py"],
+    "zarrfeed/loader/chunk_cache.py": ["test_chunk_cache.py", "test_state_rules.py", "test_loader.py"],
     "zarrfeed/loader/gather_numpy.py": ["test_gather.py"],
     "zarrfeed/core/arrow_records.py": ["test_arrow.py"],
     "zarrfeed/flight/remote_writer.py": ["test_remote_writer.py"],  # test_serve.py: end to end, a minute a mutant
