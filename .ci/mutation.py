@@ -60,7 +60,7 @@ MODULES: dict[str, list[str]] = {
     "zarrfeed/loader/state.py": ["test_state_rules.py", "test_loader.py", "test_row_ids.py"],
     "zarrfeed/loader/chunk_cache.py": ["test_chunk_cache.py", "test_state_rules.py", "test_loader.py"],
     "zarrfeed/loader/gather_numpy.py": ["test_gather.py"],
-    "zarrfeed/core/arrow_records.py": ["test_arrow.py"],
+    "zarrfeed/core/arrow_records.py": ["test_arrow.py", "test_arrow_rules.py"],
     "zarrfeed/flight/remote_writer.py": ["test_remote_writer.py"],  # test_serve.py: end to end, a minute a mutant
 }
 
