@@ -79,3 +79,18 @@ def test_each_refusal_is_one_exact_line():
     with pytest.raises(TypeError) as err:
         arrow_schema(np.dtype("<i4"))
     assert str(err.value) == "int32 is not a structured dtype"
+
+
+def test_refusals_without_where_or_dtype_and_of_a_field_with_no_arrow_type():
+    rec = records(2)
+    batch = records_to_arrow(rec)
+    with pytest.raises(ValueError) as err:
+        columns_from_arrow(batch.drop_columns(["f"]), DTYPE)
+    assert str(err.value) == "column 'f': missing"
+    plain = pa.table({"i": pa.array([1, 2], pa.int32())})
+    with pytest.raises(ValueError) as err:
+        columns_from_arrow(plain, where="t.parquet")
+    assert str(err.value) == "no numpy dtype given and none in the Arrow metadata in t.parquet"
+    with pytest.raises(TypeError) as err:
+        columns_from_arrow(plain, np.dtype([("t", "M8[s]")]))
+    assert str(err.value) == "field 't': datetime64[s] ('M' kind) has no Arrow mapping"
