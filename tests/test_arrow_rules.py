@@ -92,5 +92,5 @@ def test_refusals_without_where_or_dtype_and_of_a_field_with_no_arrow_type():
         columns_from_arrow(plain, where="t.parquet")
     assert str(err.value) == "no numpy dtype given and none in the Arrow metadata in t.parquet"
     with pytest.raises(TypeError) as err:
-        columns_from_arrow(plain, np.dtype([("t", "M8[s]")]))
+        columns_from_arrow(pa.table({"t": pa.array([1, 2], pa.int64())}), np.dtype([("t", "M8[s]")]))
     assert str(err.value) == "field 't': datetime64[s] ('M' kind) has no Arrow mapping"
