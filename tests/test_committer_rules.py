@@ -7,6 +7,7 @@ import shutil
 import threading
 
 import numcodecs
+import numpy as np
 import pytest
 import zarr
 from test_committer import episodes, rows_of, write
@@ -16,6 +17,7 @@ from zarrfeed.writer.committer import Committer, key_order
 
 from zarrfeed.core import dataset_format
 from zarrfeed.core.keys import Position, fingerprint
+from zarrfeed.core.schema import Schema, Table
 from zarrfeed.core.store import FormatError, Location, StoreTimeout
 
 TABLES = list(L5KIT_SCHEMA.tables)
@@ -86,8 +88,7 @@ def test_appending_checks_the_schema_and_the_stored_rows(tmp_path):
     c.close()
     loc = Location.of(path)
     other = L5KIT_SCHEMA.tables["agents"].dtype.descr[:-1]  # the agents' dtype without its last field
-    from zarrfeed.core.schema import Schema, Table
-    changed = Schema({**L5KIT_SCHEMA.tables, "agents": Table("agents", __import__("numpy").dtype(other),
+    changed = Schema({**L5KIT_SCHEMA.tables, "agents": Table("agents", np.dtype(other),
                                                              L5KIT_SCHEMA.tables["agents"].chunk_rows)},
                      L5KIT_SCHEMA.links)
     with pytest.raises(FormatError) as err:
@@ -160,7 +161,9 @@ def test_appending_keeps_the_identity_journal_and_log(tmp_path):
 
 def test_arrays_grow_in_large_steps_and_are_trimmed_at_close(tmp_path):
     c = Committer(Location.of(tmp_path / "d.zarr"), chunks={"agents": 10}, commit_interval=1000)
-    length = lambda: zarr.open_array(str(tmp_path / "d.zarr" / "agents"), mode="r").shape[0]  # noqa: E731
+
+    def length() -> int:
+        return zarr.open_array(str(tmp_path / "d.zarr" / "agents"), mode="r").shape[0]
     c.grow("agents", 1)
     assert length() == 40  # 4 chunks on a local disk
     c.grow("agents", 40)
