@@ -47,7 +47,7 @@ def test_mode_and_what_a_location_must_hold(tmp_path):
     loc = Location.of(tmp_path / "none.zarr")
     with pytest.raises(FormatError) as err:  # appending to nothing: refused before the lease makes a folder
         Committer(loc, mode="a")
-    assert str(err.value) == f"{loc}: no dataset to append to (nothing is stored there)"
+    assert str(err.value) == f"{loc}: no dataset to append to or resume (nothing is stored there)"
     assert not (tmp_path / "none.zarr").exists()
     c = Committer(Location.of(tmp_path / "d.zarr"))
     c.close()
@@ -497,3 +497,51 @@ def test_a_table_the_manifest_does_not_count_has_no_committed_rows(tmp_path):
     again = Committer(Location.of(path), mode="a")
     assert again.committed["traffic_light_faces"] == 0
     again.close()
+
+
+def test_a_dataset_made_while_a_writer_waits_for_the_lease_is_never_removed(tmp_path, monkeypatch):
+    """Found by an adversarial pass: a writer that found the location empty, then took the lease after another
+    writer had made and committed a dataset there, refused (right) and then removed the location as its own
+    (the other's committed rows gone). What it made is decided with the lease held."""
+    from zarrfeed.writer.lease import Lease
+    path = tmp_path / "d.zarr"
+    real = Lease.acquire
+
+    def acquire(self):  # the other writer comes between the check and the lease
+        monkeypatch.setattr(Lease, "acquire", real)
+        other = Committer(Location.of(path), commit_interval=0)
+        put(other, "a", episodes(1, seed=9)[0])
+        other.close()
+        return real(self)
+    monkeypatch.setattr(Lease, "acquire", acquire)
+    with pytest.raises(FormatError, match="already holds a dataset"):
+        Committer(Location.of(path))
+    assert Dataset.open(path).rows["scenes"] == 1
+
+
+def test_the_lease_files_of_a_writer_that_died_starting_are_no_dataset(tmp_path):
+    """A writer killed after taking the lease and before making the dataset leaves only lease files: a new
+    dataset may be made there (the dead holder's lease is taken over), and there is nothing to append to."""
+    import subprocess
+    import sys
+    path = tmp_path / "d.zarr"
+    subprocess.run([sys.executable, "-c", "import os, sys\nfrom zarrfeed.writer.lease import Lease\n"
+                    "from zarrfeed.core.store import Location\nLease(Location.of(sys.argv[1])).acquire()\n"
+                    "os._exit(0)", str(path)], check=True)
+    assert sorted(p.name for p in path.iterdir()) == [".zarrfeed.lock", "zarrfeed.lease"]
+    loc = Location.of(path)
+    with pytest.raises(FormatError) as err:
+        Committer(loc, mode="a")
+    assert str(err.value) == f"{loc}: no dataset to append to or resume (nothing is stored there)"
+    c = Committer(loc)
+    c.close()
+    assert Dataset.open(path).rows["scenes"] == 0
+
+
+def test_appending_to_a_folder_that_is_no_dataset_writes_nothing_there(tmp_path):
+    folder = tmp_path / "junk"
+    folder.mkdir()
+    (folder / "README").write_text("mine")
+    with pytest.raises(FormatError, match=r"not a zarr group \(no \.zgroup\)"):
+        Committer(Location.of(folder), mode="a")
+    assert [p.name for p in folder.iterdir()] == ["README"]

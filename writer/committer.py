@@ -56,18 +56,22 @@ class Committer:
         self._published: tuple | None = None  # what the last commit published (the same again is not written)
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
-        holds_data = self._holds_data()
-        if mode == "a" and not holds_data:  # before the lease's lock file makes a directory there
-            raise FormatError(f"{location}: no dataset to append to (nothing is stored there)")
-        # a dataset created here is removed again if it never gets a commit (see fail); a directory that was
-        # there, empty, stays
-        self._created = not holds_data
+        # refused before the lease's files are written there
+        if mode == "a" and not self._holds_data():
+            raise FormatError(f"{location}: no dataset to append to or resume (nothing is stored there)")
+        if mode == "a":
+            dataset_format.open_group(location)  # not a zarr dataset: one line, nothing written into the folder
         self._had_root = location.is_local and location.path.is_dir()
         if mode == "w":
             self._check_new(store, overwrite)
+        self._created = False  # until known with the lease held (see below)
         self._lease = Lease(location, lease_timeout)
         self._lease.acquire()
         try:
+            # a dataset created here is removed again if it never gets a commit (see fail); a directory that was
+            # there, empty, stays. Decided with the lease held: a dataset another writer made since the check
+            # above is its, never removed by this one
+            self._created = mode == "w" and not self._holds_data()
             self.store = store
             if mode == "w":
                 if overwrite:
@@ -102,9 +106,10 @@ class Committer:
 
     # ---------------------------------------------------------------- opening
     def _holds_data(self) -> bool:
-        """Whether anything but a lease's lock file is stored here (a writer that failed while it started may
-        leave only that file behind: it is no dataset, and no reason to refuse a new one)."""
-        return self.location.exists() and set(self.location.entries(2)) != {LOCK_FILE}
+        """Whether anything but a lease's files is stored here (a writer that failed or was killed while it
+        started may leave only those behind: they are no dataset, and no reason to refuse a new one; the lease
+        decides whether their holder is gone)."""
+        return self.location.exists() and any(not _lease_file(name) for name in self.location.entries(16))
 
     def _check_new(self, store: zarr.storage.BaseStore, overwrite: bool) -> None:
         """Mode "w": refuse, before anything changes, a location that holds something we may not replace."""
@@ -120,7 +125,7 @@ class Committer:
 
     def _clear(self) -> None:
         """Delete the dataset being overwritten (everything but the lease we hold)."""
-        self.location.clear(lambda name: name in (LEASE_KEY, LOCK_FILE) or name.startswith(f".{LEASE_KEY}."))
+        self.location.clear(_lease_file)
 
     def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
         group = dataset_format.open_group(self.location, mode="a")
@@ -442,6 +447,12 @@ class Committer:
         if self.closed:
             raise RuntimeError(f"the writer of {self.location} is closed"
                                + (f" after an error: {self.error}" if self.error else ""))
+
+
+def _lease_file(name: str) -> bool:
+    """Whether `name` (at a dataset's root) is one of the lease's files: its document, lock file, or a
+    document being written."""
+    return name in (LEASE_KEY, LOCK_FILE) or name.startswith(f".{LEASE_KEY}.")
 
 
 def key_order(key: Key) -> tuple:
