@@ -545,3 +545,20 @@ def test_appending_to_a_folder_that_is_no_dataset_writes_nothing_there(tmp_path)
     with pytest.raises(FormatError, match=r"not a zarr group \(no \.zgroup\)"):
         Committer(Location.of(folder), mode="a")
     assert [p.name for p in folder.iterdir()] == ["README"]
+
+
+def test_a_store_that_fails_once_the_lease_is_held_leaves_the_location_alone(tmp_path, monkeypatch):
+    """Until the location is listed with the lease held, the writer has made nothing there to remove."""
+    path = tmp_path / "d.zarr"
+    calls = []
+    real = Committer._holds_data
+
+    def holds_data(self):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError("the listing failed")
+        return real(self)
+    monkeypatch.setattr(Committer, "_holds_data", holds_data)
+    with pytest.raises(OSError, match="the listing failed"):
+        Committer(Location.of(path))
+    assert path.is_dir()  # what the lease left, nothing removed
