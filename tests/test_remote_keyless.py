@@ -186,3 +186,20 @@ def test_a_keyless_submit_that_raised_then_a_sync_leaves_its_position_free(targe
         kill(proc)
     assert_holds(Dataset.open(target), FIRST + [a, b, c])
 
+
+
+def test_a_refused_keyless_episode_takes_no_position(target):
+    """A refused episode is not written and leaves its position to the next one: fixed and submitted again it
+    is the input's episode 1, so a resume of the input [a, fixed] writes nothing twice."""
+    a, b = eps(2, seed=407)
+    bad = {t: arr.copy() for t, arr in b.items()}
+    bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
+    with serve(target) as server:
+        with RemoteWriter(server.url) as w:
+            assert w.submit(a)
+            with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3"):
+                w.submit(bad)
+            assert w.submit(b)
+        with RemoteWriter(server.url) as again:
+            assert again.ingest([a, b], resume=True) == 0
+    assert_holds(Dataset.open(target), FIRST + [a, b])

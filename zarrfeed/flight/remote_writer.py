@@ -18,7 +18,8 @@ unless `ingest(..., resume=True)`. Those are exactly once too: a key-less episod
 the server has answered for it, so a `submit` that raised ConnectionError leaves its position to the same
 episode submitted again (passed over if the server had committed it before its answer was lost), and another
 episode in that place is refused in one line (had the server committed the first, the other would be passed
-over as if it were it). Two identical episodes submitted on purpose are two positions, both written. An
+over as if it were it). A refused episode (bad input) takes no position either: fixed and submitted again, it
+is the same episode of the input. Two identical episodes submitted on purpose are two positions, both written. An
 `ingest` that raised ConnectionError is finished by the same call again: the writer resumes its own input.
 """
 from __future__ import annotations
