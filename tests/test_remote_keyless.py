@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pyarrow.flight as flight
 import pytest
 from expected import assert_holds
@@ -15,7 +16,7 @@ from test_remote_writer import eps, free_port, serve, serve_process, writers_end
 from zarrfeed.core.keys import fingerprint
 from zarrfeed.flight import RemoteWriter
 from zarrfeed.loader import Dataset
-from zarrfeed.writer import write_dataset
+from zarrfeed.writer import synthetic, write_dataset
 
 FIRST = eps(1, seed=400)
 
@@ -88,9 +89,8 @@ def test_another_episode_in_place_of_one_in_doubt_is_refused(target):
         with pytest.raises(ValueError) as refused:
             w.submit(c)
         assert str(refused.value) == (
-            f"episode 1 of this input is in doubt (fingerprint {fingerprint(b)}: the server went away before "
-            f"answering) and this is another episode (fingerprint {fingerprint(c)}): submit episode 1 again first "
-            "(it is written once), or give keys")
+            f"episode 1 of this input (fingerprint {fingerprint(b)}) is in doubt: the server went away before "
+            "answering; this is another episode: submit that one again first (it is written once), or give keys")
         assert w.submit(b) and w.submit(c)
         assert w.close()["scenes"] == 4
     finally:
@@ -203,3 +203,71 @@ def test_a_refused_keyless_episode_takes_no_position(target):
         with RemoteWriter(server.url) as again:
             assert again.ingest([a, b], resume=True) == 0
     assert_holds(Dataset.open(target), FIRST + [a, b])
+
+
+def went_away(w: RemoteWriter, episode) -> None:
+    """Submit `episode` to a writer whose server has stopped: ConnectionError (the call that notices)."""
+    with pytest.raises(ConnectionError):
+        w.submit(episode)
+
+
+def test_in_doubt_another_episode_is_told_apart_byte_for_byte(target):
+    """An episode that differs from the one in doubt only in the middle of its agents (the same fingerprint,
+    which samples each table's ends) is another episode: refused, not passed over as the first."""
+    port = free_port()
+    a = eps(1, seed=408)[0]
+    b = next(synthetic.episodes(1, seed=409, frames=200, agents_per_frame=10))
+    other = {t: arr.copy() for t, arr in b.items()}
+    middle = len(other["agents"]) // 2
+    other["agents"]["velocity"][middle] += np.float32(1.0)
+    assert fingerprint(other) == fingerprint(b) and other["agents"].nbytes > 3 * 8192
+    server = serve(target, port)
+    try:
+        w = RemoteWriter(server.url)
+        assert w.submit(a)
+        server.stop()
+        went_away(w, b)
+        server = serve(target, port)
+        with pytest.raises(ValueError, match=rf"^episode 1 of this input \(fingerprint {fingerprint(b)}\) is in doubt"):
+            w.submit(other)
+        assert w.submit(b) and w.submit(other)
+        assert w.close()["scenes"] == 4
+    finally:
+        server.stop()
+    assert_holds(Dataset.open(target), FIRST + [a, b, other])
+
+
+def test_an_episode_in_doubt_then_refused_is_no_longer_in_doubt(target):
+    """bad's submit raised ConnectionError (no server); submitted again it is refused as bad input: so it was not
+    written, and the next episode takes its place."""
+    port = free_port()
+    a, b = eps(2, seed=410)
+    bad = {t: arr.copy() for t, arr in b.items()}
+    bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
+    server = serve(target, port)
+    try:
+        w = RemoteWriter(server.url)
+        assert w.submit(a)
+        server.stop()
+        went_away(w, bad)
+        server = serve(target, port)
+        with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3"):
+            w.submit(bad)
+        assert w.submit(b)
+        assert w.close()["scenes"] == 3
+        with RemoteWriter(server.url) as again:
+            assert again.ingest([a, b], resume=True) == 0
+    finally:
+        server.stop()
+    assert_holds(Dataset.open(target), FIRST + [a, b])
+
+
+def test_a_keyless_ingest_with_a_refused_episode_is_finished_by_calling_it_again(target):
+    a, b, c = eps(3, seed=411)
+    bad = {t: arr.copy() for t, arr in b.items()}
+    bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
+    with serve(target) as server, RemoteWriter(server.url) as w:
+        with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3"):
+            w.ingest([a, bad, c], window=1)
+        assert w.ingest([a, b, c]) == 2  # the input resumed: a passed over
+    assert_holds(Dataset.open(target), FIRST + [a, b, c])

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pyarrow.flight as flight
+import xxhash
 
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import dtype_from_descr
@@ -73,8 +74,8 @@ class RemoteWriter:
         self._broken = False
         self._input: str | None = None  # the input that keyless submits continue (as DatasetWriter's)
         self._position = 0  # its next position: taken by an episode once the server answered for it
-        self._in_doubt: str | None = None  # the fingerprint of the episode sent there without an answer
-        self._interrupted: set[str] = set()  # inputs whose ingest raised ConnectionError: called again, resumed
+        self._in_doubt: tuple[str, str] | None = None  # (fingerprint, content) of one sent there, unanswered
+        self._interrupted: set[str] = set()  # inputs whose ingest did not finish: called again, resumed
         self._unanswered: str | None = None  # an input whose begin_input went unanswered (maybe recorded)
         self._closed: dict[str, int] | None = None  # what close() answered
         info = self._action("describe")
@@ -132,21 +133,23 @@ class RemoteWriter:
     def _submit_next(self, episode: Mapping[str, np.ndarray]) -> bool:
         """A key-less submit: the episode at the current input's next position, taken only once the server
         answered (accepted or passed over). A submit that raised ConnectionError leaves the position in doubt
-        (the server may have committed the episode before its answer was lost): only the same episode may
-        take it, and the server passes it over if it had it."""
-        digest = fingerprint(episode)
+        (the server may have committed the episode before its answer was lost): only the same episode, byte for
+        byte, may take it, and the server passes it over if it had it."""
         if self._input is None:
             self._begin_input(episode, resume=False)
         assert self._input is not None  # set by _begin_input
         key = Position(self._input, self._position)
-        if self._in_doubt is not None and digest != self._in_doubt:
-            raise ValueError(f"episode {key} of this input is in doubt (fingerprint {self._in_doubt}: the server "
-                             f"went away before answering) and this is another episode (fingerprint {digest}): "
-                             f"submit episode {key} again first (it is written once), or give keys")
+        if self._in_doubt is not None and _content(episode) != self._in_doubt[1]:
+            raise ValueError(f"episode {key} of this input (fingerprint {self._in_doubt[0]}) is in doubt: the server "
+                             "went away before answering; this is another episode: submit that one again first (it "
+                             "is written once), or give keys")
         try:
             accepted = self._send(episode, key)
         except ConnectionError:
-            self._in_doubt = digest
+            self._in_doubt = (fingerprint(episode), _content(episode))
+            raise
+        except ValueError:  # refused (bad input): not written, so not in doubt; it takes no position
+            self._in_doubt = None
             raise
         self._in_doubt, self._position = None, self._position + 1
         self._kept(key, episode)
@@ -169,12 +172,12 @@ class RemoteWriter:
     def ingest(self, episodes: Iterable[Mapping[str, np.ndarray]], keys: Iterable[Key] | None = None,
                window: int = 8, resume: bool = False) -> int:
         """Submit every episode (with `keys`, one per episode), then `sync()`; returns how many were written.
-        Without keys, the episodes are one input, keyed and refused or resumed as by `DatasetWriter.ingest`;
-        an ingest of this writer that raised ConnectionError is finished by the same call again (the input is
-        resumed: what the server has is passed over). Up to `window` episodes are on their way at once (their
-        acks are read as the next ones go out), so the producer encodes and sends while the server writes. A
-        refused episode raises ValueError naming it; the episodes after it in this call are not written
-        (ingest them again)."""
+        Without keys, the episodes are one input, keyed and refused or resumed as by `DatasetWriter.ingest`; an
+        ingest of this writer that raised (ConnectionError, a refused episode, an interrupt) is finished by the
+        same call again (the input is resumed: what the server has is passed over). Up to `window` episodes are
+        on their way at once (their acks are read as the next ones go out), so the producer encodes and sends
+        while the server writes. A refused episode raises ValueError naming it; the episodes after it in this
+        call are not written (ingest them again)."""
         it = iter(keys) if keys is not None else None
         if self._broken:
             self._recover()
@@ -193,6 +196,7 @@ class RemoteWriter:
                 else:
                     if i == 0:
                         self._begin_input(episode, resume)
+                        self._interrupted.add(self._input)  # type: ignore[arg-type]  # until this call finishes
                     key = Position(self._input, i)  # type: ignore[arg-type]  # set by _begin_input
                 writing = episode
                 self._write(episode, key)
@@ -216,9 +220,8 @@ class RemoteWriter:
             raise ValueError(f"{exc}{after}") from None
         except ConnectionError:
             if self._input is not None:  # what went out is re-sent by the next call; the one being sent is in doubt
-                self._interrupted.add(self._input)
                 self._position = sent
-                self._in_doubt = fingerprint(writing) if writing is not None else None
+                self._in_doubt = (fingerprint(writing), _content(writing)) if writing is not None else None
             raise
         self._position = sent
         if keyless is not None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
@@ -230,8 +233,9 @@ class RemoteWriter:
 
     def _begin_input(self, first: Mapping[str, np.ndarray], resume: bool) -> None:
         """The server records the input whose first episode is `first` (refusing a repeat without resume). An
-        input of this writer whose ingest raised ConnectionError is resumed; one whose beginning went
-        unanswered (the server may have recorded it) is begun, or resumed if the server had recorded it."""
+        input whose ingest by this writer did not finish is resumed. One whose beginning went unanswered (the
+        server may have recorded it) is begun, or resumed if the server had recorded it (or if another producer
+        had begun it meanwhile: the retry then resumes theirs, passing over what they wrote)."""
         if self._broken:
             self._recover()
         input_id = fingerprint(first)
@@ -361,6 +365,17 @@ class RemoteWriter:
         elif self._closed is None:
             self._drop_put()
             self._client.close()
+
+
+def _content(episode: Mapping[str, np.ndarray]) -> str:
+    """A digest of every byte of an episode (table names, dtypes, shapes, records): what tells a retry of an
+    episode in doubt from another one. Computed only after a ConnectionError (the fingerprint samples 8 KiB)."""
+    h = xxhash.xxh3_128()
+    for name in sorted(episode, key=str):
+        arr = np.ascontiguousarray(episode[name])
+        h.update(f"{name}|{arr.dtype.descr}|{arr.shape}|".encode())
+        h.update(arr.reshape(-1).view(np.uint8).data)
+    return h.hexdigest()
 
 
 def _nbytes(episode: Mapping[str, np.ndarray]) -> int:
