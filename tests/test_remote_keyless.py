@@ -51,7 +51,6 @@ def test_keyless_submits_retried_across_two_server_kills_land_once(target):
     port = free_port()
     url = f"grpc://127.0.0.1:{port}"
     more = eps(10, seed=401)
-    started = time.monotonic()
     proc = serve_process(target, port)
     try:
         w = RemoteWriter(url, timeout=30)
@@ -69,7 +68,6 @@ def test_keyless_submits_retried_across_two_server_kills_land_once(target):
     finally:
         kill(proc)
     assert_holds(Dataset.open(target), FIRST + more)
-    assert time.monotonic() - started < 120
 
 
 def test_another_episode_in_place_of_one_in_doubt_is_refused(target):
