@@ -134,7 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         server = FeedServer(_served(args.paths, _options(args)), host=args.host, port=args.port, token=token,
                             ingest=access.ingest, ingest_token=ingest_token, workers=args.workers, tls=tls,
-                            transforms=args.transforms, limits=limits)
+                            transforms=args.transforms, limits=limits, insecure=args.insecure)
     except pa.ArrowException as exc:  # a busy port, a certificate gRPC cannot use: gRPC's first line says which
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"cannot serve on {args.host}:{args.port}"

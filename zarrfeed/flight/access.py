@@ -7,6 +7,9 @@ into the dataset.
 - `ingest_token`: the credential uploads need (it also reads: a producer checks what it writes into). Without
   it, anyone who may read may upload: right for a loopback server, refused elsewhere unless `--insecure`.
 
+Beyond loopback, a server without the tokens that keep it private is refused before it listens (by
+`FeedServer` itself, and by `zarrfeed serve` before it starts one), unless its operator says `insecure`.
+
 Tokens are compared in constant time. A call is refused before anything is read.
 """
 from __future__ import annotations
@@ -34,16 +37,18 @@ class Access:
         if self.ingest_token is not None and self.ingest_token == self.read_token:
             raise ValueError("the ingest token must differ from the read token (or a trainer could upload)")
 
-    def check_exposure(self, host: str, insecure: bool) -> None:
-        """Refuse, in one line, serving beyond loopback without the credentials that keep it private."""
+    def check_exposure(self, host: str, insecure: bool, names: "Names | None" = None) -> None:
+        """Refuse, in one line, serving beyond loopback without the credentials that keep it private; `names`
+        spells the credentials and the opt-out as the caller takes them (default: `zarrfeed serve`'s options)."""
         if host in LOOPBACK or insecure:
             return
+        n = names or CLI
         if self.read_token is None:
-            raise ValueError(f"serving on {host} without --token-file lets anyone who reaches the port read the "
-                             "data: give a token file, or --insecure to serve it openly")
+            raise ValueError(f"serving on {host} without {n.token} lets anyone who reaches the port read the "
+                             f"data: give {n.give_token}, or {n.insecure} to serve it openly")
         if self.ingest and self.ingest_token is None:
-            raise ValueError(f"ingesting on {host} without --ingest-token-file lets every reader write into the "
-                             "dataset: give an ingest token file, or --insecure")
+            raise ValueError(f"ingesting on {host} without {n.ingest_token} lets every reader write into the "
+                             f"dataset: give {n.give_ingest_token}, or {n.insecure}")
 
     def grants(self, presented: list[bytes]) -> "Grants":
         """What a call carrying these `authorization` header values may do; refused if it may do nothing."""
@@ -65,6 +70,21 @@ class Access:
         if not grants.ingest:
             raise flight.FlightUnauthorizedError("zarrfeed: this token may read, not upload (uploads need the "
                                                  "server's ingest token)")
+
+
+@dataclass(frozen=True)
+class Names:
+    """How a caller spells the credentials and the opt-out in a refusal of `Access.check_exposure`."""
+
+    token: str
+    give_token: str
+    ingest_token: str
+    give_ingest_token: str
+    insecure: str
+
+
+CLI = Names("--token-file", "a token file", "--ingest-token-file", "an ingest token file", "--insecure")
+PYTHON = Names("a token", "token=...", "an ingest token", "ingest_token=...", "insecure=True")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,13 @@ passes over a key that is committed or in flight, and commits record keys with t
 re-sends after a lost reply or a server restart never duplicates an episode. Without keys, episodes get the
 keys a local `DatasetWriter` gives them, `Position(input, index)` with the input's first episode's
 fingerprint, and the server refuses an input it has seen before (from any producer, a local ingest or Dask)
-unless `ingest(..., resume=True)`.
+unless `ingest(..., resume=True)`. Those are exactly once too: a key-less episode takes its position only once
+the server has answered for it, so a `submit` that raised ConnectionError leaves its position to the same
+episode submitted again (passed over if the server had committed it before its answer was lost), and another
+episode in that place is refused in one line (had the server committed the first, the other would be passed
+over as if it were it). A refused episode (bad input) takes no position either: fixed and submitted again, it
+is the same episode of the input. Two identical episodes submitted on purpose are two positions, both written. An
+`ingest` that raised ConnectionError is finished by the same call again: the writer resumes its own input.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pyarrow.flight as flight
+import xxhash
 
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import dtype_from_descr
@@ -66,10 +73,13 @@ class RemoteWriter:
         self._accepted_by: set[str] = set()  # the server instances that accepted the unsynced episodes
         self._broken = False
         self._input: str | None = None  # the input that keyless submits continue (as DatasetWriter's)
+        self._position = 0  # its next position: taken by an episode once the server answered for it
+        self._in_doubt: tuple[str, str] | None = None  # (fingerprint, content) of one sent there, unanswered
+        self._interrupted: set[str] = set()  # inputs whose ingest did not finish: called again, resumed
+        self._unanswered: str | None = None  # an input whose begin_input went unanswered (maybe recorded)
         self._closed: dict[str, int] | None = None  # what close() answered
         info = self._action("describe")
         self.schema = episode_schema({t: dtype_from_descr(d["dtype"]) for t, d in info["tables"].items()})
-        self._position = 0
 
     def _gone(self, exc: BaseException) -> ConnectionError:
         self._drop_put()
@@ -110,35 +120,71 @@ class RemoteWriter:
     def submit(self, episode: Mapping[str, np.ndarray], key: Key | None = None) -> bool:
         """Send one episode; returns once the server accepted it (True) or passed it over because its key is
         committed or in flight (False). Without a key, the episode is the next of the current input, as with
-        `DatasetWriter.submit`. Bad input raises ValueError naming table, field and row; the writer stays
-        usable."""
+        `DatasetWriter.submit`: it takes its position once the server answers, so after a ConnectionError the
+        same episode submitted again lands there once (another is refused until it is). Bad input raises
+        ValueError naming table, field and row; the writer stays usable."""
         if key is None:
-            if self._input is None:
-                self._begin_input(episode, resume=False)
-            key, self._position = Position(self._input, self._position), self._position + 1  # type: ignore[arg-type]
+            return self._submit_next(episode)
         key = check_key(key)
+        accepted = self._send(episode, key)
+        self._kept(key, episode)
+        return accepted
+
+    def _submit_next(self, episode: Mapping[str, np.ndarray]) -> bool:
+        """A key-less submit: the episode at the current input's next position, taken only once the server
+        answered (accepted or passed over). A submit that raised ConnectionError leaves the position in doubt
+        (the server may have committed the episode before its answer was lost): only the same episode, byte for
+        byte, may take it, and the server passes it over if it had it."""
+        if self._input is None:
+            self._begin_input(episode, resume=False)
+        assert self._input is not None  # set by _begin_input
+        key = Position(self._input, self._position)
+        if self._in_doubt is not None and _content(episode) != self._in_doubt[1]:
+            raise ValueError(f"episode {key} of this input (fingerprint {self._in_doubt[0]}) is in doubt: the server "
+                             "went away before answering; this is another episode: submit that one again first (it "
+                             "is written once), or give keys")
+        try:
+            accepted = self._send(episode, key)
+        except ConnectionError:
+            self._in_doubt = (fingerprint(episode), _content(episode))
+            raise
+        except ValueError:  # refused (bad input): not written, so not in doubt; it takes no position
+            self._in_doubt = None
+            raise
+        self._in_doubt, self._position = None, self._position + 1
+        self._kept(key, episode)
+        return accepted
+
+    def _send(self, episode: Mapping[str, np.ndarray], key: Key) -> bool:
+        """Write one episode on the upload call and read the server's answer (reconnecting first if the
+        server went away)."""
         if self._broken:
             self._recover()
         self._write(episode, key)
-        accepted = self._ack(key)
+        return self._ack(key)
+
+    def _kept(self, key: Key, episode: Mapping[str, np.ndarray]) -> None:
+        """An answered episode, kept until a sync confirms it committed (syncing now past the bound)."""
         self._keep(key, episode)
         if self._unsynced_bytes > self.max_unsynced_bytes:
             self.sync()
-        return accepted
 
     def ingest(self, episodes: Iterable[Mapping[str, np.ndarray]], keys: Iterable[Key] | None = None,
                window: int = 8, resume: bool = False) -> int:
         """Submit every episode (with `keys`, one per episode), then `sync()`; returns how many were written.
-        Without keys, the episodes are one input, keyed and refused or resumed as by `DatasetWriter.ingest`.
-        Up to `window` episodes are on their way at once (their acks are read as the next ones go out), so
-        the producer encodes and sends while the server writes. A refused episode raises ValueError naming
-        it; the episodes after it in this call are not written (ingest them again)."""
+        Without keys, the episodes are one input, keyed and refused or resumed as by `DatasetWriter.ingest`; an
+        ingest of this writer that raised (ConnectionError, a refused episode, an interrupt) is finished by the
+        same call again (the input is resumed: what the server has is passed over). Up to `window` episodes are
+        on their way at once (their acks are read as the next ones go out), so the producer encodes and sends
+        while the server writes. A refused episode raises ValueError naming it; the episodes after it in this
+        call are not written (ingest them again)."""
         it = iter(keys) if keys is not None else None
         if self._broken:
             self._recover()
         self._input = None
         pending: list[Key] = []
-        written, keyless = 0, None
+        written, keyless, sent = 0, None, 0
+        writing: Mapping[str, np.ndarray] | None = None  # the episode on its way out, if a write fails
         try:
             for i, episode in enumerate(episodes):
                 if it is not None:
@@ -150,9 +196,13 @@ class RemoteWriter:
                 else:
                     if i == 0:
                         self._begin_input(episode, resume)
-                    key, self._position = Position(self._input, i), i + 1  # type: ignore[arg-type]
+                        self._interrupted.add(self._input)  # type: ignore[arg-type]  # until this call finishes
+                    key = Position(self._input, i)  # type: ignore[arg-type]  # set by _begin_input
+                writing = episode
                 self._write(episode, key)
+                writing = None
                 self._keep(key, episode)
+                sent = i + 1
                 pending.append(key)
                 if len(pending) >= window:
                     written += self._ack(pending[0])
@@ -165,20 +215,42 @@ class RemoteWriter:
         except ValueError as exc:  # pending[0] was refused; the server read nothing after it in this call
             del self._unsynced[len(self._unsynced) - len(pending):]
             self._unsynced_bytes = sum(_nbytes(ep) for _, ep in self._unsynced)
+            self._position = sent - len(pending)  # a key-less submit next takes the refused one's place
             after = f"; the {len(pending) - 1} sent after it were not written" if len(pending) > 1 else ""
             raise ValueError(f"{exc}{after}") from None
+        except ConnectionError:
+            if self._input is not None:  # what went out is re-sent by the next call; the one being sent is in doubt
+                self._position = sent
+                self._in_doubt = (fingerprint(writing), _content(writing)) if writing is not None else None
+            raise
+        self._position = sent
         if keyless is not None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
             raise ValueError(f"keys: fewer keys than episodes (none for episode {keyless})")
         self.sync()
+        if self._input is not None:
+            self._interrupted.discard(self._input)
         return written
 
     def _begin_input(self, first: Mapping[str, np.ndarray], resume: bool) -> None:
-        """The server records the input whose first episode is `first` (refusing a repeat without resume)."""
+        """The server records the input whose first episode is `first` (refusing a repeat without resume). An
+        input whose ingest by this writer did not finish is resumed. One whose beginning went unanswered (the
+        server may have recorded it) is begun, or resumed if the server had recorded it (or if another producer
+        had begun it meanwhile: the retry then resumes theirs, passing over what they wrote)."""
         if self._broken:
             self._recover()
         input_id = fingerprint(first)
-        self._action("begin_input", {"input": input_id, "resume": resume})
-        self._input, self._position = input_id, 0
+        if input_id in self._interrupted:
+            resume = True
+        try:
+            self._action("begin_input", {"input": input_id, "resume": resume})
+        except ValueError:
+            if resume or input_id != self._unanswered:
+                raise
+            self._action("begin_input", {"input": input_id, "resume": True})  # it was recorded, unanswered
+        except ConnectionError:
+            self._unanswered = input_id
+            raise
+        self._input, self._position, self._in_doubt, self._unanswered = input_id, 0, None, None
 
     def _keep(self, key: Key, episode: Mapping[str, np.ndarray]) -> None:
         """Remember a sent episode until a sync confirms it committed (re-sent after a reconnect)."""
@@ -293,6 +365,17 @@ class RemoteWriter:
         elif self._closed is None:
             self._drop_put()
             self._client.close()
+
+
+def _content(episode: Mapping[str, np.ndarray]) -> str:
+    """A digest of every byte of an episode (table names, dtypes, shapes, records): what tells a retry of an
+    episode in doubt from another one. Computed only after a ConnectionError (the fingerprint samples 8 KiB)."""
+    h = xxhash.xxh3_128()
+    for name in sorted(episode, key=str):
+        arr = np.ascontiguousarray(episode[name])
+        h.update(f"{name}|{arr.dtype.descr}|{arr.shape}|".encode())
+        h.update(arr.reshape(-1).view(np.uint8).data)
+    return h.hexdigest()
 
 
 def _nbytes(episode: Mapping[str, np.ndarray]) -> int:

@@ -23,7 +23,7 @@ import pyarrow.flight as flight
 
 from ..core.store import Location
 from ..transforms import Transforms
-from .access import Access, AccessCheck, grants_of
+from .access import PYTHON, Access, AccessCheck, grants_of
 from .serving import Serving
 from .feeding import Feeding
 from .ingestion import Ingestion
@@ -86,8 +86,9 @@ class FeedServer(flight.FlightServerBase):
     Args:
         location: The dataset (a path, fsspec URL or `Location`), or several, as a mapping of name (letters,
             digits, "_", "." and "-", starting with a letter) to location; clients then name one (`dataset=`).
-        host: The address to listen on (default 127.0.0.1: this machine only). Unlike `zarrfeed serve`, this
-            class does not refuse another address without tokens: give `token` (and `ingest_token`) there.
+        host: The address to listen on (default 127.0.0.1: this machine only). Another address (0.0.0.0, a
+            network interface's) is refused before anything listens unless reading needs `token` and, when
+            the server ingests, uploads need `ingest_token` (or `insecure`), as `zarrfeed serve` refuses it.
         port: The port to listen on (default 8815); 0: a free one, read from `url`.
         token: The read token every call must carry (`authorization: Bearer <token>`); default: anyone who
             reaches the port reads.
@@ -100,12 +101,17 @@ class FeedServer(flight.FlightServerBase):
             default none.
         limits: Caps on streams, uploads, message, batch and transform-argument sizes (`Limits`); default
             `Limits.for_machine(workers)`, sized from this machine.
+        insecure: Serve beyond loopback without those tokens (`zarrfeed serve --insecure`): for a network that
+            its operator keeps private by other means (a firewall, a private network, a proxy that checks).
     """
 
     def __init__(self, location: Location | str | os.PathLike | Mapping[str, Location | str | os.PathLike], *,
                  host: str = "127.0.0.1", port: int = 8815, token: str | None = None, ingest: bool = False,
                  ingest_token: str | None = None, workers: int = 2, tls: tuple[bytes, bytes] | None = None,
-                 transforms: Transforms | str | None = None, limits: Limits | None = None) -> None:
+                 transforms: Transforms | str | None = None, limits: Limits | None = None,
+                 insecure: bool = False) -> None:
+        self.access = Access(token, ingest_token, ingest)
+        self.access.check_exposure(host, insecure, PYTHON)  # before anything is opened or listens
         # everything a call uses is made before the server listens (super().__init__): a producer retrying
         # against a restarted server connects at once
         named = dict(location) if isinstance(location, Mapping) else {"": location}
@@ -114,7 +120,6 @@ class FeedServer(flight.FlightServerBase):
         for name in named:
             if name and not DATASET_NAME.fullmatch(name):
                 raise ValueError(f"dataset name {name!r}: letters, digits, '_', '.' and '-', starting with a letter")
-        self.access = Access(token, ingest_token, ingest)
         self.workers = workers
         self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
         self._scheme, self._host = "grpc+tls" if tls else "grpc", host
