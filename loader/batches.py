@@ -74,8 +74,8 @@ class Loader:
             `storage_options` and `commit`, which are ignored when a `Dataset` is given).
         table: The table whose rows are batched (default "agents").
         batch_size: Rows per batch (default 256); the last batch of an epoch may be shorter (see `drop_last`).
-        fields: The fields to load, in this order (default all); fewer fields mean less to gather and copy.
-            An unknown or repeated field is refused.
+        fields: The fields to load, in this order (default all; one name loads one field); fewer fields mean
+            less to gather and copy. An unknown or repeated field is refused.
         shuffle: Shuffle the rows (default); False reads the selected rows in table order.
         seed: The integer that, with the epoch, decides the shuffled order (the same on every machine).
         shuffle_window: Chunks (in a random order) whose rows are shuffled together (default 8). More mixes rows
@@ -124,7 +124,7 @@ class Loader:
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, table: str = "agents", *,
-                 batch_size: int = 256, fields: list[str] | None = None, shuffle: bool = True, seed: int = 0,
+                 batch_size: int = 256, fields: list[str] | str | None = None, shuffle: bool = True, seed: int = 0,
                  shuffle_window: int = 8, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,

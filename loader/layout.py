@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.schema import field_names
+
 
 @dataclass(frozen=True)
 class Column:
@@ -39,15 +41,9 @@ class Layout:
         self.slot_bytes = max(base, 64)
 
     @classmethod
-    def of_records(cls, dtype: np.dtype, fields: list[str] | None, capacity: int) -> "Layout":
+    def of_records(cls, dtype: np.dtype, fields: list[str] | str | None, capacity: int) -> "Layout":
         """Columns for `fields` (all by default) of records of `dtype`."""
-        names = list(dtype.names or ()) if fields is None else list(fields)
-        unknown = [n for n in names if n not in (dtype.names or ())]
-        if unknown:
-            raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(dtype.names or ())})")
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:  # each would be a column of its own in every ring slot, for the same values
-            raise ValueError(f"fields: {twice[0]!r} is named more than once")
+        names = field_names(dtype, fields)  # a field named twice would be two columns in every ring slot
         cols = []
         for n in names:
             sub, offset = dtype[n], int(dtype.fields[n][1])  # type: ignore[index]  # names checked above

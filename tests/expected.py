@@ -94,3 +94,15 @@ def own_shared_memory() -> int:
     """How many zarrfeed memfd mappings and descriptors this process holds."""
     import os
     return len(shared_memory_held([os.getpid()]))
+
+
+def ticked(text: str, template: str, age: float, since: float) -> bool:
+    """Whether `text` ends with `template`, whose "{}" is a count of seconds read from a clock while the test
+    ran: `age` seconds when the test started timing at `since` (`time.monotonic()`), and up to the seconds
+    since then more. No test asserts text that depends on when the clock ticks: on a busy machine (or after
+    a round trip to a store) "no heartbeat for 90 s" is "91 s"."""
+    import re
+    import time
+
+    found = re.search(re.escape(template).replace(r"\{\}", r"(\d+)") + "$", text)
+    return found is not None and age - 1 <= int(found.group(1)) <= age + (time.monotonic() - since) + 1

@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (a dataset there is replaced; "
                    "anything else is refused)")
     p.add_argument("--scenes", type=_count, default=50, help="synthetic scenes (about 21,000 agents each)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
+    p.add_argument("--seed", type=_count, default=0, help="seed of the synthetic scenes")
     p.add_argument("--workers", type=_count, default=2, help="writer, loader and export processes")
     p.set_defaults(func=cmd_demo)
     p = command("ingest", "write episodes to a dataset with a pool of writer processes")
@@ -607,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--from", dest="from_path", metavar="PATH", help="copy another dataset, episode by episode "
                      "(re-chunk or re-compress it)")
     p.add_argument("--workers", type=_count, default=2, help="writer processes (0: write in this process)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
+    p.add_argument("--seed", type=_count, default=0, help="seed of the synthetic scenes")
     p.add_argument("--chunks", metavar="TABLE=ROWS,...", help="chunk rows per table, e.g. agents=20000")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--overwrite", action="store_true", help="replace an existing dataset (refused for "

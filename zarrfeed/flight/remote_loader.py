@@ -24,7 +24,7 @@ import pyarrow.flight as flight
 from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
-from ..loader.layout import Layout
+from ..core.schema import field_names
 from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
 from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
@@ -219,7 +219,7 @@ class RemoteLoader(_RemoteFeed):
 
     def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256, seed: int = 0, shuffle: bool = True,
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
-                 fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
+                 fields: list[str] | str | None = None, drop_last: bool = False, token: str | None = None,
                  output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
@@ -229,8 +229,9 @@ class RemoteLoader(_RemoteFeed):
         if table not in tables:
             raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
         self.dtype = dtype_from_descr(tables[table]["dtype"])
+        if fields is not None:  # the loader's own checks: one name, unknown or repeated fields
+            fields = field_names(self.dtype, fields) or None
         if fields:
-            Layout.of_records(self.dtype, list(fields), 1)  # the loader's own checks: unknown or repeated fields
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
         if row_ids:  # the server's Loader adds it (and refuses a table with a field of that name)
             self.dtype = np.dtype(self.dtype.descr + [(ROW_ID, "<i8")])
