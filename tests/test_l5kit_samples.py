@@ -336,6 +336,11 @@ def test_remote_sample_loaders_match_local_ones(scenes):
                 AgentSampleLoader(scenes, 3, 4, num_workers=0, **kw) as loc:
             got, want = [b["agent_row"].tolist() for b in r], [b["agent_row"].tolist() for b in loc]
             assert got == want and sum(map(len, got)) != len(AgentSampleLoader(scenes, 3, 4).samples)
+        for name, value in (("threshold", 0.3), ("min_history", 0), ("min_future", 3)):  # the agents mask's:
+            for cls, where in ((EgoSampleLoader, scenes), (RemoteEgoSampleLoader, server.url)):  # not the ego's
+                with pytest.raises(TypeError, match=rf"^{cls.__name__}.__init__\(\) got an unexpected keyword "
+                                                    rf"argument '{name}'$"):
+                    cls(where, 3, 4, **{name: value})
         for whole in (False, True):
             with RemoteWindowLoader(server.url, 2, 2, batch_size=64, whole_windows=whole) as r, \
                     WindowLoader(scenes, 2, 2, batch_size=64, whole_windows=whole, num_workers=0) as loc:
