@@ -106,3 +106,24 @@ def ticked(text: str, template: str, age: float, since: float) -> bool:
 
     found = re.search(re.escape(template).replace(r"\{\}", r"(\d+)") + "$", text)
     return found is not None and age - 1 <= int(found.group(1)) <= age + (time.monotonic() - since) + 1
+
+
+def session(sid: int) -> list[int]:
+    """The running processes (not zombies) of session `sid`: a test that starts a command with
+    `start_new_session=True` finds every process the command started this way, workers and fork servers
+    included, even once their parent has died and they were reparented. Other zarrfeed jobs on the machine
+    are in sessions of their own, so a test that checks only these sees only what it made."""
+    import os
+
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            pids.append(int(name))
+    return pids
