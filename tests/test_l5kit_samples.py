@@ -1,6 +1,8 @@
 """AgentSampleLoader, EgoSampleLoader and the agents mask against what L5Kit 1.5.0 returns on the real scene
 (../shared/data/l5kit_samples_h10_f50.npz), and against plain per-sample Python on synthetic data."""
 import math
+import re
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -335,6 +337,58 @@ def test_mask_command_errors_are_one_line(tmp_path, real_zip):
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     out = subprocess.run([sys.executable, "-m", "zarrfeed", "mask", str(real_zip)], capture_output=True, text=True)
     assert out.returncode == 2 and "read-only" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_mask_on_a_read_only_dataset_is_one_line_and_changes_nothing(scenes, tmp_path):
+    """Issue 35: `zarrfeed mask` on a read-only dataset (a read-only bind mount: real EROFS, even for root)
+    printed zarr's KeyError traceback, after computing the whole mask. One line, before the work; a mask stored
+    earlier is left as it was, and still read."""
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    shutil.copytree(scenes, src / "d.zarr")
+    ds = Dataset.open(src / "d.zarr")
+    agents_mask.save(ds, agents_mask.compute(ds, 0.5, workers=0), 0.5)  # a mask stored while it was writable
+    before = sorted((str(p.relative_to(src)), p.stat().st_mtime_ns) for p in src.rglob("*"))
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", src, ro], capture_output=True).returncode != 0:
+        pytest.skip("no permission to mount here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", ro], capture_output=True).returncode != 0:
+            pytest.skip("no permission to remount read-only here")
+        for threshold in ("0.5", "0.3"):  # replacing the stored one, or a new one
+            out = subprocess.run([sys.executable, "-m", "zarrfeed", "mask", str(ro / "d.zarr"), "--threshold",
+                                  threshold, "--workers", "0"], capture_output=True, text=True, timeout=120)
+            assert out.returncode == 2 and out.stdout == "", out.stderr
+            assert out.stderr == (f"zarrfeed: error: {ro / 'd.zarr'}: the agents mask cannot be stored in it (a "
+                                  f"read-only file system: {ro / 'd.zarr'})\n"), out.stderr
+        ds = Dataset.open(ro / "d.zarr")
+        with pytest.raises(ValueError, match="^" + re.escape(f"{ro / 'd.zarr'}: the agents mask cannot be stored "
+                                                             "in it (a read-only file system")):
+            agents_mask.save(ds, np.zeros((ds.rows["agents"], 2), np.uint32), 0.5)
+        assert agents_mask.load(ds, 0.5)[0] is not None
+    finally:
+        subprocess.run(["umount", ro], capture_output=True)
+    assert sorted((str(p.relative_to(src)), p.stat().st_mtime_ns) for p in src.rglob("*")) == before
+
+
+def test_a_store_that_fails_while_the_mask_is_stored_is_one_line(scenes, tmp_path, monkeypatch):
+    """Past the check (a store that fails later: a full disk, a permission on one folder): one line naming the
+    dataset and the store's own words, and what is left is never read as a mask."""
+    shutil.copytree(scenes, tmp_path / "d.zarr")
+    ds = Dataset.open(tmp_path / "d.zarr")
+    mask = agents_mask.compute(ds, 0.5, workers=0)
+
+    def full(self, key, value):
+        if key.endswith("/0.0"):  # the first chunk of values
+            raise KeyError(key) from OSError(28, "No space left on device", key)
+        return real(self, key, value)
+    real = zarr.storage.DirectoryStore.__setitem__
+    monkeypatch.setattr(zarr.storage.DirectoryStore, "__setitem__", full)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{tmp_path / 'd.zarr'}: the agents mask cannot be stored "
+                                                         "in it (No space left on device: agents_mask/0.5/0.0)") + "$"):
+        agents_mask.save(ds, mask, 0.5)
+    monkeypatch.undo()
+    assert agents_mask.load(Dataset.open(tmp_path / "d.zarr"), 0.5) == (None, "agents_mask/0.5 was not finished "
+                                                                             "(its writer stopped)")
 
 
 def test_needs_an_l5kit_dataset(tmp_path):

@@ -444,8 +444,7 @@ def cmd_mask(args: argparse.Namespace) -> int:
     with _open(args) as ds:
         if not {"scenes", "frames", "agents"} <= set(ds.tables):
             raise ValueError(f"{args.path}: not an L5Kit dataset (it needs tables scenes, frames and agents)")
-        if ds.location.is_zip:
-            raise ValueError(f"{ds.location}: a .zip dataset is read-only; the mask cannot be stored in it")
+        agents_mask.check_writable(ds)  # before the work, not after it
         t0 = time.perf_counter()
         mask = agents_mask.compute(ds, args.threshold, workers=args.workers)
         where = agents_mask.save(ds, mask, args.threshold)
