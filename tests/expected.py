@@ -127,3 +127,28 @@ def session(sid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == sid:
             pids.append(int(name))
     return pids
+
+
+def dev_shm_held(pids) -> list[str]:
+    """zarrfeed's files under /dev/shm mapped or open in these processes, as "pid: path" (its shared memory is
+    in memfds: a /dev/shm file would outlive a crash; multiprocessing's semaphores are there too, and not
+    zarrfeed's). Asked of the test's own processes while they run, not of /dev/shm's listing, which holds
+    every user's files."""
+    import os
+    from pathlib import Path
+
+    held = []
+    for pid in pids:
+        proc = Path(f"/proc/{pid}")
+        try:
+            held += [f"{pid}: {line.split(None, 5)[-1]}" for line in proc.joinpath("maps").read_text().splitlines()
+                     if " /dev/shm/" in line and "zarrfeed" in line]
+            for fd in proc.joinpath("fd").iterdir():
+                try:
+                    if os.readlink(fd).startswith("/dev/shm/") and "zarrfeed" in os.readlink(fd):
+                        held.append(f"{pid}: {os.readlink(fd)}")
+                except OSError:  # closed meanwhile
+                    pass
+        except (FileNotFoundError, ProcessLookupError, PermissionError):  # exited meanwhile
+            continue
+    return held
