@@ -204,6 +204,59 @@ def test_ctrl_c_to_every_process_while_workers_start_is_one_line_and_exit_130(re
     assert interrupted >= (6 if command == "load" else 1)
 
 
+STUCK_AT_EXIT = """
+import threading, time
+threading.Thread(target=time.sleep, args=(3600,), name="a transform module's own thread").start()  # not a daemon
+
+def speed(batch):
+    return {"speed": batch["yaw"]}
+"""
+STUCK_IN_STOP = """
+import time
+from zarrfeed.flight.server import FeedServer
+FeedServer.close_writer = lambda self: time.sleep(3600)  # a store that never answers the last commit
+
+def speed(batch):
+    return {"speed": batch["yaw"]}
+"""
+
+
+@pytest.mark.parametrize("stuck", ["at exit", "in stop"])
+def test_serve_never_ignores_sigterm(tmp_path, stuck):
+    """Issue 35: `zarrfeed serve` ignored two SIGTERMs for 10 minutes. Its handler only set an event, and stayed
+    installed while Python's exit waited for a thread that never ended (an upload call, a thread of a
+    --transforms module): every later SIGTERM went to it. A stopped server exits once its stop is done, and a
+    second SIGTERM ends a stop that cannot finish."""
+    import signal
+    import time
+    data = tmp_path / "d.zarr"
+    assert zarrfeed("ingest", data, "--synthetic", 1, "--workers", 0, "-q").returncode == 0
+    module = tmp_path / "stuck.py"
+    module.write_text(STUCK_AT_EXIT if stuck == "at exit" else STUCK_IN_STOP)
+    proc = subprocess.Popen([sys.executable, "-m", "zarrfeed", "serve", str(data), "--port", "0", "--ingest",
+                             "--transforms", str(module)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().startswith("serving on grpc://127.0.0.1:")
+        proc.send_signal(signal.SIGTERM)
+        if stuck == "in stop":
+            with pytest.raises(subprocess.TimeoutExpired):  # the stop waits for the store (as it must, a while)
+                proc.wait(timeout=2)
+            proc.send_signal(signal.SIGTERM)  # the second one ends it at once
+            assert proc.wait(timeout=30) == -signal.SIGTERM
+        else:
+            _, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0 and err.splitlines()[-1] == "zarrfeed: server stopped", err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while session(proc.pid) and time.monotonic() < deadline:  # its workers and fork server go too
+        time.sleep(0.1)
+    assert session(proc.pid) == []
+
+
 @pytest.fixture
 def corrupt(tmp_path):
     """A dataset whose first agents chunk is garbage (the other tables are fine)."""

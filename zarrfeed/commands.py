@@ -130,6 +130,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
         _check_certificate(args.tls_cert, args.tls_key)
     _check_port(args.host, args.port)
+    stopping = threading.Event()
+
+    def stop(*_: object) -> None:  # the first SIGTERM or Ctrl+C stops the server; a second one ends the process
+        stopping.set()  # at once (default handlers again): a stop that cannot finish (a store that does not
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # answer) is never a process that ignores every signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, stop)  # before the server listens and says so: a SIGTERM from then on
+    signal.signal(signal.SIGINT, stop)  # (a supervisor's, as soon as it reads "serving on") stops it properly
     limits = Limits.for_machine(args.workers)
     limits = dataclasses.replace(limits, **{name: getattr(args, name) for name in LIMIT_OPTIONS
                                             if getattr(args, name) is not None})
@@ -159,9 +167,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else "no uploads")
     print(f"serving on {server.url} {' '.join(args.paths)} ({rights})" + named, flush=True)
 
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     while not stopping.wait(0.5):  # the server listens since it was made; this thread waits for a signal
         pass
     stopped = server.stop(grace=1.5)
@@ -175,9 +180,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if stopped.calls_left:  # pyarrow's server would wait for them at exit, whatever the clients do
         print("zarrfeed: left calls open at exit (clients that stopped reading or sending)", file=sys.stderr,
               flush=True)
-        sys.stdout.flush()
-        os._exit(code)
-    return code
+    # everything accepted is committed and the leases are released: exit now. Python's own exit would wait for
+    # every non-daemon thread (an upload call still running, a thread a --transforms module started), with the
+    # signals that asked for the stop already spent
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _served(paths: list[str], options: dict) -> Location | dict[str, Location]:
