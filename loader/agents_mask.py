@@ -161,7 +161,8 @@ def _part_setup(wid: int, location: Location, commit: int | None, th: Thresholds
 def _in_workers(ds: Dataset, parts: list[tuple[int, int]], th: Thresholds, n: int) -> list[tuple[int, np.ndarray]]:
     """The parts' masks, computed by `n` worker processes of zarrfeed's pool (a Ctrl+C, a dead worker and a
     worker's exception behave as in every other pool of zarrfeed: the worker's exception is raised here)."""
-    todo, results = list(parts), []
+    todo = list(parts)
+    results: list[tuple[int, np.ndarray]] = []
     pool = WorkerPool(n, _part_setup, (ds.location, ds.commit, th), "agents mask worker")
     try:
         for wid in range(n):

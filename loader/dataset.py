@@ -312,12 +312,12 @@ class Dataset:
 
         if table not in self.tables:
             raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.tables)})")
-        fields = field_names(self[table].dtype, fields)
+        names = field_names(self[table].dtype, fields)
         c = self[table].chunks[0] * max(1, chunks_per_partition)
         n = self.rows[table]
-        pieces = [_Partition(self.location, self.commit, table, a, min(a + c, n), fields)
-                  for a in range(0, n, c)] or [_Partition(self.location, self.commit, table, 0, 0, fields)]
-        meta = records_to_arrow(np.zeros(0, self[table].dtype), fields).to_pandas(types_mapper=pd.ArrowDtype)
+        pieces = [_Partition(self.location, self.commit, table, a, min(a + c, n), names)
+                  for a in range(0, n, c)] or [_Partition(self.location, self.commit, table, 0, 0, names)]
+        meta = records_to_arrow(np.zeros(0, self[table].dtype), names).to_pandas(types_mapper=pd.ArrowDtype)
         divisions = [p.start for p in pieces] + [max(n - 1, 0)]
         return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)
 
