@@ -13,22 +13,23 @@ as current. The tables and the commit manifest are not touched: the dataset's co
 """
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import math
-import multiprocessing
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import xxhash
 import zarr
 
 from ..core import dataset_format
+from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit, preload_in_workers
 from ..core.chunks import read_rows
 from ..core.store import Location
 from .dataset import Dataset
+
+preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
 # l5kit.data.filter.PERCEPTION_LABEL_INDICES_TO_KEEP: car, van, tram, bus, truck, emergency vehicle, other vehicle,
 # bicycle, motorcycle, cyclist, motorcyclist, pedestrian, animal (indices into L5Kit's 17 perception labels)
@@ -146,12 +147,42 @@ def compute(ds: Dataset, threshold: float = 0.5, *, workers: int | None = None,
     if workers <= 1 or len(parts) == 1:
         results = [_part(ds.location, ds.commit, p, th) for p in parts]
     else:
-        ctx = multiprocessing.get_context("forkserver")
-        with concurrent.futures.ProcessPoolExecutor(min(workers, len(parts)), mp_context=ctx) as pool:
-            results = list(pool.map(_part, *zip(*[(ds.location, ds.commit, p, th) for p in parts], strict=True)))
+        results = _in_workers(ds, parts, th, min(workers, len(parts)))
     for a0, part in results:
         mask[a0:a0 + len(part)] = part
     return mask
+
+
+def _part_setup(wid: int, location: Location, commit: int | None, th: Thresholds) -> Callable:
+    """A mask worker's handler: scenes (first, last) -> (worker, first agent row, mask)."""
+    return lambda scenes: (wid, *_part(location, commit, scenes, th))
+
+
+def _in_workers(ds: Dataset, parts: list[tuple[int, int]], th: Thresholds, n: int) -> list[tuple[int, np.ndarray]]:
+    """The parts' masks, computed by `n` worker processes of zarrfeed's pool (a Ctrl+C, a dead worker and a
+    worker's exception behave as in every other pool of zarrfeed: the worker's exception is raised here)."""
+    todo = list(parts)
+    results: list[tuple[int, np.ndarray]] = []
+    pool = WorkerPool(n, _part_setup, (ds.location, ds.commit, th), "agents mask worker")
+    try:
+        for wid in range(n):
+            pool.send(wid, todo.pop())
+        while len(results) < len(parts):
+            for reply in pool.poll(1.0):
+                if isinstance(reply, Failed):
+                    if reply.error.exc is not None:
+                        raise reply.error.exc
+                    raise WorkerError(f"agents mask worker {reply.worker} failed on scenes {reply.message}: "
+                                      f"{reply.error}", reply.error)
+                wid, a0, part = reply
+                results.append((a0, part))
+                if todo:
+                    pool.send(wid, todo.pop())
+            if pool.dead():
+                raise WorkerError(describe_exit("agents mask worker", *pool.dead()[0]) + " computing the mask")
+    finally:
+        pool.stop()
+    return results
 
 
 def _record(ds: Dataset, th: Thresholds) -> dict[str, Any]:
@@ -173,8 +204,41 @@ def save(ds: Dataset, mask: np.ndarray, threshold: float = 0.5, *, thresholds: T
     th = thresholds or Thresholds(label=threshold)
     if mask.shape != (ds.rows["agents"], 2):
         raise ValueError(f"agents mask of shape {mask.shape}; the dataset has {ds.rows['agents']} agents")
+    check_writable(ds)
+    try:
+        return _store(ds, mask, th)
+    except (OSError, KeyError) as exc:  # zarr's DirectoryStore says KeyError(key) for the OSError it caught
+        raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({_reason(exc)})") from None
+
+
+def check_writable(ds: Dataset) -> None:
+    """Refuse, in one line, a dataset the mask cannot be stored in, before anything is computed or changed: a
+    .zip, or a local directory this process may not write (a read-only mount, even for root)."""
     if ds.location.is_zip:
         raise ValueError(f"{ds.location}: a .zip dataset is read-only; the mask cannot be stored in it")
+    if ds.location.is_local:
+        for path in (ds.location.path, ds.location.path / GROUP):
+            if path.exists() and not os.access(path, os.W_OK):
+                why = "a read-only file system" if _read_only_mount(path) else "no permission to write"
+                raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({why}: {path})")
+
+
+def _read_only_mount(path: Any) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _reason(exc: BaseException) -> str:
+    """What an error of the store says: the OSError's own words (zarr wraps it in a KeyError)."""
+    cause = exc if isinstance(exc, OSError) else exc.__cause__ if isinstance(exc.__cause__, OSError) else None
+    if cause is None:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{cause.strerror or cause}" + (f": {cause.filename}" if cause.filename else "")
+
+
+def _store(ds: Dataset, mask: np.ndarray, th: Thresholds) -> str:
     group = dataset_format.open_group(ds.location, "a")
     group.require_group(GROUP)
     path = f"{GROUP}/{th.name}"

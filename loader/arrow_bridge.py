@@ -138,7 +138,7 @@ class ArrowStream:
         return self.reader().__arrow_c_stream__(requested_schema)
 
 
-def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: list[str] | None = None,
+def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: list[str] | str | None = None,
                   join: Mapping[str, str] | None = None, row_index: str | None = None) -> ArrowStream:
     """`table`'s committed rows in row order, `batch_size` rows a batch.
 

@@ -20,7 +20,7 @@ from . import read_worker, view_check
 from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
-from .layout import Layout
+from .layout import Layout, TransformOutputError, transform_name
 from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
 from .scheduler import Epoch, LoaderError, Run, Sizing, WorkerOptions
 from .source import BatchSource, RowSource
@@ -74,8 +74,8 @@ class Loader:
             `storage_options` and `commit`, which are ignored when a `Dataset` is given).
         table: The table whose rows are batched (default "agents").
         batch_size: Rows per batch (default 256); the last batch of an epoch may be shorter (see `drop_last`).
-        fields: The fields to load, in this order (default all); fewer fields mean less to gather and copy.
-            An unknown or repeated field is refused.
+        fields: The fields to load, in this order (default all; one name loads one field); fewer fields mean
+            less to gather and copy. An unknown or repeated field is refused.
         shuffle: Shuffle the rows (default); False reads the selected rows in table order.
         seed: The integer that, with the epoch, decides the shuffled order (the same on every machine).
         shuffle_window: Chunks (in a random order) whose rows are shuffled together (default 8). More mixes rows
@@ -124,7 +124,7 @@ class Loader:
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, table: str = "agents", *,
-                 batch_size: int = 256, fields: list[str] | None = None, shuffle: bool = True, seed: int = 0,
+                 batch_size: int = 256, fields: list[str] | str | None = None, shuffle: bool = True, seed: int = 0,
                  shuffle_window: int = 8, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
@@ -407,6 +407,9 @@ class Loader:
         return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
 
     def _probe_failed(self, k: int, plan: EpochPlan, err: RemoteError) -> str:
+        if isinstance(err.exc, TransformOutputError):  # zarrfeed's check of the output: its one line says it all
+            return f"transform {transform_name(self.transform)!r}: {err.message} (epoch {plan.epoch}, table " \
+                   f"'{self.table}')"
         return (f"transform failed on batch {k} of epoch {plan.epoch} (table '{self.table}'), run once to size "
                 f"the batch slots: {err}\ntraceback:\n{err.traceback}")
 
@@ -470,7 +473,10 @@ def _probe(make_batch: Callable[[], dict[str, np.ndarray]], transform: Callable,
     rows = len(batch[rows_of] if rows_of else next(iter(batch.values())))
     out = transform(batch)
     if not isinstance(out, dict) or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in out.values()):
-        raise TypeError("transform must return a dict of numpy arrays whose first axis is the batch's rows")
+        got = type(out).__name__ if not isinstance(out, dict) else \
+            f"a dict of {', '.join(sorted({type(a).__name__ for a in out.values()}))}"
+        raise TransformOutputError("transform must return a dict of numpy arrays whose first axis is the batch's "
+                                   f"rows, got {got}")
     Layout.of_arrays(out, rows).check(out, k, rows)
     return [(name, a.dtype.str, a.shape[1:]) for name, a in out.items()]
 

@@ -17,7 +17,7 @@ from ..core.arrow_records import records_to_arrow
 from ..core.chunks import ChunkError, check_chunk, chunk_key, read_rows
 from ..core.dataset_format import FormatError
 from ..core.links import IntervalChecker, Violation
-from ..core.schema import Schema
+from ..core.schema import Schema, field_names
 from ..core.store import Location, bounded, get_many
 from .arrow_bridge import ArrowStream, table_batches
 
@@ -283,7 +283,7 @@ class Dataset:
                     progress(len(part))
         return report
 
-    def to_batches(self, table: str, batch_size: int = 65_536, fields: list[str] | None = None,
+    def to_batches(self, table: str, batch_size: int = 65_536, fields: list[str] | str | None = None,
                    join: dict[str, str] | None = None, row_index: str | None = None) -> ArrowStream:
         """`table` in row order as an Arrow stream (see `zarrfeed.loader.arrow_bridge.table_batches`): iterate it for
         RecordBatches, or pass it to polars, DuckDB or pyarrow, which read its Arrow C stream.
@@ -291,18 +291,18 @@ class Dataset:
         Args:
             table: The table to read.
             batch_size: Rows per RecordBatch (default 65,536).
-            fields: The fields to read, in this order (default all).
+            fields: The fields to read, in this order (default all; one name reads one field).
             join: Child tables to nest, each with the interval field that points at it
                 (`{"agents": "agent_index_interval"}`): a list<struct> column of each row's child rows.
             row_index: The name of a column to add holding each row's index in the table (default: none).
         """
         return table_batches(self, table, batch_size, fields, join, row_index)
 
-    def to_arrow(self, table: str, fields: list[str] | None = None) -> pa.Table:
+    def to_arrow(self, table: str, fields: list[str] | str | None = None) -> pa.Table:
         """All committed rows of `table` as one Arrow table."""
         return self.to_batches(table, fields=fields).read_all()
 
-    def to_dask(self, table: str, chunks_per_partition: int = 8, fields: list[str] | None = None) -> Any:
+    def to_dask(self, table: str, chunks_per_partition: int = 8, fields: list[str] | str | None = None) -> Any:
         """`table`'s committed rows as a dask DataFrame: one partition per `chunks_per_partition` chunks, each
         read through the Arrow bridge on whichever worker computes it (pyarrow-backed columns; subarray
         fields are fixed-size lists). The rows are those of this dataset's commit, pinned, so every partition
@@ -312,11 +312,12 @@ class Dataset:
 
         if table not in self.tables:
             raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.tables)})")
+        names = field_names(self[table].dtype, fields)
         c = self[table].chunks[0] * max(1, chunks_per_partition)
         n = self.rows[table]
-        pieces = [_Partition(self.location, self.commit, table, a, min(a + c, n), fields)
-                  for a in range(0, n, c)] or [_Partition(self.location, self.commit, table, 0, 0, fields)]
-        meta = records_to_arrow(np.zeros(0, self[table].dtype), fields).to_pandas(types_mapper=pd.ArrowDtype)
+        pieces = [_Partition(self.location, self.commit, table, a, min(a + c, n), names)
+                  for a in range(0, n, c)] or [_Partition(self.location, self.commit, table, 0, 0, names)]
+        meta = records_to_arrow(np.zeros(0, self[table].dtype), names).to_pandas(types_mapper=pd.ArrowDtype)
         divisions = [p.start for p in pieces] + [max(n - 1, 0)]
         return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)
 

@@ -8,8 +8,32 @@ column: an array of shape (n, *subarray shape) that `torch.from_numpy`, `jax.dlp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from ..core.schema import field_names
+
+
+class TransformOutputError(TypeError):
+    """A transform's output does not fit the batch slots (not a dict of arrays, other keys, another dtype or
+    shape than the first batch's): zarrfeed's own check, whose message says all there is, so it reaches the
+    user as one line naming the transform, without a traceback through zarrfeed's worker."""
+
+
+def transform_name(fn: Any) -> str:
+    """The name messages give a transform: its function's qualified name, a server transform's name, the
+    function under `dtypes=` or a `functools.partial`."""
+    for _ in range(8):  # wrappers: dtypes= (then), functools.partial (func)
+        inner = getattr(fn, "then", None) or getattr(fn, "func", None)
+        if inner is None:
+            break
+        fn = inner
+    name = getattr(fn, "name", None)  # zarrfeed.transforms.NamedTransform
+    if isinstance(name, str):
+        return name
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return qualname.rsplit("<locals>.", 1)[-1]  # where a function defined in a function was defined: noise
 
 
 @dataclass(frozen=True)
@@ -39,15 +63,9 @@ class Layout:
         self.slot_bytes = max(base, 64)
 
     @classmethod
-    def of_records(cls, dtype: np.dtype, fields: list[str] | None, capacity: int) -> "Layout":
+    def of_records(cls, dtype: np.dtype, fields: list[str] | str | None, capacity: int) -> "Layout":
         """Columns for `fields` (all by default) of records of `dtype`."""
-        names = list(dtype.names or ()) if fields is None else list(fields)
-        unknown = [n for n in names if n not in (dtype.names or ())]
-        if unknown:
-            raise ValueError(f"fields: no field {unknown[0]!r} (fields: {', '.join(dtype.names or ())})")
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:  # each would be a column of its own in every ring slot, for the same values
-            raise ValueError(f"fields: {twice[0]!r} is named more than once")
+        names = field_names(dtype, fields)  # a field named twice would be two columns in every ring slot
         cols = []
         for n in names:
             sub, offset = dtype[n], int(dtype.fields[n][1])  # type: ignore[index]  # names checked above
@@ -73,14 +91,15 @@ class Layout:
         return out
 
     def check(self, arrays: dict[str, np.ndarray], batch: int, rows: int) -> None:
-        """Raise ValueError unless `arrays` fit this layout (a transform output against the first one)."""
+        """Raise TransformOutputError unless `arrays` fit this layout (a transform output against the first one)."""
         names = [c.name for c in self.columns]
         if list(arrays) != names:
-            raise ValueError(f"transform output of batch {batch} has keys {list(arrays)}, "
-                             f"but the first batch's had {names}")
+            raise TransformOutputError(f"transform output of batch {batch} has keys {list(arrays)}, "
+                                       f"but the first batch's had {names}")
         for c in self.columns:
             a = arrays[c.name]
             if not isinstance(a, np.ndarray) or a.dtype != c.dtype or a.shape != (rows, *c.shape):
                 got = f"{a.dtype}{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
-                raise ValueError(f"transform output {c.name!r} of batch {batch} is {got}, expected "
-                                 f"{c.dtype}{(rows, *c.shape)} like the first batch's (first axis: the batch's rows)")
+                raise TransformOutputError(f"transform output {c.name!r} of batch {batch} is {got}, expected "
+                                           f"{c.dtype}{(rows, *c.shape)} like the first batch's (first axis: the "
+                                           "batch's rows)")

@@ -29,7 +29,7 @@ from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit
 from ..core.chunks import ChunkError
 from . import host_cache
 from .chunk_cache import ChunkSlots
-from .layout import Layout
+from .layout import Layout, TransformOutputError, transform_name
 from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, IndexFilled, Message, TransformFailed
 from .plan import EpochPlan
 from .source import BatchSource
@@ -425,6 +425,9 @@ class Epoch:
 
     def _describe_failure(self, reply: TransformFailed) -> str:
         err, k = reply.error, reply.batch
+        if isinstance(err.exc, TransformOutputError):  # zarrfeed's check of the output: its one line says it all
+            return (f"transform {transform_name(self.run.workers.transform)!r}: {err.message} (epoch "
+                    f"{self.plan.epoch}, table '{self.source.table}')")
         chunks = sorted({int(c) for w in self.plan.batch_windows(k) for c in self.plan.windows[w]})
         return (f"transform failed on batch {k} of epoch {self.plan.epoch} (table '{self.source.table}', "
                 f"chunks {chunks}) in loader worker {reply.worker}: {err}\nworker traceback:\n{err.traceback}")

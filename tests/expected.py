@@ -94,3 +94,61 @@ def own_shared_memory() -> int:
     """How many zarrfeed memfd mappings and descriptors this process holds."""
     import os
     return len(shared_memory_held([os.getpid()]))
+
+
+def ticked(text: str, template: str, age: float, since: float) -> bool:
+    """Whether `text` ends with `template`, whose "{}" is a count of seconds read from a clock while the test
+    ran: `age` seconds when the test started timing at `since` (`time.monotonic()`), and up to the seconds
+    since then more. No test asserts text that depends on when the clock ticks: on a busy machine (or after
+    a round trip to a store) "no heartbeat for 90 s" is "91 s"."""
+    import re
+    import time
+
+    found = re.search(re.escape(template).replace(r"\{\}", r"(\d+)") + "$", text)
+    return found is not None and age - 1 <= int(found.group(1)) <= age + (time.monotonic() - since) + 1
+
+
+def session(sid: int) -> list[int]:
+    """The running processes (not zombies) of session `sid`: a test that starts a command with
+    `start_new_session=True` finds every process the command started this way, workers and fork servers
+    included, even once their parent has died and they were reparented. Other zarrfeed jobs on the machine
+    are in sessions of their own, so a test that checks only these sees only what it made."""
+    import os
+
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            pids.append(int(name))
+    return pids
+
+
+def dev_shm_held(pids) -> list[str]:
+    """zarrfeed's files under /dev/shm mapped or open in these processes, as "pid: path" (its shared memory is
+    in memfds: a /dev/shm file would outlive a crash; multiprocessing's semaphores are there too, and not
+    zarrfeed's). Asked of the test's own processes while they run, not of /dev/shm's listing, which holds
+    every user's files."""
+    import os
+    from pathlib import Path
+
+    held = []
+    for pid in pids:
+        proc = Path(f"/proc/{pid}")
+        try:
+            held += [f"{pid}: {line.split(None, 5)[-1]}" for line in proc.joinpath("maps").read_text().splitlines()
+                     if " /dev/shm/" in line and "zarrfeed" in line]
+            for fd in proc.joinpath("fd").iterdir():
+                try:
+                    if os.readlink(fd).startswith("/dev/shm/") and "zarrfeed" in os.readlink(fd):
+                        held.append(f"{pid}: {os.readlink(fd)}")
+                except OSError:  # closed meanwhile
+                    pass
+        except (FileNotFoundError, ProcessLookupError, PermissionError):  # exited meanwhile
+            continue
+    return held

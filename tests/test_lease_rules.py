@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 import uuid
 
 import pytest
+from expected import ticked
 from zarrfeed.writer.lease import (
     LEASE_KEY,
     LOCK_FILE,
@@ -76,9 +78,12 @@ def test_a_holders_timeout_must_be_positive_or_absent(timeout, readable):
 
 
 def test_who_is_gone_and_why(memory):
+    t0 = time.monotonic()
     assert holder(age=1).gone(60) is None  # another host, beating
-    assert holder(age=120).gone(300) == "no heartbeat for 120 s (timeout 60 s)"  # by the holder's own timeout
-    assert holder(age=50, timeout=None).gone(40) == "no heartbeat for 50 s (timeout 40 s)"  # or the taker's
+    why = holder(age=120).gone(300)  # by the holder's own timeout
+    assert why.startswith("no heartbeat for ") and ticked(why, "no heartbeat for {} s (timeout 60 s)", 120, t0)
+    why = holder(age=50, timeout=None).gone(40)  # or the taker's
+    assert why.startswith("no heartbeat for ") and ticked(why, "no heartbeat for {} s (timeout 40 s)", 50, t0)
     assert holder(age=50, timeout=None).gone(60) is None
     assert holder(age=59).gone(1) is None and holder(age=61).gone(1000) is not None
     pid = dead_pid()
@@ -95,14 +100,18 @@ def test_who_is_gone_and_why(memory):
 
 
 def test_a_holder_and_a_refusal_say_who_and_how_long(memory):
+    t0 = time.monotonic()
     h = holder(age=125)
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.started))
-    assert str(h) == f"pid 4242 on another-host (since {since}, last heartbeat 125 s ago)"
+    head = f"pid 4242 on another-host (since {since}, last heartbeat "
+    assert str(h).startswith(head) and ticked(str(h), f"{head}{{}} s ago)", 125, t0)
     assert str(holder(age=-30)).endswith("last heartbeat 0 s ago)")  # a clock ahead: not negative
     loc = Location.of(memory)
     msg = str(_refuse(loc, h, 10))
-    assert msg == (f"{loc}: being written by {h}; wait for it to finish, or stop it (a lease whose holder died "
-                   "is taken over at once on the same host, otherwise after 60 s without a heartbeat)")
+    tail = ("; wait for it to finish, or stop it (a lease whose holder died is taken over at once on the same "
+            "host, otherwise after 60 s without a heartbeat)")
+    assert msg.startswith(f"{loc}: being written by {head}") and msg.endswith(tail)
+    assert ticked(msg.removesuffix(tail), f"{head}{{}} s ago)", 125, t0)
     assert isinstance(_refuse(loc, h, 10), LeaseHeld) and isinstance(_refuse(loc, h, 10), FormatError)
     assert "after 10 s without" in str(_refuse(loc, holder(timeout=None), 10))
     assert str(_refuse(loc, None, 10)).startswith(f"{loc}: being written by another writer; ")
@@ -244,8 +253,10 @@ def test_a_lease_not_renewed_for_nearly_its_timeout_stops_its_writer(tmp_path):
         time.sleep(0.2)
         lease.check()
     with Lease(loc, timeout=1.0, interval=0.45) as lease:  # unrenewed for more than timeout - 2 heartbeats
+        lease._stop.set()  # no beat from here on, however slowly this test runs (a busy machine: a beat at 0.45 s
+        lease._thread.join()  # renewed it before the check, which then found it fresh)
         time.sleep(0.3)
-        with pytest.raises(LeaseLost, match=r"has not been renewed for 0 s \(the store did not answer, or this "
+        with pytest.raises(LeaseLost, match=r"has not been renewed for \d+ s \(the store did not answer, or this "
                                             r"process was paused\), so another writer may have taken it over; "
                                             "stopped before writing$"):
             lease.check()
@@ -297,6 +308,45 @@ def test_a_local_lease_refused_by_the_lock_of_another_process(tmp_path):
         pass
 
 
+def test_a_stopped_local_holder_is_not_promised_a_takeover_that_never_comes(tmp_path):
+    """Issue 35: a SIGSTOPped writer keeps its file lock, so its lease is not taken over while it lives, however
+    long it is silent; the refusal promised a takeover "after 1 s without a heartbeat" all the same. It says
+    what is true: the holder is alive but silent, how to resume it, and that only its exit frees the lease."""
+    loc = Location.of(tmp_path / "d.zarr")
+    code = ("import sys; from zarrfeed.writer.lease import Lease; from zarrfeed.core.store import Location\n"
+            f"Lease(Location.of({str(tmp_path / 'd.zarr')!r}), timeout=1, interval=0.1).acquire()\n"
+            "print('held', flush=True); sys.stdin.readline()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(LeaseHeld) as held:  # beating: it is taken over when its process exits
+            Lease(loc, timeout=1).acquire()
+        assert str(held.value).startswith(f"{loc}: being written by pid {child.pid} on {HOST} (since ")
+        assert str(held.value).endswith("; wait for it to finish, or stop it (its lease is taken over as soon as "
+                                        "its process exits)")
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        while time.time() - Holder.parse((tmp_path / "d.zarr" / LEASE_KEY).read_bytes()).heartbeat <= 1.5:
+            assert time.monotonic() < deadline, "the stopped holder's heartbeat did not age"
+            time.sleep(0.1)
+        for _ in range(2):  # silent past its timeout, and still not taken over
+            with pytest.raises(LeaseHeld) as held:
+                Lease(loc, timeout=1).acquire()
+            msg = str(held.value)
+            assert msg.startswith(f"{loc}: being written by pid {child.pid} on {HOST} (since "), msg
+            assert "without a heartbeat" not in msg and "after 1 s" not in msg, msg
+            assert msg.endswith(", which is alive but has not renewed its lease for longer than its 1 s timeout "
+                                f"(stopped? `kill -CONT {child.pid}` resumes it); its lease is taken over only once "
+                                "that process exits: let it go on, or stop it"), msg
+            time.sleep(1.1)
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+        child.wait()
+    with Lease(loc, timeout=1):  # and once it has exited, at once
+        pass
+
+
 # ---------------------------------------------------------------- other fsspec stores (exclusive create)
 def test_a_lease_on_a_store_with_exclusive_create(memory, caplog):
     loc = Location.of(memory)
@@ -311,11 +361,12 @@ def test_a_lease_on_a_store_with_exclusive_create(memory, caplog):
     assert not lease.confirm() and lease.lost
     lease.release()
     assert Holder.parse(fs.cat_file(path)).token == "other"  # not its document: left alone
+    t0 = time.monotonic()
     fs.pipe_file(path, holder(age=300, token="stale").encode())
     with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"), Lease(loc, timeout=60) as taker:
         assert Holder.parse(fs.cat_file(path)).token == taker.holder.token
     assert any("took over the write lease of pid 4242 on another-host" in m and
-               m.endswith("no heartbeat for 300 s (timeout 60 s)") for m in caplog.messages)
+               ticked(m, "no heartbeat for {} s (timeout 60 s)", 300, t0) for m in caplog.messages)
     assert not fs.exists(path)  # released: its own document removed
     fs.pipe_file(path, b"junk")
     with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"), Lease(loc, timeout=60):
@@ -357,12 +408,13 @@ def test_an_s3_lease_taken_renewed_and_released(s3, caplog):
     lease.release()
     assert not fs.exists(key)
     # a stale holder is taken over (conditional on the ETag read), with why
+    t0 = time.monotonic()
     fs.pipe(key, holder(age=90, token="stale").encode())
     with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"), Lease(loc, timeout=60) as taker:
         assert Holder.parse(fs.cat(key)).token == taker.holder.token
         fs.pipe(key, holder(token="thief").encode())  # then taken from it
         assert not taker.confirm() and taker.lost
-    assert any(m.endswith("no heartbeat for 90 s (timeout 60 s)") for m in caplog.messages)
+    assert any(ticked(m, "no heartbeat for {} s (timeout 60 s)", 90, t0) for m in caplog.messages)
     assert Holder.parse(fs.cat(key)).token == "thief"  # its release left the new holder's document
     fs.pipe(key, b"junk")
     with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"), Lease(loc, timeout=60) as taker:
@@ -401,10 +453,12 @@ def test_a_document_without_a_timeout_is_judged_by_the_takers(kind, tmp_path, me
         Lease(loc, timeout=45).acquire()
     assert str(held.value).startswith(f"{loc}: being written by pid 4242 on another-host (since ")
     assert str(held.value).endswith("otherwise after 45 s without a heartbeat)")
+    t0 = time.monotonic()
     put(holder(age=90, **LEGACY).encode())
     with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"), Lease(loc, timeout=45) as lease:
         assert lease.holder.timeout == 45 and Holder.parse(lease.holder.encode()).timeout == 45
-    assert [m for m in caplog.messages if "took over" in m][-1].endswith(": no heartbeat for 90 s (timeout 45 s)")
+    assert ticked([m for m in caplog.messages if "took over" in m][-1], ": no heartbeat for {} s (timeout 45 s)", 90,
+                  t0)
 
 
 @pytest.mark.parametrize("kind", ["local", "memory", "s3"])
@@ -487,14 +541,15 @@ def test_a_local_lease_on_a_path_not_made_yet_and_two_datasets_in_one_process(tm
 
 def test_a_local_lease_whose_document_is_gone_is_still_this_processes(tmp_path):
     """The registry of this process's leases refuses a second writer even when the document is gone (the
-    lock file does not exclude within a process); and the refusal says 'another writer' by the taker's timeout."""
+    lock file does not exclude within a process); and the refusal says 'another writer', and no timeout after
+    which it would be taken over: the registry holds it until it is released, however silent (issue 35)."""
     loc = Location.of(tmp_path / "d.zarr")
     with Lease(loc, timeout=60):
         (tmp_path / "d.zarr" / LEASE_KEY).unlink()
         with pytest.raises(LeaseHeld) as held:
             Lease(loc, timeout=30).acquire()
-        assert str(held.value).startswith(f"{loc}: being written by another writer; ")
-        assert "after 30 s without a heartbeat" in str(held.value)
+        assert str(held.value) == (f"{loc}: being written by another writer; wait for it to finish, or stop it "
+                                   "(its lease is taken over as soon as its process exits)")
 
 
 def test_a_released_local_lease_lets_another_process_in(tmp_path):

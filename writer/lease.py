@@ -172,13 +172,25 @@ class Holder:
                 f"{max(0.0, time.time() - self.heartbeat):.0f} s ago)")
 
 
-def _refuse(location: Location, holder: Holder | None, timeout: float) -> LeaseHeld:
+def _refuse(location: Location, holder: Holder | None, timeout: float, locked: bool = False) -> LeaseHeld:
+    """The refusal, saying when the lease can be taken over. `locked`: a local lease whose file lock a live
+    process holds, which only that process's exit releases: no timeout applies, however long it is silent (a
+    SIGSTOPped writer keeps it), so none is promised."""
     who = str(holder) if holder else "another writer"
     if holder is not None and holder.timeout is not None:
         timeout = holder.timeout
-    return LeaseHeld(f"{location}: being written by {who}; wait for it to finish, or stop it "
-                     "(a lease whose holder died is taken over at once on the same host, otherwise after "
-                     f"{timeout:.0f} s without a heartbeat)")
+    if not locked:
+        return LeaseHeld(f"{location}: being written by {who}; wait for it to finish, or stop it "
+                         "(a lease whose holder died is taken over at once on the same host, otherwise after "
+                         f"{timeout:.0f} s without a heartbeat)")
+    silent = holder is not None and time.time() - holder.heartbeat > timeout
+    if silent and holder is not None and holder.host == socket.gethostname() \
+            and _process_start(holder.pid) == holder.pid_start:
+        return LeaseHeld(f"{location}: being written by {who}, which is alive but has not renewed its lease for "
+                         f"longer than its {timeout:.0f} s timeout (stopped? `kill -CONT {holder.pid}` resumes it); "
+                         "its lease is taken over only once that process exits: let it go on, or stop it")
+    return LeaseHeld(f"{location}: being written by {who}; wait for it to finish, or stop it (its lease is taken "
+                     "over as soon as its process exits)")
 
 
 def _rejected(exc: OSError) -> bool:
@@ -351,11 +363,11 @@ class _FileBackend(_Backend):
     def take(self, me: Holder, timeout: float) -> tuple[Holder | None, str] | None:
         with _held_lock:
             if self.key in _held_here:
-                raise _refuse(self.location, self._doc(), timeout)
+                raise _refuse(self.location, self._doc(), timeout, locked=True)
             self.dir.mkdir(parents=True, exist_ok=True)
             lock = fasteners.InterProcessLock(str(self.dir / LOCK_FILE))
-            if not lock.acquire(blocking=False):
-                raise _refuse(self.location, self._doc(), timeout)
+            if not lock.acquire(blocking=False):  # a live process holds it: its exit alone releases it
+                raise _refuse(self.location, self._doc(), timeout, locked=True)
             previous = self._doc()
             # the document, not the lock file, is the truth: a lock file someone deleted admits a second
             # writer, whose lock is on a new file, while the holder it names is alive and beating

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .schema import dtype_from_descr
+from .schema import dtype_from_descr, field_names
 
 DTYPE_KEY = b"zarrfeed.dtype"
 
@@ -44,12 +44,12 @@ def _field_type(name: str, sub: np.dtype) -> pa.DataType:
     return t
 
 
-def arrow_schema(dtype: np.dtype, fields: list[str] | None = None) -> pa.Schema:
+def arrow_schema(dtype: np.dtype, fields: list[str] | str | None = None) -> pa.Schema:
     """The Arrow schema of records of `dtype` (only `fields`, if given), with the dtype in its metadata."""
     dtype = np.dtype(dtype)
     if dtype.names is None:
         raise TypeError(f"{dtype} is not a structured dtype")
-    names = list(dtype.names) if fields is None else list(fields)
+    names = field_names(dtype, fields)
     kept = np.dtype([(n, dtype[n]) for n in names])
     return pa.schema([pa.field(n, _field_type(n, dtype[n]), nullable=False) for n in names],
                      metadata={DTYPE_KEY: json.dumps(kept.descr).encode()})
@@ -77,7 +77,7 @@ def _leaf(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def records_to_arrow(records: np.ndarray, fields: list[str] | None = None) -> pa.RecordBatch:
+def records_to_arrow(records: np.ndarray, fields: list[str] | str | None = None) -> pa.RecordBatch:
     """A structured array as a RecordBatch (each field is copied out of the interleaved records once)."""
     schema = arrow_schema(records.dtype, fields)
     return pa.RecordBatch.from_arrays([column_to_arrow(records[f.name], f.type) for f in schema], schema=schema)

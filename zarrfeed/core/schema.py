@@ -226,3 +226,26 @@ def dtype_difference(actual: np.dtype, expected: np.dtype) -> str | None:
         if a.base != e.base:
             return f"field '{name}' is {a.base.str}, expected {e.base.str}"
     return f"is {actual}, expected {expected}"
+
+
+def field_names(dtype: np.dtype, fields: Any, param: str = "fields") -> list[str]:
+    """The fields of records of `dtype` that `fields` names, in its order: all for None, a single name as a
+    list of one (`fields="centroid"` is `["centroid"]`, not its letters). ValueError naming `param` for anything
+    that is not names, an unknown field or a field named twice (each would be a column of its own)."""
+    known = list(dtype.names or ())
+    if fields is None:
+        return known
+    names = [fields] if isinstance(fields, str) else fields
+    try:
+        names = list(names)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{param}: expected a field name or a list of field names, got {fields!r}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{param}: no field {unknown[0]!r} (fields: {', '.join(known)})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{param}: {twice[0]!r} is named more than once")
+    return names

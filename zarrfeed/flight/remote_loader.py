@@ -24,7 +24,7 @@ import pyarrow.flight as flight
 from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
-from ..loader.layout import Layout
+from ..core.schema import field_names
 from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
 from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
@@ -219,7 +219,7 @@ class RemoteLoader(_RemoteFeed):
 
     def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256, seed: int = 0, shuffle: bool = True,
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
-                 fields: list[str] | None = None, drop_last: bool = False, token: str | None = None,
+                 fields: list[str] | str | None = None, drop_last: bool = False, token: str | None = None,
                  output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
@@ -229,8 +229,9 @@ class RemoteLoader(_RemoteFeed):
         if table not in tables:
             raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
         self.dtype = dtype_from_descr(tables[table]["dtype"])
+        if fields is not None:  # the loader's own checks: one name, unknown or repeated fields
+            fields = field_names(self.dtype, fields) or None
         if fields:
-            Layout.of_records(self.dtype, list(fields), 1)  # the loader's own checks: unknown or repeated fields
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
         if row_ids:  # the server's Loader adds it (and refuses a table with a field of that name)
             self.dtype = np.dtype(self.dtype.descr + [(ROW_ID, "<i8")])
@@ -283,26 +284,24 @@ class RemoteWindowLoader(_RemoteFeed):
 
 
 class _RemoteSamples(_RemoteFeed):
-    """L5Kit samples from the server: what both remote sample loaders share."""
+    """L5Kit samples from the server: what both remote sample loaders share. `selection` holds the agents
+    mask's options (`threshold`, `min_history`, `min_future`), which only agent samples take."""
 
     KIND = ""
     TABLE = ""
 
-    def __init__(self, url: str, history: int = 10, future: int = 50, *, step_time: float = 0.1,
-                 threshold: float = 0.5, min_history: int = 10, min_future: int = 1, batch_size: int = 32,
-                 shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                 token: str | None = None, output: str = "numpy", transform: str | None = None,
-                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+    def _start(self, url: str, history: int, future: int, step_time: float, selection: dict[str, Any],
+               batch_size: int, shuffle: bool, seed: int, shuffle_window: int | None, rank: int, world_size: int,
+               drop_last: bool, token: str | None, output: str, transform: str | None,
+               transform_args: dict[str, Any] | None, tls_root_certs: bytes | None, timeout: float,
+               reconnect_timeout: float, dataset: str | None) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                             shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
         self._ticket = Ticket(self.TABLE, plan, None, self.commit, kind=self.KIND, history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
-                              step_time=step_time, threshold=threshold, min_history=min_history,
-                              min_future=min_future)
+                              step_time=step_time, **selection)
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
@@ -328,10 +327,23 @@ class RemoteAgentSampleLoader(_RemoteSamples):
 
     KIND, TABLE = "agents", "agents"
 
+    def __init__(self, url: str, history: int = 10, future: int = 50, *, step_time: float = 0.1,
+                 threshold: float = 0.5, min_history: int = 10, min_future: int = 1, batch_size: int = 32,
+                 shuffle: bool = True, seed: int = 0,
+                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                 token: str | None = None, output: str = "numpy", transform: str | None = None,
+                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+        self._start(url, history, future, step_time,
+                    dict(threshold=threshold, min_history=min_history, min_future=min_future), batch_size,
+                    shuffle, seed, shuffle_window, rank, world_size, drop_last, token, output, transform,
+                    transform_args, tls_root_certs, timeout, reconnect_timeout, dataset)
+
 
 class RemoteEgoSampleLoader(_RemoteSamples):
     """`EgoSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
-    yields them. Reconnects as `RemoteLoader` does.
+    yields them. Reconnects as `RemoteLoader` does. As `EgoSampleLoader`, it takes no `threshold`,
+    `min_history` or `min_future`: the ego is sampled at every frame, with no agents mask.
 
     Options as `RemoteLoader` (except `table`, `fields` and `row_ids`), plus:
 
@@ -339,11 +351,18 @@ class RemoteEgoSampleLoader(_RemoteSamples):
         history: As `EgoSampleLoader`'s: past frames of each sample (default 10).
         future: As `EgoSampleLoader`'s: future frames of each sample (default 50).
         step_time: As `EgoSampleLoader`'s: seconds between two frames (default 0.1).
-        threshold: Not used for the ego: sent with the request, and not passed to the server's `EgoSampleLoader`.
-        min_history: Not used for the ego (as `threshold`).
-        min_future: Not used for the ego (as `threshold`).
         batch_size: Samples per batch (default 32).
         shuffle_window: As `EgoSampleLoader`'s; None: its default (4).
     """
 
     KIND, TABLE = "ego", "frames"
+
+    def __init__(self, url: str, history: int = 10, future: int = 50, *, step_time: float = 0.1,
+                 batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                 token: str | None = None, output: str = "numpy", transform: str | None = None,
+                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+        self._start(url, history, future, step_time, {}, batch_size, shuffle, seed, shuffle_window, rank,
+                    world_size, drop_last, token, output, transform, transform_args, tls_root_certs, timeout,
+                    reconnect_timeout, dataset)

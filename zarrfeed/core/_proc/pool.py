@@ -13,6 +13,7 @@ Pipes rather than queues, and the standard library's C pickler rather than the p
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -22,7 +23,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import multiprocess as mp
 
@@ -120,6 +121,8 @@ def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
     import numcodecs.blosc
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
+    if hasattr(signal, "pthread_sigmask"):  # started with it held back (see `sigint_held`): ignored from here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     numcodecs.blosc.set_nthreads(blosc_threads)
     numcodecs.blosc.use_threads = blosc_threads > 1
     try:
@@ -226,6 +229,37 @@ def _one_line_if_uncaught(exc: BaseException) -> None:
     sys.excepthook = hook
 
 
+@contextlib.contextmanager
+def sigint_held(tracker: bool) -> Iterator[None]:
+    """Ctrl+C held back (SIGINT blocked in this thread) while processes are started. A terminal's Ctrl+C goes
+    to every process of the command, and a fork server or a worker still importing its modules (the fork
+    server preloads numpy and zarr for about half a second) would print a KeyboardInterrupt traceback of its
+    own. A started process inherits the blocked signal: a worker ignores it (`_serve`), the fork server too
+    (it ignores SIGINT once it has preloaded; as the standard library's resource tracker is started), and this
+    thread receives it as soon as the processes are started, as the command's interrupt. `tracker`: start
+    multiprocess's resource tracker first, as "forkserver" and "spawn" do when they start a process, for its
+    start unblocks SIGINT when it is done."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    if tracker:
+        from multiprocess import resource_tracker
+
+        resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _ensure_fork_server() -> None:
+    from multiprocess import forkserver  # the same module as the context's: its lock makes this safe
+
+    with sigint_held(tracker=True):
+        forkserver.ensure_running()
+
+
 def context(start_method: str | None, setup: Callable | None = None) -> Any:
     """The multiprocessing context for workers: `start_method`, or by default "forkserver" where there is
     one. Why not "fork", the fastest: the process that starts workers has threads (the writer's lease
@@ -249,9 +283,7 @@ def start_fork_server(start_method: str | None, setup: Callable) -> None:
     when made, so the server starts while the training script builds its model."""
     ctx = context(start_method, setup)
     if ctx.get_start_method() == "forkserver":
-        from multiprocess import forkserver  # the same module as the context's: its lock makes this safe
-
-        threading.Thread(target=forkserver.ensure_running, name="zarrfeed-forkserver", daemon=True).start()
+        threading.Thread(target=_ensure_fork_server, name="zarrfeed-forkserver", daemon=True).start()
 
 
 class WorkerPool:
@@ -276,7 +308,8 @@ class WorkerPool:
         self.procs[wid] = self._ctx.Process(
             target=_serve, name=f"{self.name}-{wid}", daemon=True,
             args=(wid, theirs, os.getpid(), self._threads, self._setup, self._args))
-        self.procs[wid].start()
+        with sigint_held(tracker=self._ctx.get_start_method() != "fork"):  # ours, once the worker started
+            self.procs[wid].start()
         theirs.close()
         self._poller = None  # register the new pipe and sentinel at the next receive
 
