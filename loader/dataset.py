@@ -123,7 +123,7 @@ class Dataset:
         tables = {name: arrays[name] if name in arrays else dataset_format.empty_table(table)
                   for name, table in schema.tables.items()}
         doc = dataset_format.read_manifest(group.store, commit)
-        rows = {name: (doc["committed"].get(name, 0) if doc else arr.shape[0]) for name, arr in tables.items()}
+        rows = {name: (doc["committed"][name] if doc else arr.shape[0]) for name, arr in tables.items()}
         for name, n in rows.items():
             if n > tables[name].shape[0]:
                 raise FormatError(f"table '{name}': {n} rows committed but the array holds {tables[name].shape[0]}")

@@ -143,7 +143,7 @@ class Committer:
         if doc is None:  # written by another tool: its shapes are its rows
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
             return found, {n: group[n].shape[0] for n in found.tables}
-        committed = {name: doc["committed"].get(name, 0) for name in found.tables}  # as readers count them
+        committed = {name: doc["committed"][name] for name in found.tables}  # every table's (read_manifest checks)
         for name, n in committed.items():  # checked before anything changes, as a reader refuses it
             if n > group[name].shape[0]:
                 raise FormatError(f"{self.location}: table '{name}': {n} rows committed but the array holds "

@@ -84,12 +84,13 @@ def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", **kwar
     return arr
 
 
-def _parse(raw: Any, key: str) -> dict[str, Any]:
+def _parse(raw: Any, key: str, tables: list[str] | None = None) -> dict[str, Any]:
+    """The manifest stored under `key`, checked; or with `tables` (the manifest's tables), a numbered commit."""
     try:
         doc = json.loads(bytes(raw))
     except (ValueError, TypeError) as exc:
         raise FormatError(f"{key}: unreadable manifest ({exc})") from None
-    why = _manifest_problem(doc)
+    why = _manifest_problem(doc) if tables is None else _commit_problem(doc, tables)
     if why:
         raise FormatError(f"{key}: {why}; the manifest is damaged (restore it from a copy, or rewrite the dataset)")
     doc.setdefault("commit", 0)
@@ -121,14 +122,18 @@ def _manifest_problem(doc: Any) -> str | None:
         return f"field 'digest' is {doc['digest']!r}, not a digest this zarrfeed computes ({DIGEST})"
     if "dataset_id" in doc and not isinstance(doc["dataset_id"], str):
         return f"field 'dataset_id' is {doc['dataset_id']!r}, not a string"
-    if "schema" in doc:
-        if not isinstance(doc["schema"], dict) or not isinstance(doc["schema"].get("attrs", {}), dict):
-            return "field 'schema' is not an object" if not isinstance(doc["schema"], dict) else \
-                "field 'schema.attrs' is not an object"
-        try:
-            Schema.from_json(doc["schema"])
-        except Exception as exc:  # any malformed part: a missing key, a wrong type, an unknown dtype or codec
-            return f"field 'schema' is not a zarrfeed schema ({type(exc).__name__}: {exc})"
+    if "schema" not in doc:  # every zarrfeed manifest holds one: readers take the tables from it
+        return "field 'schema' is missing"
+    if not isinstance(doc["schema"], dict) or not isinstance(doc["schema"].get("attrs", {}), dict):
+        return "field 'schema' is not an object" if not isinstance(doc["schema"], dict) else \
+            "field 'schema.attrs' is not an object"
+    try:
+        schema = Schema.from_json(doc["schema"])
+    except Exception as exc:  # any malformed part: a missing key, a wrong type, an unknown dtype or codec
+        return f"field 'schema' is not a zarrfeed schema ({type(exc).__name__}: {exc})"
+    why = _tables_problem(doc["committed"], list(schema.tables))
+    if why:
+        return why
     journal = doc.get("journal", {})
     if not isinstance(journal, dict):
         return f"field 'journal' is {journal!r}, not an object"
@@ -156,6 +161,30 @@ def _manifest_problem(doc: Any) -> str | None:
             and _count(r.get("entries")) for r in log):
         return "field 'log' is not a list of log segments ({key, level, entries})"
     return None
+
+
+def _tables_problem(committed: dict[str, Any], tables: list[str]) -> str | None:
+    """A commit must count the rows of every table of the schema, and of no other: a table it leaves out would
+    read as empty, and a writer would append to it from row 0 over the rows it holds."""
+    for table in tables:
+        if table not in committed:
+            return f"field 'committed' has no row count for table '{table}'"
+    for table in committed:
+        if table not in tables:
+            return f"field 'committed.{table}' counts the rows of a table the schema does not have"
+    return None
+
+
+def _commit_problem(doc: Any, tables: list[str]) -> str | None:
+    """What is wrong with the shape of a numbered commit of a dataset whose schema has `tables`, or None."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("committed"), dict):
+        return "field 'committed' is missing or not an object"
+    for table, n in doc["committed"].items():
+        if not _count(n):
+            return f"field 'committed.{table}' is {n!r}, not a row count (a whole number >= 0)"
+    if not _count(doc.get("commit")):
+        return f"field 'commit' is {doc.get('commit')!r}, not a commit number (a whole number >= 0)"
+    return _tables_problem(doc["committed"], tables)
 
 
 def _key(value: Any) -> bool:
@@ -188,10 +217,13 @@ def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> d
     if commit > doc["commit"]:
         raise FormatError(f"commit {commit}: the latest commit is {doc['commit']}")
     try:
-        pinned = _parse(store[commit_key(commit)], commit_key(commit))
+        pinned = _parse(store[commit_key(commit)], commit_key(commit), list(doc["schema"]["tables"]))
     except KeyError:
         raise FormatError(f"commit {commit}: no longer kept (the dataset keeps its last {KEEP_COMMITS} commits; "
                           f"the latest is {doc['commit']})") from None
+    if pinned["commit"] != commit:
+        raise FormatError(f"{commit_key(commit)}: field 'commit' is {pinned['commit']}, not the number its name says; "
+                          "the commit is damaged (restore it from a copy)")
     return {**doc, "commit": commit, "committed": pinned["committed"]}
 
 
