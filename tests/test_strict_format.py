@@ -81,3 +81,61 @@ def test_a_pinned_commit_must_count_every_table(ds_path):
     edit(first, lambda d: d.update(commit=2, committed={t: 0 for t in CHUNKS}))
     with pytest.raises(FormatError, match=r"^zarrfeed.commits/0000000001.json: field 'commit' is 2, not the number"):
         Dataset.open(ds_path, commit=1)
+
+
+def test_a_negative_chunk_size_in_a_zarray_is_refused_by_every_command(ds_path, capsys):
+    """`chunks: [-500]` in agents/.zarray passed `validate` and loaded 0 rows with exit 0 (the same value in the
+    manifest was refused)."""
+    edit(ds_path / "agents" / ".zarray", lambda d: d.update(chunks=[-500]))
+    before = stored(ds_path)
+    line = ("table 'agents': agents/.zarray: field 'chunks' is [-500], not [rows per chunk] (one whole number "
+            ">= 1); the array's metadata is damaged (restore it from a copy)")
+    with pytest.raises(FormatError) as err:
+        Dataset.open(ds_path)
+    assert str(err.value) == line
+    for command in (["validate", "-q"], ["load", "-q"], ["info"]):
+        capsys.readouterr()
+        assert main([*command, str(ds_path)]) == 2, command
+        assert capsys.readouterr().err == f"zarrfeed: error: {line}\n"
+    assert append(ds_path, capsys) == (2, f"zarrfeed: error: {line}\n")
+    assert stored(ds_path) == before
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("chunks", [0], "field 'chunks' is [0], not [rows per chunk] (one whole number >= 1)"),
+    ("chunks", [500.5], "field 'chunks' is [500.5], not [rows per chunk]"),
+    ("chunks", [True], "field 'chunks' is [True], not [rows per chunk]"),
+    ("chunks", [500, 1], "field 'chunks' is [500, 1], not [rows per chunk]"),
+    ("chunks", [1000], "field 'chunks' is [1000], but the manifest's schema has 500 rows per chunk"),
+    ("shape", [-5], "field 'shape' is [-5], not [rows] (one whole number >= 0)"),
+    ("shape", ["1810"], "field 'shape' is ['1810'], not [rows]"),
+    ("order", "X", "field 'order' is 'X', not 'C' or 'F'"),
+    ("dimension_separator", "x", "field 'dimension_separator' is 'x', not '.' or '/'"),
+    ("zarr_format", 3, "field 'zarr_format' is 3, not 2"),
+    ("compressor", 5, "field 'compressor' is 5, not a codec"),
+    ("compressor", {"id": "blosc", "cname": "zz", "clevel": 5, "shuffle": 1},
+     "field 'compressor' is {'id': 'blosc', 'cname': 'zz', 'clevel': 5, 'shuffle': 1}, a codec that cannot be used"),
+    ("filters", 5, "field 'filters' is 5, not a list of codecs"),
+    ("filters", [{"id": "delta", "dtype": "<i8"}], "field 'filters' is {'id': 'delta', 'dtype': '<i8'}, a codec "
+                                                   "that cannot be used"),
+    ("fill_value", "AAAA", "field 'fill_value' holds 3 bytes, not one record of 116"),
+    ("fill_value", 7, "field 'fill_value' is 7, not base64 of one record, or null"),
+    ("fill_value", "A!!A", "field 'fill_value' is 'A!!A', not base64 of one record, or null"),
+])
+def test_each_field_of_a_zarray_that_zarrfeed_relies_on_is_checked_on_open(ds_path, field, value, why):
+    """Each of these opened (and most read as rows, or failed later as a bare ValueError/TypeError or a chunk
+    "truncated or corrupt")."""
+    edit(ds_path / "agents" / ".zarray", lambda d: d.update({field: value}))
+    with pytest.raises(FormatError) as err:
+        Dataset.open(ds_path)
+    assert str(err.value).startswith(f"table 'agents': agents/.zarray: {why}"), str(err.value)
+    assert str(err.value).endswith("; the array's metadata is damaged (restore it from a copy)")
+
+
+def test_what_zarrfeed_does_not_rely_on_stays_readable(ds_path, real_scene):
+    """Strictness is for what zarrfeed relies on: the real scene, written by L5Kit (no manifest), opens and
+    validates; so does a table stored with '/' as its separator or with no fill value."""
+    ds = Dataset.open(real_scene)
+    assert ds.rows["agents"] == 20_802 and ds.validate().ok
+    edit(ds_path / "agents" / ".zarray", lambda d: d.update(dimension_separator="/", fill_value=None))
+    assert Dataset.open(ds_path).validate().ok

@@ -20,6 +20,7 @@ import numcodecs
 import numpy as np
 import zarr
 
+from . import array_meta
 from .commit_log import LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
 from .store import FormatError, Location, get_many
@@ -73,15 +74,40 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", **kwargs: Any) -> zarr.Array:
-    """One table's array; a broken `.zarray` becomes a `FormatError` naming the table."""
+def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", dtype: np.dtype | None = None,
+               **kwargs: Any) -> zarr.Array:
+    """One table's array (of records of `dtype`, if given); a broken `.zarray` becomes a `FormatError` naming the
+    table and the file: each field zarrfeed relies on is checked (see `array_meta`), since zarr reads a
+    negative chunk size as no chunks."""
+    key = f"{name}/.zarray"
     try:
-        arr = zarr.open_array(store, mode=mode, path=name, **kwargs)
-    except Exception as exc:
-        raise FormatError(f"table '{name}': cannot open its array ({type(exc).__name__}: {exc})") from None
-    if arr.ndim != 1 or arr.dtype.names is None:
-        raise FormatError(f"table '{name}': a {arr.ndim}-D {arr.dtype} array, not a 1-D array of structured records")
-    return arr
+        meta: Any = json.loads(bytes(store[key]))
+    except KeyError:
+        meta = None  # zarr names what is there instead (a group, nothing)
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"table '{name}': cannot open its array ({key} is not JSON: {exc}); the array's "
+                          "metadata is damaged (restore it from a copy)") from None
+    if array_meta.not_records(meta):
+        meta = None  # not a table's array (a user's mask, another tool's data): zarr says what it is, below
+    why = array_meta.layout_problem(meta) if meta is not None else None
+    if why is None:
+        try:
+            arr = zarr.open_array(store, mode=mode, path=name, **kwargs)
+        except Exception as exc:
+            raise FormatError(f"table '{name}': cannot open its array ({key}: {type(exc).__name__}: {exc})") \
+                from None
+        if arr.ndim != 1 or arr.dtype.names is None:
+            raise FormatError(f"table '{name}': a {arr.ndim}-D {arr.dtype} array, not a 1-D array of structured "
+                              "records")
+        diff = dtype_difference(arr.dtype, dtype) if dtype is not None else None
+        if diff:
+            raise FormatError(f"table '{name}': wrong dtype, it {diff}")
+        if meta is None:
+            return arr
+        why = array_meta.fill_problem(meta, arr.dtype) or array_meta.codec_problem(meta, arr.dtype)
+        if why is None:
+            return arr
+    raise FormatError(f"table '{name}': {key}: {why}; the array's metadata is damaged (restore it from a copy)")
 
 
 def _parse(raw: Any, key: str, tables: list[str] | None = None) -> dict[str, Any]:
@@ -400,9 +426,9 @@ def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, z
     names = sorted(group.array_keys())
     doc = read_manifest(group.store)
     if doc is not None:
-        wanted: set[str] | None = set(Schema.from_json(doc["schema"]).tables)
+        wanted: dict[str, Table] | None = Schema.from_json(doc["schema"]).tables
     elif {"scenes", "frames", "agents"} & set(names) or "format_version" in group.attrs:
-        wanted = set(L5KIT_SCHEMA.tables)
+        wanted = L5KIT_SCHEMA.tables
     else:
         wanted = None  # no schema to go by: every array of structured records is a table
     arrays, others = {}, {}
@@ -411,7 +437,7 @@ def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, z
             others[name] = _describe(group.store, name)
             continue
         try:
-            arrays[name] = open_table(group.store, name, mode)
+            arrays[name] = open_table(group.store, name, mode, wanted[name].dtype if wanted is not None else None)
         except FormatError as exc:
             if wanted is not None:
                 raise
@@ -452,6 +478,10 @@ def detect_schema(group: zarr.Group, arrays: dict[str, zarr.Array]) -> Schema:
         diff = dtype_difference(arrays[name].dtype, table.dtype)
         if diff:
             raise FormatError(f"table '{name}': wrong dtype, it {diff}")
+        if doc is not None and arrays[name].chunks[0] != table.chunk_rows:  # commits count chunks of the schema's
+            raise FormatError(f"table '{name}': {name}/.zarray: field 'chunks' is [{arrays[name].chunks[0]}], but the "
+                              f"manifest's schema has {table.chunk_rows} rows per chunk; the array's metadata is "
+                              "damaged (restore it from a copy)")
     return schema
 
 
