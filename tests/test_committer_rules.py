@@ -111,10 +111,13 @@ def test_appending_checks_the_schema_and_the_stored_rows(tmp_path):
 
 
 def test_appending_to_a_dataset_of_another_tool(tmp_path):
-    """No manifest: the shapes are the rows, commits start at 1, a table it lacks is made empty and writable."""
+    """No manifest: the shapes are the rows, commits start at 1, a table it lacks is made empty and writable.
+    (Its frames point at no faces: one that points at faces it lacks does not validate, and is refused.)"""
     path = tmp_path / "d.zarr"
     c = Committer(Location.of(path), commit_interval=0)
     ep = episodes(1, seed=2)[0]
+    ep["traffic_light_faces"] = ep["traffic_light_faces"][:0]
+    ep["frames"]["traffic_light_faces_index_interval"] = 0
     put(c, "a", ep)
     c.close()
     (path / dataset_format.MANIFEST_KEY).unlink()

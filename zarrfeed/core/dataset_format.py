@@ -253,20 +253,101 @@ def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> d
     return {**doc, "commit": commit, "committed": pinned["committed"]}
 
 
-def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None
-                   ) -> None:
-    """Publish commit `doc["commit"]`: the new commit log segments it lists, its row counts as an immutable
-    numbered object, then the whole manifest as one object. Each is one atomic write on every store (a PUT; a
-    temporary file renamed on local disks), and readers only ever start from the manifest, so they see the
-    old commit or the new one, never a mixture. Log segments merged into a new one are deleted by the writer
-    only once this returned (a call that timed out may still land, and must not delete what the next
-    attempt lists)."""
+def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None,
+                   retry: bool = False) -> None:
+    """Publish commit `doc["commit"]`: the new commit log segments it lists, then the whole manifest as one
+    object, then its row counts as an immutable numbered object. Each is one atomic write on every store (a
+    PUT; a temporary file renamed on local disks), and readers only ever start from the manifest, so they see
+    the old commit or the new one, never a mixture. The numbered object comes last and is created only if
+    absent (`record_commit`): so every commit object has a number the manifest reached, an existing one is
+    never rewritten, and one found above the manifest's number means the number went backwards. `retry`: this
+    writer's earlier call for the same number may have landed (it timed out), so its object is replaced. Log
+    segments merged into a new one are deleted by the writer only once this returned (a call that timed out
+    may still land, and must not delete what the next attempt lists)."""
     number = int(doc["commit"])
-    put_all(store, {**(log_objects or {}),
-                    commit_key(number): json.dumps({"commit": number, "committed": doc["committed"]}).encode()})
+    if log_objects:
+        put_all(store, dict(log_objects))
     put(store, MANIFEST_KEY, json.dumps(doc).encode())
+    record_commit(store, number, doc["committed"], replace=retry)
     if number >= KEEP_COMMITS:
         delete(store, [commit_key(number - KEEP_COMMITS)])
+
+
+def record_commit(store: zarr.storage.BaseStore, number: int, committed: dict[str, int], replace: bool = False
+                  ) -> None:
+    """Store commit `number`'s row counts as `zarrfeed.commits/<number>.json`, only if no such object exists
+    (unless `replace`); `FormatError` if one does."""
+    key, raw = commit_key(number), json.dumps({"commit": number, "committed": committed}).encode()
+    if replace:
+        put(store, key, raw)
+    elif not put_new(store, key, raw):
+        raise FormatError(f"{key}: already exists, so commit {number} was made before; {MANIFEST_KEY}'s commit "
+                          "number went backwards (restore it from a copy); nothing more is committed")
+
+
+def put_new(store: zarr.storage.BaseStore, key: str, value: bytes) -> bool:
+    """Store `key` only if it is absent; False if it is there. Atomic where the store allows: on a local disk a
+    complete temporary file hard-linked into place (the link fails if the name exists), on an fsspec store an
+    exclusive create (a conditional PUT, `If-None-Match: *`, on S3); elsewhere a check, then a write."""
+    if isinstance(store, zarr.storage.DirectoryStore):
+        path = os.path.join(store.path, *key.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{uuid.uuid4().hex}.partial"
+        with open(temporary, "wb") as f:
+            f.write(value)
+        try:
+            os.link(temporary, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: an exclusive create, then the bytes
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+            return True
+        finally:
+            os.unlink(temporary)
+    if isinstance(store, zarr.storage.FSStore):
+        try:
+            store.fs.pipe_file(store.map._key_to_str(store._normalize_key(key)), value, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError, TypeError):
+            pass  # this filesystem cannot create exclusively: check, then write
+    if key in store:
+        return False
+    store[key] = value
+    return True
+
+
+def commit_numbers(store: zarr.storage.BaseStore) -> list[int]:
+    """The numbers of the commit objects stored (`zarrfeed.commits/<number>.json`), in order."""
+    try:
+        names = store.listdir(COMMITS_PREFIX)
+    except (KeyError, FileNotFoundError):
+        return []
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+
+def history_problem(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> str | None:
+    """Whether the manifest's commit number is below what its commits have reached (a commit object, or a log
+    segment it lists, numbered above it): the number went backwards, and the next commit would take the
+    number of one made before. One line naming the file, or None."""
+    number = doc["commit"]
+    later = [n for n in commit_numbers(store) if n > number]
+    if later:
+        return (f"{commit_key(later[-1])}: commit {later[-1]} was made, but {MANIFEST_KEY} says the latest commit "
+                f"is {number}: its commit number went backwards (restore it from a copy)")
+    for ref in doc.get("log", []):
+        name = ref["key"][len(LOG_PREFIX) + 1:]
+        if name[:10].isdigit() and int(name[:10]) > number:
+            return (f"{MANIFEST_KEY}: its commit number is {number}, but it lists commit log segment {ref['key']}, "
+                    f"made by commit {int(name[:10])}: its commit number went backwards (restore it from a copy)")
+    return None
 
 
 def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
@@ -278,7 +359,18 @@ def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
     missing = [k for k in keys if k not in got]
     if missing:
         raise KeyError(missing[0])
-    return CommitLog(refs, {k: Segment.from_json(got[k], k) for k in keys})
+    contents = {k: Segment.from_json(got[k], k) for k in keys}
+    tables = doc["schema"]["tables"]
+    for ref in refs:
+        segment = contents[ref.key]
+        if len(segment) != ref.entries:
+            raise FormatError(f"{ref.key}: holds {len(segment)} entries, but {MANIFEST_KEY} lists it with "
+                              f"{ref.entries}; the commit log segment is damaged (restore it from a copy)")
+        unknown = sorted(set(segment.chunks) - set(tables))
+        if unknown:
+            raise FormatError(f"{ref.key}: records chunks of table '{unknown[0]}', which the schema does not have; "
+                              "the commit log segment is damaged (restore it from a copy)")
+    return CommitLog(refs, contents)
 
 
 def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str, Any] | None, CommitLog]:
