@@ -282,3 +282,31 @@ def test_no_append_onto_a_dataset_whose_links_do_not_validate(ds_path, capsys):
         edit(ds_path / "zarrfeed.json", lambda d: d["committed"].update(frames=60, agents=1800))
         DatasetWriter(ds_path, mode="a", workers=0)
     assert stored(ds_path) == {**before, "zarrfeed.json": (ds_path / "zarrfeed.json").read_bytes()}
+
+
+def test_a_commit_whose_object_landed_before_its_call_failed_is_published_by_the_next(tmp_path, monkeypatch):
+    """A call that failed after its commit object landed (a reply lost, a timeout): the next call for the same
+    number is this writer's own retry, and replaces the object instead of taking it for a number gone backwards."""
+    from zarrfeed.writer.committer import Committer
+
+    from zarrfeed.core import dataset_format
+
+    path = tmp_path / "d.zarr"
+    c = Committer(Location.of(path), commit_interval=0)
+    real, failed = dataset_format.record_commit, []
+
+    def reply_lost(store, number, committed, replace=False):
+        real(store, number, committed, replace)
+        if not failed:
+            failed.append(number)
+            raise OSError("the reply was lost")
+    monkeypatch.setattr(dataset_format, "record_commit", reply_lost)
+    c.place("a", {"scenes": 0})
+    with pytest.raises(OSError, match="the reply was lost"):
+        c.commit(force=True)
+    assert failed == [1] and c.commit_number == 0
+    c.commit(force=True)
+    assert c.commit_number == 1
+    c.close()
+    assert Dataset.open(path, commit=1).rows == {t: 0 for t in CHUNKS}
+    assert [str(v) for v in Dataset.open(path).validate().violations] == []
