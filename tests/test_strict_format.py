@@ -207,6 +207,17 @@ def test_a_segment_numbered_above_the_commit_is_a_commit_number_gone_backwards(d
     assert stored(ds_path) == before
 
 
+def test_one_commit_object_past_the_manifest_may_be_an_older_writers_and_the_message_says_so(ds_path, capsys):
+    """zarrfeed before these checks stored a commit's object before its manifest: a writer killed in between
+    left object N + 1 with manifest N, which reads as a number gone backwards by one. Refused all the same
+    (it cannot be told from one), with what to do if that is what happened."""
+    edit(ds_path / "zarrfeed.json", lambda d: d.update(commit=2))
+    code, err = append(ds_path, capsys)
+    assert code == 2 and err.endswith("its commit number went backwards (restore it from a copy; or, if a writer "
+                                      "older than zarrfeed's format checks was killed while committing, remove "
+                                      "zarrfeed.commits/0000000003.json); nothing is appended to it\n"), err
+
+
 def test_an_existing_commit_object_is_never_rewritten(ds_path):
     """The last guard, below the check on open: a commit object is created only if absent, on every store."""
     import zarr
