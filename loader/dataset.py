@@ -16,7 +16,7 @@ from ..core import dataset_format
 from ..core.arrow_records import records_to_arrow
 from ..core.chunks import ChunkError, check_chunk, chunk_key, read_rows
 from ..core.dataset_format import FormatError
-from ..core.links import IntervalChecker, Violation
+from ..core.links import IntervalChecker, Violation, require_link
 from ..core.schema import Schema, field_names
 from ..core.store import Location, bounded, get_many
 from .arrow_bridge import ArrowStream, table_batches
@@ -123,7 +123,7 @@ class Dataset:
         tables = {name: arrays[name] if name in arrays else dataset_format.empty_table(table)
                   for name, table in schema.tables.items()}
         doc = dataset_format.read_manifest(group.store, commit)
-        rows = {name: (doc["committed"].get(name, 0) if doc else arr.shape[0]) for name, arr in tables.items()}
+        rows = {name: (doc["committed"][name] if doc else arr.shape[0]) for name, arr in tables.items()}
         for name, n in rows.items():
             if n > tables[name].shape[0]:
                 raise FormatError(f"table '{name}': {n} rows committed but the array holds {tables[name].shape[0]}")
@@ -202,7 +202,9 @@ class Dataset:
         return ChunkReader(self, table)
 
     def validate(self, limit: int = 20, progress: Callable[[int], None] | None = None) -> ValidationReport:
-        """Check every link's intervals (L5Kit semantics) and that every chunk below the committed rows exists.
+        """Check every link's intervals (L5Kit semantics), that every chunk below the committed rows exists, and
+        the dataset's commits: every commit log segment is read and checked (they are small), and the commit
+        number must not be below a commit made before (see `commit_violations`).
 
         Every chunk of every table is decoded once, so a truncated or corrupt chunk raises `FormatError`
         naming table and chunk key. `progress(rows)` is called after each chunk.
@@ -215,6 +217,9 @@ class Dataset:
             report.count += 1
             if len(report.violations) < limit:
                 report.violations.append(v)
+
+        for v in self.commit_violations():
+            add(v)
 
         for name in self.tables:
             for start, block in self.chunks(name):
@@ -232,6 +237,36 @@ class Dataset:
                 report.count += checker.count
                 report.violations.extend(checker.violations[: max(0, limit - len(report.violations))])
         return report
+
+    def commit_violations(self) -> list[Violation]:
+        """What is wrong with the latest commit's records, each naming its file: a commit log segment that is
+        missing, unreadable or holds an entry of the wrong shape, and a commit number below that of a commit
+        object or log segment made before (the next append would reuse it). None for a dataset without
+        zarrfeed commits."""
+        store = self.group.store
+        doc = dataset_format.read_manifest(store)
+        if doc is None:
+            return []
+        found = []
+        why = dataset_format.history_problem(store, doc)
+        if why:
+            found.append(why)
+        try:
+            dataset_format.latest_log(store)
+        except FormatError as exc:
+            found.append(str(exc))
+        return [Violation(where, None, None, what) for where, _, what in (f.partition(": ") for f in found)]
+
+    def require_link(self, parent: str, field: str, intervals: np.ndarray) -> None:
+        """`FormatError` naming the first violation (table, field, row) if `intervals`, the link field `field` of
+        `parent` over its committed rows, do not tile the child's committed rows. Loaders that read a link's
+        intervals when they open call this: row counts that contradict the links are then one line, not an
+        `IndexError` from deep inside a loader."""
+        links = [link for link in self.schema.links if link.parent == parent and link.field == field]
+        if not links:
+            raise FormatError(f"{self.location}: schema '{self.schema.name}' has no link {parent}.{field}")
+        require_link(links[0], intervals, self.rows[links[0].child],
+                     f"{self.location} does not validate, so it is not loaded")
 
     def digests(self, tail: bool = True) -> dict[str, dict[int, tuple[int, str]]] | None:
         """The size and digest its commit recorded for each chunk of this dataset's rows that can be checked

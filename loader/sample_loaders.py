@@ -51,6 +51,8 @@ class MotionSamples:
         h, f = steps.history, steps.future
         scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
         iv = read_rows(ds["frames"], 0, ds.rows["frames"], fields=["agent_index_interval"])["agent_index_interval"]
+        ds.require_link("scenes", "frame_index_interval", scenes)  # one line, not an IndexError below
+        ds.require_link("frames", "agent_index_interval", iv)
         self.chunk_rows = {t: ds[t].chunks[0] for t in ("frames", "agents")}
         self.items = np.asarray(items, np.int64)
         self.t = self.items if ego else np.searchsorted(iv[:, 1], self.items, side="right").astype(np.int64)

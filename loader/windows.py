@@ -56,6 +56,9 @@ class Samples:
         self.whole_windows = whole_windows
         scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
         frames = read_rows(ds["frames"], 0, ds.rows["frames"], fields=list(LINKS.values()))
+        ds.require_link("scenes", "frame_index_interval", scenes)  # one line, not an IndexError below
+        for field in LINKS.values():
+            ds.require_link("frames", field, frames[field])
         self.chunk_rows = {t: ds[t].chunks[0] for t in TABLES}
         if whole_windows:
             t = [np.arange(s + history, e - future) for s, e in scenes.tolist() if e - s >= self.T]

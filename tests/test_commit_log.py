@@ -10,18 +10,55 @@ from zarrfeed.core.store import FormatError
 
 
 def test_a_segments_length_counts_every_entry():
-    seg = Segment(committed=[1, "a"], skipped=[3], chunks={"agents": {0: (10, "d0"), 1: None}, "frames": {4: None}})
+    seg = Segment(committed=[1, "a"], skipped=[3],
+                  chunks={"agents": {0: (10, "00000000000000d0"), 1: None}, "frames": {4: None}})
     assert len(seg) == 6
     assert Segment.from_json(seg.to_json(), "k") == seg
 
 
 @pytest.mark.parametrize("raw, why", [(b"{not json", "JSONDecodeError"), (b'{"committed": []}', "KeyError"),
-                                      (b'{"committed": [], "skipped": [], "chunks": {"a": [[0, 1]]}}',
-                                       "ValueError")])
+                                      (b'[]', "TypeError")])
 def test_an_unreadable_segment_is_named_with_what_is_wrong(raw, why):
     with pytest.raises(FormatError) as err:
         Segment.from_json(raw, "zarrfeed.log/0000000003-abcd0123.json")
     assert str(err.value).startswith(f"zarrfeed.log/0000000003-abcd0123.json: unreadable commit log segment ({why}: ")
+
+
+GOOD = "0123456789abcdef"
+
+
+@pytest.mark.parametrize("chunks, why", [
+    ({"agents": [[0, -5, GOOD]]}, "field 'chunks.agents' entry 0: chunk 0's size -5 is not a size in bytes (a whole "
+                                  "number >= 1)"),
+    ({"agents": [[0, 10, GOOD], [1, 0, GOOD]]}, "field 'chunks.agents' entry 1: chunk 1's size 0 is not a size"),
+    ({"agents": [[0, 10.0, GOOD]]}, "field 'chunks.agents' entry 0: chunk 0's size 10.0 is not a size"),
+    ({"agents": [[0, "10", GOOD]]}, "field 'chunks.agents' entry 0: chunk 0's size '10' is not a size"),
+    ({"agents": [[0, True, GOOD]]}, "field 'chunks.agents' entry 0: chunk 0's size True is not a size"),
+    ({"agents": [[0, None, GOOD]]}, "field 'chunks.agents' entry 0: chunk 0's size None is not a size"),
+    ({"frames": [[-1, 10, GOOD]]}, "field 'chunks.frames' entry 0: chunk index -1 is not a whole number >= 0"),
+    ({"frames": [[1.0, 10, GOOD]]}, "field 'chunks.frames' entry 0: chunk index 1.0 is not a whole number >= 0"),
+    ({"frames": [[3, 10, GOOD], [3, None, None]]}, "field 'chunks.frames' entry 1: chunk 3 is recorded twice"),
+    ({"frames": [[0, 10, "xyz"]]}, "field 'chunks.frames' entry 0: chunk 0's digest 'xyz' is not an XXH3-64 digest"),
+    ({"frames": [[0, 10, None]]}, "field 'chunks.frames' entry 0: chunk 0's digest None is not an XXH3-64 digest"),
+    ({"frames": [[0, 10]]}, "field 'chunks.frames' entry 0 is [0, 10], not [index, size, digest]"),
+    ({"frames": {"0": [10, GOOD]}}, "field 'chunks.frames' is not a list of [index, size, digest] records"),
+    ([], "field 'chunks' is not an object of tables"),
+])
+def test_a_segment_entry_is_checked_as_strictly_as_the_manifest(chunks, why):
+    """Issue 35: a segment recording a chunk of -5 bytes (or 10.0, or "10", or True) was accepted: `int()`
+    turned each into a size. Every entry is checked, and the message names the file and the entry."""
+    raw = json.dumps({"committed": [], "skipped": [], "chunks": chunks}).encode()
+    with pytest.raises(FormatError) as err:
+        Segment.from_json(raw, "zarrfeed.log/0000000003-abcd0123.json")
+    assert str(err.value).startswith(f"zarrfeed.log/0000000003-abcd0123.json: {why}"), str(err.value)
+    assert str(err.value).endswith("; the commit log segment is damaged (restore it from a copy)")
+
+
+@pytest.mark.parametrize("what", ["committed", "skipped"])
+def test_the_keys_must_be_lists(what):
+    raw = json.dumps({"committed": [], "skipped": [], "chunks": {}, what: "abc"}).encode()
+    with pytest.raises(FormatError, match=f"^seg.json: field '{what}' is not a list of episode keys;"):
+        Segment.from_json(raw, "seg.json")
 
 
 @pytest.mark.parametrize("key", [True, 1.5, None, [1]])
@@ -29,7 +66,8 @@ def test_an_episode_key_of_another_type_is_refused(key):
     raw = json.dumps({"committed": ["a", key], "skipped": [], "chunks": {}}).encode()
     with pytest.raises(FormatError) as err:
         Segment.from_json(raw, "seg.json")
-    assert str(err.value) == "seg.json: an episode key that is not a str or an int"
+    assert str(err.value) == ("seg.json: an episode key that is not a str or an int; the commit log segment is "
+                              "damaged (restore it from a copy)")
 
 
 def one(key) -> Segment:

@@ -111,10 +111,13 @@ def test_appending_checks_the_schema_and_the_stored_rows(tmp_path):
 
 
 def test_appending_to_a_dataset_of_another_tool(tmp_path):
-    """No manifest: the shapes are the rows, commits start at 1, a table it lacks is made empty and writable."""
+    """No manifest: the shapes are the rows, commits start at 1, a table it lacks is made empty and writable.
+    (Its frames point at no faces: one that points at faces it lacks does not validate, and is refused.)"""
     path = tmp_path / "d.zarr"
     c = Committer(Location.of(path), commit_interval=0)
     ep = episodes(1, seed=2)[0]
+    ep["traffic_light_faces"] = ep["traffic_light_faces"][:0]
+    ep["frames"]["traffic_light_faces_index_interval"] = 0
     put(c, "a", ep)
     c.close()
     (path / dataset_format.MANIFEST_KEY).unlink()
@@ -486,17 +489,20 @@ def test_resuming_a_dataset_whose_last_input_is_not_recorded(tmp_path):
     again.release()
 
 
-def test_a_table_the_manifest_does_not_count_has_no_committed_rows(tmp_path):
-    """As readers count them: a table made after the last commit (an L5Kit dataset's missing traffic-light faces,
-    made by an append that then stopped) has 0 committed rows."""
+def test_a_manifest_that_does_not_count_a_table_is_refused_before_anything_changes(tmp_path):
+    """Issue 35: such a table used to count 0 committed rows, and an append wrote it again from row 0 over the
+    rows it held. zarrfeed never writes such a manifest (its first commit counts every table, one made by the
+    append included), so it is damage: refused, and the dataset left as it was."""
     path = tmp_path / "d.zarr"
     Committer(Location.of(path)).close()
     doc = json.loads((path / dataset_format.MANIFEST_KEY).read_bytes())
     del doc["committed"]["traffic_light_faces"]
     (path / dataset_format.MANIFEST_KEY).write_text(json.dumps(doc))
-    again = Committer(Location.of(path), mode="a")
-    assert again.committed["traffic_light_faces"] == 0
-    again.close()
+    before = sorted(p.name for p in path.rglob("*"))
+    with pytest.raises(FormatError, match="^zarrfeed.json: field 'committed' has no row count for table "
+                                          "'traffic_light_faces'; the manifest is damaged"):
+        Committer(Location.of(path), mode="a")
+    assert sorted(p.name for p in path.rglob("*")) == before
 
 
 def test_a_dataset_made_while_a_writer_waits_for_the_lease_is_never_removed(tmp_path, monkeypatch):

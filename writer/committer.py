@@ -19,11 +19,14 @@ import time
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import numcodecs
+import numpy as np
 import zarr
 
 from ..core import dataset_format
+from ..core.chunks import read_rows
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
+from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import FormatError, Location, bounded, within
 from .chunk_write import ChunkWrite
@@ -54,6 +57,7 @@ class Committer:
             raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
         self.location, self.commit_interval, self._store_timeout = location, commit_interval, store_timeout
         self._published: tuple | None = None  # what the last commit published (the same again is not written)
+        self._attempted = -1  # the number of the last commit this writer tried to publish
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
         # refused before the lease's files are written there
@@ -128,6 +132,9 @@ class Committer:
         self.location.clear(_lease_file)
 
     def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
+        """Open the dataset to append to, refusing (one line, before anything changes) one that does not match
+        `schema`, one whose commits or log are damaged, and one whose links do not hold: rows appended onto
+        it would be placed after rows that are not there, or under numbers of commits made before."""
         group = dataset_format.open_group(self.location, mode="a")
         found, arrays, _ = dataset_format.open_tables(group)  # other arrays are left as they are
         for name, table in schema.tables.items():
@@ -135,24 +142,34 @@ class Committer:
                 raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")
         if [str(x) for x in found.links] != [str(x) for x in schema.links]:
             raise FormatError(f"{self.location}: its links differ from the schema to append")
-        for name, table in found.tables.items():
-            if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
-                dataset_format.create_table(group, table, found.compressor)
         doc = dataset_format.read_manifest(group.store)
         self._log = CommitLog()
         if doc is None:  # written by another tool: its shapes are its rows
+            committed = {n: arrays[n].shape[0] if n in arrays else 0 for n in found.tables}
+        else:
+            committed = {name: doc["committed"][name] for name in found.tables}  # every table's (read_manifest checks)
+            for name, n in committed.items():  # checked before anything changes, as a reader refuses it
+                held = arrays[name].shape[0] if name in arrays else 0
+                if n > held:
+                    raise FormatError(f"{self.location}: table '{name}': {n} rows committed but the array holds "
+                                      f"{held}; the dataset is damaged")
+            why = dataset_format.history_problem(group.store, doc)
+            if why:
+                raise FormatError(f"{self.location}: {why}; nothing is appended to it")
+            try:
+                self._log = dataset_format.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
+            except KeyError as exc:
+                raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
+                    from None
+        self._check_links(found, arrays, committed)
+        for name, table in found.tables.items():
+            if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
+                dataset_format.create_table(group, table, found.compressor)
+        if doc is None:
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
-            return found, {n: group[n].shape[0] for n in found.tables}
-        committed = {name: doc["committed"].get(name, 0) for name in found.tables}  # as readers count them
-        for name, n in committed.items():  # checked before anything changes, as a reader refuses it
-            if n > group[name].shape[0]:
-                raise FormatError(f"{self.location}: table '{name}': {n} rows committed but the array holds "
-                                  f"{group[name].shape[0]}; the dataset is damaged")
-        try:
-            self._log = dataset_format.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
-        except KeyError as exc:
-            raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
-                from None
+            return found, committed
+        if doc["commit"] not in dataset_format.commit_numbers(group.store):  # a writer stopped just after publishing
+            dataset_format.record_commit(group.store, doc["commit"], doc["committed"])
         listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
         orphans = [k for k in dataset_format.log_keys(group.store) if k not in listed]
         if orphans:
@@ -162,6 +179,16 @@ class Committer:
         self._commit_no = doc["commit"]
         self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
         return found, committed
+
+    def _check_links(self, schema: Schema, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
+        """Every link's intervals over the committed rows must tile its child's committed rows (L5Kit's rule), as
+        `validate` checks them: reads only the parents' interval fields (for 2 M agents, the 25 k frames)."""
+        for link in schema.links:
+            parent = arrays.get(link.parent)
+            intervals = read_rows(parent, 0, committed[link.parent], [link.field])[link.field] \
+                if parent is not None else np.zeros((0, 2), np.int64)
+            require_link(link, intervals, committed[link.child],
+                         f"the dataset does not validate, so nothing is appended to {self.location}")
 
     def _withdraw_tails(self, committed: Mapping[str, int]) -> dict[str, tuple[int, tuple[int, str]]]:
         """The digests of each table's last, partly filled chunk that the log records (sealed when the last
@@ -356,7 +383,9 @@ class Committer:
             objects, doomed = self._log.add(segment, self._commit_no + 1)
             doc = dataset_format.manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
                                           journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST)
-            self._bounded(lambda: dataset_format.write_manifest(self.store, doc, objects),
+            retry = self._attempted == self._commit_no + 1  # an earlier call that failed may have landed
+            self._attempted = self._commit_no + 1
+            self._bounded(lambda: dataset_format.write_manifest(self.store, doc, objects, retry=retry),
                           f"publishing commit {self._commit_no + 1}")
         except BaseException:
             self._log.refs, self._log.contents = before

@@ -15,6 +15,7 @@ manifest is published, so a reader that read the old manifest may find one gone 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -53,18 +54,60 @@ class Segment:
 
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "Segment":
+        """The segment stored under `key`, its every entry checked as strictly as the manifest's fields (readers
+        trust its sizes and digests to tell a changed chunk; `FormatError` naming the file and the entry)."""
         from .store import FormatError
 
         try:
             doc = json.loads(bytes(raw))
-            chunks = {str(t): {int(i): (int(size), str(digest)) if digest is not None else None
-                               for i, size, digest in rows} for t, rows in doc["chunks"].items()}
-            committed, skipped = list(doc["committed"]), list(doc["skipped"])
+            committed, skipped, tables = doc["committed"], doc["skipped"], doc["chunks"]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise FormatError(f"{key}: unreadable commit log segment ({type(exc).__name__}: {exc})") from None
-        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in committed + skipped):
-            raise FormatError(f"{key}: an episode key that is not a str or an int")
-        return cls(committed, skipped, chunks)
+        why = _segment_problem(committed, skipped, tables)
+        if why:
+            raise FormatError(f"{key}: {why}; the commit log segment is damaged (restore it from a copy)")
+        chunks = {t: {i: (size, digest) if digest is not None else None for i, size, digest in rows}
+                  for t, rows in tables.items()}
+        return cls(list(committed), list(skipped), chunks)
+
+
+_DIGEST = re.compile(r"[0-9a-f]{16}")  # XXH3-64 as 16 hex digits (zarrfeed.core.chunks.digest)
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _segment_problem(committed: Any, skipped: Any, tables: Any) -> str | None:
+    """What is wrong with a segment's contents, in a few words naming the field and the entry, or None."""
+    for name, keys in (("committed", committed), ("skipped", skipped)):
+        if not isinstance(keys, list):
+            return f"field '{name}' is not a list of episode keys"
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys):
+            return "an episode key that is not a str or an int"
+    if not isinstance(tables, dict):
+        return "field 'chunks' is not an object of tables"
+    for table, rows in tables.items():
+        if not isinstance(rows, list):
+            return f"field 'chunks.{table}' is not a list of [index, size, digest] records"
+        seen: set[int] = set()
+        for j, row in enumerate(rows):
+            where = f"field 'chunks.{table}' entry {j}"
+            if not (isinstance(row, list) and len(row) == 3):
+                return f"{where} is {row!r}, not [index, size, digest]"
+            index, size, digest = row
+            if not _whole(index, 0):
+                return f"{where}: chunk index {index!r} is not a whole number >= 0"
+            if index in seen:
+                return f"{where}: chunk {index} is recorded twice"
+            seen.add(index)
+            if size is None and digest is None:
+                continue  # a withdrawn record
+            if not _whole(size, 1):
+                return f"{where}: chunk {index}'s size {size!r} is not a size in bytes (a whole number >= 1)"
+            if not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+                return f"{where}: chunk {index}'s digest {digest!r} is not an XXH3-64 digest (16 hex digits)"
+    return None
 
 
 @dataclass(frozen=True)

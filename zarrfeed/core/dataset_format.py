@@ -20,6 +20,7 @@ import numcodecs
 import numpy as np
 import zarr
 
+from . import array_meta
 from .commit_log import LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
 from .store import FormatError, Location, get_many
@@ -73,23 +74,49 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", **kwargs: Any) -> zarr.Array:
-    """One table's array; a broken `.zarray` becomes a `FormatError` naming the table."""
+def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", dtype: np.dtype | None = None,
+               **kwargs: Any) -> zarr.Array:
+    """One table's array (of records of `dtype`, if given); a broken `.zarray` becomes a `FormatError` naming the
+    table and the file: each field zarrfeed relies on is checked (see `array_meta`), since zarr reads a
+    negative chunk size as no chunks."""
+    key = f"{name}/.zarray"
     try:
-        arr = zarr.open_array(store, mode=mode, path=name, **kwargs)
-    except Exception as exc:
-        raise FormatError(f"table '{name}': cannot open its array ({type(exc).__name__}: {exc})") from None
-    if arr.ndim != 1 or arr.dtype.names is None:
-        raise FormatError(f"table '{name}': a {arr.ndim}-D {arr.dtype} array, not a 1-D array of structured records")
-    return arr
+        meta: Any = json.loads(bytes(store[key]))
+    except KeyError:
+        meta = None  # zarr names what is there instead (a group, nothing)
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"table '{name}': cannot open its array ({key} is not JSON: {exc}); the array's "
+                          "metadata is damaged (restore it from a copy)") from None
+    if array_meta.not_records(meta):
+        meta = None  # not a table's array (a user's mask, another tool's data): zarr says what it is, below
+    why = array_meta.layout_problem(meta) if meta is not None else None
+    if why is None:
+        try:
+            arr = zarr.open_array(store, mode=mode, path=name, **kwargs)
+        except Exception as exc:
+            raise FormatError(f"table '{name}': cannot open its array ({key}: {type(exc).__name__}: {exc})") \
+                from None
+        if arr.ndim != 1 or arr.dtype.names is None:
+            raise FormatError(f"table '{name}': a {arr.ndim}-D {arr.dtype} array, not a 1-D array of structured "
+                              "records")
+        diff = dtype_difference(arr.dtype, dtype) if dtype is not None else None
+        if diff:
+            raise FormatError(f"table '{name}': wrong dtype, it {diff}")
+        if meta is None:
+            return arr
+        why = array_meta.fill_problem(meta, arr.dtype) or array_meta.codec_problem(meta, arr.dtype)
+        if why is None:
+            return arr
+    raise FormatError(f"table '{name}': {key}: {why}; the array's metadata is damaged (restore it from a copy)")
 
 
-def _parse(raw: Any, key: str) -> dict[str, Any]:
+def _parse(raw: Any, key: str, tables: list[str] | None = None) -> dict[str, Any]:
+    """The manifest stored under `key`, checked; or with `tables` (the manifest's tables), a numbered commit."""
     try:
         doc = json.loads(bytes(raw))
     except (ValueError, TypeError) as exc:
         raise FormatError(f"{key}: unreadable manifest ({exc})") from None
-    why = _manifest_problem(doc)
+    why = _manifest_problem(doc) if tables is None else _commit_problem(doc, tables)
     if why:
         raise FormatError(f"{key}: {why}; the manifest is damaged (restore it from a copy, or rewrite the dataset)")
     doc.setdefault("commit", 0)
@@ -121,14 +148,18 @@ def _manifest_problem(doc: Any) -> str | None:
         return f"field 'digest' is {doc['digest']!r}, not a digest this zarrfeed computes ({DIGEST})"
     if "dataset_id" in doc and not isinstance(doc["dataset_id"], str):
         return f"field 'dataset_id' is {doc['dataset_id']!r}, not a string"
-    if "schema" in doc:
-        if not isinstance(doc["schema"], dict) or not isinstance(doc["schema"].get("attrs", {}), dict):
-            return "field 'schema' is not an object" if not isinstance(doc["schema"], dict) else \
-                "field 'schema.attrs' is not an object"
-        try:
-            Schema.from_json(doc["schema"])
-        except Exception as exc:  # any malformed part: a missing key, a wrong type, an unknown dtype or codec
-            return f"field 'schema' is not a zarrfeed schema ({type(exc).__name__}: {exc})"
+    if "schema" not in doc:  # every zarrfeed manifest holds one: readers take the tables from it
+        return "field 'schema' is missing"
+    if not isinstance(doc["schema"], dict) or not isinstance(doc["schema"].get("attrs", {}), dict):
+        return "field 'schema' is not an object" if not isinstance(doc["schema"], dict) else \
+            "field 'schema.attrs' is not an object"
+    try:
+        schema = Schema.from_json(doc["schema"])
+    except Exception as exc:  # any malformed part: a missing key, a wrong type, an unknown dtype or codec
+        return f"field 'schema' is not a zarrfeed schema ({type(exc).__name__}: {exc})"
+    why = _tables_problem(doc["committed"], list(schema.tables))
+    if why:
+        return why
     journal = doc.get("journal", {})
     if not isinstance(journal, dict):
         return f"field 'journal' is {journal!r}, not an object"
@@ -156,6 +187,30 @@ def _manifest_problem(doc: Any) -> str | None:
             and _count(r.get("entries")) for r in log):
         return "field 'log' is not a list of log segments ({key, level, entries})"
     return None
+
+
+def _tables_problem(committed: dict[str, Any], tables: list[str]) -> str | None:
+    """A commit must count the rows of every table of the schema, and of no other: a table it leaves out would
+    read as empty, and a writer would append to it from row 0 over the rows it holds."""
+    for table in tables:
+        if table not in committed:
+            return f"field 'committed' has no row count for table '{table}'"
+    for table in committed:
+        if table not in tables:
+            return f"field 'committed.{table}' counts the rows of a table the schema does not have"
+    return None
+
+
+def _commit_problem(doc: Any, tables: list[str]) -> str | None:
+    """What is wrong with the shape of a numbered commit of a dataset whose schema has `tables`, or None."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("committed"), dict):
+        return "field 'committed' is missing or not an object"
+    for table, n in doc["committed"].items():
+        if not _count(n):
+            return f"field 'committed.{table}' is {n!r}, not a row count (a whole number >= 0)"
+    if not _count(doc.get("commit")):
+        return f"field 'commit' is {doc.get('commit')!r}, not a commit number (a whole number >= 0)"
+    return _tables_problem(doc["committed"], tables)
 
 
 def _key(value: Any) -> bool:
@@ -188,27 +243,114 @@ def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> d
     if commit > doc["commit"]:
         raise FormatError(f"commit {commit}: the latest commit is {doc['commit']}")
     try:
-        pinned = _parse(store[commit_key(commit)], commit_key(commit))
+        pinned = _parse(store[commit_key(commit)], commit_key(commit), list(doc["schema"]["tables"]))
     except KeyError:
         raise FormatError(f"commit {commit}: no longer kept (the dataset keeps its last {KEEP_COMMITS} commits; "
                           f"the latest is {doc['commit']})") from None
+    if pinned["commit"] != commit:
+        raise FormatError(f"{commit_key(commit)}: field 'commit' is {pinned['commit']}, not the number its name says; "
+                          "the commit is damaged (restore it from a copy)")
     return {**doc, "commit": commit, "committed": pinned["committed"]}
 
 
-def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None
-                   ) -> None:
-    """Publish commit `doc["commit"]`: the new commit log segments it lists, its row counts as an immutable
-    numbered object, then the whole manifest as one object. Each is one atomic write on every store (a PUT; a
-    temporary file renamed on local disks), and readers only ever start from the manifest, so they see the
-    old commit or the new one, never a mixture. Log segments merged into a new one are deleted by the writer
-    only once this returned (a call that timed out may still land, and must not delete what the next
-    attempt lists)."""
+def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None,
+                   retry: bool = False) -> None:
+    """Publish commit `doc["commit"]`: the new commit log segments it lists, then the whole manifest as one
+    object, then its row counts as an immutable numbered object. Each is one atomic write on every store (a
+    PUT; a temporary file renamed on local disks), and readers only ever start from the manifest, so they see
+    the old commit or the new one, never a mixture. The numbered object comes last and is created only if
+    absent (`record_commit`): so every commit object has a number the manifest reached, an existing one is
+    never rewritten, and one found above the manifest's number means the number went backwards. `retry`: this
+    writer's earlier call for the same number may have landed (it timed out), so its object is replaced. Log
+    segments merged into a new one are deleted by the writer only once this returned (a call that timed out
+    may still land, and must not delete what the next attempt lists)."""
     number = int(doc["commit"])
-    put_all(store, {**(log_objects or {}),
-                    commit_key(number): json.dumps({"commit": number, "committed": doc["committed"]}).encode()})
+    if log_objects:
+        put_all(store, dict(log_objects))
     put(store, MANIFEST_KEY, json.dumps(doc).encode())
+    record_commit(store, number, doc["committed"], replace=retry)
     if number >= KEEP_COMMITS:
         delete(store, [commit_key(number - KEEP_COMMITS)])
+
+
+def record_commit(store: zarr.storage.BaseStore, number: int, committed: dict[str, int], replace: bool = False
+                  ) -> None:
+    """Store commit `number`'s row counts as `zarrfeed.commits/<number>.json`, only if no such object exists
+    (unless `replace`); `FormatError` if one does."""
+    key, raw = commit_key(number), json.dumps({"commit": number, "committed": committed}).encode()
+    if replace:
+        put(store, key, raw)
+    elif not put_new(store, key, raw):
+        raise FormatError(f"{key}: already exists, so commit {number} was made before; {MANIFEST_KEY}'s commit "
+                          "number went backwards (restore it from a copy); nothing more is committed")
+
+
+def put_new(store: zarr.storage.BaseStore, key: str, value: bytes) -> bool:
+    """Store `key` only if it is absent; False if it is there. Atomic where the store allows: on a local disk a
+    complete temporary file hard-linked into place (the link fails if the name exists), on an fsspec store an
+    exclusive create (a conditional PUT, `If-None-Match: *`, on S3); elsewhere a check, then a write."""
+    if isinstance(store, zarr.storage.DirectoryStore):
+        path = os.path.join(store.path, *key.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{uuid.uuid4().hex}.partial"
+        with open(temporary, "wb") as f:
+            f.write(value)
+        try:
+            os.link(temporary, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: an exclusive create, then the bytes
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+            return True
+        finally:
+            os.unlink(temporary)
+    if isinstance(store, zarr.storage.FSStore):
+        try:
+            store.fs.pipe_file(store.map._key_to_str(store._normalize_key(key)), value, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError, TypeError):
+            pass  # this filesystem cannot create exclusively: check, then write
+    if key in store:
+        return False
+    store[key] = value
+    return True
+
+
+def commit_numbers(store: zarr.storage.BaseStore) -> list[int]:
+    """The numbers of the commit objects stored (`zarrfeed.commits/<number>.json`), in order."""
+    try:
+        names = store.listdir(COMMITS_PREFIX)
+    except (KeyError, FileNotFoundError):
+        return []
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+
+def history_problem(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> str | None:
+    """Whether the manifest's commit number is below what its commits have reached (a commit object, or a log
+    segment it lists, numbered above it): the number went backwards, and the next commit would take the
+    number of one made before. One line naming the file, or None."""
+    number = doc["commit"]
+    later = [n for n in commit_numbers(store) if n > number]
+    if later:
+        # zarrfeed before format checks stored the commit object first: one killed in between left just N + 1
+        orphan = (f"; or, if a writer older than zarrfeed's format checks was killed while committing, remove "
+                  f"{commit_key(later[-1])}") if later == [number + 1] else ""
+        return (f"{commit_key(later[-1])}: commit {later[-1]} was made, but {MANIFEST_KEY} says the latest commit "
+                f"is {number}: its commit number went backwards (restore it from a copy{orphan})")
+    for ref in doc.get("log", []):
+        name = ref["key"][len(LOG_PREFIX) + 1:]
+        if name[:10].isdigit() and int(name[:10]) > number:
+            return (f"{MANIFEST_KEY}: its commit number is {number}, but it lists commit log segment {ref['key']}, "
+                    f"made by commit {int(name[:10])}: its commit number went backwards (restore it from a copy)")
+    return None
 
 
 def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
@@ -220,7 +362,18 @@ def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
     missing = [k for k in keys if k not in got]
     if missing:
         raise KeyError(missing[0])
-    return CommitLog(refs, {k: Segment.from_json(got[k], k) for k in keys})
+    contents = {k: Segment.from_json(got[k], k) for k in keys}
+    tables = doc["schema"]["tables"]
+    for ref in refs:
+        segment = contents[ref.key]
+        if len(segment) != ref.entries:
+            raise FormatError(f"{ref.key}: holds {len(segment)} entries, but {MANIFEST_KEY} lists it with "
+                              f"{ref.entries}; the commit log segment is damaged (restore it from a copy)")
+        unknown = sorted(set(segment.chunks) - set(tables))
+        if unknown:
+            raise FormatError(f"{ref.key}: records chunks of table '{unknown[0]}', which the schema does not have; "
+                              "the commit log segment is damaged (restore it from a copy)")
+    return CommitLog(refs, contents)
 
 
 def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str, Any] | None, CommitLog]:
@@ -368,9 +521,9 @@ def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, z
     names = sorted(group.array_keys())
     doc = read_manifest(group.store)
     if doc is not None:
-        wanted: set[str] | None = set(Schema.from_json(doc["schema"]).tables)
+        wanted: dict[str, Table] | None = Schema.from_json(doc["schema"]).tables
     elif {"scenes", "frames", "agents"} & set(names) or "format_version" in group.attrs:
-        wanted = set(L5KIT_SCHEMA.tables)
+        wanted = L5KIT_SCHEMA.tables
     else:
         wanted = None  # no schema to go by: every array of structured records is a table
     arrays, others = {}, {}
@@ -379,7 +532,7 @@ def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, z
             others[name] = _describe(group.store, name)
             continue
         try:
-            arrays[name] = open_table(group.store, name, mode)
+            arrays[name] = open_table(group.store, name, mode, wanted[name].dtype if wanted is not None else None)
         except FormatError as exc:
             if wanted is not None:
                 raise
@@ -420,6 +573,10 @@ def detect_schema(group: zarr.Group, arrays: dict[str, zarr.Array]) -> Schema:
         diff = dtype_difference(arrays[name].dtype, table.dtype)
         if diff:
             raise FormatError(f"table '{name}': wrong dtype, it {diff}")
+        if doc is not None and arrays[name].chunks[0] != table.chunk_rows:  # commits count chunks of the schema's
+            raise FormatError(f"table '{name}': {name}/.zarray: field 'chunks' is [{arrays[name].chunks[0]}], but the "
+                              f"manifest's schema has {table.chunk_rows} rows per chunk; the array's metadata is "
+                              "damaged (restore it from a copy)")
     return schema
 
 

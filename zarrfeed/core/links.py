@@ -82,3 +82,15 @@ def check_link(link: Link, intervals: np.ndarray, n_child: int, limit: int = 20)
     checker = IntervalChecker(link, n_child, limit)
     checker.feed(intervals)
     return checker.finish(), checker.count
+
+
+def require_link(link: Link, intervals: np.ndarray, n_child: int, consequence: str) -> None:
+    """Raise `FormatError` if one link's intervals over its parent's committed rows do not tile the child's
+    committed rows: one line naming the first violation (table, field, row), and `consequence` (what the
+    caller does not do)."""
+    from .store import FormatError
+
+    violations, count = check_link(link, intervals, n_child, limit=1)
+    if count:
+        more = f" (and {count - 1} more)" if count > 1 else ""
+        raise FormatError(f"{violations[0]}{more}: {consequence} (zarrfeed validate lists every violation)")
