@@ -26,7 +26,7 @@ import xxhash
 import zarr
 
 from ..core import dataset_format
-from ..core.chunks import read_rows
+from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from .dataset import Dataset
 
@@ -119,15 +119,17 @@ def valid_agents(frames: np.ndarray, agents: np.ndarray, scenes: np.ndarray, a0:
     return mask
 
 
-def _part(location: Location, commit: int | None, scenes: tuple[int, int], th: Thresholds) -> tuple[int, np.ndarray]:
-    """The mask of scenes [first, last) of the dataset at `location`: (its first agent row, the mask)."""
-    ds = Dataset.reopen(location, commit)
-    sc = read_rows(ds["scenes"], scenes[0], scenes[1], fields=["frame_index_interval"])["frame_index_interval"]
+def _part(location: Location, commit: int | None, check: ChunkCheck | None, scenes: tuple[int, int],
+          th: Thresholds) -> tuple[int, np.ndarray]:
+    """The mask of scenes [first, last) of the dataset at `location` (chunks checked by the parent's `check`):
+    (its first agent row, the mask)."""
+    ds = Dataset.reopen(location, commit, check)
+    sc = ds.read_rows("scenes", scenes[0], scenes[1], fields=["frame_index_interval"])["frame_index_interval"]
     f0, f1 = int(sc[0, 0]), int(sc[-1, 1])
-    frames = read_rows(ds["frames"], f0, f1, fields=["agent_index_interval", "ego_translation"])
+    frames = ds.read_rows("frames", f0, f1, fields=["agent_index_interval", "ego_translation"])
     a0, a1 = (int(frames["agent_index_interval"][0, 0]), int(frames["agent_index_interval"][-1, 1])) if f1 > f0 \
         else (0, 0)
-    agents = read_rows(ds["agents"], a0, a1, fields=["centroid", "extent", "yaw", "track_id", "label_probabilities"])
+    agents = ds.read_rows("agents", a0, a1, fields=["centroid", "extent", "yaw", "track_id", "label_probabilities"])
     return a0, valid_agents(frames, agents, sc, a0, th)
 
 
@@ -144,11 +146,12 @@ def compute(ds: Dataset, threshold: float = 0.5, *, workers: int | None = None,
     per = max(1, -(-n_scenes // max(4 * workers, 1)))
     parts = [(s, min(s + per, n_scenes)) for s in range(0, n_scenes, per)]
     if workers <= 1 or len(parts) == 1:
-        results = [_part(ds.location, ds.commit, p, th) for p in parts]
+        results = [_part(ds.location, ds.commit, ds.check, p, th) for p in parts]
     else:
         ctx = multiprocessing.get_context("forkserver")
         with concurrent.futures.ProcessPoolExecutor(min(workers, len(parts)), mp_context=ctx) as pool:
-            results = list(pool.map(_part, *zip(*[(ds.location, ds.commit, p, th) for p in parts], strict=True)))
+            results = list(pool.map(_part, *zip(*[(ds.location, ds.commit, ds.check, p, th) for p in parts],
+                                                strict=True)))
     for a0, part in results:
         mask[a0:a0 + len(part)] = part
     return mask
