@@ -78,6 +78,7 @@ class Feeding:
         self.location, self.name = location, name
         self.workers, self.transforms, self._url = serving.workers, serving.transforms, serving.url
         self.limits, self.activity, self.streams = serving.limits, serving.activity, serving.streams
+        self.verify_chunks = serving.verify_chunks
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.idle = IdleLoaders()
@@ -88,7 +89,7 @@ class Feeding:
         """The dataset at `commit` (None: the latest when first asked), opened once and kept."""
         with self._lock:
             if commit not in self._datasets:
-                self._datasets[commit] = Dataset.open(self.location, commit=commit)
+                self._datasets[commit] = Dataset.open(self.location, commit=commit, verify_chunks=self.verify_chunks)
             return self._datasets[commit]
 
     def latest(self) -> Dataset:
