@@ -7,6 +7,7 @@ stream all gave rows that are not the rows they claim to be, with no error. Each
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -261,3 +262,65 @@ def test_a_dataset_replaced_after_it_was_opened_is_refused(written, tmp_path):
         with Loader(ds, "agents", batch_size=500, num_workers=1, cache="off") as loader:
             for _ in loader:
                 pass
+
+
+# ------------------------------------------------------------------ item 5: a dataset replaced under an open loader
+
+CHUNKS = "agents=5000,frames=250,scenes=4,traffic_light_faces=2000"
+
+
+@pytest.fixture(scope="module")
+def twelve(tmp_path_factory):
+    """12 synthetic scenes written by `zarrfeed ingest` (seed 0), another 12 (seed 1), and the rows of the first."""
+    root = tmp_path_factory.mktemp("twelve")
+    for seed in (0, 1):
+        r = cli("ingest", str(root / f"seed{seed}.zarr"), "--synthetic", "12", "--seed", str(seed),
+                "--chunks", CHUNKS, "--workers", "0", "-q")
+        assert r.returncode == 0, r.stderr
+    return root, expected_tables(list(synthetic.episodes(12, seed=0)))["agents"]
+
+
+@pytest.mark.parametrize("cache", ["host", "off"])
+@pytest.mark.parametrize("how", ["ingest --overwrite", "mv another", "mv a copy"])
+def test_a_dataset_replaced_under_an_open_loader(twelve, tmp_path, how, cache):
+    """Item 5: after the loader's first batch another process replaces the dataset. Before, 39-49 later
+    batches held the replacement's rows under the old `_row` ids, exit 0. Now the loader raises, naming the
+    chunk; a replacement whose chunks are bytewise the same (a copy) is read as it is: the same rows."""
+    root, want = twelve
+    path = tmp_path / "d.zarr"
+    shutil.copytree(root / "seed0.zarr", path)
+    if how == "mv another":
+        shutil.copytree(root / "seed1.zarr", tmp_path / "other.zarr")
+    elif how == "mv a copy":
+        shutil.copytree(path, tmp_path / "other.zarr")
+    read = 0
+    with Loader(path, "agents", batch_size=512, shuffle_window=2, seed=3, num_workers=1, cache=cache,
+                row_ids=True) as loader:
+        batches = iter(loader)
+        try:
+            for k, batch in enumerate(batches):
+                rows = batch["_row"]
+                np.testing.assert_array_equal(batch["track_id"], want["track_id"][rows])
+                np.testing.assert_array_equal(batch["centroid"], want["centroid"][rows])
+                read += len(rows)
+                if k == 0:
+                    if how == "ingest --overwrite":
+                        r = cli("ingest", str(path), "--synthetic", "12", "--seed", "1", "--overwrite",
+                                "--chunks", CHUNKS, "--workers", "0", "-q")
+                        assert r.returncode == 0, r.stderr
+                    else:  # the workers held still: no read falls between the two moves (none finds nothing)
+                        for pid in loader.worker_pids:
+                            os.kill(pid, signal.SIGSTOP)
+                        try:
+                            for a, b in ((path, tmp_path / "old.zarr"), (tmp_path / "other.zarr", path)):
+                                subprocess.run(["mv", str(a), str(b)], check=True)
+                        finally:
+                            for pid in loader.worker_pids:
+                                os.kill(pid, signal.SIGCONT)
+        except LoaderError as exc:
+            assert how != "mv a copy", exc
+            assert len(str(exc).splitlines()) == 1 and str(path) in str(exc), exc
+            assert "another dataset was put in its place" in str(exc) or \
+                "is not the chunk that was committed" in str(exc), exc
+            return
+    assert how == "mv a copy" and read == len(want)  # every row, each the one its id names

@@ -128,7 +128,7 @@ class ChunkCheck:
 def _other(doc: dict[str, Any] | None, o: Opened) -> str | None:
     """Why the manifest `doc` is not (a later commit of) the dataset opened as `o`; None if it is."""
     if doc is None:
-        return "its manifest is gone"
+        return "no zarrfeed manifest is there now"
     if doc.get("dataset_id") != o.dataset_id:
         return f"dataset id {doc.get('dataset_id')} instead of {o.dataset_id}"
     if doc["commit"] < o.latest:
