@@ -324,3 +324,24 @@ def test_a_dataset_replaced_under_an_open_loader(twelve, tmp_path, how, cache):
                 "is not the chunk that was committed" in str(exc), exc
             return
     assert how == "mv a copy" and read == len(want)  # every row, each the one its id names
+
+
+def test_a_server_serves_the_dataset_put_in_its_place_to_new_trainers(tmp_path):
+    """The server's next trainers read the dataset put in its place. Before, what it kept of the one before
+    for the same commit number was used again: the loader parked for a next epoch served the old rows (9,623
+    rows, the old ones, to a trainer told the new dataset's id), or the kept Dataset failed every stream."""
+    from zarrfeed.flight import FeedServer, RemoteLoader
+
+    path, other = tmp_path / "d.zarr", tmp_path / "other.zarr"
+    for where, seed in ((path, 0), (other, 5)):
+        with DatasetWriter(where, workers=0, chunks=SMALL) as w:
+            w.ingest(episodes(6, seed=seed))
+    assert Dataset.open(path).commit == Dataset.open(other).commit
+    with FeedServer(path, port=0, workers=1) as server:
+        with RemoteLoader(server.url, "agents", batch_size=500, shuffle=False, reconnect_timeout=0) as remote:
+            next(iter(remote))
+        shutil.rmtree(path)
+        os.rename(other, path)
+        with RemoteLoader(server.url, "agents", batch_size=500, shuffle=False, reconnect_timeout=0) as remote:
+            got = np.concatenate([b["track_id"] for b in remote])
+    np.testing.assert_array_equal(got, expected_tables(episodes(6, seed=5))["agents"]["track_id"])
