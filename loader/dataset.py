@@ -356,8 +356,13 @@ class Dataset:
             raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.tables)})")
         c = self[table].chunks[0] * max(1, chunks_per_partition)
         n = self.rows[table]
-        pieces = [_Partition(self.location, self.commit, table, a, min(a + c, n), fields, self.check)
-                  for a in range(0, n, c)] or [_Partition(self.location, self.commit, table, 0, 0, fields, self.check)]
+        check = self.check
+
+        def piece(a: int, b: int) -> _Partition:
+            return _Partition(self.location, self.commit, table, a, b, fields,
+                              check.part(table, a, b) if check is not None else None)
+
+        pieces = [piece(a, min(a + c, n)) for a in range(0, n, c)] or [piece(0, 0)]
         meta = records_to_arrow(np.zeros(0, self[table].dtype), fields).to_pandas(types_mapper=pd.ArrowDtype)
         divisions = [p.start for p in pieces] + [max(n - 1, 0)]
         return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)

@@ -106,7 +106,8 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
         for i, (a, b) in enumerate(_pieces(ds, t, file_rows)):
             meta = schema_metadata({"schema": ds.schema.to_json(), "attrs": dict(ds.group.attrs), "table": t,
                                     "first_row": a})
-            tasks.append((ds.location, ds.commit, ds.check, t, a, b, out, f"{t}/part-{i:05d}.parquet", row_group_rows,
+            check = ds.check.part(t, a, b) if ds.check is not None else None  # its chunks' records only
+            tasks.append((ds.location, ds.commit, check, t, a, b, out, f"{t}/part-{i:05d}.parquet", row_group_rows,
                           compression, meta, row_index))
     t0 = time.perf_counter()
     total = sum((b - a) * ds[t].dtype.itemsize for _, _, _, t, a, b, *_ in tasks)

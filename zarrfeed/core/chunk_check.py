@@ -62,6 +62,14 @@ class ChunkCheck:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_later": {}}  # what one process learnt is rechecked by another
 
+    def part(self, table: str, start: int, stop: int) -> "ChunkCheck":
+        """This check with the records of rows [start, stop) of `table` only: what a task that reads them needs
+        (a dataset's records pickled into each of thousands of tasks would cost more than the rows)."""
+        c = self.chunk_rows[table]
+        first, last = start // c, (stop - 1) // c
+        mine = {i: r for i, r in self.records.get(table, {}).items() if first <= i <= last}
+        return ChunkCheck(self.where, self.opened, {table: mine}, self.chunk_rows)
+
     def tail(self, table: str, index: int) -> bool:
         """Whether chunk `index` of `table` is the last one and partly filled in the reader's rows."""
         c, n = self.chunk_rows[table], self.opened.rows.get(table, 0)
