@@ -25,7 +25,7 @@ import zarr
 
 from ..core import dataset_format
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit, preload_in_workers
-from ..core.chunks import read_rows
+from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from .dataset import Dataset
 
@@ -120,15 +120,17 @@ def valid_agents(frames: np.ndarray, agents: np.ndarray, scenes: np.ndarray, a0:
     return mask
 
 
-def _part(location: Location, commit: int | None, scenes: tuple[int, int], th: Thresholds) -> tuple[int, np.ndarray]:
-    """The mask of scenes [first, last) of the dataset at `location`: (its first agent row, the mask)."""
-    ds = Dataset.reopen(location, commit)
-    sc = read_rows(ds["scenes"], scenes[0], scenes[1], fields=["frame_index_interval"])["frame_index_interval"]
+def _part(location: Location, commit: int | None, check: ChunkCheck | None, scenes: tuple[int, int],
+          th: Thresholds) -> tuple[int, np.ndarray]:
+    """The mask of scenes [first, last) of the dataset at `location` (chunks checked by the parent's `check`):
+    (its first agent row, the mask)."""
+    ds = Dataset.reopen(location, commit, check)
+    sc = ds.read_rows("scenes", scenes[0], scenes[1], fields=["frame_index_interval"])["frame_index_interval"]
     f0, f1 = int(sc[0, 0]), int(sc[-1, 1])
-    frames = read_rows(ds["frames"], f0, f1, fields=["agent_index_interval", "ego_translation"])
+    frames = ds.read_rows("frames", f0, f1, fields=["agent_index_interval", "ego_translation"])
     a0, a1 = (int(frames["agent_index_interval"][0, 0]), int(frames["agent_index_interval"][-1, 1])) if f1 > f0 \
         else (0, 0)
-    agents = read_rows(ds["agents"], a0, a1, fields=["centroid", "extent", "yaw", "track_id", "label_probabilities"])
+    agents = ds.read_rows("agents", a0, a1, fields=["centroid", "extent", "yaw", "track_id", "label_probabilities"])
     return a0, valid_agents(frames, agents, sc, a0, th)
 
 
@@ -145,7 +147,7 @@ def compute(ds: Dataset, threshold: float = 0.5, *, workers: int | None = None,
     per = max(1, -(-n_scenes // max(4 * workers, 1)))
     parts = [(s, min(s + per, n_scenes)) for s in range(0, n_scenes, per)]
     if workers <= 1 or len(parts) == 1:
-        results = [_part(ds.location, ds.commit, p, th) for p in parts]
+        results = [_part(ds.location, ds.commit, ds.check, p, th) for p in parts]
     else:
         results = _in_workers(ds, parts, th, min(workers, len(parts)))
     for a0, part in results:
@@ -153,9 +155,10 @@ def compute(ds: Dataset, threshold: float = 0.5, *, workers: int | None = None,
     return mask
 
 
-def _part_setup(wid: int, location: Location, commit: int | None, th: Thresholds) -> Callable:
+def _part_setup(wid: int, location: Location, commit: int | None, check: ChunkCheck | None,
+                th: Thresholds) -> Callable:
     """A mask worker's handler: scenes (first, last) -> (worker, first agent row, mask)."""
-    return lambda scenes: (wid, *_part(location, commit, scenes, th))
+    return lambda scenes: (wid, *_part(location, commit, check, scenes, th))
 
 
 def _in_workers(ds: Dataset, parts: list[tuple[int, int]], th: Thresholds, n: int) -> list[tuple[int, np.ndarray]]:
@@ -163,7 +166,7 @@ def _in_workers(ds: Dataset, parts: list[tuple[int, int]], th: Thresholds, n: in
     worker's exception behave as in every other pool of zarrfeed: the worker's exception is raised here)."""
     todo = list(parts)
     results: list[tuple[int, np.ndarray]] = []
-    pool = WorkerPool(n, _part_setup, (ds.location, ds.commit, th), "agents mask worker")
+    pool = WorkerPool(n, _part_setup, (ds.location, ds.commit, ds.check, th), "agents mask worker")
     try:
         for wid in range(n):
             pool.send(wid, todo.pop())

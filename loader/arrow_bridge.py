@@ -23,7 +23,6 @@ from ..core.arrow_records import (
     from_arrow,
     records_to_arrow,
 )
-from ..core.chunks import read_rows
 from ..core.schema import dtype_from_descr
 
 if TYPE_CHECKING:
@@ -158,7 +157,7 @@ def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: l
 
     def make() -> Iterator[pa.RecordBatch]:
         for start in range(0, n, batch_size):
-            rows = read_rows(arr, start, min(start + batch_size, n))
+            rows = ds.read_rows(table, start, min(start + batch_size, n))
             cols = list(records_to_arrow(rows, fields).columns)
             if row_index:
                 cols.append(pa.array(np.arange(start, start + len(rows), dtype=np.int64)))
@@ -168,7 +167,7 @@ def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: l
                 if (iv[1:, 0] != iv[:-1, 1]).any():
                     raise ValueError(f"join: {table}.{field} intervals in rows [{start}, {start + len(rows)}) are "
                                      "not contiguous; run `zarrfeed validate`")
-                children = records_to_arrow(read_rows(ds[child], lo, hi)) if hi > lo else \
+                children = records_to_arrow(ds.read_rows(child, lo, hi)) if hi > lo else \
                     records_to_arrow(np.zeros(0, ds[child].dtype))
                 offsets = pa.array(np.concatenate([iv[:, 0], [hi]]) - lo, pa.int32())
                 structs = pa.StructArray.from_arrays(children.columns, fields=list(children.schema))

@@ -6,6 +6,7 @@ gathered, and in which order, is the scheduler's (`loader.scheduler`), told by a
 """
 from __future__ import annotations
 
+import copy as copy_module
 import dataclasses
 import os
 import sys
@@ -44,9 +45,17 @@ def default_cache_bytes() -> int:
 
 
 def open_dataset(dataset_or_path: Dataset | str | os.PathLike, storage_options: dict[str, Any] | None,
-                 commit: int | None) -> Dataset:
-    return dataset_or_path if isinstance(dataset_or_path, Dataset) else \
-        Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit)
+                 commit: int | None, verify_chunks: bool = True) -> Dataset:
+    """The dataset a loader reads; with `verify_chunks=False` one that reads its chunks unchecked (a `Dataset`
+    given is not changed: the loader reads through a copy of it)."""
+    if not isinstance(dataset_or_path, Dataset):
+        return Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit,
+                            verify_chunks=verify_chunks)
+    if verify_chunks or not dataset_or_path.verify_chunks:
+        return dataset_or_path
+    unchecked = copy_module.copy(dataset_or_path)
+    unchecked.verify_chunks = False
+    return unchecked
 
 
 class Loader:
@@ -65,7 +74,10 @@ class Loader:
     (`loader.host_cache`; `cache_bytes` then sizes the host's cache when this loader is the first to make it);
     `cache="process"` keeps a cache of this loader's own, `"off"` none. `row_ids=True` adds a column `_row`:
     each row's index in the table (as Parquet exports name it), to join a batch with labels kept elsewhere or
-    to check that a resumed run read every row once. Every option after `table` is
+    to check that a resumed run read every row once. Every chunk the workers read is checked against the
+    size and digest its commit recorded before it is decoded (a changed chunk, or another dataset put in
+    this one's place while it is read, raises `LoaderError`); `verify_chunks=False` skips that. Every option
+    after `table` is
     keyword-only. Iterating continues where the previous iteration stopped; after a complete epoch the epoch
     advances.
 
@@ -121,6 +133,10 @@ class Loader:
             dataset commit on this machine; "process", this loader's own; "off", none.
         row_ids: Add a column `_row` (int64): each row's index in the table, to join batches with labels kept
             elsewhere or to check that every row was read once.
+        verify_chunks: Check every chunk read against the size and digest its commit recorded, before it is
+            decoded (default; about 10 us per chunk against ~400 us to decode it). False reads unchecked
+            (also when the `Dataset` given was opened with `verify_chunks=False`): a chunk changed on disk, or
+            another dataset put in this one's place, is then read as this dataset's rows, with no error.
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, table: str = "agents", *,
@@ -133,8 +149,8 @@ class Loader:
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
                  cache_bytes: int | None = None, casting: str | None = None,
-                 cache: str = "host", row_ids: bool = False) -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit)
+                 cache: str = "host", row_ids: bool = False, verify_chunks: bool = True) -> None:
+        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         if table not in ds.tables:

@@ -12,9 +12,10 @@ import numpy as np
 import pyarrow as pa
 import zarr
 
-from ..core import dataset_format
+from ..core import chunk_check, dataset_format
 from ..core.arrow_records import records_to_arrow
-from ..core.chunks import ChunkError, check_chunk, chunk_key, read_rows
+from ..core.chunk_check import ChunkCheck
+from ..core.chunks import Check, ChunkError, check_chunk, chunk_key, read_coordinates, read_rows
 from ..core.dataset_format import FormatError
 from ..core.links import IntervalChecker, Violation, require_link
 from ..core.schema import Schema, field_names
@@ -77,6 +78,11 @@ class Dataset:
 
     `rows[name]` is what readers may read: the count the zarrfeed writer committed (in commit number
     `commit`), or for datasets written by other tools, the array's length (`commit` is None).
+
+    Every chunk read through it (`read_rows`, `to_arrow`, the loaders made from it, exports) is checked
+    against the size and digest its commit recorded, as taken when it was opened (`core.chunk_check`):
+    a changed chunk, or another dataset put in its place, raises `ChunkError`. `verify_chunks=False` reads
+    without checking.
     """
 
     def __init__(self, location: Location, group: zarr.Group, tables: dict[str, zarr.Array],
@@ -90,10 +96,13 @@ class Dataset:
         self.others: dict[str, str] = {}  # arrays in the group that are not tables of it (name -> what)
         self._digests: dict[str, dict[int, tuple[int, str]]] | None = None
         self._digests_read = False
+        self.verify_chunks = True  # see `check`
+        self._check: ChunkCheck | None = None
 
     @classmethod
     def open(cls, path_or_url: str | os.PathLike | Location, mode: str = "r",
-             storage_options: dict[str, Any] | None = None, commit: int | None = None) -> "Dataset":
+             storage_options: dict[str, Any] | None = None, commit: int | None = None,
+             verify_chunks: bool = True) -> "Dataset":
         """Open a directory, a `.zip` file (read-only) or any fsspec URL (with `storage_options`, e.g.
         `{"endpoint_url": ..., "key": ..., "secret": ...}` for S3); `FormatError` if unreadable.
 
@@ -108,13 +117,18 @@ class Dataset:
                 (outside zarrfeed's commits; a `.zip` is refused).
             storage_options: fsspec options for a URL (credentials, `endpoint_url`, `zarrfeed_timeout`, ...).
             commit: The commit number whose rows to read (default: the latest).
+            verify_chunks: Check every chunk read against the size and digest its commit recorded (default).
+                False reads chunks unchecked: a chunk changed on disk, or another dataset put in this one's
+                place while it is read, is then read as this dataset's rows (see docs/guides/loading.md).
         """
         location = Location.of(path_or_url, storage_options)
-        return bounded(location.budget, lambda: cls._open(location, mode, commit),
-                       f"{location}: opening the dataset (the store does not answer)")
+        ds = bounded(location.budget, lambda: cls._open(location, mode, commit),
+                     f"{location}: opening the dataset (the store does not answer)")
+        ds.verify_chunks = bool(verify_chunks)
+        return ds
 
     @classmethod
-    def _open(cls, location: Location, mode: str, commit: int | None) -> "Dataset":
+    def _open(cls, location: Location, mode: str, commit: int | None, read_check: bool = True) -> "Dataset":
         group = dataset_format.open_group(location, mode)
         schema, arrays, others = dataset_format.open_tables(group, "r" if mode == "r" else "r+")
         if others:
@@ -132,15 +146,42 @@ class Dataset:
         ds.others = others
         log = doc.get("log") if doc else None
         ds.commit_tag = log[-1]["key"] if log else None
+        if read_check:  # the records as of this opening: a dataset put in its place later is told apart
+            ds._check = chunk_check.read(group.store, str(location), doc, rows,
+                                         {t: a.chunks[0] for t, a in tables.items()})
         return ds
 
     @classmethod
-    def reopen(cls, location: Location, commit: int | None = None) -> "Dataset":
-        """`open` again in another process (a worker's, a task's) what the parent opened: the parent has
-        said what there was to say, so nothing is warned again."""
+    def reopen(cls, location: Location, commit: int | None = None, check: ChunkCheck | None = None) -> "Dataset":
+        """`open` again in another process (a worker's, a task's) what the parent opened, checking chunks
+        against the parent's records (`check`: its `Dataset.check`; None: unchecked), not those found now:
+        the parent has said what there was to say, so nothing is warned again."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return cls.open(location, commit=commit)
+            ds = bounded(location.budget, lambda: cls._open(location, "r", commit, read_check=False),
+                         f"{location}: opening the dataset (the store does not answer)")
+        ds._check = check
+        ds.verify_chunks = check is not None
+        return ds
+
+    @property
+    def check(self) -> ChunkCheck | None:
+        """What chunks read from this dataset are checked against: the records of its commit, taken when it
+        was opened (see `core.chunk_check`); None with `verify_chunks=False` or when nothing is recorded
+        (a dataset written by another tool or by a zarrfeed before digests)."""
+        return self._check if self.verify_chunks else None
+
+    def _checker(self) -> Check | None:
+        check = self.check
+        return check.check if check is not None else None
+
+    def read_rows(self, table: str, start: int, stop: int, fields: list[str] | None = None) -> np.ndarray:
+        """Rows [start, stop) of `table` (only `fields`, if given), each chunk checked (see `check`)."""
+        return read_rows(self.tables[table], start, stop, fields, check=self._checker())
+
+    def read_coordinates(self, table: str, rows: np.ndarray) -> np.ndarray:
+        """The records of `table` at `rows` (any order, repeats allowed), each chunk checked (see `check`)."""
+        return read_coordinates(self.tables[table], rows, check=self._checker())
 
     def version_tag(self) -> str:
         """What tells this state of the dataset from any other at the same place: the newest commit's key
@@ -271,10 +312,11 @@ class Dataset:
     def digests(self, tail: bool = True) -> dict[str, dict[int, tuple[int, str]]] | None:
         """The size and digest its commit recorded for each chunk of this dataset's rows that can be checked
         (see `dataset_format.sealed_chunks`; `tail=False` leaves out each table's last, partly filled chunk,
-        which the next writer rewrites); None if it records none."""
+        which the next writer rewrites); None if it records none. Those taken when it was opened (see `check`),
+        else read now."""
         if not self._digests_read:
             self._digests_read = True
-            self._digests = self._sealed()
+            self._digests = self._check.records if self._check is not None else self._sealed()
         if tail or self._digests is None:
             return self._digests
         return {t: {i: r for i, r in recs.items() if (i + 1) * self.tables[t].chunks[0] <= self.rows[t]}
@@ -350,8 +392,13 @@ class Dataset:
         names = field_names(self[table].dtype, fields)
         c = self[table].chunks[0] * max(1, chunks_per_partition)
         n = self.rows[table]
-        pieces = [_Partition(self.location, self.commit, table, a, min(a + c, n), names)
-                  for a in range(0, n, c)] or [_Partition(self.location, self.commit, table, 0, 0, names)]
+        check = self.check
+
+        def piece(a: int, b: int) -> _Partition:
+            return _Partition(self.location, self.commit, table, a, b, names,
+                              check.part(table, a, b) if check is not None else None)
+
+        pieces = [piece(a, min(a + c, n)) for a in range(0, n, c)] or [piece(0, 0)]
         meta = records_to_arrow(np.zeros(0, self[table].dtype), names).to_pandas(types_mapper=pd.ArrowDtype)
         divisions = [p.start for p in pieces] + [max(n - 1, 0)]
         return dd.from_map(_dask_partition, pieces, meta=meta, divisions=divisions, enforce_metadata=False)
@@ -392,14 +439,15 @@ class _Partition(NamedTuple):
     start: int
     end: int
     fields: list[str] | None
+    check: ChunkCheck | None
 
 
 def _dask_partition(piece: _Partition) -> Any:
     """A partition's rows as a pandas DataFrame indexed by row number."""
     import pandas as pd
 
-    ds = Dataset.reopen(piece.location, piece.commit)
-    rows = read_rows(ds[piece.table], piece.start, piece.end)
+    ds = Dataset.reopen(piece.location, piece.commit, piece.check)
+    rows = ds.read_rows(piece.table, piece.start, piece.end)
     df = records_to_arrow(rows, piece.fields).to_pandas(types_mapper=pd.ArrowDtype)
     df.index = pd.RangeIndex(piece.start, piece.end)
     return df

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..core._proc.pool import context
 from ..core.arrow_records import records_to_arrow, schema_metadata
-from ..core.chunks import read_rows
+from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from .dataset import Dataset
 
@@ -30,10 +30,11 @@ def _pieces(ds: Dataset, table: str, file_rows: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
 
 
-def _write_piece(location: Location, commit: int | None, table: str, a: int, b: int, out: Location, name: str,
-                 row_group_rows: int, compression: str, meta: dict[bytes, bytes], row_index: str | None) -> int:
-    ds = Dataset.reopen(location, commit)  # the parent's commit: every file agrees while a writer appends
-    rows = read_rows(ds[table], a, b)
+def _write_piece(location: Location, commit: int | None, check: ChunkCheck | None, table: str, a: int, b: int,
+                 out: Location, name: str, row_group_rows: int, compression: str, meta: dict[bytes, bytes],
+                 row_index: str | None) -> int:
+    ds = Dataset.reopen(location, commit, check)  # the parent's commit and records: every file agrees while a
+    rows = ds.read_rows(table, a, b)  # writer appends, and none holds another dataset's rows
     rb = records_to_arrow(rows)
     if row_index:
         rb = rb.append_column(pa.field(row_index, pa.int64(), nullable=False),
@@ -105,10 +106,11 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
         for i, (a, b) in enumerate(_pieces(ds, t, file_rows)):
             meta = schema_metadata({"schema": ds.schema.to_json(), "attrs": dict(ds.group.attrs), "table": t,
                                     "first_row": a})
-            tasks.append((ds.location, ds.commit, t, a, b, out, f"{t}/part-{i:05d}.parquet", row_group_rows,
+            check = ds.check.part(t, a, b) if ds.check is not None else None  # its chunks' records only
+            tasks.append((ds.location, ds.commit, check, t, a, b, out, f"{t}/part-{i:05d}.parquet", row_group_rows,
                           compression, meta, row_index))
     t0 = time.perf_counter()
-    total = sum((b - a) * ds[t].dtype.itemsize for _, _, t, a, b, *_ in tasks)
+    total = sum((b - a) * ds[t].dtype.itemsize for _, _, _, t, a, b, *_ in tasks)
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
             if client is not None:

@@ -3,7 +3,10 @@
 Messages (`loader.messages`; all small, the worker computes the plan itself from the settings it was
 started with): `Decode` -> `Decoded` (the chunks, fetched together, concurrently from an object store, into
 the cache); `FillIndex` -> `IndexFilled` (the window's shuffled rows, as cache rows, into the index);
-`GatherRows` -> `Gathered`, or `TransformFailed` if the user's transform raises. A gather copies, for each
+`GatherRows` -> `Gathered`, or `TransformFailed` if the user's transform raises. Every chunk's stored bytes
+are checked against the records its parent took when it opened the dataset (`core.chunk_check`) before they
+are decoded into shared memory: a chunk that is not the committed one fails the `Decode` with `ChunkError`,
+which the loader raises as `LoaderError` in the training loop. A gather copies, for each
 batch row, the cache row the index names into the batch's ring slot, one column per field, in one pass
 (`_gather.gather`). With a transform, rows are gathered into a private buffer, the transform runs on views
 of it, and only its outputs are copied into the slot.
@@ -18,6 +21,7 @@ import numpy as np
 from ..core import dataset_format
 from ..core._proc.pool import RemoteError, preload_in_workers
 from ..core._proc.shm import SharedBlock, check_room
+from ..core.chunk_check import ChunkCheck
 from ..core.chunks import chunk_key, decode_chunk_into
 from ..core.store import Location
 from .chunk_cache import ProcessChunks
@@ -62,19 +66,21 @@ class Shared:
 @dataclass(frozen=True)
 class Source:
     """What a reader worker needs to open the dataset its parent opened and fetch from it: the location with
-    its storage options, the committed rows the parent read (its pinned commit), how to fetch, and with a disk
+    its storage options, the committed rows the parent read (its pinned commit), how to fetch, with a disk
     cache the size and digest recorded for each sealed chunk (what cached chunks are named by and checked
-    against; not read otherwise, so local reads never hash)."""
+    against), and what every chunk read is checked against (`check`: the parent's records; None: unchecked,
+    `verify_chunks=False`)."""
 
     location: Location
     rows: dict[str, int]
     fetch: FetchOptions
     digests: dict[str, dict[int, tuple[int, str]]] | None = None
+    check: ChunkCheck | None = None
 
     @classmethod
     def of(cls, ds, fetch: FetchOptions) -> "Source":
         cached = fetch.cache_dir is not None and not ds.location.is_local
-        return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None)
+        return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None, ds.check)
 
 
 def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[Decode], tuple[int, ...]]:
@@ -83,7 +89,7 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
     arrays = {t: dataset_format.open_table(store, t) for t in tables}  # object store each check is a request)
     fetcher = ChunkFetcher(source.location, store, source.fetch)
     cache, _ = shared.arrays()
-    digests = source.digests or {}
+    digests, check = source.digests or {}, source.check
 
     def keys_of(items: tuple[DecodeItem, ...] | list[DecodeItem]) -> tuple[list[str], list[tuple[int, str] | None]]:
         """Chunk keys, and the size and digest recorded for each (None: not recorded, or not needed)."""
@@ -94,11 +100,13 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
         """Decode each chunk whose slot is still claimed for it (one that is not was decoded already, by a
         worker that died before it answered, or is claimed anew); the message's slots."""
         keys, complete = keys_of(msg.items)
-        for item, key, raw in zip(msg.items, keys, fetcher.fetch(keys, complete), strict=True):
+        for item, key, raw, record in zip(msg.items, keys, fetcher.fetch(keys, complete), complete, strict=True):
             array = arrays[item.table]
             start = item.slot * shared.slot_bytes
-            with shared.chunks.writing(item.slot, item.token) as ours:
+            with shared.chunks.writing(item.slot, item.token) as ours:  # a raise marks the slot failed
                 if ours:
+                    if check is not None and record is None:  # with a record, the fetcher checked it
+                        raw = check.check(array, item.chunk, key, raw)
                     decode_chunk_into(array, key, raw, cache[start:start + array.chunks[0] * array.dtype.itemsize])
         return tuple(item.slot for item in msg.items)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core._proc.pool import RemoteError, preload_in_workers
-from ..core.chunks import read_rows
+from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from . import agents_mask, read_worker
 from .batches import Loader, fetch_options, open_dataset
@@ -49,8 +49,8 @@ class MotionSamples:
         self.steps, self.ego = steps, ego
         self.threshold = threshold  # L5Kit's label threshold: which row of a track is the agent at t
         h, f = steps.history, steps.future
-        scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
-        iv = read_rows(ds["frames"], 0, ds.rows["frames"], fields=["agent_index_interval"])["agent_index_interval"]
+        scenes = ds.read_rows("scenes", 0, ds.rows["scenes"])["frame_index_interval"]
+        iv = ds.read_rows("frames", 0, ds.rows["frames"], fields=["agent_index_interval"])["agent_index_interval"]
         ds.require_link("scenes", "frame_index_interval", scenes)  # one line, not an IndexError below
         ds.require_link("frames", "agent_index_interval", iv)
         self.chunk_rows = {t: ds[t].chunks[0] for t in ("frames", "agents")}
@@ -240,8 +240,8 @@ class MotionSource(SampleGroups):
                        shuffle_window=c.shuffle_window, drop_last=c.drop_last, rank=c.rank,
                        world_size=c.world_size, rows=self.samples.items, cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
-        return functools.partial(_sample_batch, self.kind, self.dataset.location, self.dataset.commit, options,
-                                 plan.epoch, k)
+        return functools.partial(_sample_batch, self.kind, self.dataset.location, self.dataset.commit,
+                                 self.dataset.check, options, plan.epoch, k)
 
     def settings(self) -> dict[str, Any]:
         s = self.samples.steps
@@ -329,6 +329,7 @@ class AgentSampleLoader(_SampleLoader):
         batch_size: Samples per batch (default 32).
         shuffle_window: Groups of samples, one per agents chunk, whose samples are shuffled together (default 4).
         rows: The agent rows to sample instead of the mask's, as an index array or a boolean mask over agents.
+        verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
@@ -340,8 +341,9 @@ class AgentSampleLoader(_SampleLoader):
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host") -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit)
+                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
+                 verify_chunks: bool = True) -> None:
+        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         _l5kit_dataset(ds, "AgentSampleLoader")
         steps = Steps(history, future, step_time)
         items = _selected(ds.rows["agents"], rows, "agents")
@@ -377,6 +379,7 @@ class EgoSampleLoader(_SampleLoader):
         batch_size: Samples per batch (default 32).
         shuffle_window: Groups of samples, one per frames chunk, whose samples are shuffled together (default 4).
         rows: The frames to sample, as an index array or a boolean mask over frames (default: every frame).
+        verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
@@ -387,8 +390,9 @@ class EgoSampleLoader(_SampleLoader):
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host") -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit)
+                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
+                 verify_chunks: bool = True) -> None:
+        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         _l5kit_dataset(ds, "EgoSampleLoader")
         steps = Steps(history, future, step_time)
         items = _selected(ds.rows["frames"], rows, "frames")
@@ -405,9 +409,10 @@ class EgoSampleLoader(_SampleLoader):
 _KINDS: dict[str, type[_SampleLoader]] = {"AgentSampleLoader": AgentSampleLoader, "EgoSampleLoader": EgoSampleLoader}
 
 
-def _sample_batch(kind: str, location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:
+def _sample_batch(kind: str, location: Location, commit: int | None, check: ChunkCheck | None, options: dict,
+                  epoch: int, k: int) -> dict:
     """Batch k of `epoch` of a sample loader with `options`, made in this process and copied out of its ring."""
-    loader = _KINDS[kind](Dataset.reopen(location, commit), num_workers=0, copy=True, **options)
+    loader = _KINDS[kind](Dataset.reopen(location, commit, check), num_workers=0, copy=True, **options)
     loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
     try:
         return next(iter(loader))

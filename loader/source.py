@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ..core.chunks import read_coordinates
+from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from . import read_worker
 from .chunk_cache import ProcessChunks
@@ -133,8 +133,8 @@ class RowSource:
                                    self.layout, outputs, transform)
 
     def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        return functools.partial(_read_rows, self.dataset.location, self.dataset.commit, self.table,
-                                 [col.name for col in self.layout.columns], plan.batch_row_ids(k))
+        return functools.partial(_read_rows, self.dataset.location, self.dataset.commit, self.reader.check,
+                                 self.table, [col.name for col in self.layout.columns], plan.batch_row_ids(k))
 
     def settings(self) -> dict[str, Any]:
         return plan_settings(self.table, self.config)
@@ -151,7 +151,7 @@ def plan_settings(table: str, config: PlanConfig) -> dict[str, Any]:
             "world_size": c.world_size, "drop_last": c.drop_last}
 
 
-def _read_rows(location: Location, commit: int | None, table: str, fields: list[str],
+def _read_rows(location: Location, commit: int | None, check: ChunkCheck | None, table: str, fields: list[str],
                rows: np.ndarray) -> dict[str, np.ndarray]:
-    records = read_coordinates(Dataset.reopen(location, commit)[table], rows)
+    records = Dataset.reopen(location, commit, check).read_coordinates(table, rows)
     return {n: np.ascontiguousarray(records[n]) for n in fields}

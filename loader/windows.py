@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core._proc.pool import RemoteError, preload_in_workers
-from ..core.chunks import read_rows
+from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from . import read_worker
 from .batches import Loader, fetch_options, open_dataset
@@ -54,8 +54,8 @@ class Samples:
             raise ValueError(f"history and future must be >= 0, got {history} and {future}")
         self.history, self.future, self.T = history, future, history + 1 + future
         self.whole_windows = whole_windows
-        scenes = read_rows(ds["scenes"], 0, ds.rows["scenes"])["frame_index_interval"]
-        frames = read_rows(ds["frames"], 0, ds.rows["frames"], fields=list(LINKS.values()))
+        scenes = ds.read_rows("scenes", 0, ds.rows["scenes"])["frame_index_interval"]
+        frames = ds.read_rows("frames", 0, ds.rows["frames"], fields=list(LINKS.values()))
         ds.require_link("scenes", "frame_index_interval", scenes)  # one line, not an IndexError below
         for field in LINKS.values():
             ds.require_link("frames", field, frames[field])
@@ -307,7 +307,8 @@ class WindowSource(SampleGroups):
                        shuffle=c.shuffle, seed=c.seed, shuffle_window=c.shuffle_window, drop_last=c.drop_last,
                        rank=c.rank, world_size=c.world_size, rows=self.samples.t, cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
-        return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, options, plan.epoch, k)
+        return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
+                                 options, plan.epoch, k)
 
     def settings(self) -> dict[str, Any]:
         partial = {} if self.samples.whole_windows else {"partial_windows": True}  # whole: as states before it
@@ -345,6 +346,7 @@ class WindowLoader(Loader):
         shuffle_window: Groups of samples, one per agents chunk, whose samples are shuffled together (default 4).
         rows: The frames to sample, as an index array or a boolean mask over the frames table (default all;
             with `whole_windows`, those of them whose window is whole).
+        verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
@@ -357,8 +359,8 @@ class WindowLoader(Loader):
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None,
-                 cache: str = "host") -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit)
+                 cache: str = "host", verify_chunks: bool = True) -> None:
+        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
@@ -389,9 +391,10 @@ class WindowLoader(Loader):
         super().load_state_dict(state)
 
 
-def _window_batch(location: Location, commit: int | None, options: dict, epoch: int, k: int) -> dict:
+def _window_batch(location: Location, commit: int | None, check: ChunkCheck | None, options: dict, epoch: int,
+                  k: int) -> dict:
     """Batch k of `epoch` of a WindowLoader with `options`, made in this process and copied out of its ring."""
-    loader = WindowLoader(Dataset.reopen(location, commit), num_workers=0, copy=True, **options)
+    loader = WindowLoader(Dataset.reopen(location, commit, check), num_workers=0, copy=True, **options)
     loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
     try:
         return next(iter(loader))

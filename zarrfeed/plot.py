@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .core.chunks import read_rows
 from .core.schema import PERCEPTION_LABELS
 from .loader import Dataset
 
@@ -86,12 +85,12 @@ def read_scene(dataset: Dataset, scene: int) -> Scene:
     if not 0 <= scene < n:
         raise ValueError(f"--scene {scene}: {dataset.location} has {n} scene{'s' if n != 1 else ''}"
                          + (f" (0 to {n - 1})" if n else ""))
-    f0, f1 = (int(x) for x in read_rows(dataset["scenes"], scene, scene + 1)["frame_index_interval"][0])
-    frames = read_rows(dataset["frames"], f0, f1)
+    f0, f1 = (int(x) for x in dataset.read_rows("scenes", scene, scene + 1)["frame_index_interval"][0])
+    frames = dataset.read_rows("frames", f0, f1)
 
     def children(field: str, table: str) -> tuple[np.ndarray, np.ndarray]:
         iv = frames[field]
-        rows = read_rows(dataset[table], int(iv[0, 0]), int(iv[-1, 1])) if len(frames) else \
+        rows = dataset.read_rows(table, int(iv[0, 0]), int(iv[-1, 1])) if len(frames) else \
             np.zeros(0, dataset[table].dtype)
         return rows, np.repeat(np.arange(f0, f1), np.diff(iv, axis=1).ravel())
 
@@ -187,8 +186,8 @@ class Summary(NamedTuple):
 def summarize(dataset: Dataset) -> Summary:
     """Rows per scene and per frame, and agent rows per label, read below the committed counts."""
     _check(dataset)
-    scenes = read_rows(dataset["scenes"], 0, dataset.rows["scenes"], ["frame_index_interval"])
-    frames = read_rows(dataset["frames"], 0, dataset.rows["frames"],
+    scenes = dataset.read_rows("scenes", 0, dataset.rows["scenes"], ["frame_index_interval"])
+    frames = dataset.read_rows("frames", 0, dataset.rows["frames"],
                        ["agent_index_interval", "traffic_light_faces_index_interval"])
 
     def per_scene(counts: np.ndarray) -> np.ndarray:
@@ -203,7 +202,7 @@ def summarize(dataset: Dataset) -> Summary:
     label_rows = np.zeros(max(width, agents.dtype["label_probabilities"].shape[0]), np.int64)
     step = agents.chunks[0]
     for a in range(0, dataset.rows["agents"], step):
-        probs = read_rows(agents, a, min(a + step, dataset.rows["agents"]), ["label_probabilities"])
+        probs = dataset.read_rows("agents", a, min(a + step, dataset.rows["agents"]), ["label_probabilities"])
         label_rows += np.bincount(probs["label_probabilities"].argmax(axis=1), minlength=len(label_rows))
     return Summary(np.diff(scenes["frame_index_interval"], axis=1).ravel(), per_scene(agents_per_frame),
                    per_scene(faces_per_frame), agents_per_frame, label_rows)

@@ -11,7 +11,7 @@ bytes, which the committer records in the commit (see `commit.ChunkDigests`).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numcodecs
 import numpy as np
@@ -44,6 +44,11 @@ class ChunkError(ValueError):
     """A chunk cannot be read; the message names the table and the chunk key."""
 
 
+# what a reader checks each chunk's stored bytes with before decoding them (`chunk_check.ChunkCheck.check`):
+# (array, chunk index, key, bytes or None if missing) -> the bytes to decode; raises `ChunkError`
+Check = Callable[[zarr.Array, int, str, "bytes | None"], "bytes | None"]
+
+
 def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None) -> None:
     """Raise `ChunkError` if the stored bytes `raw` of chunk `key` (`table/index`) are not those its commit
     recorded (`record`: size and digest; None: nothing recorded, nothing to check)."""
@@ -58,12 +63,13 @@ def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None) -> 
 
 
 def read_rows(array: zarr.Array, start: int, stop: int, fields: list[str] | None = None,
-              digests: Mapping[int, tuple[int, str]] | None = None) -> np.ndarray:
+              digests: Mapping[int, tuple[int, str]] | None = None, check: Check | None = None) -> np.ndarray:
     """Rows [start, stop) of a 1-D table (only `fields`, if given), read chunk by chunk from its stored bytes
     (on an object store all at once, as concurrent requests). Unlike zarr's own reads, a chunk that is missing
     raises `ChunkError` instead of reading as fill values (below the committed rows a missing chunk is a lost
     one), and so does one that cannot be decoded; both name the table and the chunk. With `digests` (chunk
-    index -> recorded size and digest), each chunk is first checked against its record."""
+    index -> recorded size and digest), each chunk is first checked against its record; with `check` (a
+    dataset's `ChunkCheck.check`, see `core.chunk_check`), each chunk's bytes are first passed through it."""
     dtype = array.dtype if fields is None else np.dtype([(f, array.dtype.fields[f][0]) for f in fields])
     if stop <= start:
         return np.zeros(0, dtype)
@@ -75,15 +81,18 @@ def read_rows(array: zarr.Array, start: int, stop: int, fields: list[str] | None
     flat = out.view(np.uint8)
     buf: np.ndarray | None = None
     for i, key in zip(indices, keys, strict=True):
+        raw = raws.get(key)
         if digests is not None:
-            check_chunk(key, raws.get(key), digests.get(i))
+            check_chunk(key, raw, digests.get(i))
+        if check is not None:
+            raw = check(array, i, key, raw)
         lo, hi = max(start, i * c), min(stop, (i + 1) * c)
         if hi - lo == c and fields is None:  # a whole chunk: decoded straight into the output
-            decode_chunk_into(array, key, raws.get(key), flat[(lo - start) * size:(hi - start) * size])
+            decode_chunk_into(array, key, raw, flat[(lo - start) * size:(hi - start) * size])
             continue
         if buf is None:
             buf = np.empty(c * size, np.uint8)
-        decode_chunk_into(array, key, raws.get(key), buf)
+        decode_chunk_into(array, key, raw, buf)
         if fields is None:
             flat[(lo - start) * size:(hi - start) * size] = buf[(lo - i * c) * size:(hi - i * c) * size]
         else:
@@ -93,9 +102,10 @@ def read_rows(array: zarr.Array, start: int, stop: int, fields: list[str] | None
     return out
 
 
-def read_coordinates(array: zarr.Array, rows: np.ndarray) -> np.ndarray:
+def read_coordinates(array: zarr.Array, rows: np.ndarray, check: Check | None = None) -> np.ndarray:
     """The records at `rows` (any order, repeats allowed) of a 1-D table: each chunk they touch is fetched
-    and decoded once, missing or broken chunks raise `ChunkError` as in `read_rows`."""
+    and decoded once, missing or broken chunks raise `ChunkError` as in `read_rows`, and so does one that
+    `check` refuses."""
     rows = np.asarray(rows, np.int64)
     out = np.empty(len(rows), array.dtype)
     if not len(rows):
@@ -106,7 +116,8 @@ def read_coordinates(array: zarr.Array, rows: np.ndarray) -> np.ndarray:
     raws = get_many(array.chunk_store, keys)
     buf = np.empty(c * array.dtype.itemsize, np.uint8)
     for i, key in zip(indices, keys, strict=True):
-        decode_chunk_into(array, key, raws.get(key), buf)
+        raw = raws.get(key) if check is None else check(array, int(i), key, raws.get(key))
+        decode_chunk_into(array, key, raw, buf)
         mine = rows // c == i
         out[mine] = buf.view(array.dtype)[rows[mine] - i * c]
     return out

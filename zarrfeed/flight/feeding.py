@@ -60,6 +60,14 @@ class IdleLoaders:
         for _, _, old in gone:
             old.close()
 
+    def drop_others(self, dataset_id: str | None) -> None:
+        """Close the loaders kept of another dataset than `dataset_id` (one put in its place since)."""
+        with self._lock:
+            gone = [item for item in self._items if item[2].dataset.dataset_id != dataset_id]
+            self._items = [item for item in self._items if item[2].dataset.dataset_id == dataset_id]
+        for _, _, loader in gone:
+            loader.close()
+
     def expire(self, everything: bool = False) -> None:
         """Close the loaders kept longer than `seconds` (all of them with `everything`)."""
         cut = float("inf") if everything else time.monotonic() - self.seconds
@@ -78,6 +86,7 @@ class Feeding:
         self.location, self.name = location, name
         self.workers, self.transforms, self._url = serving.workers, serving.transforms, serving.url
         self.limits, self.activity, self.streams = serving.limits, serving.activity, serving.streams
+        self.verify_chunks = serving.verify_chunks
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.idle = IdleLoaders()
@@ -88,14 +97,22 @@ class Feeding:
         """The dataset at `commit` (None: the latest when first asked), opened once and kept."""
         with self._lock:
             if commit not in self._datasets:
-                self._datasets[commit] = Dataset.open(self.location, commit=commit)
+                self._datasets[commit] = Dataset.open(self.location, commit=commit, verify_chunks=self.verify_chunks)
             return self._datasets[commit]
 
     def latest(self) -> Dataset:
-        """The dataset at its newest commit, looked up again on each call."""
+        """The dataset at its newest commit, looked up again on each call. When another dataset was put in
+        its place, the commits kept open of the one before and the loaders kept for their next epochs are
+        dropped (streams still reading it fail on their chunks, one line; the next tickets read the new one)."""
         with self._lock:
             self._datasets.pop(None, None)
-        return self.dataset(None)
+        ds = self.dataset(None)
+        with self._lock:
+            for commit, old in list(self._datasets.items()):
+                if old.dataset_id != ds.dataset_id:
+                    del self._datasets[commit]
+        self.idle.drop_others(ds.dataset_id)
+        return ds
 
     def close(self) -> None:
         """At shutdown: open streams end at their next batch with "server shutting down", new ones are

@@ -99,6 +99,8 @@ class FeedServer(flight.FlightServerBase):
         tls: (certificate chain, private key) PEM bytes to serve `grpc+tls`; default: plain gRPC.
         transforms: The transforms clients may ask for by name: a module name, a `.py` file, or `Transforms`;
             default none.
+        verify_chunks: Check every chunk a stream reads against the size and digest its commit recorded
+            (default; see `Loader`); False streams chunks unchecked.
         limits: Caps on streams, uploads, message, batch and transform-argument sizes (`Limits`); default
             `Limits.for_machine(workers)`, sized from this machine.
         insecure: Serve beyond loopback without those tokens (`zarrfeed serve --insecure`): for a network that
@@ -109,7 +111,7 @@ class FeedServer(flight.FlightServerBase):
                  host: str = "127.0.0.1", port: int = 8815, token: str | None = None, ingest: bool = False,
                  ingest_token: str | None = None, workers: int = 2, tls: tuple[bytes, bytes] | None = None,
                  transforms: Transforms | str | None = None, limits: Limits | None = None,
-                 insecure: bool = False) -> None:
+                 insecure: bool = False, verify_chunks: bool = True) -> None:
         self.access = Access(token, ingest_token, ingest)
         self.access.check_exposure(host, insecure, PYTHON)  # before anything is opened or listens
         # everything a call uses is made before the server listens (super().__init__): a producer retrying
@@ -124,7 +126,7 @@ class FeedServer(flight.FlightServerBase):
         self.transforms = transforms if isinstance(transforms, Transforms) else Transforms(transforms)
         self._scheme, self._host = "grpc+tls" if tls else "grpc", host
         self.limits = limits or Limits.for_machine(workers)
-        self.serving = Serving(workers, self.transforms, self.limits, lambda: self.url)
+        self.serving = Serving(workers, self.transforms, self.limits, lambda: self.url, verify_chunks=verify_chunks)
         self.activity = self.serving.activity
         self.datasets: dict[str, Served] = {}
         for name, where in named.items():

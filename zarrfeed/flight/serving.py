@@ -18,6 +18,7 @@ class Serving:
     limits: Limits
     url: Callable[[], str]
     activity: Activity = field(default_factory=Activity)
+    verify_chunks: bool = True  # streams check every chunk against its recorded digest (see loader.Dataset)
     streams: Slots = field(init=False)
     uploads: Slots = field(init=False)
 
