@@ -98,6 +98,7 @@ class Dataset:
         self._digests_read = False
         self.verify_chunks = True  # see `check`
         self._check: ChunkCheck | None = None
+        self._check_error: FormatError | None = None  # why the records could not be taken (see `check`)
 
     @classmethod
     def open(cls, path_or_url: str | os.PathLike | Location, mode: str = "r",
@@ -147,8 +148,11 @@ class Dataset:
         log = doc.get("log") if doc else None
         ds.commit_tag = log[-1]["key"] if log else None
         if read_check:  # the records as of this opening: a dataset put in its place later is told apart
-            ds._check = chunk_check.read(group.store, str(location), doc, rows,
-                                         {t: a.chunks[0] for t, a in tables.items()})
+            try:
+                ds._check = chunk_check.read(group.store, str(location), doc, rows,
+                                             {t: a.chunks[0] for t, a in tables.items()})
+            except FormatError as exc:  # a damaged commit log: `validate` reports it, a checked read refuses
+                ds._check_error = exc
         return ds
 
     @classmethod
@@ -168,8 +172,14 @@ class Dataset:
     def check(self) -> ChunkCheck | None:
         """What chunks read from this dataset are checked against: the records of its commit, taken when it
         was opened (see `core.chunk_check`); None with `verify_chunks=False` or when nothing is recorded
-        (a dataset written by another tool or by a zarrfeed before digests)."""
-        return self._check if self.verify_chunks else None
+        (a dataset written by another tool or by a zarrfeed before digests). `FormatError` if the records
+        could not be taken (a damaged commit log segment; `validate` names it): nothing is read unchecked
+        unless asked (`verify_chunks=False`)."""
+        if not self.verify_chunks:
+            return None
+        if self._check_error is not None:
+            raise self._check_error
+        return self._check
 
     def _checker(self) -> Check | None:
         check = self.check
