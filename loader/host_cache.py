@@ -78,13 +78,16 @@ class CacheKey:
     def of(cls, ds: Any, slot_bytes: int) -> "CacheKey":
         """The key of dataset `ds` (a `loader.Dataset`) as opened, with slots of `slot_bytes` (a loader's
         cache rows are counted in slots of its table's chunk size, so loaders with other slot sizes keep other
-        caches): where it is (`Location.place`), its id, and which state of it (`Dataset.version_tag`: a copy
-        put in its place, or a dataset without commits rewritten in place, is another cache)."""
+        caches): where it is (`Location.place`), its id, which state of it (`Dataset.version_tag`: a copy
+        put in its place, or a dataset without commits rewritten in place, is another cache), and what it
+        holds: the size and digest its commits recorded for each chunk (`Dataset.digests`), so that a copy
+        with the same id, commit and commit log key but other chunks never shares a cache with it."""
         tables = tuple(sorted(ds.tables))
         chunks = tuple(-(-ds.rows[t] // ds[t].chunks[0]) for t in tables)
         what = {"place": ds.location.place(), "dataset_id": ds.dataset_id, "version": ds.version_tag(),
                 "rows": {t: ds.rows[t] for t in tables}, "slot_bytes": slot_bytes,
-                "chunks": {t: [ds[t].chunks[0], str(ds[t].dtype)] for t in tables}}
+                "chunks": {t: [ds[t].chunks[0], str(ds[t].dtype)] for t in tables},
+                "content": _content(ds.digests(), tables)}
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
         return cls(digest, tables, chunks, slot_bytes)
 
@@ -95,6 +98,18 @@ class CacheKey:
     def chunk_id(self, table: str, chunk: int) -> int:
         i = self.tables.index(table)
         return sum(self.chunks_per_table[:i]) + chunk
+
+
+def _content(digests: dict[str, dict[int, tuple[int, str]]] | None, tables: tuple[str, ...]) -> str | None:
+    """One digest of every chunk record (index, size, digest) of `tables`; None for a dataset that records
+    none (its `version_tag` then digests its files' names, sizes and times)."""
+    if digests is None:
+        return None
+    h = hashlib.sha256()
+    for t in tables:
+        for i, (size, chunk_digest) in sorted(digests.get(t, {}).items()):
+            h.update(f"{t}/{i}:{size}:{chunk_digest}\n".encode())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -451,30 +466,37 @@ class _Open:
 _OPEN: dict[str, _Open] = {}
 _OPEN_LOCK = threading.Lock()
 _SAID: set[str] = set()
+_SAID_SHORT: set[str] = set()  # caches whose shortfall this process has said
 os.register_at_fork(after_in_child=_OPEN.clear)  # a forked process is another process: it attaches anew
 
 
 def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | None:
     """This process's handle on the host cache of `key`, or None if the existing cache has fewer than `need`
-    slots (the caller keeps a cache of its own). Call `detach` when done. A new cache gets `want` slots within
-    what the caches of other datasets leave of the host's budget (`host_budget`: `budget` bytes if this is the
-    first cache on the host), but never fewer than `need` (with less, no loader could go on): then it says in
-    the log by how much it goes beyond."""
+    slots (the caller keeps a cache of its own). Call `detach` when done. `budget` is the `cache_bytes` this
+    process's loader asked for (it sets the host's ceiling if it is the largest asked; see `host_budget`). A new
+    cache gets the `want` slots its loaders asked for, within what other caches leave of the host's ceiling,
+    but never fewer than `need` (with less, no loader could go on: then the log says by how much it goes
+    beyond the ceiling). A process whose cache holds fewer slots than it asked for says so in its log, once per
+    cache, whichever process made it."""
     with _OPEN_LOCK:
         held = _OPEN.get(key.identity)
         if held is not None:
             if held.segment.n_slots < need:
                 return None
             held.users += 1
+            held.ledger.ask(budget)
+            _say_short(key, held.segment.n_slots, _asked(key, budget, want), None)
             return held.segment
         ledger = host_budget.acquire(budget)
         seg = server = None
         try:
             with ledger.locked():  # sizing and entering the ledger at once: see host_budget
-                opened = _open_segment(key, want, need, ledger.room(), ledger.budget)
+                ceiling, set_by = ledger.ceiling()
+                room = ledger.room()
+                opened = _open_segment(key, want, need, room)
                 if opened is not None:
-                    seg, server = opened
-                    entry = ledger.enter(key.identity, seg.n_slots * seg.slot_bytes)
+                    seg, server, created = opened
+                    entry = ledger.enter(key.identity, seg.n_slots * seg.slot_bytes, _asked(key, budget, want))
         except BaseException:
             if seg is not None and server is not None:
                 server.close()
@@ -485,12 +507,56 @@ def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | No
             host_budget.release(ledger)
             return None
         _OPEN[key.identity] = _Open(seg, server, ledger, entry, 1)
-        return seg
+    beyond = seg.n_slots * seg.slot_bytes - max(room, 0)
+    if created and key.identity not in _SAID:
+        _SAID.add(key.identity)
+        log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on this "
+                 "machine)", seg.n_slots, seg.n_slots * seg.slot_bytes >> 20)
+    if created and beyond > 0:
+        if key.identity in _SAID_SHORT:
+            return seg
+        _SAID_SHORT.add(key.identity)
+        log.warning("zarrfeed: the host's ceiling for decoded chunks (%s) is too small for this dataset; its "
+                    "cache takes the %d chunks its loaders need at once, %d MiB beyond it",
+                    _ceiling_said(ceiling, set_by, room), seg.n_slots, beyond >> 20)
+    else:
+        _say_short(key, seg.n_slots, _asked(key, budget, want), (ceiling, set_by, room) if created else None)
+    return seg
 
 
-def _open_segment(key: CacheKey, want: int, need: int, room: int, budget: int
-                  ) -> tuple[HostSegment, rendezvous.Server] | None:
-    """Find or make the memory file of `key` (see `attach`)."""
+def _asked(key: CacheKey, budget: int, want: int) -> int:
+    """Bytes of cache `key` that a loader asking for `want` slots within `budget` bytes asked for (whole slots)."""
+    return min(want, key.n_chunks, budget // key.slot_bytes) * key.slot_bytes
+
+
+def _ceiling_said(ceiling: int, set_by: int, room: int) -> str:
+    mine = " (this process)" if set_by == os.getpid() else ""
+    held = ceiling - room
+    return (f"{ceiling >> 20} MiB, the largest cache_bytes a process using a host cache asked for, by pid "
+            f"{set_by}{mine}" + (f"; the caches of other datasets or jobs hold {held >> 20} MiB of it" if held > 0
+                                 else ""))
+
+
+def _say_short(key: CacheKey, n_slots: int, asked: int, made: tuple[int, int, int] | None) -> None:
+    """Say in the log, once per cache and process, that the cache holds less than this process's loader asked
+    for (`asked` bytes), and why: the room other caches left of the ceiling when this process made it (`made`:
+    ceiling, who set it, room), or another process made it smaller."""
+    held = n_slots * key.slot_bytes
+    if held >= asked or key.identity in _SAID_SHORT:
+        return
+    _SAID_SHORT.add(key.identity)
+    why = (_ceiling_said(*made) if made is not None else
+           "another process made it for loaders that asked for less, or when other caches left less room; a "
+           "host cache keeps its size while any process uses it")
+    log.warning("zarrfeed: the host cache of this dataset commit holds %d chunks, %d MiB of the %d MiB this loader "
+                "asked for: %s. `zarrfeed.loader.host_budget.usage()` shows each cache's share", n_slots, held >> 20,
+                asked >> 20, why)
+
+
+def _open_segment(key: CacheKey, want: int, need: int, room: int
+                  ) -> tuple[HostSegment, rendezvous.Server, bool] | None:
+    """Find or make the memory file of `key` (see `attach`): the segment, its server, and whether this call
+    made it."""
     n_slots = max(min(key.n_chunks, want, max(room, 0) // key.slot_bytes), need, 1)
     layout = _Layout(n_slots, key.slot_bytes, key.n_chunks)
 
@@ -519,18 +585,7 @@ def _open_segment(key: CacheKey, want: int, need: int, room: int, budget: int
     except BaseException:  # (more than MAX_PROCS processes): it closed the block; serve nothing either
         server.close()
         raise
-    if created and key.identity not in _SAID:
-        _SAID.add(key.identity)
-        log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on "
-                 "this machine)", n, n * slot_bytes >> 20)
-        if n * slot_bytes > room:
-            others = budget - room
-            why = (f"the caches of other datasets hold {others >> 20} of its {budget >> 20} MiB" if others > 0
-                   else f"it is {budget >> 20} MiB")
-            log.warning("zarrfeed: the host's budget for decoded chunks is too small for this dataset (%s); its "
-                        "cache takes the %d chunks its loaders need at once, %d MiB beyond the budget", why, n,
-                        (n * slot_bytes - max(room, 0)) >> 20)
-    return seg, server
+    return seg, server, created
 
 
 def detach(seg: HostSegment) -> None:
