@@ -1,9 +1,9 @@
 """One decoded copy of a dataset per host: the chunk cache that every loader on the machine reading the same
 dataset commit shares, whichever process, rank or server stream it runs in.
 
-The cache is one anonymous memory file per (user, dataset location, dataset id, commit), found through
-`core._proc.rendezvous` (no daemon, nothing on disk; freed when the last process holding it exits, SIGKILL
-included). It holds a table of slots and the slots' decoded chunks:
+The cache is one anonymous memory file per (user, namespace, dataset location, dataset id, commit, recorded
+chunk digests), found through `core._proc.rendezvous` (no daemon, no memory on disk; freed when the last
+process holding it exits, SIGKILL included). It holds a table of slots and the slots' decoded chunks:
 
 - `directory[chunk]`: the slot holding a chunk (chunks numbered across the tables, in name order), or -1.
 - per slot: its chunk, its state (FREE, DECODING, READY, FAILED), a generation bumped at every claim, the
@@ -19,6 +19,11 @@ lock, so a half-written chunk is never marked READY and a late worker never writ
 
 A slot pinned by any live process is never given up; among unpinned ones the one unpinned most recently goes
 first (see `loader.chunk_cache`: in a shuffled epoch the chunk just read is the one least needed again).
+The table's invariants (`HostSegment.check`): the directory names slot s for chunk c exactly when slot s is
+not free and holds c (so no two chunks share a slot, and no slot lies outside the table); a pin is only on a
+slot that holds a chunk, by a registered process, and holds the chunk it was pinned for. A request never
+counts as room a slot that holds one of its own chunks, and a take or lookup that would break them raises
+`CacheInvariantError` with the table as it was.
 """
 from __future__ import annotations
 
@@ -548,9 +553,9 @@ def _say_short(key: CacheKey, n_slots: int, asked: int, made: tuple[int, int, in
     why = (_ceiling_said(*made) if made is not None else
            "another process made it for loaders that asked for less, or when other caches left less room; a "
            "host cache keeps its size while any process uses it")
-    log.warning("zarrfeed: the host cache of this dataset commit holds %d chunks, %d MiB of the %d MiB this loader "
-                "asked for: %s. `zarrfeed.loader.host_budget.usage()` shows each cache's share", n_slots, held >> 20,
-                asked >> 20, why)
+    log.warning("zarrfeed: the host cache of this dataset commit holds %d of the %d chunks this loader asked for "
+                "(%d of %d MiB): %s. `zarrfeed.loader.host_budget.usage()` shows each cache's share", n_slots,
+                asked // key.slot_bytes, held >> 20, asked >> 20, why)
 
 
 def _open_segment(key: CacheKey, want: int, need: int, room: int

@@ -429,7 +429,7 @@ def test_caches_of_several_datasets_share_one_budget_per_host(tmp_path, caplog):
         assert (use.budget, use.set_by, use.used) == (150_000, holder.pid, 100_000)
         segs.append(host_cache.attach(b, budget=150_000, want=100, need=10))  # more than the ceiling left
         assert segs[-1].n_slots == 50  # what the other dataset's cache left
-        assert "holds 50 chunks, 0 MiB of the 0 MiB this loader asked for" in caplog.text
+        assert "holds 50 of the 100 chunks this loader asked for" in caplog.text
         segs.append(host_cache.attach(c, budget=150_000, want=100, need=10))
         assert segs[-1].n_slots == 10  # nothing left: only what its loaders need at once, and said so
         assert "beyond it" in caplog.text and "other datasets or jobs hold" in caplog.text
@@ -447,6 +447,33 @@ def test_caches_of_several_datasets_share_one_budget_per_host(tmp_path, caplog):
             host_cache.detach(seg)
     assert host_budget.usage() is None  # the last process gone: no ledger left
     assert not rendezvous.served("budget") and not any(rendezvous.served(f"cache/{k.identity}") for k in (a, b, c, d))
+
+
+def test_a_process_joining_a_smaller_cache_than_it_asked_for_says_so(tmp_path, caplog):
+    """Another process made a dataset's cache with 20 slots (it asked for 20 kB); a loader here asks for
+    100 kB of it. The cache keeps its size while the other process holds it: this process's log says that it
+    holds less than was asked for here, and why; `usage()` shows the cache short of the larger ask."""
+    key = host_cache.CacheKey(hashlib.sha256(f"join{os.getpid()}{tmp_path}".encode()).hexdigest()[:32],
+                              ("agents",), (100,), 1000)
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_KEY)
+    holder = subprocess.Popen([sys.executable, str(script), key.identity, "100", "1000", "20000"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "20"
+        caplog.set_level(logging.WARNING, logger="zarrfeed")
+        seg = host_cache.attach(key, budget=100_000, want=100, need=1)
+        try:
+            assert seg.n_slots == 20
+            assert "holds 20 of the 100 chunks this loader asked for (0 of 0 MiB): another process made it" in \
+                caplog.text
+            [use] = host_budget.usage().caches
+            assert (use.nbytes, use.asked, use.short) == (20_000, 100_000, 80_000)
+        finally:
+            host_cache.detach(seg)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 HOLD_LOADER = """
