@@ -1,9 +1,9 @@
 """One decoded copy of a dataset per host: the chunk cache that every loader on the machine reading the same
 dataset commit shares, whichever process, rank or server stream it runs in.
 
-The cache is one anonymous memory file per (user, dataset location, dataset id, commit), found through
-`core._proc.rendezvous` (no daemon, nothing on disk; freed when the last process holding it exits, SIGKILL
-included). It holds a table of slots and the slots' decoded chunks:
+The cache is one anonymous memory file per (user, namespace, dataset location, dataset id, commit, recorded
+chunk digests), found through `core._proc.rendezvous` (no daemon, no memory on disk; freed when the last
+process holding it exits, SIGKILL included). It holds a table of slots and the slots' decoded chunks:
 
 - `directory[chunk]`: the slot holding a chunk (chunks numbered across the tables, in name order), or -1.
 - per slot: its chunk, its state (FREE, DECODING, READY, FAILED), a generation bumped at every claim, the
@@ -19,6 +19,11 @@ lock, so a half-written chunk is never marked READY and a late worker never writ
 
 A slot pinned by any live process is never given up; among unpinned ones the one unpinned most recently goes
 first (see `loader.chunk_cache`: in a shuffled epoch the chunk just read is the one least needed again).
+The table's invariants (`HostSegment.check`): the directory names slot s for chunk c exactly when slot s is
+not free and holds c (so no two chunks share a slot, and no slot lies outside the table); a pin is only on a
+slot that holds a chunk, by a registered process, and holds the chunk it was pinned for. A request never
+counts as room a slot that holds one of its own chunks, and a take or lookup that would break them raises
+`CacheInvariantError` with the table as it was.
 """
 from __future__ import annotations
 
@@ -51,6 +56,11 @@ _GLOBAL = _LOCK_BASE
 _PAGE = 4096  # the slots start on a page
 
 
+class CacheInvariantError(RuntimeError):
+    """The host cache's slot table contradicts itself (a bug, never bad input); the message names the slot and
+    the chunk. Raised instead of handing out a slot that may hold another chunk's rows."""
+
+
 def _proc_lock(p: int) -> int:
     return _LOCK_BASE + 1 + p
 
@@ -73,13 +83,16 @@ class CacheKey:
     def of(cls, ds: Any, slot_bytes: int) -> "CacheKey":
         """The key of dataset `ds` (a `loader.Dataset`) as opened, with slots of `slot_bytes` (a loader's
         cache rows are counted in slots of its table's chunk size, so loaders with other slot sizes keep other
-        caches): where it is (`Location.place`), its id, and which state of it (`Dataset.version_tag`: a copy
-        put in its place, or a dataset without commits rewritten in place, is another cache)."""
+        caches): where it is (`Location.place`), its id, which state of it (`Dataset.version_tag`: a copy
+        put in its place, or a dataset without commits rewritten in place, is another cache), and what it
+        holds: the size and digest its commits recorded for each chunk (`Dataset.digests`), so that a copy
+        with the same id, commit and commit log key but other chunks never shares a cache with it."""
         tables = tuple(sorted(ds.tables))
         chunks = tuple(-(-ds.rows[t] // ds[t].chunks[0]) for t in tables)
         what = {"place": ds.location.place(), "dataset_id": ds.dataset_id, "version": ds.version_tag(),
                 "rows": {t: ds.rows[t] for t in tables}, "slot_bytes": slot_bytes,
-                "chunks": {t: [ds[t].chunks[0], str(ds[t].dtype)] for t in tables}}
+                "chunks": {t: [ds[t].chunks[0], str(ds[t].dtype)] for t in tables},
+                "content": _content(ds.digests(), tables)}
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
         return cls(digest, tables, chunks, slot_bytes)
 
@@ -90,6 +103,18 @@ class CacheKey:
     def chunk_id(self, table: str, chunk: int) -> int:
         i = self.tables.index(table)
         return sum(self.chunks_per_table[:i]) + chunk
+
+
+def _content(digests: dict[str, dict[int, tuple[int, str]]] | None, tables: tuple[str, ...]) -> str | None:
+    """One digest of every chunk record (index, size, digest) of `tables`; None for a dataset that records
+    none (its `version_tag` then digests its files' names, sizes and times)."""
+    if digests is None:
+        return None
+    h = hashlib.sha256()
+    for t in tables:
+        for i, (size, chunk_digest) in sorted(digests.get(t, {}).items()):
+            h.update(f"{t}/{i}:{size}:{chunk_digest}\n".encode())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -126,6 +151,7 @@ class HostSegment:
         self._thread_lock = threading.RLock()
         self.me = -1
         self._my_pins: dict[int, int] = {}  # slot -> pins by this process's loaders
+        self._my_chunks: dict[int, int] = {}  # slot -> the chunk this process pinned there
         if register:  # a process number first, before any view of the memory exists: refused, nothing stays
             self.me = self._take_number()
         self.header = np.frombuffer(block.buf, np.int64, _HEADER // 8)
@@ -149,7 +175,7 @@ class HostSegment:
         """This process's locks, made anew in a forked worker (which inherits the parent's object)."""
         if self._pid != os.getpid():
             self._pid, self._locks = os.getpid(), ProcessLocks(self.fd)
-            self._thread_lock, self.me, self._my_pins = threading.RLock(), -1, {}
+            self._thread_lock, self.me, self._my_pins, self._my_chunks = threading.RLock(), -1, {}, {}
         return self._locks
 
     def _lock(self, start: int, wait: bool = True) -> bool:
@@ -197,33 +223,62 @@ class HostSegment:
         self.procs[p] = 0
 
     def _sweep(self) -> None:
-        """Forget every process that died (its lock byte is free)."""
+        """Forget every process that died (its lock byte is free), and let decodes be claimed again whose
+        claimer is gone (died, or closed while one of its workers was writing) and that no worker writes."""
         for p in np.flatnonzero(self.procs):
             if not self._alive(int(p)):
                 self._forget(int(p))
+        for slot in np.flatnonzero(self.state == DECODING):
+            owner = int(self.owner[slot])
+            if not (0 <= owner < MAX_PROCS and self.procs[owner] and self._alive(owner)) and \
+                    not self._held(_slot_lock(int(slot))):
+                self.state[slot] = FAILED
 
     # ------------------------------------------------------------ slots
     def _pinned(self) -> np.ndarray:
         return np.asarray(self.pins.any(axis=1))
 
-    def _take(self) -> int:
-        """A slot for a new chunk: a free one, else the unpinned one unpinned most recently; -1 if none."""
-        free = np.flatnonzero(self.state == FREE)
-        if len(free):
-            return int(free[0])
-        idle = np.flatnonzero(~self._pinned() & (self.state != DECODING))
-        if not len(idle):
-            return -1
-        s = int(idle[np.argmax(self.unpinned[idle])])
+    def _room(self, keep: set[int]) -> list[int]:
+        """The slots new chunks may take, in the order they are taken: free ones, then unpinned ones that no
+        decode is writing, the one unpinned most recently first, leaving out those holding a chunk of `keep`
+        (the chunks a request pins where they are: counting their slots as room once gave one slot to two
+        chunks, and the second a slot of -1)."""
+        free = [int(s) for s in np.flatnonzero(self.state == FREE)]
+        idle = [int(s) for s in np.flatnonzero(~self._pinned() & (self.state != DECODING) & (self.state != FREE))
+                if int(self.chunk[s]) not in keep]
+        idle.sort(key=lambda s: -int(self.unpinned[s]))  # stable: the lowest slot among equals, as before
+        return free + idle
+
+    def _take(self, s: int) -> int:
+        """Slot `s` (from `_room`) for a new chunk: its old chunk leaves the directory. Raises
+        `CacheInvariantError` for a slot outside the table or one that is not free to take."""
+        if not 0 <= s < self.n_slots:
+            raise CacheInvariantError(f"host cache: slot {s} is outside the table of {self.n_slots} slots")
+        if self.pins[s].any() or self.state[s] == DECODING:
+            raise CacheInvariantError(f"host cache: slot {s} (chunk {int(self.chunk[s])}) is taken while "
+                                      f"{'pinned' if self.pins[s].any() else 'being decoded'}")
         old = int(self.chunk[s])
-        if old >= 0:
+        if self.state[s] != FREE and 0 <= old < len(self.directory) and self.directory[old] == s:
             self.directory[old] = -1
         return s
 
-    def _pin_bit(self, s: int) -> None:
+    def _saved(self) -> tuple[list[np.ndarray], dict[int, int], dict[int, int]]:
+        """A copy of the slot table and of this process's pins, for `_restore`."""
+        return ([a.copy() for a in self._tables()], dict(self._my_pins), dict(self._my_chunks))
+
+    def _restore(self, saved: tuple[list[np.ndarray], dict[int, int], dict[int, int]]) -> None:
+        for a, b in zip(self._tables(), saved[0], strict=True):
+            a[...] = b
+        self._my_pins, self._my_chunks = dict(saved[1]), dict(saved[2])
+
+    def _tables(self) -> list[np.ndarray]:
+        return [self.directory, self.chunk, self.state, self.gen, self.owner, self.unpinned, self.pins]
+
+    def _pin_bit(self, s: int, cid: int) -> None:
         word, bit = divmod(self.me, 64)
         self.pins[s, word] |= np.uint64(1 << bit)
         self._my_pins[s] = self._my_pins.get(s, 0) + 1
+        self._my_chunks[s] = cid
 
     def _claim(self, s: int, cid: int) -> int:
         self.chunk[s] = cid
@@ -233,28 +288,44 @@ class HostSegment:
         self.owner[s] = self.me
         return int(self.gen[s])
 
+    def _found(self, cid: int) -> int:
+        """The slot the directory names for chunk `cid`, checked to hold it."""
+        s = int(self.directory[cid])
+        if not 0 <= s < self.n_slots or int(self.chunk[s]) != cid or self.state[s] == FREE:
+            raise CacheInvariantError(f"host cache: the directory names slot {s} for chunk {cid}, which "
+                                      f"{'is outside the table' if not 0 <= s < self.n_slots else 'does not hold it'}")
+        return s
+
     def pin_all(self, cids: list[int]) -> list[Pin] | None:
-        """Pin chunks `cids` for this process, claiming slots for those not cached; None (and nothing
-        changed) if there are not enough slots that are free or unpinned."""
+        """Pin chunks `cids` for this process, claiming slots for those not cached; None if there are not
+        enough slots that are free or unpinned (then nothing of the table changed, beyond forgetting processes
+        that died). Raises `CacheInvariantError`, with the table as it was, if the table contradicts itself."""
         with self.locked():
             for attempt in range(2):
-                missing = [c for c in dict.fromkeys(cids) if self.directory[c] < 0]
-                if len(missing) <= int(np.count_nonzero((self.state == FREE) |
-                                                        (~self._pinned() & (self.state != DECODING)))):
+                wanted = list(dict.fromkeys(cids))
+                missing = [c for c in wanted if self.directory[c] < 0]
+                room = self._room({c for c in wanted if self.directory[c] >= 0})
+                if len(missing) <= len(room):
                     break
                 if attempt:
                     return None
                 self._sweep()
-            out = []
-            for cid in cids:
-                s = int(self.directory[cid])
-                if s < 0:
-                    s = self._take()
-                    out.append(Pin(s, decode=True, ready=False, token=self._claim(s, cid)))
-                else:
-                    out.append(self._status(s))
-                self._pin_bit(s)
-            return out
+            place = dict(zip(missing, room[:len(missing)], strict=True))
+            saved = self._saved()
+            try:
+                out = []
+                for cid in cids:
+                    if self.directory[cid] < 0:
+                        s = self._take(place[cid])
+                        out.append(Pin(s, decode=True, ready=False, token=self._claim(s, cid)))
+                    else:
+                        s = self._found(cid)
+                        out.append(self._status(s))
+                    self._pin_bit(s, cid)
+                return out
+            except BaseException:
+                self._restore(saved)
+                raise
 
     def _status(self, s: int) -> Pin:
         state = int(self.state[s])
@@ -280,10 +351,56 @@ class HostSegment:
                 self._my_pins[s] = n
                 return
             self._my_pins.pop(s, None)
+            self._my_chunks.pop(s, None)
             word, bit = divmod(self.me, 64)
             self.pins[s, word] &= ~np.uint64(1 << bit)
             self.header[4] += 1
             self.unpinned[s] = self.header[4]
+
+    def check(self) -> list[str]:
+        """What is wrong with the slot table, one line each (an empty list: nothing), read under its lock: every
+        slot and chunk number within the table, the directory and the slots agreeing (the directory names slot
+        s for chunk c exactly when slot s holds c and is not free, so no two chunks share a slot), pins only on
+        slots that hold a chunk and only by registered processes, and every slot this process pinned holding
+        the chunk it pinned there."""
+        with self.locked():
+            return self._violations()
+
+    def _violations(self) -> list[str]:
+        out = []
+        n_slots, n_chunks = self.n_slots, len(self.directory)
+        for chunk in np.flatnonzero(self.directory != -1):
+            c, s = int(chunk), int(self.directory[chunk])
+            if not 0 <= s < n_slots:
+                out.append(f"the directory names slot {s} for chunk {c}: outside the table of {n_slots} slots")
+            elif self.state[s] == FREE or int(self.chunk[s]) != c:
+                out.append(f"the directory names slot {s} for chunk {c}, which holds chunk {int(self.chunk[s])} "
+                           f"(state {int(self.state[s])})")
+        # bit p of a slot's row: pinned by process number p
+        bits = np.unpackbits(self.pins.astype("<u8").view(np.uint8).reshape(n_slots, -1), axis=1, bitorder="little")
+        for s in range(n_slots):
+            state, c = int(self.state[s]), int(self.chunk[s])
+            if state not in (FREE, DECODING, READY, FAILED):
+                out.append(f"slot {s} has no state ({state})")
+            elif state != FREE and not 0 <= c < n_chunks:
+                out.append(f"slot {s} holds chunk {c}: outside the {n_chunks} chunks")
+            elif state != FREE and int(self.directory[c]) != s:
+                out.append(f"slot {s} holds chunk {c}, for which the directory names slot {int(self.directory[c])}")
+            pinned_by = [int(p) for p in np.flatnonzero(bits[s])]
+            if pinned_by and state == FREE:
+                out.append(f"slot {s} is free and pinned by process numbers {pinned_by}")
+            for p in pinned_by:
+                if not self.procs[p]:
+                    out.append(f"slot {s} is pinned by process number {p}, which is not registered")
+        word, bit = divmod(self.me, 64)
+        for s, c in self._my_chunks.items():
+            if not 0 <= s < n_slots:
+                out.append(f"this process pinned chunk {c} in slot {s}: outside the table of {n_slots} slots")
+            elif int(self.chunk[s]) != c or self.state[s] == FREE:
+                out.append(f"this process pinned chunk {c} in slot {s}, which holds chunk {int(self.chunk[s])}")
+            elif self.me >= 0 and not int(self.pins[s, word]) >> bit & 1:
+                out.append(f"this process pinned chunk {c} in slot {s}, and its pin is not in the table")
+        return out
 
     def is_ready(self, s: int) -> bool:
         return int(self.state[s]) == READY
@@ -333,9 +450,7 @@ class HostSegment:
             return
         if self.me >= 0:
             with self.locked():
-                word, bit = divmod(self.me, 64)
-                self.pins[:, word] &= ~np.uint64(1 << bit)
-                self.procs[self.me] = 0
+                self._forget(self.me)  # its pins, and its claims no worker is writing: others may claim them
             self._unlock(_proc_lock(self.me))
         self.header = self.procs = self.directory = self.chunk = self.state = None  # type: ignore[assignment]
         self.gen = self.owner = self.unpinned = self.pins = None  # type: ignore[assignment]
@@ -356,30 +471,37 @@ class _Open:
 _OPEN: dict[str, _Open] = {}
 _OPEN_LOCK = threading.Lock()
 _SAID: set[str] = set()
+_SAID_SHORT: set[str] = set()  # caches whose shortfall this process has said
 os.register_at_fork(after_in_child=_OPEN.clear)  # a forked process is another process: it attaches anew
 
 
 def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | None:
     """This process's handle on the host cache of `key`, or None if the existing cache has fewer than `need`
-    slots (the caller keeps a cache of its own). Call `detach` when done. A new cache gets `want` slots within
-    what the caches of other datasets leave of the host's budget (`host_budget`: `budget` bytes if this is the
-    first cache on the host), but never fewer than `need` (with less, no loader could go on): then it says in
-    the log by how much it goes beyond."""
+    slots (the caller keeps a cache of its own). Call `detach` when done. `budget` is the `cache_bytes` this
+    process's loader asked for (it sets the host's ceiling if it is the largest asked; see `host_budget`). A new
+    cache gets the `want` slots its loaders asked for, within what other caches leave of the host's ceiling,
+    but never fewer than `need` (with less, no loader could go on: then the log says by how much it goes
+    beyond the ceiling). A process whose cache holds fewer slots than it asked for says so in its log, once per
+    cache, whichever process made it."""
     with _OPEN_LOCK:
         held = _OPEN.get(key.identity)
         if held is not None:
             if held.segment.n_slots < need:
                 return None
             held.users += 1
+            held.ledger.ask(budget)
+            _say_short(key, held.segment.n_slots, _asked(key, budget, want), None)
             return held.segment
         ledger = host_budget.acquire(budget)
         seg = server = None
         try:
             with ledger.locked():  # sizing and entering the ledger at once: see host_budget
-                opened = _open_segment(key, want, need, ledger.room(), ledger.budget)
+                ceiling, set_by = ledger.ceiling()
+                room = ledger.room()
+                opened = _open_segment(key, want, need, room)
                 if opened is not None:
-                    seg, server = opened
-                    entry = ledger.enter(key.identity, seg.n_slots * seg.slot_bytes)
+                    seg, server, created = opened
+                    entry = ledger.enter(key.identity, seg.n_slots * seg.slot_bytes, _asked(key, budget, want))
         except BaseException:
             if seg is not None and server is not None:
                 server.close()
@@ -390,12 +512,56 @@ def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | No
             host_budget.release(ledger)
             return None
         _OPEN[key.identity] = _Open(seg, server, ledger, entry, 1)
-        return seg
+    beyond = seg.n_slots * seg.slot_bytes - max(room, 0)
+    if created and key.identity not in _SAID:
+        _SAID.add(key.identity)
+        log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on this "
+                 "machine)", seg.n_slots, seg.n_slots * seg.slot_bytes >> 20)
+    if created and beyond > 0:
+        if key.identity in _SAID_SHORT:
+            return seg
+        _SAID_SHORT.add(key.identity)
+        log.warning("zarrfeed: the host's ceiling for decoded chunks (%s) is too small for this dataset; its "
+                    "cache takes the %d chunks its loaders need at once, %d MiB beyond it",
+                    _ceiling_said(ceiling, set_by, room), seg.n_slots, beyond >> 20)
+    else:
+        _say_short(key, seg.n_slots, _asked(key, budget, want), (ceiling, set_by, room) if created else None)
+    return seg
 
 
-def _open_segment(key: CacheKey, want: int, need: int, room: int, budget: int
-                  ) -> tuple[HostSegment, rendezvous.Server] | None:
-    """Find or make the memory file of `key` (see `attach`)."""
+def _asked(key: CacheKey, budget: int, want: int) -> int:
+    """Bytes of cache `key` that a loader asking for `want` slots within `budget` bytes asked for (whole slots)."""
+    return min(want, key.n_chunks, budget // key.slot_bytes) * key.slot_bytes
+
+
+def _ceiling_said(ceiling: int, set_by: int, room: int) -> str:
+    mine = " (this process)" if set_by == os.getpid() else ""
+    held = ceiling - room
+    return (f"{ceiling >> 20} MiB, the largest cache_bytes a process using a host cache asked for, by pid "
+            f"{set_by}{mine}" + (f"; the caches of other datasets or jobs hold {held >> 20} MiB of it" if held > 0
+                                 else ""))
+
+
+def _say_short(key: CacheKey, n_slots: int, asked: int, made: tuple[int, int, int] | None) -> None:
+    """Say in the log, once per cache and process, that the cache holds less than this process's loader asked
+    for (`asked` bytes), and why: the room other caches left of the ceiling when this process made it (`made`:
+    ceiling, who set it, room), or another process made it smaller."""
+    held = n_slots * key.slot_bytes
+    if held >= asked or key.identity in _SAID_SHORT:
+        return
+    _SAID_SHORT.add(key.identity)
+    why = (_ceiling_said(*made) if made is not None else
+           "another process made it for loaders that asked for less, or when other caches left less room; a "
+           "host cache keeps its size while any process uses it")
+    log.warning("zarrfeed: the host cache of this dataset commit holds %d of the %d chunks this loader asked for "
+                "(%d of %d MiB): %s. `zarrfeed.loader.host_budget.usage()` shows each cache's share", n_slots,
+                asked // key.slot_bytes, held >> 20, asked >> 20, why)
+
+
+def _open_segment(key: CacheKey, want: int, need: int, room: int
+                  ) -> tuple[HostSegment, rendezvous.Server, bool] | None:
+    """Find or make the memory file of `key` (see `attach`): the segment, its server, and whether this call
+    made it."""
     n_slots = max(min(key.n_chunks, want, max(room, 0) // key.slot_bytes), need, 1)
     layout = _Layout(n_slots, key.slot_bytes, key.n_chunks)
 
@@ -424,18 +590,7 @@ def _open_segment(key: CacheKey, want: int, need: int, room: int, budget: int
     except BaseException:  # (more than MAX_PROCS processes): it closed the block; serve nothing either
         server.close()
         raise
-    if created and key.identity not in _SAID:
-        _SAID.add(key.identity)
-        log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on "
-                 "this machine)", n, n * slot_bytes >> 20)
-        if n * slot_bytes > room:
-            others = budget - room
-            why = (f"the caches of other datasets hold {others >> 20} of its {budget >> 20} MiB" if others > 0
-                   else f"it is {budget >> 20} MiB")
-            log.warning("zarrfeed: the host's budget for decoded chunks is too small for this dataset (%s); its "
-                        "cache takes the %d chunks its loaders need at once, %d MiB beyond the budget", why, n,
-                        (n * slot_bytes - max(room, 0)) >> 20)
-    return seg, server
+    return seg, server, created
 
 
 def detach(seg: HostSegment) -> None:
@@ -478,6 +633,9 @@ class HostSlots:
         pins = self.segment.pin_all([self.key.chunk_id(*key) for key in new]) if new else []
         if pins is None:
             return None
+        if len({pin.slot for pin in pins}) < len(pins) or any(pin.slot in self._keys for pin in pins):
+            raise CacheInvariantError(f"host cache: chunks {new} were given slots {[p.slot for p in pins]}, "
+                                      f"shared among them or with chunks this loader holds")
         for key, pin in zip(new, pins, strict=True):
             self._users[key], self._slots[key], self._keys[pin.slot] = set(), pin.slot, key
             if pin.decode:

@@ -1,12 +1,18 @@
 import os
 import shutil
 import stat
+import uuid
 import zipfile
 from pathlib import Path
 
 import pytest
 from s3server import S3Server
 from zarrfeed.writer import synthetic, write_dataset
+
+# A test sees only what it made: this session's host caches and budget ledger are in a namespace of their own
+# (its child processes inherit it), so another copy of the suite, or a user's loaders, on this machine are
+# invisible to it, and it to them.
+os.environ["ZARRFEED_CACHE_NAMESPACE"] = f"tests-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
                   or Path(__file__).resolve().parents[2] / "shared" / "data" / "l5kit_single_scene.zarr")

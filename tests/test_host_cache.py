@@ -3,6 +3,7 @@ once per host, a process that dies mid-decode leaves nothing read as decoded, no
 process, datasets and commits never mix, and another user cannot open the cache."""
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -410,9 +411,10 @@ if __name__ == "__main__":
 
 
 def test_caches_of_several_datasets_share_one_budget_per_host(tmp_path, caplog):
-    """The host's budget holds across datasets and processes: a cache made while others live gets what they
+    """The host's ceiling holds across datasets and processes: a cache made while others live gets what they
     leave of it (and never less than the slots its loaders need at once, said in the log), and the room of a
-    cache whose processes all died, SIGKILL included, is free again."""
+    cache whose processes all died, SIGKILL included, is free again. `usage()` shows each cache's share
+    against what its loaders asked for."""
     def key(name: str, chunks: int) -> host_cache.CacheKey:
         return host_cache.CacheKey(hashlib.sha256(f"{name}{os.getpid()}{tmp_path}".encode()).hexdigest()[:32],
                                    ("agents",), (chunks,), 1000)
@@ -428,13 +430,14 @@ def test_caches_of_several_datasets_share_one_budget_per_host(tmp_path, caplog):
         assert holder.stdout.readline().strip() == "100"  # all its chunks fit
         use = host_budget.usage()
         assert (use.budget, use.set_by, use.used) == (150_000, holder.pid, 100_000)
-        segs.append(host_cache.attach(b, budget=10**9, want=100, need=10))  # more than the budget left
+        segs.append(host_cache.attach(b, budget=150_000, want=100, need=10))  # more than the ceiling left
         assert segs[-1].n_slots == 50  # what the other dataset's cache left
+        assert "holds 50 of the 100 chunks this loader asked for" in caplog.text
         segs.append(host_cache.attach(c, budget=150_000, want=100, need=10))
         assert segs[-1].n_slots == 10  # nothing left: only what its loaders need at once, and said so
-        assert "beyond the budget" in caplog.text and "other datasets hold" in caplog.text
-        assert {(u.identity, u.nbytes) for u in host_budget.usage().caches} == \
-            {(a.identity, 100_000), (b.identity, 50_000), (c.identity, 10_000)}
+        assert "beyond it" in caplog.text and "other datasets or jobs hold" in caplog.text
+        assert {(u.identity, u.nbytes, u.short) for u in host_budget.usage().caches} == \
+            {(a.identity, 100_000, 0), (b.identity, 50_000, 50_000), (c.identity, 10_000, 90_000)}
         holder.kill()
         holder.wait()
         assert {u.identity for u in host_budget.usage().caches} == {b.identity, c.identity}
@@ -447,6 +450,92 @@ def test_caches_of_several_datasets_share_one_budget_per_host(tmp_path, caplog):
             host_cache.detach(seg)
     assert host_budget.usage() is None  # the last process gone: no ledger left
     assert not rendezvous.served("budget") and not any(rendezvous.served(f"cache/{k.identity}") for k in (a, b, c, d))
+
+
+def test_a_process_joining_a_smaller_cache_than_it_asked_for_says_so(tmp_path, caplog):
+    """Another process made a dataset's cache with 20 slots (it asked for 20 kB); a loader here asks for
+    100 kB of it. The cache keeps its size while the other process holds it: this process's log says that it
+    holds less than was asked for here, and why; `usage()` shows the cache short of the larger ask."""
+    key = host_cache.CacheKey(hashlib.sha256(f"join{os.getpid()}{tmp_path}".encode()).hexdigest()[:32],
+                              ("agents",), (100,), 1000)
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_KEY)
+    holder = subprocess.Popen([sys.executable, str(script), key.identity, "100", "1000", "20000"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "20"
+        caplog.set_level(logging.WARNING, logger="zarrfeed")
+        seg = host_cache.attach(key, budget=100_000, want=100, need=1)
+        try:
+            assert seg.n_slots == 20
+            assert "holds 20 of the 100 chunks this loader asked for (0 of 0 MiB): another process made it" in \
+                caplog.text
+            [use] = host_budget.usage().caches
+            assert (use.nbytes, use.asked, use.short) == (20_000, 100_000, 80_000)
+        finally:
+            host_cache.detach(seg)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+HOLD_LOADER = """
+import sys
+from zarrfeed.loader import Loader
+if __name__ == "__main__":
+    with Loader(sys.argv[1], batch_size=1000, num_workers=0, seed=1, cache_bytes=int(sys.argv[2])) as loader:
+        batches = iter(loader)
+        for _ in range(len(loader)):
+            next(batches)
+        print("ready", flush=True)
+        sys.stdin.readline()
+"""
+
+
+def test_a_job_with_a_small_budget_does_not_shrink_another_jobs_cache(small_dataset, tmp_path, caplog):
+    """Job A holds `Loader(..., cache_bytes=1)` open on one dataset; job B then reads another with a budget
+    for all its chunks: B's cache holds them all (each chunk decoded once, none in the next epoch), not the
+    few chunks that A's 1 byte left (today the first job's budget caps every cache on the host: B re-decodes
+    nearly everything every epoch). `usage()` shows each job's share. Job C then asks for as much as B: the
+    host's ceiling (the largest asked) is taken, so C's cache holds only what its loaders need at once, and
+    C's log (not B's) says so."""
+    small = small_dataset(4, 24, chunks=CHUNKS, frames=120, agents_per_frame=30)
+    third = small_dataset(8, 25, chunks=CHUNKS, frames=120, agents_per_frame=30)
+    big = small_dataset(24, 35, chunks={"agents": 5000})  # 100 chunks: a loader needs about half at once
+    if host_budget.usage() is not None:
+        pytest.fail(f"processes of this user already hold host caches: {host_budget.usage()}")
+    ds = Dataset.open(big)
+    slot = 5000 * ds["agents"].dtype.itemsize
+    n = -(-ds.rows["agents"] // 5000)
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_LOADER)
+    a = subprocess.Popen([sys.executable, str(script), str(small), "1"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert a.stdout.readline().strip() == "ready"
+        caplog.set_level(logging.WARNING, logger="zarrfeed")
+        with Loader(big, num_workers=1, seed=5, cache_bytes=n * slot) as b:
+            decoded = []
+            for _ in range(2):
+                for _ in b:
+                    pass
+                decoded.append(b.chunks_decoded)
+            assert decoded == [n, 0]
+            use = host_budget.usage()
+            assert (use.budget, use.set_by) == (n * slot, os.getpid())
+            b_key = host_cache.CacheKey.of(ds, slot).identity
+            shares = {u.identity: u for u in use.caches}
+            assert shares[b_key].nbytes == n * slot and shares[b_key].short == 0
+            assert len(shares) == 2  # and job A's, at what its loader needs at once
+            c = subprocess.run([sys.executable, str(script), str(third), str(n * slot)], input="\n",
+                               capture_output=True, text=True, timeout=300)
+            assert c.returncode == 0, c.stderr[-3000:]
+            assert "too small for this dataset" in c.stderr and "beyond it" in c.stderr, c.stderr[-3000:]
+            assert "zarrfeed.loader" not in caplog.text  # B has all it asked for: nothing to say
+    finally:
+        _, a_err = a.communicate("\n", timeout=60)
+    assert a.returncode == 0, a_err[-3000:]
+    assert "too small for this dataset" in a_err  # A asked for 1 byte: told its cache goes beyond it
 
 
 def test_loaders_of_two_datasets_keep_within_one_budget(data, small_dataset, caplog):
@@ -467,7 +556,7 @@ def test_loaders_of_two_datasets_keep_within_one_budget(data, small_dataset, cap
         sizes = sorted(u.nbytes for u in use.caches)
         assert sizes[-1] == n * slot  # the first: all its chunks
         # the second: what was left, unless its loaders need more at once (then said in the log)
-        assert sizes[0] == n // 2 * slot or ("beyond the budget" in caplog.text and sizes[0] > n // 2 * slot)
+        assert sizes[0] == n // 2 * slot or ("beyond it" in caplog.text and sizes[0] > n // 2 * slot)
         assert first.chunks_decoded == n and second.chunks_decoded == n
 
 

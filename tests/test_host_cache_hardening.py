@@ -1,10 +1,16 @@
 """The host cache where an adversarial pass broke it (issue 22): copies put in a dataset's place, one relative
 path in two directories, a plain zarr rewritten in place, another user serving a cache, the 257th process, a
 loader left open at exit, a stopped holder. Each failed before its fix; the docstrings say what is expected."""
+import contextlib
+import fcntl
+import logging
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,6 +71,55 @@ def test_a_dataset_replaced_by_a_copy_appended_otherwise_is_not_read_from_the_ol
         shutil.copytree(two, path)
         want = centroids(path, "process")
         assert not np.array_equal(want, centroids(one, "process"))
+        np.testing.assert_array_equal(centroids(path, "host"), want)
+    finally:
+        it.close()
+        old.close()
+
+
+def rewritten_copy(src, dst, chunk: int, shift: float):
+    """A copy of `src` whose agents chunk `chunk` holds other centroids, its commit log recording that chunk's
+    new size and digest under the same segment key: the same id, commit, commit log key and row counts as
+    `src`, and other content (a copy re-encoded by another tool, a restore of another branch of the data)."""
+    import json
+
+    from zarrfeed.core.chunks import digest
+    shutil.copytree(src, dst)
+    agents = zarr.open_array(str(dst / "agents"), mode="r+")
+    c = agents.chunks[0]
+    rows = agents[chunk * c:(chunk + 1) * c]
+    rows["centroid"] += shift
+    agents[chunk * c:(chunk + 1) * c] = rows
+    raw = (dst / "agents" / str(chunk)).read_bytes()
+    patched = 0
+    for seg in (dst / "zarrfeed.log").iterdir():
+        doc = json.loads(seg.read_text())
+        for rec in doc["chunks"].get("agents", []):
+            if rec[0] == chunk:
+                rec[1:] = [len(raw), digest(raw)]
+                patched += 1
+        seg.write_text(json.dumps(doc))
+    assert patched
+
+
+def test_a_copy_with_the_same_id_commit_and_log_key_but_other_chunks_has_a_cache_of_its_own(data, tmp_path):
+    """A dataset replaced at its path by a copy with the same id, commit number and commit log key, whose
+    chunk 1 of agents holds other rows (its digests recorded as such), while a loader of the old one holds
+    the host cache: a new loader must read the new rows, as cache="process" does. Today the key is place, id,
+    version tag and rows, all the same: the new loader reads the old copy's decoded chunk."""
+    path, other = tmp_path / "d.zarr", tmp_path / "other.zarr"
+    shutil.copytree(data, path)
+    rewritten_copy(data, other, 1, 1000.0)
+    before, after = Dataset.open(data), Dataset.open(other)
+    assert (before.dataset_id, before.commit, before.version_tag()) == (after.dataset_id, after.commit,
+                                                                         after.version_tag())
+    assert before.digests() != after.digests()
+    old, it = hold(path)
+    try:
+        shutil.rmtree(path)
+        shutil.copytree(other, path)
+        want = centroids(path, "process")
+        assert not np.array_equal(want, centroids(data, "process"))
         np.testing.assert_array_equal(centroids(path, "host"), want)
     finally:
         it.close()
@@ -132,6 +187,7 @@ def test_another_user_cannot_serve_its_memory_as_this_users_cache(data):
             os.setgid(65534)
             os.setuid(65534)
             os.geteuid = lambda: victim  # names the sockets as the victim's; serves the victim
+            rendezvous._lookup_lock = lambda name, uid: contextlib.nullcontext()  # it cannot take the victim's
             seg = host_cache.attach(key, 1 << 30, key.n_chunks, key.n_chunks)
             for pin in seg.pin_all(list(range(key.n_chunks))):
                 with seg.writing(pin.slot, pin.token) as mine:
@@ -261,3 +317,153 @@ os.kill(os.getpid(), signal.SIGSTOP)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+HOLD_IN = """
+import sys
+from zarrfeed.loader import Loader
+if __name__ == "__main__":
+    with Loader(sys.argv[1], batch_size=1000, num_workers=0, shuffle=False) as loader:
+        batches = iter(loader)
+        for _ in range(len(loader)):
+            next(batches)
+        print(loader.chunks_decoded, flush=True)
+        sys.stdin.readline()
+"""
+
+
+def test_a_namespace_sees_only_its_own_caches_and_budget(data, tmp_path, monkeypatch, caplog):
+    """A process in another namespace (`ZARRFEED_CACHE_NAMESPACE`) holds the host cache of this dataset: this
+    process (the test session's namespace) sees neither that cache nor its budget ledger, and decodes the
+    dataset itself; a process in that namespace shares it. A namespace that is not a name is said in one line
+    and the loader keeps a cache of its own."""
+    from zarrfeed.loader import host_budget
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_IN)
+    env = {**os.environ, "ZARRFEED_CACHE_NAMESPACE": f"other-{os.getpid()}"}
+    holder = subprocess.Popen([sys.executable, str(script), str(data)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        n = int(holder.stdout.readline())
+        assert n > 0
+        assert host_budget.usage() is None and rendezvous.served("cache/") == []
+        with Loader(data, batch_size=1000, num_workers=0, shuffle=False) as loader:
+            list(loader)
+            assert loader.chunks_decoded == n  # not the other namespace's cache
+        joined = subprocess.run([sys.executable, str(script), str(data)], input="\n", capture_output=True,
+                                text=True, env=env, timeout=300)
+        assert joined.returncode == 0 and joined.stdout.split() == ["0"], joined.stderr[-3000:]
+    finally:
+        holder.communicate("\n", timeout=60)
+    monkeypatch.setenv("ZARRFEED_CACHE_NAMESPACE", "a/b")
+    with caplog.at_level(logging.WARNING, logger="zarrfeed"):
+        with Loader(data, batch_size=1000, num_workers=0, shuffle=False) as loader:
+            list(loader)
+    assert "ZARRFEED_CACHE_NAMESPACE='a/b': a namespace is 1 to 64 letters" in caplog.text
+
+
+def as_nobody(body) -> tuple[int, int]:
+    """Run `body()` in a child process as user 65534 (nobody), until the caller writes to the returned pipe;
+    returns (pid, write end). The child writes one byte to say `body` ran."""
+    ready_r, ready_w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(ready_r)
+            os.close(stop_w)
+            os.setgid(65534)
+            os.setuid(65534)
+            keep = body()  # noqa: F841 (what it holds stays held until the parent says stop)
+            os.write(ready_w, b"1")
+            os.read(stop_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(stop_r)
+    assert os.read(ready_r, 1) == b"1"
+    os.close(ready_r)
+    return child, stop_w
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user needs root")
+def test_another_user_cannot_hold_the_lookup_of_this_users_caches(data, caplog):
+    """Another user binds the abstract socket names that served as the lookup locks of this dataset's cache and
+    of the budget ledger (abstract names have no permissions, and they are in /proc/net/unix for all to see),
+    and keeps them. Today this user's loader waits 10 s for each, then gives the host cache up ("cannot use
+    the host cache"). Expected: the lock is this user's own; the loader uses the host cache at once."""
+    from zarrfeed.loader import host_budget
+    ds = Dataset.open(data)
+    key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
+    uid, ns = os.geteuid(), os.environ.get("ZARRFEED_CACHE_NAMESPACE", "")
+    names = [f"\0zarrfeed/{uid}/{pre}{name}/lock" for pre in ("", f"ns={ns}/")
+             for name in (f"cache/{key.identity}", "budget")]
+
+    def squat():
+        socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in names]
+        for s, name in zip(socks, names, strict=True):
+            s.bind(name)
+        return socks
+
+    child, stop = as_nobody(squat)
+    try:
+        with caplog.at_level(logging.INFO, logger="zarrfeed"):
+            with Loader(data, batch_size=1000, num_workers=0, shuffle=False) as loader:
+                batches = iter(loader)
+                next(batches)
+                use = host_budget.usage()
+                batches.close()
+        assert "cannot use the host cache" not in caplog.text
+        assert use is not None and key.identity in {u.identity for u in use.caches}
+    finally:
+        os.close(stop)
+        os.waitpid(child, 0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user needs root")
+def test_a_lock_directory_or_file_of_another_user_is_never_used(data, request, monkeypatch, caplog):
+    """Another user makes the lock directory first (in a shared /tmp, world-writable: anyone may), puts a lock
+    file in it and locks every byte of it. This user's lookups must not use that directory (it could hold
+    them all), nor a lock file of another user's in a directory of this user's: they use the next directory
+    that is this user's only, and the host cache works."""
+    from zarrfeed.core._proc.ofd import ProcessLocks
+    from zarrfeed.loader import host_budget
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="zarrfeed-test-"))  # where user nobody can go (tmp_path is root's only)
+    request.addfinalizer(lambda: shutil.rmtree(base))
+    base.chmod(0o755)
+    shared, own, home = base / "tmp", base / "own", base / "home"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    own.mkdir(mode=0o700)
+    uid = os.geteuid()
+    dirs = [shared / f"zarrfeed-{uid}", own, home / ".cache" / "zarrfeed"]
+    monkeypatch.setattr(rendezvous, "lock_dirs", lambda u: [str(d) for d in dirs])
+    foreign = own / "lookup.lock"
+    foreign.touch()
+    os.chown(foreign, 65534, 65534)
+
+    def squat():
+        dirs[0].mkdir(mode=0o777)
+        dirs[0].chmod(0o777)
+        fd = os.open(dirs[0] / "lookup.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        locks = ProcessLocks(fd)
+        fcntl.fcntl(locks.fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+        return locks
+
+    child, stop = as_nobody(squat)
+    try:
+        with caplog.at_level(logging.INFO, logger="zarrfeed"):
+            with Loader(data, batch_size=1000, num_workers=0, shuffle=False) as loader:
+                batches = iter(loader)
+                next(batches)
+                use = host_budget.usage()
+                batches.close()
+        assert "cannot use the host cache" not in caplog.text
+        assert use is not None and use.caches
+        mine = dirs[2] / "lookup.lock"
+        assert mine.stat().st_uid == uid and (dirs[2].stat().st_mode & 0o777) == 0o700
+        assert foreign.stat().st_uid == 65534
+    finally:
+        os.close(stop)
+        os.waitpid(child, 0)

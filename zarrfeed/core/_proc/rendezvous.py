@@ -1,48 +1,79 @@
-"""One anonymous memory file per name, per user, per host: found by any process that asks for the name, with
-no daemon, no file on disk and nothing in /dev/shm.
+"""One anonymous memory file per name, per user, per host (and per namespace): found by any process that asks
+for the name, with no daemon, nothing in /dev/shm and no file of the memory on disk.
 
 How. Each process that holds the memory file (`memfd_create`) serves it: it listens on a Unix socket in
 Linux's abstract namespace (a name, not a file: it goes away with the process, even after SIGKILL) whose name
-says the process and the descriptor that holds the file. A process that asks for the name takes a creation
-lock (another abstract socket name, bound for the moment of the lookup: released by the kernel if the process
-dies), looks for a live server in /proc/net/unix, and opens the file through /proc/<pid>/fd/<fd> of that
-server (the kernel allows it for processes of the same user only, and it needs nothing of the server: a
-stopped or busy server still hands it over); where /proc refuses (a process that is not dumpable), a thread
-of the server passes the descriptor over the socket (SCM_RIGHTS), after checking with SO_PEERCRED that the
-peer runs as the same user. Either way the asker checks that the file is a zarrfeed memory file of that name
-owned by its own user (abstract socket names have no permissions: anyone can bind one, so a server is never
-trusted by its name alone). If no server hands it over, the asker creates the file; then it serves too.
-Because every holder serves, the file stays reachable as long as any process holds it, and it is freed by the
-kernel when the last one closes it or dies. We write this ourselves: no library we know of shares a memfd
-between unrelated processes without a broker process.
+says the process and the descriptor that holds the file. A process that asks for the name takes the name's
+lookup lock (see below), looks for a live server in /proc/net/unix, and opens the file through
+/proc/<pid>/fd/<fd> of that server (the kernel allows it for processes of the same user only, and it needs
+nothing of the server: a stopped or busy server still hands it over); where /proc refuses (a process that is
+not dumpable), a thread of the server passes the descriptor over the socket (SCM_RIGHTS), after checking with
+SO_PEERCRED that the peer runs as the same user. Either way the asker checks that the file is a zarrfeed
+memory file of that name owned by its own user (abstract socket names have no permissions: anyone can bind
+one, so a server is never trusted by its name alone). If no server hands it over, the asker creates the
+file; then it serves too. Because every holder serves, the file stays reachable as long as any process holds
+it, and it is freed by the kernel when the last one closes it or dies. We write this ourselves: no library we
+know of shares a memfd between unrelated processes without a broker process.
+
+The lookup lock. Two processes that look up one name at once must not both create the file, so a lookup
+holds a lock. It is an OFD lock (see `ofd`: released by the kernel when the process dies) on one byte, chosen
+by the name, of an empty file `lookup.lock` in a directory of this user's only: `/tmp/zarrfeed-<uid>` (made
+with mode 0700), or `~/.cache/zarrfeed` where that one is another user's, open to others or a link. An
+abstract socket name served as the lock before: another user could bind it first (the name is in
+/proc/net/unix for all to see) and hold every lookup of this user's caches for ever; a directory that only
+this user can write cannot be squatted, and one that is not this user's, or a lock file in it that is not,
+is never used.
+
+Namespaces. `ZARRFEED_CACHE_NAMESPACE` (letters, digits, '.', '_', '-') puts this process's names in a
+namespace of their own: processes see only the caches and the budget ledger of their namespace (a test suite,
+or a job that must not share its decoded chunks or its budget with others). Unset: the user's default one.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import pwd
+import re
 import socket
+import stat
 import struct
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
+
+from .ofd import ProcessLocks
 
 _PREFIX = "zarrfeed"
 _LOCK_WAIT = 10.0  # seconds to wait for another process's lookup of the same name before giving up
 _ASK_TIMEOUT = 1.0  # seconds a server may take to answer before the next one is tried
+NAMESPACE_ENV = "ZARRFEED_CACHE_NAMESPACE"
+_NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_LOCK_FILE = "lookup.lock"
 
 
 class RendezvousError(OSError):
     """The shared memory file could not be found or made (the message says why)."""
 
 
-def _names(name: str, uid: int) -> tuple[str, str]:
-    base = f"{_PREFIX}/{uid}/{name}"
-    return f"\0{base}/lock", f"\0{base}/serve/"
+def namespace() -> str:
+    """This process's namespace of host caches: `ZARRFEED_CACHE_NAMESPACE`, or "" (the user's default one)."""
+    ns = os.environ.get(NAMESPACE_ENV, "")
+    if ns and not _NAMESPACE.fullmatch(ns):
+        raise RendezvousError(f"{NAMESPACE_ENV}={ns!r}: a namespace is 1 to 64 letters, digits, '.', '_' or '-'")
+    return ns
+
+
+def _base(uid: int) -> str:
+    """Where the names of user `uid` in this process's namespace start (without the leading NUL)."""
+    ns = namespace()
+    return f"{_PREFIX}/{uid}/" + (f"ns={ns}/" if ns else "")
 
 
 def served(name_prefix: str, uid: int | None = None) -> list[str]:
-    """The sockets serving names that start with `name_prefix` to user `uid` (default: this one) on this host:
-    what a check that nothing outlives its processes looks at."""
-    return _servers(f"\0{_PREFIX}/{os.geteuid() if uid is None else uid}/{name_prefix}")
+    """The sockets serving names that start with `name_prefix` to user `uid` (default: this one) in this
+    process's namespace on this host: what a check that nothing outlives its processes looks at."""
+    return _servers(f"\0{_base(os.geteuid() if uid is None else uid)}{name_prefix}")
 
 
 def _servers(prefix: str) -> list[str]:
@@ -180,24 +211,90 @@ def _close_in_child() -> None:
 os.register_at_fork(after_in_child=_close_in_child)
 
 
-def find_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[int, bool, Server]:
-    """The memory file shared under `name` by this user's processes on this host: (descriptor, whether this
-    call created it, the server that now also serves it from this process). A new file is `size` bytes and
-    `init(fd)` prepares it before any other process can see it."""
-    uid = os.geteuid()
-    lock_name, prefix = _names(name, uid)
-    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def lock_dirs(uid: int) -> list[str]:
+    """Where the lookup lock of user `uid` may be, in order: the first that is this user's only is used."""
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        home = os.path.expanduser("~")
+    return [f"/tmp/zarrfeed-{uid}", os.path.join(home, ".cache", "zarrfeed")]
+
+
+def _private_dir(path: str, uid: int) -> str | None:
+    """Why directory `path` (made, mode 0700, if missing) cannot hold user `uid`'s lock; None if it can."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid != uid:
+        return f"{path} belongs to uid {st.st_uid}"
+    if st.st_mode & 0o077:  # ours, but open to others: close it (a file they put there is refused below)
+        try:
+            os.chmod(path, 0o700)
+        except OSError as exc:
+            return f"{path} is open to other users and cannot be closed ({exc.strerror})"
+    return None
+
+
+def _lock_file(uid: int) -> int:
+    """A descriptor of this user's lookup lock file, in the first of `lock_dirs` that is this user's only."""
+    why = []
+    for path in lock_dirs(uid):
+        problem = _private_dir(path, uid)
+        if problem is None:
+            file = os.path.join(path, _LOCK_FILE)
+            try:
+                fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                why.append(f"{file}: {exc.strerror}")
+                continue
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                return fd
+            os.close(fd)
+            problem = f"{file} belongs to uid {st.st_uid}" if st.st_uid != uid else f"{file} is not a file"
+        why.append(problem)
+    raise RendezvousError(f"no directory of this user's only for the host caches' lookup lock ({'; '.join(why)})")
+
+
+@contextlib.contextmanager
+def _lookup_lock(name: str, uid: int) -> Iterator[None]:
+    """Hold the lookup of `name` (its byte of this user's lock file) against this user's other processes and
+    threads; another process's lookup is waited for up to `_LOCK_WAIT` seconds."""
+    fd = _lock_file(uid)
+    try:
+        locks = ProcessLocks(fd)  # a description of this lookup's own: it excludes this process's other threads
+    finally:
+        os.close(fd)
+    at = int.from_bytes(hashlib.sha256(name.encode()).digest()[:5], "big")  # below 2**40: any byte may be locked
     deadline = time.monotonic() + _LOCK_WAIT
     try:
-        while True:
-            try:
-                lock.bind(lock_name)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RendezvousError(f"another process has held the lookup of shared cache {name!r} for "
-                                          f"{_LOCK_WAIT:.0f} s") from None
-                time.sleep(0.002)
+        while not locks.lock(at, wait=False):
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"another process of this user has held the lookup of shared cache {name!r} "
+                                      f"for {_LOCK_WAIT:.0f} s")
+            time.sleep(0.002)
+        yield
+    finally:
+        locks.close()
+
+
+def find_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[int, bool, Server]:
+    """The memory file shared under `name` by this user's processes on this host, in this process's namespace:
+    (descriptor, whether this call created it, the server that now also serves it from this process). A new
+    file is `size` bytes and `init(fd)` prepares it before any other process can see it."""
+    uid = os.geteuid()
+    prefix = f"\0{_base(uid)}{name}/serve/"
+    with _lookup_lock(_base(uid) + name, uid):
         fd = None
         for server in _servers(prefix):
             fd = ask(server, name)
@@ -213,5 +310,3 @@ def find_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[i
                 os.close(fd)
                 raise
         return fd, created, Server(fd, prefix)
-    finally:
-        lock.close()
