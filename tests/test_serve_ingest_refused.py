@@ -97,20 +97,27 @@ class _Refusing:
     (OSError(errno.ENOSPC, "No space left on device", "/srv/data/d.zarr/.zarrfeed.lock"), ValueError,
      "No space left on device"),
 ])
-def test_a_store_that_refuses_writes_is_one_line_each_side(tmp_path, monkeypatch, caplog, exc, client_error, why):
+def test_a_store_that_refuses_writes_is_one_line_each_side(tmp_path, monkeypatch, exc, client_error, why):
     """In this process, a named dataset of a FeedServer whose writer cannot open: the producer's error names
     the dataset (not the server's path), the log names the dataset's location and the file, with no traceback."""
     path = _dataset(tmp_path)
     monkeypatch.setattr(ingestion, "DatasetWriter", _Refusing(exc))
-    caplog.set_level(logging.INFO, logger="zarrfeed")
-    with FeedServer({"drives": path}, port=0, workers=1, ingest=True) as server:
-        for call in ("ingest", "submit"):
-            with pytest.raises(client_error) as refused, RemoteWriter(server.url, dataset="drives") as w:
-                w.ingest([_episode()]) if call == "ingest" else w.submit(_episode(), key="drive-1")
-            assert str(refused.value) == (f"{server.url}: " if client_error is PermissionError else "") + \
-                f"zarrfeed: uploads refused: this server cannot write into dataset 'drives' ({why})"
-            assert "/srv/data" not in str(refused.value)
-    records = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("zarrfeed.serve")  # its own handler: the server's log, whatever propagates
+    log.addHandler(handler)
+    try:
+        with FeedServer({"drives": path}, port=0, workers=1, ingest=True) as server:
+            for call in ("ingest", "submit"):
+                with pytest.raises(client_error) as refused, RemoteWriter(server.url, dataset="drives") as w:
+                    w.ingest([_episode()]) if call == "ingest" else w.submit(_episode(), key="drive-1")
+                assert str(refused.value) == (f"{server.url}: " if client_error is PermissionError else "") + \
+                    f"zarrfeed: uploads refused: this server cannot write into dataset 'drives' ({why})"
+                assert "/srv/data" not in str(refused.value)
+    finally:
+        log.removeHandler(handler)
+    records = [r for r in records if r.levelno >= logging.ERROR]
     assert len(records) == 2 and not any(r.exc_info for r in records), [r.getMessage() for r in records]
     assert all(r.getMessage() == f"zarrfeed: dataset 'drives' ({path}): uploads refused: its writer did not open: "
                                  f"{exc}" for r in records), [r.getMessage() for r in records]
