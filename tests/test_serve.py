@@ -720,21 +720,53 @@ def test_beyond_loopback_the_tokens_are_required(data, tmp_path, flags, refused)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and refused in r.stderr, r.stderr
 
 
+def listening(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on `port` on this machine (IPv4, IPv6; an IPv4-mapped
+    IPv6 address as its IPv4 address, as gRPC binds 127.0.0.1)."""
+    import ipaddress
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            raw, _, hex_port = local.partition(":")
+            if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                continue
+            # the kernel prints each 32-bit word of the address in host (little-endian) order
+            packed = b"".join(bytes.fromhex(raw[i:i + 8])[::-1] for i in range(0, len(raw), 8))
+            address = ipaddress.ip_address(packed)
+            mapped = getattr(address, "ipv4_mapped", None)
+            found.add(str(mapped or address))
+    return found
+
+
 def test_insecure_serves_beyond_loopback_with_a_warning(data):
-    """--insecure is the operator saying so: it serves on 0.0.0.0 (reached here through 127.0.0.1) and warns."""
-    proc = subprocess.Popen([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--host", "0.0.0.0",
-                             "--port", "0", "--workers", "1", "--insecure"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    """--insecure is the operator saying so: `zarrfeed serve --host 0.0.0.0 --insecure` gets as far as serving,
+    says "serving on grpc://0.0.0.0:PORT" and warns. Nothing listens beyond loopback: tests/serve_loopback.py
+    runs the command with the server's bind moved from 0.0.0.0 to 127.0.0.1 (and says it was asked for
+    0.0.0.0, so the option did reach the server)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "serve_loopback.py"), "serve", str(data),
+                             "--host", "0.0.0.0", "--port", "0", "--workers", "1", "--insecure"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         line = proc.stdout.readline()
-        assert "anyone may read; no uploads" in line, line + proc.stderr.read()
-        url = line.split()[2].replace("0.0.0.0", "127.0.0.1")
-        with RemoteLoader(url, "scenes", batch_size=10) as remote:
+        assert line.startswith("serving on grpc://0.0.0.0:") and "anyone may read; no uploads" in line, \
+            line + proc.stderr.read()
+        port = int(line.split()[2].rsplit(":", 1)[1])
+        assert listening(port) == {"127.0.0.1"}  # not 0.0.0.0 (nor ::)
+        with RemoteLoader(f"grpc://127.0.0.1:{port}", "scenes", batch_size=10) as remote:
             assert sum(len(b["host"]) for b in remote) == Dataset.open(data).rows["scenes"]
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-    assert "with --insecure: anyone who reaches this port can read the data" in err, err
+        _, err = proc.communicate(timeout=30)
+    assert "serve_loopback: asked to listen on grpc://0.0.0.0:0; listening on 127.0.0.1" in err, err
+    assert "zarrfeed: warning: serving on 0.0.0.0 with --insecure: anyone who reaches this port can read the " \
+           "data\n" in err, err
+    assert proc.returncode == 0, err
 
 
 def test_clients_get_one_line_never_a_traceback(server, data):

@@ -1,10 +1,15 @@
 """FeedServer from Python refuses to serve beyond loopback without the tokens that keep it private (issue 35),
 as `zarrfeed serve` does, before anything is opened or listens. No test here binds another address than
-127.0.0.1: a server that gets as far as listening is stopped at that point by a class in its MRO (`NoListen`),
-so the tests see whether it would listen, and where, without a socket."""
+loopback (127.0.0.1, and ::1 where the machine has it): a server that gets as far as listening is stopped at
+that point by a class in its MRO (`NoListen`), so the tests see whether it would listen, and where, without a
+socket."""
+import socket
+
 import pyarrow.flight as flight
 import pytest
-from zarrfeed.flight import FeedServer
+from zarrfeed.flight import FeedServer, RemoteLoader
+from zarrfeed.flight.server import address
+from zarrfeed.loader import Dataset
 from zarrfeed.writer import synthetic, write_dataset
 
 
@@ -75,3 +80,35 @@ def test_loopback_without_tokens_serves(data, host):
             assert {tuple(f.descriptor.path) for f in client.list_flights()} >= {(b"scenes",), (b"agents",)}
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("host, url", [("::", "grpc://[::]:0"), ("2001:db8::1", "grpc://[2001:db8::1]:0"),
+                                       ("0.0.0.0", "grpc://0.0.0.0:0")])
+def test_an_ipv6_address_is_bracketed_where_it_would_listen(data, host, url):
+    """Bare, an IPv6 literal's colons run into the port's: grpc://:::0 does not parse."""
+    with pytest.raises(WouldListen) as where:
+        Probe(str(data), host=host, port=0, workers=1, insecure=True)
+    assert str(where.value) == url
+
+
+@pytest.mark.parametrize("host, url", [("::1", "grpc+tls://[::1]:8815"), ("[::1]", "grpc+tls://[::1]:8815"),
+                                       ("example.org", "grpc+tls://example.org:8815")])
+def test_address_brackets_ipv6_literals_only(host, url):
+    assert address("grpc+tls", host, 8815) == url
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_serves_on_the_ipv6_loopback_at_a_bracketed_url(data):
+    with FeedServer(str(data), host="::1", port=0, workers=1) as server:
+        assert server.url == f"grpc://[::1]:{server.port}" and server.status()["url"] == server.url
+        with RemoteLoader(server.url, "scenes", batch_size=10) as remote:
+            assert sum(len(b["host"]) for b in remote) == Dataset.open(data).rows["scenes"]

@@ -9,6 +9,7 @@ written; the other producers go on.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -73,9 +74,27 @@ class Ingestion:
             raise flight.FlightUnavailableError("zarrfeed: server shutting down: the episodes it acknowledged are "
                                                 "committed; send the others again once it is back")
         if self._writer is None:
-            self._writer = DatasetWriter(self.location, mode="a", workers=self.workers)
+            try:
+                self._writer = DatasetWriter(self.location, mode="a", workers=self.workers)
+            except OSError as exc:  # a store this server cannot write into: said, not a traceback
+                raise self._refused(exc) from None
             self._accepted, self._committed_before = 0, self._writer.committer.committed_episodes
         return self._writer
+
+    def _refused(self, exc: OSError) -> flight.FlightError:
+        """Why the writer did not open (a read-only store, no permission to write, a store that does not
+        answer), in one line in the server's log naming the dataset and the file, and one to the producer
+        without the server's paths: a refusal (PermissionError at RemoteWriter) when the store may not be
+        written, else a server error."""
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        dataset = f"dataset {self.name!r} ({self.location})" if self.name else f"dataset {self.location}"
+        log.error("zarrfeed: %s: uploads refused: its writer did not open: %s", dataset, text)
+        why = exc.strerror or text  # strerror: without the file's path on the server
+        said = (f"zarrfeed: uploads refused: this server cannot write into "
+                f"{f'dataset {self.name!r}' if self.name else 'its dataset'} ({why})")
+        if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return flight.FlightUnauthorizedError(said)
+        return flight.FlightServerError(said)
 
     def _with_writer(self, call: Callable[[DatasetWriter], T]) -> T:
         with self._lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -31,6 +31,9 @@ TICKET_BYTES = 64 << 10  # what a ticket's own settings may take (fields include
 
 KINDS = ("batches", "windows", "agents", "ego")  # Loader, WindowLoader, AgentSampleLoader, EgoSampleLoader
 SAMPLES = ("windows", "agents", "ego")  # kinds whose batches hold a sample per row, each of T frames
+# AgentSampleLoader's options alone: a ticket of another kind may carry them only at their defaults (what every
+# client sends in every ticket: EgoSampleLoader's label threshold is 0.5 too); another value is refused
+AGENTS_ONLY = ("threshold", "min_history", "min_future")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,12 @@ class Ticket:
             raise ValueError("ticket: row_ids is for batches of rows (a window's row is its frame_index)")
         if self.kind not in KINDS:
             raise ValueError(f"ticket: kind must be one of {', '.join(map(repr, KINDS))}, got {self.kind!r}")
+        if self.kind != "agents":  # the agents mask's options: another kind would ignore them
+            for name in AGENTS_ONLY:
+                value, default = getattr(self, name), _DEFAULTS[name]
+                if value != default:
+                    raise ValueError(f"ticket: {name} is an option of kind 'agents' (the agents mask), not of kind "
+                                     f"{self.kind!r}, got {value!r}")
         for name, number, least, most in (("step_time", self.step_time, 1e-9, 1e6),
                                           ("threshold", self.threshold, 0.0, 1.0)):
             if isinstance(number, bool) or not isinstance(number, (int, float)) or not least <= number <= most:
@@ -129,6 +138,9 @@ class Ticket:
                 raise ValueError("ticket: transform_args must be an object or null")
             if len(json.dumps(self.transform_args)) > MAX_TRANSFORM_ARGS:
                 raise ValueError(f"ticket: transform_args is larger than {MAX_TRANSFORM_ARGS} bytes of JSON")
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Ticket) if f.name in AGENTS_ONLY}
 
 
 def _integer(value: Any) -> bool:

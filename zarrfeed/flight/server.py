@@ -49,6 +49,12 @@ def one_line(method: F) -> F:
     return call  # type: ignore[return-value]
 
 
+def address(scheme: str, host: str, port: int) -> str:
+    """scheme://host:port, an IPv6 literal in brackets (grpc://[::1]:8815): bare, its colons would run into the
+    port's and the URL would not parse."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{scheme}://{host}:{port}"
+
+
 def internal_error(what: str, exc: BaseException) -> str:
     return f"zarrfeed: {what} failed: {type(exc).__name__}: {exc} (the server's log has the traceback)"
 
@@ -145,7 +151,7 @@ class FeedServer(flight.FlightServerBase):
             "sync": lambda body: self.served(dataset_of(body)).ingestion.sync(body)}
         if self._actions.keys() != ACTIONS.keys():  # a protocol change without its handler: never serve half of it
             raise RuntimeError(f"actions without a handler: {sorted(ACTIONS.keys() ^ self._actions.keys())}")
-        super().__init__(f"{self._scheme}://{host}:{port}", middleware={"access": AccessCheck(self.access)},
+        super().__init__(address(self._scheme, host, port), middleware={"access": AccessCheck(self.access)},
                          tls_certificates=[tls] if tls else None)
         for served in self.datasets.values():
             served.ingestion.start(every_second=served.feeding.idle.expire)
@@ -175,7 +181,7 @@ class FeedServer(flight.FlightServerBase):
     @property
     def url(self) -> str:
         """Where clients connect: grpc://host:port (grpc+tls with a certificate), the port chosen if 0."""
-        return f"{self._scheme}://{self._host}:{self.port}"
+        return address(self._scheme, self._host, self.port)
 
     def __enter__(self) -> "FeedServer":
         return self
