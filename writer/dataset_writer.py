@@ -286,7 +286,9 @@ class DatasetWriter:
         digest of its first episode). An input this dataset has seen before is refused unless `resume=True`,
         which passes over its committed episodes and writes the rest; resuming with an input the dataset has
         not seen, while it records another one, is refused. Nothing is written before either refusal.
-        With `keys` (one str or int per episode), committed keys are passed over, resume or not.
+        With `keys` (one str or int per episode), committed keys are passed over, resume or not. A bad episode
+        raises `ValueError` (with `on_error="raise"`) and takes no position: the episodes before it are written,
+        and a key-less `submit` of it fixed takes its place (a refused first episode begins no input).
         """
         self._check_open()
         t0 = time.perf_counter()
