@@ -8,10 +8,12 @@ import pytest
 from expected import expected_tables
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import synthetic, write_dataset
+from zarrfeed.writer.committer import Committer
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
 from zarrfeed.core.dataset_format import MANIFEST_KEY
-from zarrfeed.core.keys import fingerprint
+from zarrfeed.core.keys import Position, fingerprint
+from zarrfeed.core.store import Location
 
 SMALL_CHUNKS = {"agents": 300, "frames": 20, "scenes": 2, "traffic_light_faces": 100}
 WORKERS = pytest.mark.parametrize("workers", [0, 2])  # refused in the parent either way: both must agree
@@ -113,3 +115,26 @@ def test_a_skipped_keyless_episode_keeps_its_position(tmp_path):
     with DatasetWriter(path, mode="a", workers=0, on_error="skip") as w:
         assert w.ingest([a, bad, c], resume=True)["episodes"] == 0
     holds_exactly(path, [a, c])
+
+
+@WORKERS
+def test_an_episode_refused_as_not_the_one_placed_before_takes_no_position(tmp_path, workers):
+    """An interrupted writer placed positions 0-2 of the input [a, b, c] (recorded, not committed). Resumed with
+    [a], then key-less: another episode at position 1 is refused (not the one placed there), and b, submitted
+    next, still takes position 1 (before: the refused one had used it up, and b was refused at position 2)."""
+    a, b, c, other = episodes(4)
+    path = tmp_path / "d.zarr"
+    interrupted = Committer(Location.of(path), chunks=SMALL_CHUNKS, commit_interval=1000)
+    interrupted.begin_input(fingerprint(a), resume=False)
+    for i, ep in enumerate([a, b, c]):
+        interrupted.place(Position(fingerprint(a), i), {t: len(v) for t, v in ep.items()}, fingerprint(ep))
+    interrupted.commit(force=True)
+    interrupted.release()
+    with DatasetWriter(path, mode="a", workers=workers) as w:
+        w.ingest([a], resume=True)
+        with pytest.raises(ValueError, match=r"^episode 1: not the episode submitted under this key"):
+            w.submit(other)
+        assert w.submit(b) and w.submit(c)
+    with DatasetWriter(path, mode="a", workers=workers) as w:
+        assert w.ingest([a, b, c], resume=True)["episodes"] == 0
+    holds_exactly(path, [a, b, c])
