@@ -47,3 +47,17 @@ class Broken:
             if self.broken and seed == 5 and i == 1:
                 ep["frames"]["agent_index_interval"][4] = (10**6, 10**6 + 1)
             yield ep
+
+
+class BadFirst:
+    """`small`, but while `broken`, the input's first episode (source 0's episode 0) has an interval past its
+    agents."""
+
+    def __init__(self, broken: bool = True) -> None:
+        self.broken = broken
+
+    def __call__(self, seed: int):
+        for i, ep in enumerate(small(seed)):
+            if self.broken and seed == 0 and i == 0:
+                ep["frames"]["agent_index_interval"][4] = (10**6, 10**6 + 1)
+            yield ep

@@ -134,6 +134,20 @@ def test_a_failing_source_ends_the_ingest_there_and_resume_finishes_it_as_a_loca
     assert_recorded_as_local(tmp_path / "d.zarr", tmp_path / "local.zarr")
 
 
+def test_a_refused_first_episode_begins_no_input_so_the_fixed_input_resumes(client, tmp_path):
+    """As a local ingest: the input's identity is its first episode's fingerprint, so a refused first episode
+    must not begin (record) an input, else the fixed one's resume is refused as another input."""
+    sources = SOURCES[:3]
+    with pytest.raises(zdask.IngestError) as err:
+        zdask.ingest(client, sources, src.BadFirst(), tmp_path / "d.zarr", chunks=src.SMALL)
+    assert str(err.value).startswith("source 0 (0), episode 0: frames.agent_index_interval row 4")
+    assert Dataset.open(tmp_path / "d.zarr").rows["scenes"] == 0
+    summary = zdask.ingest(client, sources, src.BadFirst(broken=False), tmp_path / "d.zarr", resume=True)
+    assert summary.passed_over == 0 and summary.episodes == sum(len(list(src.small(s))) for s in sources)
+    local_ingest(tmp_path / "local.zarr", sources)
+    assert_same(stored(tmp_path / "d.zarr"), stored(tmp_path / "local.zarr"))
+
+
 def test_skip_mode_leaves_out_bad_episodes_and_lists_them(client, tmp_path):
     broken = src.Broken(raises=False)
     summary = zdask.ingest(client, SOURCES, broken, tmp_path / "d.zarr", chunks=src.SMALL, on_error="skip")

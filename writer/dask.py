@@ -284,14 +284,15 @@ class _Placer:
     def place(self, i: int, source: Any, counted: _Counted, loaded: Any) -> Any:
         """Place source `i`'s episodes not yet committed and return the task that writes them (None: none)."""
         yielded = len(counted.fingerprints)
-        if self.input is None and yielded:
+        bad = dict(counted.bad)
+        if self.input is None and yielded and not (0 in bad and self.on_error == "raise"):
+            # as a local ingest: a refused first episode begins no input (fixed, its resume is the input's start)
             self.input = counted.fingerprints[0]
             self.writer.begin_input(self.input, self.resume, "its first episode has fingerprint", "episodes")
         stop = yielded
         if counted.error is not None:
             stop = counted.error[0]
             self.failure = SourceFailure(i, source, counted.error[0], counted.error[1])
-        bad = dict(counted.bad)
         if bad and self.on_error == "raise":
             stop = min(bad)
             self.failure = SourceFailure(i, source, stop, bad[stop])

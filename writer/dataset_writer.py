@@ -212,30 +212,54 @@ class DatasetWriter:
 
         `key` (a str or an int) identifies the episode: one whose key is committed, or already submitted to
         this writer, is passed over (returns False), so retries never duplicate it. Without a key, the episode
-        is the next of the current input (see `ingest`). Returns at once unless every segment buffer is busy
-        (back-pressure). Bad input raises `ValueError` naming table, field and row, with nothing written, or
-        with `on_error="skip"` is logged and skipped (returns False).
+        is the next of the current input (see `ingest`): it takes that position once it is accepted, passed
+        over or skipped; a refused one takes none, so fixed and submitted again it keeps its place. Returns at
+        once unless every segment buffer is busy (back-pressure). Bad input raises `ValueError` naming table,
+        field and row, with nothing written, or with `on_error="skip"` is logged and skipped (returns False).
         """
         self._check_open()
         if key is None:
-            if self._input is None:
-                self._begin_input(episode, resume=False)
-            assert self._input is not None  # set by _begin_input
-            key = Position(self._input, self._position)
-            self._position += 1
-        key = check_key(key)
+            return self._submit_next(episode)
+        return self._submit(episode, check_key(key))
+
+    def _submit_next(self, episode: Mapping[str, np.ndarray]) -> bool:
+        """A key-less submit: the episode at the current input's next position, which it takes only if it is not
+        refused. An input begins with its first episode that is not refused (with on_error="skip" a bad one is
+        skipped in its place, as `ingest` of the same episodes would)."""
+        checked = None
+        if self._input is None:
+            if self.on_error == "raise":  # a refused first episode begins no input
+                checked = self._checked(episode, 0)
+            self._begin_input(episode, resume=False)
+        assert self._input is not None  # set by _begin_input
+        taken = self._submit(episode, Position(self._input, self._position), checked)
+        self._position += 1  # not reached if refused
+        return taken
+
+    def _checked(self, episode: Any, index: Key) -> dict[str, np.ndarray]:
+        """The episode's tables, or `ValueError` naming the episode (its key, or its index in the input)."""
+        try:
+            return check_episode(episode, self.schema)
+        except ValueError as exc:
+            raise ValueError(f"episode {index}: {exc}") from None
+
+    def _submit(self, episode: Mapping[str, np.ndarray], key: Key,
+                checked: dict[str, np.ndarray] | None = None) -> bool:
+        """Place and start writing the episode under `key` (`checked`: its tables, if checked already)."""
         if self.committer.is_known(key):
             return False
         digest = fingerprint(episode)
         self.committer.check_resubmitted(key, digest)
-        try:
-            tables = check_episode(episode, self.schema)
-        except ValueError as exc:
-            if self.on_error == "raise":
-                raise ValueError(f"episode {key}: {exc}") from None
-            log.warning("skipping episode %s: %s", key, exc)
-            self.committer.skip(key)
-            return False
+        tables = checked
+        if tables is None:
+            try:
+                tables = self._checked(episode, key)
+            except ValueError as exc:
+                if self.on_error == "raise":
+                    raise
+                log.warning("skipping %s", exc)
+                self.committer.skip(key)
+                return False
         rows = {t: len(a) for t, a in tables.items()}
         offsets = self.committer.place(key, rows, digest)
         tables = relocate(tables, self.schema, offsets)
@@ -262,7 +286,9 @@ class DatasetWriter:
         digest of its first episode). An input this dataset has seen before is refused unless `resume=True`,
         which passes over its committed episodes and writes the rest; resuming with an input the dataset has
         not seen, while it records another one, is refused. Nothing is written before either refusal.
-        With `keys` (one str or int per episode), committed keys are passed over, resume or not.
+        With `keys` (one str or int per episode), committed keys are passed over, resume or not. A bad episode
+        raises `ValueError` (with `on_error="raise"`) and takes no position: the episodes before it are written,
+        and a key-less `submit` of it fixed takes its place (a refused first episode begins no input).
         """
         self._check_open()
         t0 = time.perf_counter()
@@ -274,19 +300,23 @@ class DatasetWriter:
         self._input = None
         try:
             for i, episode in enumerate(episodes):
+                checked = None  # the episode's tables, if checked already
                 if given is not None:
                     key = next(given, None)
                     if key is None:
                         raise ValueError(f"keys: fewer keys than episodes (none for episode {i})")
+                    key = check_key(key)
                 else:
-                    if i == 0:
+                    if i == 0:  # a refused first episode begins no input
+                        checked = self._checked(episode, 0) if self.on_error == "raise" else None
                         self._begin_input(episode, resume)
                     assert self._input is not None  # set by _begin_input at the first episode
-                    key, self._position = Position(self._input, i), i + 1
-                if resume and self.committer.is_committed(key):
-                    bar.update(1)
-                    continue
-                self.submit(episode, key=key)
+                    key = Position(self._input, i)
+                if not (resume and self.committer.is_committed(key)):
+                    self._check_open()
+                    self._submit(episode, key, checked)
+                if given is None:  # taken (not refused): a key-less submit after a refusal takes its place
+                    self._position = i + 1
                 bar.update(1)
                 if self.progress and time.monotonic() - last > 0.5:
                     last = time.monotonic()
