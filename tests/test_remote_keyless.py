@@ -16,7 +16,7 @@ from test_remote_writer import eps, free_port, serve, serve_process, writers_end
 from zarrfeed.core.keys import fingerprint
 from zarrfeed.flight import RemoteWriter
 from zarrfeed.loader import Dataset
-from zarrfeed.writer import synthetic, write_dataset
+from zarrfeed.writer import DatasetWriter, synthetic, write_dataset
 
 FIRST = eps(1, seed=400)
 
@@ -200,6 +200,27 @@ def test_a_refused_keyless_episode_takes_no_position(target):
             assert w.submit(b)
         with RemoteWriter(server.url) as again:
             assert again.ingest([a, b], resume=True) == 0
+    assert_holds(Dataset.open(target), FIRST + [a, b])
+
+
+@pytest.mark.parametrize("call", ["submit", "ingest"])
+def test_a_refused_first_keyless_episode_begins_no_input(target, call):
+    """A bad first episode was refused after its input had been begun on the server under the bad episode's
+    fingerprint: the fixed input then sat in that input, and resuming the real one (here locally) was refused
+    as "another input". Now it is refused before the input is begun, as DatasetWriter refuses it."""
+    a, b = eps(2, seed=410)
+    bad = {t: arr.copy() for t, arr in a.items()}
+    bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
+    with serve(target) as server:
+        with RemoteWriter(server.url) as w:
+            with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3"):
+                w.submit(bad) if call == "submit" else w.ingest([bad, b])
+            if call == "submit":
+                assert w.submit(a) and w.submit(b)
+            else:
+                assert w.ingest([a, b]) == 2
+    with DatasetWriter(target, mode="a", workers=0) as again:
+        assert again.ingest([a, b], resume=True)["episodes"] == 0
     assert_holds(Dataset.open(target), FIRST + [a, b])
 
 

@@ -122,9 +122,11 @@ class Feeding:
 
     # ------------------------------------------------------------ discovery
     def describe(self, body: bytes) -> dict[str, Any]:
-        """The action "describe": the dataset's id, commit, per table its rows, chunk rows and dtype."""
+        """The action "describe": the dataset's id, commit, schema (its name, and as `Schema.to_json`), per table
+        its rows, chunk rows and dtype."""
         ds = self.latest()
         return {"dataset_id": ds.dataset_id, "commit": ds.commit, "schema": ds.schema.name,
+                "schema_doc": ds.schema.to_json(),
                 "tables": {name: {"rows": ds.rows[name], "chunk_rows": arr.chunks[0],
                                   "dtype": [list(f) for f in arr.dtype.descr]}
                            for name, arr in ds.tables.items()},

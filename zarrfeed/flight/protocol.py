@@ -178,7 +178,8 @@ class Action:
 # `list_actions` reports it, so the two cannot drift apart.
 ACTIONS = {a.name: a for a in (
     Action("describe", 'empty or {"dataset": name}',
-           "the dataset: id, commit, per table its rows, chunk rows and numpy dtype; the server's transforms"),
+           "the dataset: id, commit, schema, per table its rows, chunk rows and numpy dtype; the server's "
+           "transforms"),
     Action("plan", "a ticket (JSON)", "its loader's resume state and the number of batches of its epoch"),
     Action("status", "empty", "what the server is doing: streams (client, table, rank, epoch, rows/s), uploads, "
                               "totals, ingestion and its commit lag, limits, processes, memory, uptime"),

@@ -32,7 +32,8 @@ import pyarrow.flight as flight
 import xxhash
 
 from ..core.keys import Key, Position, check_key, fingerprint
-from ..core.schema import dtype_from_descr
+from ..core.schema import Schema, dtype_from_descr
+from ..writer.episode import check_episode
 from .protocol import (call_options, connect, encode_episode, episode_schema, episodes_descriptor, server_message,
                        unreachable)
 
@@ -80,6 +81,9 @@ class RemoteWriter:
         self._closed: dict[str, int] | None = None  # what close() answered
         info = self._action("describe")
         self.schema = episode_schema({t: dtype_from_descr(d["dtype"]) for t, d in info["tables"].items()})
+        # the dataset's schema, to refuse a bad first episode before its input is recorded (a server before
+        # 0.3 does not say it: the server's own check then refuses it, after the input was begun)
+        self._dataset_schema = Schema.from_json(info["schema_doc"]) if "schema_doc" in info else None
 
     def _gone(self, exc: BaseException) -> ConnectionError:
         self._drop_put()
@@ -236,6 +240,8 @@ class RemoteWriter:
         input whose ingest by this writer did not finish is resumed. One whose beginning went unanswered (the
         server may have recorded it) is begun, or resumed if the server had recorded it (or if another producer
         had begun it meanwhile: the retry then resumes theirs, passing over what they wrote)."""
+        if self._dataset_schema is not None:  # a refused first episode begins no input (as DatasetWriter's)
+            check_episode(first, self._dataset_schema)
         if self._broken:
             self._recover()
         input_id = fingerprint(first)
