@@ -1,6 +1,6 @@
 """Loader benchmark: zarrfeed's shuffled batches against what users write today and the decode bound.
 
-    python bench/bench_loader.py [--scenes 100] [--repeat 3] [--plot loader.png]
+    python bench/bench_loader.py [--scenes 100] [--repeat 3] [--plot loader.png] [--check-only]
 
 On a synthetic L5Kit dataset (100 scenes = 2.1 M agents, chunks of 20,000 rows), the agents table:
   zarrfeed    Loader, shuffle on, 2 workers, batch 256 and 4096: the second epoch (decoded chunks kept
@@ -148,6 +148,8 @@ def memcpy_rows_per_s(itemsize: int) -> float:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--pool-items", type=int, default=1500, help="items the pool baseline reads per run")
+    p.add_argument("--check-only", action="store_true",
+                   help="only the uncached epochs with and without the chunk check (their ratios)")
     add_plot_option(p)
     args = p.parse_args()
     check_plot_option(args.plot)
@@ -158,18 +160,20 @@ def main() -> None:
         apath = str(path / "agents")
         runs: dict[str, list[tuple[float, int]]] = {}
         ttfb: dict[int, list[float]] = {256: [], 4096: []}
-        for _ in range(args.repeat):
-            for b in (256, 4096):
+        for rep in range(args.repeat):
+            for b in () if args.check_only else (256, 4096):
                 r = zarrfeed(ds, b)
                 runs.setdefault(f"zarrfeed batch {b}", []).append(r["epoch2"])
                 runs.setdefault(f"zarrfeed batch {b} epoch 1", []).append(r["epoch1"])
                 ttfb[b].append(r["ttfb"])
-            r = zarrfeed(ds, 4096, cache_bytes=0)
-            runs.setdefault("zarrfeed 4096 no cache", []).append(r["epoch2"])
-            runs.setdefault("zarrfeed 4096 no cache ep1", []).append(r["epoch1"])
-            r = zarrfeed(unchecked, 4096, cache_bytes=0)  # right after: the same state of the machine
-            runs.setdefault("zarrfeed 4096 unchecked", []).append(r["epoch2"])
-            runs.setdefault("zarrfeed 4096 unchecked ep1", []).append(r["epoch1"])
+            checking = [("zarrfeed 4096 no cache", ds), ("zarrfeed 4096 unchecked", unchecked)]
+            for name, d in checking if rep % 2 == 0 else checking[::-1]:  # one after the other, alternating
+                r = zarrfeed(d, 4096, cache_bytes=0)
+                runs.setdefault(name, []).append(r["epoch2"])
+                runs.setdefault(name.replace("no cache", "no cache ep1").replace("unchecked", "unchecked ep1"),
+                                []).append(r["epoch1"])
+            if args.check_only:
+                continue
             r = zarrfeed(ds, 4096, cache="process")  # the cache of its own it kept before the host cache
             runs.setdefault("zarrfeed 4096 own cache", []).append(r["epoch2"])
             runs.setdefault("zarrfeed 4096 own epoch 1", []).append(r["epoch1"])
@@ -184,6 +188,10 @@ def main() -> None:
             s, samples, agents = windows_l5kit(path, 300)
             runs.setdefault("(l) L5Kit windows", []).append((s, samples))
         rate = {k: statistics.median(r / s for s, r in v) for k, v in runs.items()}
+        if args.check_only:
+            print_ratios(rate, [("zarrfeed 4096 no cache", "zarrfeed 4096 unchecked", 0.97),
+                                ("zarrfeed 4096 no cache ep1", "zarrfeed 4096 unchecked ep1", 0.97)])
+            return
         print(f"agents: {n:,} rows of {itemsize} bytes, chunks of {ds['agents'].chunks[0]:,}; "
               f"median of {args.repeat} runs\n")
         print(f"{'':<24}{'M rows/s':>10}{'MB/s':>8}")
