@@ -526,7 +526,9 @@ def test_bad_input_is_refused_by_name_and_the_server_goes_on(target):
             with pytest.raises(ValueError, match="table 'agents': dtype"):
                 w.submit(wrong, key="wrong")
             with pytest.raises(ValueError, match="table 'nope': not a table of this dataset"):
-                w.submit({"nope": eps[0]["scenes"]})
+                w.submit({"nope": eps[0]["scenes"]}, key="nope")  # keyed: the server refuses it
+            with pytest.raises(ValueError, match="table 'scenes': missing from the episode"):
+                w.submit({"nope": eps[0]["scenes"]})  # key-less: refused before its input is begun
             client = flight.connect(s.url)  # garbage: a batch that is not episodes
             import pyarrow as pa
             put, _ = client.do_put(flight.FlightDescriptor.for_path("episodes"), pa.schema([("x", pa.int8())]))
