@@ -264,6 +264,9 @@ def test_readers_pin_a_commit(tmp_path):
     assert Dataset.open(out, commit=pinned).rows == rows
     with pytest.raises(ValueError, match="the latest commit is"):
         Dataset.open(out, commit=10_000)
+    for bad in (-1, 1.5, True):  # -1 was said to be "no longer kept"
+        with pytest.raises(ValueError, match=rf"^commit {bad!r}: not a commit number \(a whole number >= 0\)$"):
+            Dataset.open(out, commit=bad)
 
 
 def test_create_never_writes_over_a_dataset_made_meanwhile(tmp_path):

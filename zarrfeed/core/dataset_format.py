@@ -240,6 +240,8 @@ def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> d
     doc = _parse(raw, MANIFEST_KEY)
     if commit is None or commit == doc["commit"]:
         return doc
+    if not isinstance(commit, int) or isinstance(commit, bool) or commit < 0:
+        raise FormatError(f"commit {commit!r}: not a commit number (a whole number >= 0)")
     if commit > doc["commit"]:
         raise FormatError(f"commit {commit}: the latest commit is {doc['commit']}")
     try:
