@@ -23,12 +23,12 @@ import numpy as np
 import zarr
 
 from ..core import dataset_format
-from ..core.chunks import read_rows
+from ..core.chunks import chunk_key, digest, read_rows
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
-from ..core.store import FormatError, Location, bounded, within
+from ..core.store import FormatError, Location, bounded, get_many, within
 from .chunk_write import ChunkWrite
 from .commit import ChunkDigests, CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
@@ -161,6 +161,7 @@ class Committer:
             except KeyError as exc:
                 raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
                     from None
+            self._check_tails(arrays, committed)
         self._check_links(found, arrays, committed)
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
@@ -179,6 +180,29 @@ class Committer:
         self._commit_no = doc["commit"]
         self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
         return found, committed
+
+    def _check_tails(self, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
+        """Each table's last, partly filled chunk, which the append reads back and rewrites with its rows: it must
+        be there (else its rows would be rewritten as zeros) and, if its commit recorded it, be the chunk recorded
+        (else the changed rows would be sealed again under a fresh digest, the change laundered)."""
+        chunks = self._log.whole().chunks
+        for t, n in committed.items():
+            arr = arrays.get(t)
+            if arr is None or n % arr.chunks[0] == 0:
+                continue  # no rows, or no chunk partly filled: the append writes only new chunks
+            index = n // arr.chunks[0]
+            key = chunk_key(arr, index)
+            raw = get_many(arr.chunk_store, [key]).get(key)
+            if raw is None:
+                raise FormatError(f"{self.location}: table '{t}': chunk '{key}' is missing, below the {n} rows "
+                                  "committed; the dataset is damaged, nothing is appended (zarrfeed validate "
+                                  "lists every missing chunk)")
+            record = chunks.get(t, {}).get(index)
+            if record is not None and (len(raw) != record[0] or digest(raw) != record[1]):
+                raise FormatError(f"{self.location}: table '{t}': chunk '{key}' is not the chunk that was committed "
+                                  f"({len(raw)} bytes, digest {digest(raw)}; the commit recorded {record[0]} bytes, "
+                                  f"digest {record[1]}): the file was changed or replaced; nothing is appended "
+                                  "(zarrfeed validate --deep lists every changed chunk)")
 
     def _check_links(self, schema: Schema, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
         """Every link's intervals over the committed rows must tile its child's committed rows (L5Kit's rule), as
