@@ -5,6 +5,8 @@ must not turn the checks off, a `.zarray` must not add filters the schema does n
 `Dataset.chunks` must check what they decode."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import zarr
@@ -12,6 +14,7 @@ from expected import expected_tables
 from test_checked_reads import NAMED, SMALL, cli, damage, episodes, one_line_error
 from zarrfeed.core.store import FormatError
 from zarrfeed.loader import Dataset, Loader, LoaderError
+from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
 
@@ -83,3 +86,88 @@ def test_an_append_onto_an_unchanged_last_chunk_goes_on(written):
     assert ds.rows["agents"] > n and ds.verify().ok
     want = expected_tables(episodes(6, seed=0) + episodes(1, seed=7))["agents"]["track_id"]
     assert np.array_equal(ds.read_rows("agents", 0, ds.rows["agents"])["track_id"], want)
+
+
+def edit_manifest(path, edit) -> None:
+    doc = json.loads((path / "zarrfeed.json").read_text())
+    edit(doc)
+    (path / "zarrfeed.json").write_text(json.dumps(doc))
+
+
+def drop_entries(path, table: str, indices: tuple[int, ...]) -> None:
+    """Remove the records of chunks `indices` of `table` from the commit log (the manifest's count adjusted)."""
+    def edit(doc):
+        for ref in doc["log"]:
+            seg = json.loads((path / ref["key"]).read_text())
+            kept = [e for e in seg["chunks"].get(table, []) if e[0] not in indices]
+            ref["entries"] -= len(seg["chunks"].get(table, [])) - len(kept)
+            seg["chunks"][table] = kept
+            (path / ref["key"]).write_text(json.dumps(seg))
+    edit_manifest(path, edit)
+
+
+@pytest.mark.parametrize("how, names", [
+    ("digest deleted", "field 'digest' is missing"), ("digest null", "field 'digest' is None"),
+    ("log emptied", "field 'log' is empty"), ("entries removed", r"chunk 'agents/3' .*has no record")])
+def test_a_manifest_or_log_edited_to_record_nothing_is_refused(written, how, names):
+    damage(written, "swap")
+    if how == "entries removed":
+        drop_entries(written, "agents", (3, 4))
+    else:
+        edit_manifest(written, {"digest deleted": lambda d: d.pop("digest"),
+                                "digest null": lambda d: d.update(digest=None),
+                                "log emptied": lambda d: d.update(log=[])}[how])
+    with pytest.raises(FormatError, match=names):
+        Dataset.open(written).to_arrow("agents")
+    with pytest.raises((FormatError, LoaderError), match=names):
+        with Loader(written, "agents", batch_size=500, num_workers=0, cache="off") as loader:
+            for _ in loader:
+                pass
+    r = cli("validate", str(written), "--deep", "-q")
+    assert r.returncode != 0 and "valid" != r.stdout.strip(), r
+    r = cli("ingest", str(written), "--append", "--synthetic", "1", "--workers", "0", "-q")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r
+
+
+def test_a_crashed_writers_last_chunk_without_a_record_is_not_refused(written):
+    """The one chunk that may lack a record: a table's last, partly filled one (see chunk_check)."""
+    last, _ = last_chunk(written)
+    drop_entries(written, "agents", (last,))
+    ds = Dataset.open(written)
+    assert len(ds.to_arrow("agents")) == ds.rows["agents"]
+    assert ds.verify().ok and ds.verify().unverifiable == 1
+
+
+def test_an_append_onto_another_tools_dataset_records_its_chunks_as_unknown(real_copy):
+    """Adopted chunks (there before zarrfeed's first commit) get an entry with no digest: read and verified as
+    "not verifiable", while those the append writes are checked."""
+    before = Dataset.open(real_copy)
+    n, c = before.rows["agents"], before["agents"].chunks[0]
+    with DatasetWriter(real_copy, workers=0, mode="a") as w:
+        w.ingest(list(synthetic.episodes(1, seed=3)))
+    ds = Dataset.open(real_copy)
+    report = ds.verify()
+    assert report.ok and report.unverifiable >= n // c and report.verified >= 1, str(report)
+    assert np.array_equal(ds.read_rows("agents", 0, n), before.read_rows("agents", 0, n))
+    assert cli("validate", str(real_copy), "-q").returncode == 0
+
+
+@pytest.mark.parametrize("change, names", [
+    (lambda m: m.update(filters=[{"id": "shuffle", "elementsize": 4}]), "field 'filters'"),
+    (lambda m: m.update(compressor={"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 0, "blocksize": 0}),
+     "field 'compressor'")])
+def test_a_zarray_whose_codecs_are_not_those_written_is_refused(written, change, names):
+    """Chunks untouched (their digests match) but decoded through other codecs: other rows, refused on open."""
+    meta_path = written / "agents" / ".zarray"
+    meta = json.loads(meta_path.read_text())
+    change(meta)
+    meta_path.write_text(json.dumps(meta))
+    (written / ".zmetadata").unlink(missing_ok=True)
+    with pytest.raises(FormatError, match=rf"table 'agents': agents/\.zarray: {names} .*manifest's schema"):
+        Dataset.open(written)
+    r = cli("validate", str(written), "--deep", "-q")
+    assert r.returncode == 2 and "agents/.zarray" in one_line_error(r), r
+
+
+def test_the_zarray_of_another_tools_dataset_is_not_compared(real_copy):
+    assert Dataset.open(real_copy).rows["agents"] > 0  # no manifest: no schema that says what was written

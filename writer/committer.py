@@ -58,6 +58,10 @@ class Committer:
         self.location, self.commit_interval, self._store_timeout = location, commit_interval, store_timeout
         self._published: tuple | None = None  # what the last commit published (the same again is not written)
         self._attempted = -1  # the number of the last commit this writer tried to publish
+        # chunks whose rows were all there before this dataset's first commit with digests (another tool's, an
+        # older zarrfeed's), per table: the first commit records them as unknown (None), as every full chunk
+        # of a log with digests has an entry (see `dataset_format.read_log`)
+        self._adopted: dict[str, int] = {}
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
         # refused before the lease's files are written there
@@ -163,6 +167,8 @@ class Committer:
                     from None
             self._check_tails(arrays, committed)
         self._check_links(found, arrays, committed)
+        if doc is None or doc.get("digest") != dataset_format.DIGEST:
+            self._adopted = {t: n // found.tables[t].chunk_rows for t, n in committed.items()}
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
                 dataset_format.create_table(group, table, found.compressor)
@@ -397,6 +403,9 @@ class Committer:
                 chunks.setdefault(t, {}).setdefault(index, record)  # no write changed it: sealed again as it was
             elif self._withdrawing and t in self._withdrawn:
                 chunks.setdefault(t, {}).setdefault(index, None)
+        for t, full in self._adopted.items():
+            for index in range(full):
+                chunks.setdefault(t, {}).setdefault(index, None)
         new_keys = self._journal.take_new()
         segment = Segment(new_keys[0], new_keys[1], chunks)
         state = (committed, self._journal.to_json())
@@ -416,6 +425,7 @@ class Committer:
             self._journal.give_back(new_keys)
             raise
         self._commit_no += 1
+        self._adopted = {}
         self._digests.forget(chunks)
         if self._withdrawing:
             self._withdrawn, self._withdrawing = {}, False
