@@ -86,13 +86,16 @@ class CacheKey:
         caches): where it is (`Location.place`), its id, which state of it (`Dataset.version_tag`: a copy
         put in its place, or a dataset without commits rewritten in place, is another cache), and what it
         holds: the size and digest its commits recorded for each chunk (`Dataset.digests`), so that a copy
-        with the same id, commit and commit log key but other chunks never shares a cache with it."""
+        with the same id, commit and commit log key but other chunks never shares a cache with it.
+        Whether its chunks are checked too (`Dataset.verify_chunks`, for a dataset that records digests): a
+        loader with the check off decodes changed chunks into its cache, which a checked one must never read."""
         tables = tuple(sorted(ds.tables))
         chunks = tuple(-(-ds.rows[t] // ds[t].chunks[0]) for t in tables)
+        content = _content(ds.digests(), tables)
         what = {"place": ds.location.place(), "dataset_id": ds.dataset_id, "version": ds.version_tag(),
                 "rows": {t: ds.rows[t] for t in tables}, "slot_bytes": slot_bytes,
                 "chunks": {t: [ds[t].chunks[0], str(ds[t].dtype)] for t in tables},
-                "content": _content(ds.digests(), tables)}
+                "content": content, "checked": bool(ds.verify_chunks) and content is not None}
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
         return cls(digest, tables, chunks, slot_bytes)
 

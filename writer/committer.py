@@ -23,12 +23,12 @@ import numpy as np
 import zarr
 
 from ..core import dataset_format
-from ..core.chunks import read_rows
+from ..core.chunks import chunk_key, digest, read_rows
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
-from ..core.store import FormatError, Location, bounded, within
+from ..core.store import FormatError, Location, bounded, get_many, within
 from .chunk_write import ChunkWrite
 from .commit import ChunkDigests, CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
@@ -58,6 +58,10 @@ class Committer:
         self.location, self.commit_interval, self._store_timeout = location, commit_interval, store_timeout
         self._published: tuple | None = None  # what the last commit published (the same again is not written)
         self._attempted = -1  # the number of the last commit this writer tried to publish
+        # chunks whose rows were all there before this dataset's first commit with digests (another tool's, an
+        # older zarrfeed's), per table: the first commit records them as unknown (None), as every full chunk
+        # of a log with digests has an entry (see `dataset_format.read_log`)
+        self._adopted: dict[str, int] = {}
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
         # refused before the lease's files are written there
@@ -161,7 +165,10 @@ class Committer:
             except KeyError as exc:
                 raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
                     from None
+            self._check_tails(arrays, committed)
         self._check_links(found, arrays, committed)
+        if doc is None or doc.get("digest") != dataset_format.DIGEST:
+            self._adopted = {t: n // found.tables[t].chunk_rows for t, n in committed.items()}
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
                 dataset_format.create_table(group, table, found.compressor)
@@ -179,6 +186,29 @@ class Committer:
         self._commit_no = doc["commit"]
         self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
         return found, committed
+
+    def _check_tails(self, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
+        """Each table's last, partly filled chunk, which the append reads back and rewrites with its rows: it must
+        be there (else its rows would be rewritten as zeros) and, if its commit recorded it, be the chunk recorded
+        (else the changed rows would be sealed again under a fresh digest, the change laundered)."""
+        chunks = self._log.whole().chunks
+        for t, n in committed.items():
+            arr = arrays.get(t)
+            if arr is None or n % arr.chunks[0] == 0:
+                continue  # no rows, or no chunk partly filled: the append writes only new chunks
+            index = n // arr.chunks[0]
+            key = chunk_key(arr, index)
+            raw = get_many(arr.chunk_store, [key]).get(key)
+            if raw is None:
+                raise FormatError(f"{self.location}: table '{t}': chunk '{key}' is missing, below the {n} rows "
+                                  "committed; the dataset is damaged, nothing is appended (zarrfeed validate "
+                                  "lists every missing chunk)")
+            record = chunks.get(t, {}).get(index)
+            if record is not None and (len(raw) != record[0] or digest(raw) != record[1]):
+                raise FormatError(f"{self.location}: table '{t}': chunk '{key}' is not the chunk that was committed "
+                                  f"({len(raw)} bytes, digest {digest(raw)}; the commit recorded {record[0]} bytes, "
+                                  f"digest {record[1]}): the file was changed or replaced; nothing is appended "
+                                  "(zarrfeed validate --deep lists every changed chunk)")
 
     def _check_links(self, schema: Schema, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
         """Every link's intervals over the committed rows must tile its child's committed rows (L5Kit's rule), as
@@ -373,6 +403,9 @@ class Committer:
                 chunks.setdefault(t, {}).setdefault(index, record)  # no write changed it: sealed again as it was
             elif self._withdrawing and t in self._withdrawn:
                 chunks.setdefault(t, {}).setdefault(index, None)
+        for t, full in self._adopted.items():
+            for index in range(full):
+                chunks.setdefault(t, {}).setdefault(index, None)
         new_keys = self._journal.take_new()
         segment = Segment(new_keys[0], new_keys[1], chunks)
         state = (committed, self._journal.to_json())
@@ -392,6 +425,7 @@ class Committer:
             self._journal.give_back(new_keys)
             raise
         self._commit_no += 1
+        self._adopted = {}
         self._digests.forget(chunks)
         if self._withdrawing:
             self._withdrawn, self._withdrawing = {}, False

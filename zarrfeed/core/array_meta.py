@@ -79,6 +79,28 @@ def codec_problem(meta: dict[str, Any], dtype: np.dtype) -> str | None:
     return None
 
 
+def written_problem(meta: dict[str, Any], compressor: dict[str, Any] | None) -> str | None:
+    """Whether the codecs of a table's `.zarray` are those zarrfeed wrote it with: no filters, and the compressor
+    its manifest's schema records (`compressor`, a codec config). The chunk digests cover the stored bytes only,
+    so a filter added later decodes every unchanged chunk into other rows."""
+    if meta.get("filters"):
+        return f"field 'filters' is {meta['filters']!r}, but zarrfeed wrote the table with none (its manifest's schema)"
+    if _normal(meta.get("compressor")) != _normal(compressor):
+        return (f"field 'compressor' is {meta.get('compressor')!r}, not {compressor!r}, the compressor its manifest's "
+                "schema records")
+    return None
+
+
+def _normal(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A codec config with its defaults filled in, so that two spellings of one codec compare equal."""
+    if config is None:
+        return None
+    try:
+        return dict(numcodecs.get_codec(dict(config)).get_config())
+    except Exception:  # not a codec (codec_problem names it first)
+        return dict(config)
+
+
 def _fill_bytes(fill: Any) -> bytes | None:
     try:
         return base64.b64decode(fill.encode("ascii"), validate=True) if isinstance(fill, str) else None

@@ -31,6 +31,7 @@ __all__ = ["FormatError", "Location", "MANIFEST_KEY", "create", "detect_schema",
 MANIFEST_KEY = "zarrfeed.json"
 COMMITS_PREFIX = "zarrfeed.commits"
 MANIFEST_VERSION = 3  # 3: the caller's episode keys and the chunks' digests in the commit log
+DIGESTS_SINCE = 3  # every commit of this format or later records its chunks' digests
 DIGEST = "xxh3_64"  # how chunk digests are computed (zarrfeed.core.chunks.digest)
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
@@ -75,10 +76,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", dtype: np.dtype | None = None,
-               **kwargs: Any) -> zarr.Array:
+               written: dict[str, Any] | None = None, **kwargs: Any) -> zarr.Array:
     """One table's array (of records of `dtype`, if given); a broken `.zarray` becomes a `FormatError` naming the
     table and the file: each field zarrfeed relies on is checked (see `array_meta`), since zarr reads a
-    negative chunk size as no chunks."""
+    negative chunk size as no chunks. `written`: the schema that zarrfeed wrote it with (its manifest's, as
+    JSON), whose compressor, and no filters, the `.zarray` must name."""
     key = f"{name}/.zarray"
     try:
         meta: Any = json.loads(bytes(store[key]))
@@ -105,6 +107,11 @@ def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", dtype:
         if meta is None:
             return arr
         why = array_meta.fill_problem(meta, arr.dtype) or array_meta.codec_problem(meta, arr.dtype)
+        if why is None and written is not None:
+            why = array_meta.written_problem(meta, written.get("compressor"))
+            if why is not None:
+                raise FormatError(f"table '{name}': {key}: {why}; the array's metadata was changed, and its chunks "
+                                  "would decode to other rows (restore it from a copy)")
         if why is None:
             return arr
     raise FormatError(f"table '{name}': {key}: {why}; the array's metadata is damaged (restore it from a copy)")
@@ -160,6 +167,16 @@ def _manifest_problem(doc: Any) -> str | None:
     why = _tables_problem(doc["committed"], list(schema.tables))
     if why:
         return why
+    rows = any(n > 0 for n in doc["committed"].values())
+    if doc.get("digest") != DIGEST and (doc.get("log") or (doc.get("zarrfeed", 0) >= DIGESTS_SINCE and (
+            rows or doc.get("commit", 0) > 0))):  # else every chunk would be read unchecked
+        return (f"field 'digest' is {'missing' if 'digest' not in doc else repr(doc['digest'])}, but its commits "
+                f"record chunk digests (a manifest of format {DIGESTS_SINCE} or later with commits, or with a "
+                "commit log, names them)")
+    full = [t for t, n in doc["committed"].items() if n >= schema.tables[t].chunk_rows]
+    if doc.get("digest") == DIGEST and full and not doc.get("log"):
+        return (f"field 'log' is empty, but table '{full[0]}' has chunks whose rows are all committed: their "
+                "records (chunk digests) are not listed")
     journal = doc.get("journal", {})
     if not isinstance(journal, dict):
         return f"field 'journal' is {journal!r}, not an object"
@@ -375,7 +392,29 @@ def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
         if unknown:
             raise FormatError(f"{ref.key}: records chunks of table '{unknown[0]}', which the schema does not have; "
                               "the commit log segment is damaged (restore it from a copy)")
-    return CommitLog(refs, contents)
+    log = CommitLog(refs, contents)
+    why = _unrecorded(log, doc)
+    if why:
+        raise FormatError(why)
+    return log
+
+
+def _unrecorded(log: CommitLog, doc: dict[str, Any]) -> str | None:
+    """Every chunk whose rows are all committed has an entry in a log of digests (its record, or None where
+    the writer could not tell which write came last, or the chunk was there before zarrfeed's first commit):
+    one without is damage (entries removed), not "unverifiable". Only each table's last, partly filled chunk
+    may lack one (its writer rewrites it, and one killed before it closed never sealed it)."""
+    if doc.get("digest") != DIGEST:
+        return None
+    chunks = log.whole().chunks
+    for t, n in doc["committed"].items():
+        c = doc["schema"]["tables"][t]["chunk_rows"]
+        missing = [i for i in range(n // c) if i not in chunks.get(t, {})]
+        if missing:
+            where = log.refs[-1].key if log.refs else MANIFEST_KEY
+            return (f"{where}: chunk '{t}/{missing[0]}' (of {len(missing)} whose rows are all committed) has no "
+                    "record in the commit log; the commit log is damaged (restore it from a copy)")
+    return None
 
 
 def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str, Any] | None, CommitLog]:
@@ -477,7 +516,7 @@ def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, i
     dataset_id = new_dataset_id()
     # the manifest first: a reader that comes while the arrays are being made finds a zarrfeed dataset with a
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
-    write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id))
+    write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id, digest=DIGEST))
     # zarr makes the metadata documents in memory, and they are stored together: on an object store zarr's own
     # creation would make about five requests per document, one after another
     made = zarr.storage.MemoryStore()
@@ -534,7 +573,8 @@ def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, z
             others[name] = _describe(group.store, name)
             continue
         try:
-            arrays[name] = open_table(group.store, name, mode, wanted[name].dtype if wanted is not None else None)
+            arrays[name] = open_table(group.store, name, mode, wanted[name].dtype if wanted is not None else None,
+                                      doc["schema"] if doc is not None else None)
         except FormatError as exc:
             if wanted is not None:
                 raise
