@@ -129,6 +129,23 @@ def test_a_manifest_or_log_edited_to_record_nothing_is_refused(written, how, nam
     assert r.returncode == 2 and "Traceback" not in r.stderr, r
 
 
+def test_a_dataset_an_earlier_zarrfeed_adopted_keeps_opening_and_appending(written):
+    """zarrfeed 0.2 adopted another tool's dataset without recording the chunks that were there: its manifest
+    has no 'every_chunk_recorded', and those chunks read as unverifiable, not as damage. An append onto it
+    keeps it that way (it cannot know which chunks were there before)."""
+    doc = json.loads((written / "zarrfeed.json").read_text())
+    assert doc["every_chunk_recorded"] is True  # made by this zarrfeed: every chunk recorded
+    drop_entries(written, "agents", (3, 4))
+    edit_manifest(written, lambda d: d.pop("every_chunk_recorded"))
+    before = Dataset.open(written).to_arrow("agents")
+    r = cli("ingest", str(written), "--append", "--synthetic", "1", "--workers", "0", "-q")
+    assert r.returncode == 0, r
+    after = Dataset.open(written)
+    assert after.to_arrow("agents").slice(0, before.num_rows).equals(before)
+    assert "every_chunk_recorded" not in json.loads((written / "zarrfeed.json").read_text())
+    assert Dataset.open(written).validate().ok
+
+
 def test_a_crashed_writers_last_chunk_without_a_record_is_not_refused(written):
     """The one chunk that may lack a record: a table's last, partly filled one (see chunk_check)."""
     last, _ = last_chunk(written)

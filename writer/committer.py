@@ -62,6 +62,9 @@ class Committer:
         # older zarrfeed's), per table: the first commit records them as unknown (None), as every full chunk
         # of a log with digests has an entry (see `dataset_format.read_log`)
         self._adopted: dict[str, int] = {}
+        # whether the log records every chunk whose rows are all committed (see dataset_format.EVERY_CHUNK): a
+        # dataset this zarrfeed made or adopted; not one an earlier zarrfeed adopted without recording its chunks
+        self._every_chunk = True
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
         # refused before the lease's files are written there
@@ -169,6 +172,8 @@ class Committer:
         self._check_links(found, arrays, committed)
         if doc is None or doc.get("digest") != dataset_format.DIGEST:
             self._adopted = {t: n // found.tables[t].chunk_rows for t, n in committed.items()}
+        else:
+            self._every_chunk = bool(doc.get(dataset_format.EVERY_CHUNK))
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
                 dataset_format.create_table(group, table, found.compressor)
@@ -415,7 +420,8 @@ class Committer:
         try:
             objects, doomed = self._log.add(segment, self._commit_no + 1)
             doc = dataset_format.manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
-                                          journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST)
+                                          journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST,
+                                          **({dataset_format.EVERY_CHUNK: True} if self._every_chunk else {}))
             retry = self._attempted == self._commit_no + 1  # an earlier call that failed may have landed
             self._attempted = self._commit_no + 1
             self._bounded(lambda: dataset_format.write_manifest(self.store, doc, objects, retry=retry),

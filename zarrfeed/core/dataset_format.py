@@ -33,6 +33,10 @@ COMMITS_PREFIX = "zarrfeed.commits"
 MANIFEST_VERSION = 3  # 3: the caller's episode keys and the chunks' digests in the commit log
 DIGESTS_SINCE = 3  # every commit of this format or later records its chunks' digests
 DIGEST = "xxh3_64"  # how chunk digests are computed (zarrfeed.core.chunks.digest)
+# a manifest field: true where the commit log records every chunk whose rows are all committed (datasets made,
+# or adopted from another tool, by a zarrfeed that records them all; one that an earlier zarrfeed adopted may
+# lack the records of the chunks that were there before, which read as unverifiable)
+EVERY_CHUNK = "every_chunk_recorded"
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
 
@@ -177,6 +181,8 @@ def _manifest_problem(doc: Any) -> str | None:
     if doc.get("digest") == DIGEST and full and not doc.get("log"):
         return (f"field 'log' is empty, but table '{full[0]}' has chunks whose rows are all committed: their "
                 "records (chunk digests) are not listed")
+    if EVERY_CHUNK in doc and doc[EVERY_CHUNK] is not True:
+        return f"field '{EVERY_CHUNK}' is {doc[EVERY_CHUNK]!r}, not true (or absent)"
     journal = doc.get("journal", {})
     if not isinstance(journal, dict):
         return f"field 'journal' is {journal!r}, not an object"
@@ -400,11 +406,13 @@ def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
 
 
 def _unrecorded(log: CommitLog, doc: dict[str, Any]) -> str | None:
-    """Every chunk whose rows are all committed has an entry in a log of digests (its record, or None where
-    the writer could not tell which write came last, or the chunk was there before zarrfeed's first commit):
-    one without is damage (entries removed), not "unverifiable". Only each table's last, partly filled chunk
-    may lack one (its writer rewrites it, and one killed before it closed never sealed it)."""
-    if doc.get("digest") != DIGEST:
+    """In a log that records every chunk (`EVERY_CHUNK`), each chunk whose rows are all committed has an entry
+    (its record, or None where the writer could not tell which write came last, or the chunk was there before
+    zarrfeed's first commit): one without is damage (entries removed), not "unverifiable". Only each table's
+    last, partly filled chunk may lack one (its writer rewrites it, and one killed before it closed never sealed
+    it). A dataset an earlier zarrfeed adopted from another tool has no such field: its chunks from before read
+    as unverifiable, as they did."""
+    if doc.get("digest") != DIGEST or not doc.get(EVERY_CHUNK):
         return None
     chunks = log.whole().chunks
     for t, n in doc["committed"].items():
@@ -516,7 +524,8 @@ def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, i
     dataset_id = new_dataset_id()
     # the manifest first: a reader that comes while the arrays are being made finds a zarrfeed dataset with a
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
-    write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id, digest=DIGEST))
+    write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id, digest=DIGEST,
+                                   **{EVERY_CHUNK: True}))
     # zarr makes the metadata documents in memory, and they are stored together: on an object store zarr's own
     # creation would make about five requests per document, one after another
     made = zarr.storage.MemoryStore()
