@@ -15,7 +15,7 @@ import zarr
 from ..core import chunk_check, dataset_format
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
-from ..core.chunks import Check, ChunkError, check_chunk, chunk_key, read_coordinates, read_rows
+from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, chunk_key, read_coordinates, read_rows
 from ..core.dataset_format import FormatError
 from ..core.links import IntervalChecker, Violation, require_link
 from ..core.schema import Schema, field_names
@@ -212,6 +212,9 @@ class Dataset:
         return h.hexdigest()[:32]
 
     def __getitem__(self, table: str) -> zarr.Array:
+        """The zarr array of `table`, for its metadata and for tools that take one. Its reads are zarr's own:
+        unchecked against the recorded digests, a missing chunk read as fill values; read rows with
+        `read_rows`, `read_coordinates` or `to_arrow`."""
         return self.tables[table]
 
     def __repr__(self) -> str:
@@ -257,8 +260,9 @@ class Dataset:
         the dataset's commits: every commit log segment is read and checked (they are small), and the commit
         number must not be below a commit made before (see `commit_violations`).
 
-        Every chunk of every table is decoded once, so a truncated or corrupt chunk raises `FormatError`
-        naming table and chunk key. `progress(rows)` is called after each chunk.
+        Every chunk of every table is read once, checked as every read is (see `check`: a chunk that is not the
+        one its commit recorded is a violation naming table and chunk) and decoded, so a truncated or corrupt
+        chunk raises `FormatError` naming table and chunk key. `progress(rows)` is called after each chunk.
         """
         report = ValidationReport(not_read=dict(self.others))
         checkers = {name: [IntervalChecker(link, self.rows[link.child], limit) for link in self.schema.links_from(name)]
@@ -272,8 +276,15 @@ class Dataset:
         for v in self.commit_violations():
             add(v)
 
+        check = self._checker() if self._check_error is None else None  # (a damaged log: reported above)
         for name in self.tables:
-            for start, block in self.chunks(name):
+            reader, unchecked = ChunkReader(self, name, check), ChunkReader(self, name)
+            for start in reader.starts():
+                try:
+                    block = reader.read(start)
+                except ChunkChanged as exc:  # a violation; its rows' links are still checked, as they are
+                    add(Violation(name, None, start, str(exc)))
+                    block = unchecked.read(start)
                 if block is None:
                     end = min(start + self.tables[name].chunks[0], self.rows[name])
                     add(Violation(name, None, start, f"chunk '{self.chunk_key(name, start)}' (rows {start}-{end}) "
@@ -420,24 +431,38 @@ class Dataset:
 
 
 class ChunkReader:
-    """Iterates (start row, records) over a table's committed rows, one chunk at a time; None for a missing chunk."""
+    """Iterates (start row, records) over a table's committed rows, one chunk at a time; None for a missing chunk.
+    Each chunk is checked as every read of the dataset is (see `Dataset.check`): a changed one raises
+    `ChunkChanged`."""
 
-    def __init__(self, dataset: Dataset, table: str) -> None:
+    def __init__(self, dataset: Dataset, table: str, check: Check | None = None) -> None:
         self.dataset, self.table = dataset, table
         self.array = dataset.tables[table]
+        self.check = check
+
+    def starts(self) -> range:
+        """The first row of each chunk below the committed rows."""
+        return range(0, self.dataset.rows[self.table], self.array.chunks[0])
+
+    def read(self, start: int) -> np.ndarray | None:
+        """The committed records of the chunk that starts at row `start`; None if it is missing."""
+        arr = self.array
+        key = self.dataset.chunk_key(self.table, start)
+        if key not in arr.chunk_store:
+            return None
+        stop = min(start + arr.chunks[0], self.dataset.rows[self.table])
+        try:
+            return read_rows(arr, start, stop, check=self.check)
+        except ChunkChanged:
+            raise
+        except ChunkError as exc:
+            raise FormatError(f"{exc}; the file is truncated or corrupt") from None
 
     def __iter__(self):
-        arr, n, step = self.array, self.dataset.rows[self.table], self.array.chunks[0]
-        for start in range(0, n, step):
-            key = self.dataset.chunk_key(self.table, start)
-            if key not in arr.chunk_store:
-                yield start, None
-                continue
-            try:
-                yield start, arr[start:min(start + step, n)]
-            except Exception as exc:
-                raise FormatError(f"table '{self.table}': chunk '{key}' cannot be decoded "
-                                  f"({type(exc).__name__}: {exc}); the file is truncated or corrupt") from None
+        if self.check is None:
+            self.check = self.dataset._checker()
+        for start in self.starts():
+            yield start, self.read(start)
 
 
 class _Partition(NamedTuple):

@@ -188,3 +188,22 @@ def test_a_zarray_whose_codecs_are_not_those_written_is_refused(written, change,
 
 def test_the_zarray_of_another_tools_dataset_is_not_compared(real_copy):
     assert Dataset.open(real_copy).rows["agents"] > 0  # no manifest: no schema that says what was written
+
+
+@pytest.mark.parametrize("how", ["swap", "flip"])
+def test_validate_and_chunks_check_what_they_read(written, how):
+    """`validate` decoded every chunk and called a changed one valid (exit 0) while every other read refused it;
+    `Dataset.chunks` handed its rows out. Now a changed chunk is a violation naming table and chunk (the rest
+    still checked), and `chunks` raises; unchecked when asked."""
+    damage(written, how)
+    ds = Dataset.open(written)
+    report = ds.validate()
+    changed = [v for v in report.violations if "is not the chunk that was committed" in v.message]
+    assert not report.ok and [v.table for v in changed][:1] == ["agents"], report.violations
+    assert "chunk 'agents/3'" in changed[0].message
+    r = cli("validate", str(written), "-q")
+    assert r.returncode == 1 and "agents/3" in r.stdout + r.stderr, r
+    with pytest.raises(ValueError, match=r"chunk 'agents/3'.*is not the chunk that was committed"):
+        for _ in ds.chunks("agents"):
+            pass
+    assert sum(len(b) for _, b in Dataset.open(written, verify_chunks=False).chunks("agents")) == ds.rows["agents"]

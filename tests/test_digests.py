@@ -59,7 +59,8 @@ def test_every_chunk_of_a_closed_dataset_is_recorded_shared_chunks_included(tmp_
 def test_validate_deep_names_a_replaced_chunk_and_a_flipped_bit(written):
     assert cli("validate", str(written), "--deep", "-q").returncode == 0
     shutil.copyfile(written / "agents" / "2", written / "agents" / "1")  # decodes fine, links still valid
-    assert cli("validate", str(written), "-q").returncode == 0  # what plain validate cannot see
+    r = cli("validate", str(written), "-q")  # plain validate reads every chunk, checked: it sees it too
+    assert r.returncode == 1 and "chunk 'agents/1' of" in r.stdout and "is not the chunk that was committed" in r.stdout
     r = cli("validate", str(written), "--deep", "-q")
     assert r.returncode == 1 and "chunk 'agents/1' is not the chunk that was committed" in r.stdout, r
     raw = bytearray((written / "frames" / "0").read_bytes())

@@ -26,7 +26,7 @@ from typing import Any
 
 import zarr
 
-from .chunks import ChunkError, digest
+from .chunks import ChunkChanged, ChunkError, digest
 from .commit_log import ChunkRecord
 from .dataset_format import DIGEST, latest_log
 from .store import FormatError
@@ -127,7 +127,7 @@ class ChunkCheck:
                 why = f"chunk '{t}/{changed[0]}' is recorded with another digest"
         if why is not None:
             o = self.opened
-            raise ChunkError(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' of {self.where} cannot be read as "
+            raise ChunkChanged(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' of {self.where} cannot be read as "
                              f"the dataset opened (commit {o.commit}): another dataset was put in its place since "
                              f"({why}); open it again")
         return chunks
@@ -149,9 +149,9 @@ def _other(doc: dict[str, Any] | None, o: Opened) -> str | None:
     return None
 
 
-def _changed(table: str, key: str, raw: bytes, record: ChunkRecord | None, where: str) -> ChunkError:
+def _changed(table: str, key: str, raw: bytes, record: ChunkRecord | None, where: str) -> ChunkChanged:
     what = f"the commit recorded {record[0]} bytes, digest {record[1]}" if record else "no record"
-    return ChunkError(f"table '{table}': chunk '{key}' of {where} is not the chunk that was committed "
+    return ChunkChanged(f"table '{table}': chunk '{key}' of {where} is not the chunk that was committed "
                       f"({len(raw)} bytes, digest {digest(raw)}; {what}): the file was changed or replaced, or "
                       "another dataset was put in its place")
 

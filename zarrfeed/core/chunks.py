@@ -44,6 +44,10 @@ class ChunkError(ValueError):
     """A chunk cannot be read; the message names the table and the chunk key."""
 
 
+class ChunkChanged(ChunkError):
+    """A chunk's stored bytes are not those its commit recorded (changed, swapped, or another dataset's)."""
+
+
 # what a reader checks each chunk's stored bytes with before decoding them (`chunk_check.ChunkCheck.check`):
 # (array, chunk index, key, bytes or None if missing) -> the bytes to decode; raises `ChunkError`
 Check = Callable[[zarr.Array, int, str, "bytes | None"], "bytes | None"]
@@ -57,7 +61,7 @@ def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None) -> 
     size, expected = record
     got = digest(raw)
     if len(raw) != size or got != expected:
-        raise ChunkError(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' is not the chunk that was committed "
+        raise ChunkChanged(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' is not the chunk that was committed "
                          f"({len(raw)} bytes, digest {got}; the commit recorded {size} bytes, digest {expected}): "
                          "the file was changed or replaced")
 
