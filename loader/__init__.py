@@ -2,12 +2,12 @@
 from ..core.arrow_records import from_arrow
 from ..core.dataset_format import FormatError
 from .arrow_bridge import to_arrow
-from .batches import Loader, LoaderError
+from .batches import Loader, LoaderError, LoaderStalledError
 from .dataset import Dataset, ValidationReport
 from .parquet_export import export_parquet
 from .sample_loaders import AgentSampleLoader, EgoSampleLoader
 from .windows import WindowLoader
 
 __all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "Loader", "LoaderError",
-           "ValidationReport", "WindowLoader",
+           "LoaderStalledError", "ValidationReport", "WindowLoader",
            "export_parquet", "from_arrow", "to_arrow"]

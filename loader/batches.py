@@ -23,11 +23,11 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout, TransformOutputError, transform_name
 from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
-from .scheduler import Epoch, LoaderError, Run, Sizing, WorkerOptions
+from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing, WorkerOptions
 from .source import BatchSource, RowSource
 from .state import LoaderState, selection_digest
 
-__all__ = ["Loader", "LoaderError"]
+__all__ = ["Loader", "LoaderError", "LoaderStalledError"]
 ROW_ID = "_row"  # the column of `row_ids=True`
 
 
@@ -114,6 +114,11 @@ class Loader:
             the platform has it. "fork" starts faster, but a child of a process with threads may deadlock.
         restart_workers: Start a new worker in place of one that dies, and have it make that worker's
             batches again. Default: raise `LoaderError`.
+        stall_timeout: Seconds a batch may wait on a process that is stopped (SIGSTOP, a debugger, a frozen
+            cgroup): this loader's worker, or another process holding the host cache it needs; then it raises
+            `LoaderStalledError` naming the pids. Default (None): it waits as long as they are stopped (a
+            stopped process goes on where it was once it gets SIGCONT), and after 10 s the log says which
+            process it waits for and what to do. A running process, however slow, is never timed out.
         output: "numpy" (default): dicts of arrays; "arrow": pyarrow RecordBatches over the same memory.
         storage_options: fsspec options for a URL (credentials, `endpoint_url`, ...).
         commit: The commit number to read (default: the latest when opened); pin one so that every rank
@@ -145,6 +150,7 @@ class Loader:
                  rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 stall_timeout: float | None = None,
                  output: str = "numpy", storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
@@ -169,7 +175,8 @@ class Loader:
         fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
         source = RowSource(ds, table, config, selection, records, read_worker.Source.of(ds, fetch))
         workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
-                                restart_workers=restart_workers, transform=_Cast.around(transform, dtypes))
+                                restart_workers=restart_workers, stall_timeout=stall_timeout,
+                                transform=_Cast.around(transform, dtypes))
         self._start(source, workers, fetch=fetch, copy=copy, output=output, check_views=check_views,
                     cache_bytes=cache_bytes, cache=cache)
         if row_ids and ROW_ID in {c.name for c in records.columns}:

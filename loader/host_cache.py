@@ -347,6 +347,20 @@ class HostSegment:
         with self.locked():
             return self._status(s)
 
+    def holders(self) -> dict[int, int]:
+        """pid -> slots pinned, of the other live processes that pin slots of this cache (who holds the room a
+        loader waits for)."""
+        with self.locked():
+            self._sweep()
+            bits = np.unpackbits(self.pins.astype("<u8").view(np.uint8).reshape(self.n_slots, -1), axis=1,
+                                 bitorder="little")
+            out: dict[int, int] = {}
+            for p, count in enumerate(bits.sum(axis=0)):
+                pid = int(self.procs[p]) if p < MAX_PROCS else 0
+                if count and p != self.me and pid:
+                    out[pid] = out.get(pid, 0) + int(count)
+            return out
+
     def unpin(self, s: int) -> None:
         with self.locked():
             n = self._my_pins.get(s, 0) - 1
@@ -683,6 +697,10 @@ class HostSlots:
     def decoder_of(self, slot: int) -> int:
         """The pid of the process that claimed `slot` for its decode (0 if unknown)."""
         return int(self.segment.procs[int(self.segment.owner[slot])])
+
+    def holders(self) -> dict[int, int]:
+        """pid -> slots pinned, of the other processes that pin slots of the host cache."""
+        return self.segment.holders()
 
     def key_of(self, slot: int) -> Key:
         """The (table, chunk) this loader pinned in `slot`."""

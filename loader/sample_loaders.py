@@ -266,7 +266,8 @@ class _SampleLoader(Loader):
     def _begin(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray, options: dict[str, Any], *,
                batch_size: int, shuffle: bool, seed: int, shuffle_window: int, num_workers: int, prefetch: int,
                drop_last: bool, rank: int, world_size: int, transform: Callable | None, copy: bool,
-               start_method: str | None, restart_workers: bool, cache_dir: str | os.PathLike | None,
+               start_method: str | None, restart_workers: bool, stall_timeout: float | None,
+               cache_dir: str | os.PathLike | None,
                cache_dir_bytes: int, check_views: bool | None, cache_bytes: int | None, cache: str) -> None:
         samples = MotionSamples(ds, steps, ego, items, options.get("threshold", 0.5))
         self.samples, self.steps = samples, steps
@@ -281,7 +282,7 @@ class _SampleLoader(Loader):
         source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
                               read_worker.Source.of(ds, fetch), fetch, kind, "frames" if ego else "agents", options)
         workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
-                                restart_workers=restart_workers, transform=transform)
+                                restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
                     cache_bytes=cache_bytes, cache=cache)
 
@@ -339,6 +340,7 @@ class AgentSampleLoader(_SampleLoader):
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 stall_timeout: float | None = None,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
@@ -359,7 +361,8 @@ class AgentSampleLoader(_SampleLoader):
         self._begin(ds, steps, False, items, options, batch_size=batch_size, shuffle=shuffle, seed=seed,
                     shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch, drop_last=drop_last,
                     rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
-                    restart_workers=restart_workers, cache_dir=cache_dir, cache_dir_bytes=cache_dir_bytes,
+                    restart_workers=restart_workers, stall_timeout=stall_timeout, cache_dir=cache_dir,
+                    cache_dir_bytes=cache_dir_bytes,
                     check_views=check_views, cache_bytes=cache_bytes, cache=cache)
 
 
@@ -388,6 +391,7 @@ class EgoSampleLoader(_SampleLoader):
                  rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 stall_timeout: float | None = None,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
@@ -402,7 +406,8 @@ class EgoSampleLoader(_SampleLoader):
         self._begin(ds, steps, True, items, options, batch_size=batch_size, shuffle=shuffle, seed=seed,
                     shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch, drop_last=drop_last,
                     rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
-                    restart_workers=restart_workers, cache_dir=cache_dir, cache_dir_bytes=cache_dir_bytes,
+                    restart_workers=restart_workers, stall_timeout=stall_timeout, cache_dir=cache_dir,
+                    cache_dir_bytes=cache_dir_bytes,
                     check_views=check_views, cache_bytes=cache_bytes, cache=cache)
 
 

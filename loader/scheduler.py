@@ -25,7 +25,7 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from ..core._proc.rendezvous import RendezvousError
-from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit
+from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, is_stopped, process_state
 from ..core.chunks import ChunkError
 from . import host_cache
 from .chunk_cache import ChunkSlots
@@ -33,6 +33,7 @@ from .layout import Layout, TransformOutputError, transform_name
 from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, IndexFilled, Message, TransformFailed
 from .plan import EpochPlan
 from .source import BatchSource
+from .stalls import Holdup, StallWatch
 
 log = logging.getLogger("zarrfeed.loader")
 AHEAD_EPOCHS = 4  # a run's cache is sized for its first epoch and the 3 after it
@@ -54,22 +55,35 @@ class LoaderError(RuntimeError):
         self.remote = remote
 
 
+class LoaderStalledError(LoaderError):
+    """A batch waited `stall_timeout` seconds on a process that is stopped (the loader's own worker, or
+    another process holding the host cache); `pids` are those processes. Raised only with a `stall_timeout`."""
+
+    def __init__(self, message: str, pids: list[int]) -> None:
+        super().__init__(message)
+        self.pids = pids
+
+
 @dataclass(frozen=True)
 class WorkerOptions:
     """How batches are made: `num_workers` processes (0: in this process) started with `start_method`,
     `prefetch` batches made ahead, `restart_workers` to replace a worker that dies, `transform` applied in
-    the workers."""
+    the workers, `stall_timeout` seconds a batch may wait on a stopped process (None: as long as it is stopped,
+    said in the log)."""
 
     num_workers: int = 2
     prefetch: int = 4
     start_method: str | None = None
     restart_workers: bool = False
     transform: Callable | None = None
+    stall_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.prefetch < 1 or self.num_workers < 0:
             raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {self.prefetch} and "
                              f"{self.num_workers}")
+        if self.stall_timeout is not None and not self.stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be > 0 seconds (None: no limit), got {self.stall_timeout}")
 
 
 @dataclass
@@ -162,6 +176,9 @@ class _InlinePool:
         return out
 
     def dead(self) -> list:
+        return []
+
+    def stopped(self) -> list:
         return []
 
     def pids(self) -> list[int]:
@@ -267,6 +284,8 @@ class Epoch:
         self.sent: list[dict[tuple, Message]] = [{} for _ in range(run.n_workers)]  # unanswered, for restarts
         self.counts: dict[int, dict[str, int]] = {}
         self.checked = 0.0
+        self.stall = StallWatch(run.workers.stall_timeout)
+        self.no_room = False  # the last window that was to be made resident found no room in the cache
 
     # ------------------------------------------------------------ what sources ask (Residency)
     def region(self, window: int) -> int:
@@ -299,7 +318,10 @@ class Epoch:
             self._evict()
             pins = self.cache.pin_window(w, needs)
             if pins is None:
+                self.no_room = True
                 return False
+        self.no_room = False
+        self._moved()
         self.resident[w] = needs
         self.pending[w] = 0
         new = []
@@ -340,6 +362,7 @@ class Epoch:
             if pin.ready:
                 self._ready(slot)
                 self.foreign.pop(slot, None)
+                self._moved()
             elif pin.decode:
                 table, chunk = self.cache.key_of(slot)
                 claims.append(DecodeItem(table, chunk, slot, pin.token))
@@ -347,9 +370,11 @@ class Epoch:
             elif now - self.foreign.setdefault(slot, now) > _SLOW_DECODE:  # a stopped process: never silent
                 self.foreign[slot] = float("inf")  # said once
                 table, chunk = self.cache.key_of(slot)
+                pid = self.cache.decoder_of(slot)
+                how = (f"it is stopped: `kill -CONT {pid}` resumes it" if is_stopped(pid) else "stopped or busy?")
                 log.warning("zarrfeed: waiting for chunk %d of table '%s', which process %s is decoding into the "
-                            "host cache for over %.0f s (stopped? once it exits, this loader decodes it itself)",
-                            chunk, table, self.cache.decoder_of(slot), _SLOW_DECODE)
+                            "host cache for over %.0f s (%s; once it exits, this loader decodes it itself)",
+                            chunk, table, pid, _SLOW_DECODE, how)
         self._decode(claims)
 
     # ------------------------------------------------------------ messages
@@ -378,8 +403,49 @@ class Epoch:
                     break
                 ahead -= 1
 
+    def _moved(self) -> None:
+        self.stall.moved(self._waiting_for)
+
+    def _waiting_for(self) -> str:
+        return f"batch {self.k_next} of epoch {self.plan.epoch} (table '{self.source.table}')"
+
+    def _holdups(self) -> list[Holdup]:
+        """Who a stalled wait waits on: this loader's workers that are stopped with messages unanswered; the
+        processes pinning the host cache's slots, when no window found room there; the processes decoding the
+        chunks it waits for, when they are stopped."""
+        ended = ("it is restarted" if self.run.workers.restart_workers else
+                 "the loader raises LoaderError, as for any worker that dies")
+        out = [Holdup(pid, f"loader worker {wid} (pid {pid})", True, ended=ended)
+               for wid, pid in self.run.pool.stopped() if self.sent[wid]]
+        if self.no_room and isinstance(self.cache, host_cache.HostSlots):
+            for pid, n in sorted(self.cache.holders().items()):
+                state = process_state(pid)
+                out.append(Holdup(pid, f"process {pid}, which pins {n} of the {self.run.chunk_slots} slots of the "
+                                       "host cache this loader waits for room in,", state in ("T", "t"),
+                                  f"is not stopped (state {state}): a loader there holds them until it reads on "
+                                  "or closes"))
+        for slot in self.foreign:
+            pid = self.cache.decoder_of(slot) if isinstance(self.cache, host_cache.HostSlots) else 0
+            if pid and is_stopped(pid) and all(h.pid != pid for h in out):
+                out.append(Holdup(pid, f"process {pid}, which decodes a chunk this loader waits for,", True))
+        return out
+
+    def _watch(self, since: float) -> None:
+        """Say a wait begun at `since` in the log once nothing moved for a while (see `loader.stalls`); raise
+        `LoaderStalledError` once it passed `stall_timeout` on a stopped process."""
+        stopped = self.stall.check(since, self._waiting_for(), self._holdups)
+        if stopped:
+            raise LoaderStalledError(
+                f"{self._waiting_for()} waited over stall_timeout={self.stall.timeout:g} s on "
+                + "; ".join(f"{h.what} (stopped)" for h in stopped)
+                + f": `kill -CONT {stopped[0].pid}` resumes it, or pass stall_timeout=None to wait",
+                [h.pid for h in stopped])
+
     def _receive(self, timeout: float) -> None:
-        for reply in self.run.pool.poll(timeout):
+        replies = self.run.pool.poll(timeout)
+        if replies:
+            self._moved()
+        for reply in replies:
             if isinstance(reply, Failed):
                 raise LoaderError(self._describe_error(reply), reply.error) from reply.error.exc
             if isinstance(reply, TransformFailed):
@@ -439,9 +505,11 @@ class Epoch:
         if not self.done[k] or self.k_issue + self.run.group <= k + self.run.n_slots:  # a group's room is free
             self._receive(0)
             self._issue()
+        since = time.monotonic()
         while not self.done[k]:
             self._receive(_POLL_SHARED if self.cache.shared and self.waiting else _POLL)
             self._issue()
+            self._watch(since)
         n = self.plan.batch_rows(k)
         counts = self.counts.pop(k, None)
         if counts:
@@ -451,5 +519,7 @@ class Epoch:
 
     def drain(self) -> None:
         """Wait for every message sent (so no worker writes into memory the next epoch reuses)."""
+        since = time.monotonic()
         while any(self.load):
             self._receive(_POLL)
+            self._watch(since)

@@ -356,6 +356,7 @@ class WindowLoader(Loader):
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 stall_timeout: float | None = None,
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None,
@@ -375,7 +376,7 @@ class WindowLoader(Loader):
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
                               read_worker.Source.of(ds, fetch), fetch)
         workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
-                                restart_workers=restart_workers, transform=transform)
+                                restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
                     cache_bytes=cache_bytes, cache=cache)
 

@@ -107,11 +107,23 @@ def _parent_gone(parent_pid: int, direct: bool) -> bool:
         return True
     except PermissionError:  # alive, another user's: not ours, so ours is gone
         return True
+    return process_state(parent_pid) == "Z"  # None without /proc (not Linux): the signal check is all there is
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process `pid` in /proc/PID/stat ("R" running, "S" sleeping, "D" in a disk wait, "T"
+    stopped by a signal, "t" stopped by a tracer, "Z" a zombie, ...); None if it is gone or /proc says nothing."""
     try:
-        with open(f"/proc/{parent_pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):  # no /proc (not Linux): the signal check above is all there is
-        return False
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, Ctrl+Z, a debugger or tracer, a frozen cgroup's SIGSTOP): it
+    lives, holds what it holds, and does nothing until it gets SIGCONT."""
+    return process_state(pid) in ("T", "t")
 
 
 def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
@@ -397,6 +409,11 @@ class WorkerPool:
     def pids(self) -> list[int]:
         """The workers' process ids."""
         return [p.pid for p in self.procs]
+
+    def stopped(self) -> list[tuple[int, int]]:
+        """(worker index, pid) of workers that are stopped (see `is_stopped`)."""
+        return [(i, p.pid) for i, p in enumerate(self.procs) if p is not None and p.exitcode is None
+                and is_stopped(p.pid)]
 
     def dead(self) -> list[tuple[int, int, int | None]]:
         """(worker index, pid, exit code) of workers that have exited."""
