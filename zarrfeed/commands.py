@@ -286,8 +286,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     t = doc["totals"]
     print(f"{doc['url']}: up {doc['uptime_s']:.0f} s, {doc['processes']['workers']} worker processes, memory "
           f"{_size(doc['memory']['server_rss'])} + workers {_size(doc['memory']['workers_rss'])}")
+    idle = doc["limits"].get("stream_idle_timeout")
+    given_up = f", {t['streams_given_up']:,} given up idle (after {idle:g} s)" if idle is not None and \
+        "streams_given_up" in t else ""
     print(f"streams: {len(doc['streams'])} open (at most {doc['limits']['max_streams']}), {t['streams']:,} since "
-          f"start, {t['rows_sent']:,} rows sent")
+          f"start, {t['rows_sent']:,} rows sent{given_up}")
     for st in doc["streams"]:
         where = f"{st['dataset']}/" if st["dataset"] else ""
         print(f"  #{st['id']} {st['client']} {st['kind']} {where}{st['table']} rank {st['rank']}/{st['world_size']} "
@@ -551,7 +554,8 @@ def _duckdb_query(parquet: Path) -> None:
     print(f"DuckDB: agents per label, with their mean speed (m/s):\n{duckdb.sql(sql)}")
 
 
-LIMIT_OPTIONS = ("max_streams", "max_uploads", "max_message_bytes", "max_batch_bytes", "max_transform_args_bytes")
+LIMIT_OPTIONS = ("max_streams", "max_uploads", "max_message_bytes", "max_batch_bytes", "max_transform_args_bytes",
+                 "stream_idle_timeout")
 
 
 def _bytes(text: str) -> int:
@@ -563,6 +567,17 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K, M or G)") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"a size must be at least 1 byte, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -689,7 +704,10 @@ def build_parser() -> argparse.ArgumentParser:
                              ("max_uploads", _count, "upload calls open at once (each holds one message)"),
                              ("max_message_bytes", _bytes, "one uploaded message (e.g. 256M)"),
                              ("max_batch_bytes", _bytes, "one batch a ticket asks for (e.g. 512M)"),
-                             ("max_transform_args_bytes", _bytes, "a ticket's transform arguments, as JSON")):
+                             ("max_transform_args_bytes", _bytes, "a ticket's transform arguments, as JSON"),
+                             ("stream_idle_timeout", _seconds, "seconds a stream waits for its client to take a "
+                              "batch before it gives up its slot and loader (default 60; the client, reading on, "
+                              "reconnects)")):
         limits.add_argument("--" + name.replace("_", "-"), type=kind, metavar="N", help=text)
     p.add_argument("--transforms", metavar="MODULE",
                    help="module name or .py file of named transforms clients may ask for (transform=NAME)")

@@ -69,7 +69,8 @@ class Activity:
         self.streams: dict[int, StreamRecord] = {}
         self.uploads: dict[int, UploadRecord] = {}
         self.totals = {"streams": 0, "batches": 0, "rows_sent": 0, "bytes_sent": 0, "chunks_decoded": 0, "uploads": 0,
-                       "episodes_accepted": 0, "episodes_passed_over": 0, "bytes_received": 0, "refused": 0}
+                       "episodes_accepted": 0, "episodes_passed_over": 0, "bytes_received": 0, "refused": 0,
+                       "streams_given_up": 0}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -97,6 +98,7 @@ class Activity:
         with self._lock:
             self.streams.pop(record.id, None)
             self.totals["chunks_decoded"] += decoded
+            self.totals["streams_given_up"] += outcome == "idle"
         access_log.info("stream %d client=%s %s=%s%s rank=%d/%d epoch=%d batches=%d rows=%d decoded=%d seconds=%.3f "
                         "outcome=%s", record.id, record.client, record.kind,
                         f"{record.dataset}/" if record.dataset else "", record.table, record.rank, record.world_size,

@@ -33,6 +33,8 @@ from .serving import Serving
 
 log = logging.getLogger("zarrfeed.serve")
 SHUTTING_DOWN = "zarrfeed: server shutting down (a trainer goes on from its resume state once it is back)"
+GIVEN_UP = ("zarrfeed: stream given up: its client took no batch for {:g} s (the server's --stream-idle-timeout); "
+            "a remote loader reconnects and goes on from its position")
 
 
 class IdleLoaders:
@@ -90,6 +92,7 @@ class Feeding:
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
         self.idle = IdleLoaders()
+        self._gates: set[_Gate] = set()  # the open streams, for `give_up_idle`
         self.closing = threading.Event()  # set at shutdown: open streams end, new ones are refused
         self.dataset(None)  # unreadable: one line now, before any client connects
 
@@ -229,14 +232,68 @@ class Feeding:
             self.streams.give()
             self.activity.stream_ended(record, outcome, loader.chunks_decoded)
 
+        gate = _Gate(GIVEN_UP.format(self.limits.stream_idle_timeout))
         batches = _batches(loader, context, convert, lambda: self.idle.put(_reuse_key(t), loader), self.closing,
-                           lambda rb: self.activity.sent(record, rb.num_rows, rb.nbytes), done)
+                           lambda rb: self.activity.sent(record, rb.num_rows, rb.nbytes), done, gate)
+        with self._lock:
+            self._gates.add(gate)
+        gate.on_end = lambda: self._forget(gate)
         first = next(batches, None)  # now: its schema is the stream's, and a transform that fails says so at once
         if first is None:
             schema = arrow_schema(loader.dataset[t.table].dtype, t.fields) if t.kind == "batches" and \
                 not t.transform else pa.schema([])
             return flight.GeneratorStream(schema, iter(()))
         return flight.GeneratorStream(first.schema, itertools.chain([first], batches))
+
+
+    def _forget(self, gate: "_Gate") -> None:
+        with self._lock:
+            self._gates.discard(gate)
+
+    def give_up_idle(self) -> None:
+        """Every second: each stream whose client has taken no batch for `limits.stream_idle_timeout` seconds
+        gives up its slot and its loader (see limits.py)."""
+        with self._lock:
+            gates = list(self._gates)
+        for gate in gates:
+            gate.give_up_if_idle(self.limits.stream_idle_timeout)
+
+    def tick(self) -> None:
+        """Every second: loaders parked too long stop; idle streams give up their slots."""
+        self.idle.expire()
+        self.give_up_idle()
+
+
+class _Gate:
+    """A stream's hold on its slot and loader, taken back by `give_up_if_idle` while the stream's generator waits
+    for gRPC to take its last batch (the client is not reading) longer than the idle limit. The generator holds
+    `lock` while it runs, so the two never touch the loader at once."""
+
+    def __init__(self, message: str) -> None:
+        self.lock = threading.Lock()
+        self.message = message
+        self.waiting_since: float | None = None  # set while the generator is suspended at a yield
+        self.ended = False
+        self.end: Callable[[str], None] = lambda outcome: None  # set by _batches: its loader's and slot's end
+        self.on_end: Callable[[], None] = lambda: None
+
+    def finish(self, outcome: str) -> None:
+        """End the stream's hold once (with the lock held)."""
+        if not self.ended:
+            self.ended = True
+            self.end(outcome)
+            self.on_end()
+
+    def give_up_if_idle(self, limit: float) -> None:
+        if not self.lock.acquire(blocking=False):  # making a batch: not idle
+            return
+        try:
+            since = self.waiting_since
+            if not self.ended and since is not None and time.monotonic() - since > limit:
+                log.warning("zarrfeed: %s", self.message)
+                self.finish("idle")
+        finally:
+            self.lock.release()
 
 
 def _make_loader(ds: Dataset, t: Ticket, options: dict[str, Any]) -> Loader:
@@ -258,37 +315,52 @@ def _reuse_key(t: Ticket) -> str:
 
 def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBatch], keep: Callable[[], None],
              closing: threading.Event, sent: Callable[[pa.RecordBatch], None],
-             done: Callable[[str], None]) -> Iterator[pa.RecordBatch]:
+             done: Callable[[str], None], gate: _Gate) -> Iterator[pa.RecordBatch]:
     """The loader's batches as record batches, each passed to `sent`. When the epoch ends, `keep()` parks the
-    loader for the next one; when the client cancels or disconnects, the server shuts down (`closing`), or
-    anything fails, the loader stops (its workers and memory are freed). `done(outcome)` is called once, when
-    the stream ends."""
-    finished, outcome = False, "cancelled"  # unless it ends otherwise: the client left
-    try:
-        for batch in loader:
-            if context.is_cancelled():
-                return
-            if closing.is_set():
-                raise flight.FlightUnavailableError(SHUTTING_DOWN)
-            rb = convert(batch)
-            sent(rb)
-            yield rb
-        finished, outcome = True, "ok"
-    except flight.FlightError as exc:
-        outcome = outcome_of(exc)
-        raise
-    except LoaderError as exc:  # a chunk that cannot be read, a transform that raised: its one line
-        log.warning("zarrfeed: a stream failed: %s", exc)
-        outcome = outcome_of(exc)
-        raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
-    except Exception as exc:
-        log.exception("zarrfeed: a stream failed")
-        outcome = outcome_of(exc)
-        raise flight.FlightServerError(f"zarrfeed: the stream failed: {type(exc).__name__}: {exc} (the "
-                                       "server's log has the traceback)") from None
-    finally:
+    loader for the next one; when the client cancels or disconnects, the server shuts down (`closing`), the
+    stream is given up for idleness (`gate`) or anything fails, the loader stops (its workers and memory are
+    freed). `done(outcome)` is called once, when the stream ends or is given up."""
+    state: dict[str, Any] = {"finished": False, "outcome": "cancelled"}  # unless it ends otherwise: the client left
+
+    def end(outcome: str) -> None:
         done(outcome)
-        if finished:
+        if state["finished"]:
             keep()
         else:
             loader.close()
+    gate.end = end
+    batches = iter(loader)
+    try:
+        while True:
+            with gate.lock:
+                gate.waiting_since = None
+                if gate.ended:  # given up while gRPC waited for the client to take the last batch
+                    raise flight.FlightUnavailableError(gate.message)
+                batch = next(batches, None)
+                if batch is None:
+                    state["finished"], state["outcome"] = True, "ok"
+                    return
+                if context.is_cancelled():
+                    return
+                if closing.is_set():
+                    raise flight.FlightUnavailableError(SHUTTING_DOWN)
+                rb = convert(batch)
+                sent(rb)
+                gate.waiting_since = time.monotonic()
+            yield rb
+    except flight.FlightError as exc:
+        state["outcome"] = outcome_of(exc) if not gate.ended else "idle"
+        raise
+    except LoaderError as exc:  # a chunk that cannot be read, a transform that raised: its one line
+        log.warning("zarrfeed: a stream failed: %s", exc)
+        state["outcome"] = outcome_of(exc)
+        raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:
+        log.exception("zarrfeed: a stream failed")
+        state["outcome"] = outcome_of(exc)
+        raise flight.FlightServerError(f"zarrfeed: the stream failed: {type(exc).__name__}: {exc} (the "
+                                       "server's log has the traceback)") from None
+    finally:
+        with gate.lock:
+            gate.waiting_since = None
+            gate.finish(state["outcome"])

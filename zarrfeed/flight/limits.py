@@ -1,7 +1,11 @@
 """What one `zarrfeed serve` takes on at once, so that no client can take the server's memory or processes:
 open streams (each runs its own loader processes), uploads in progress (each holds one received message), the
 size of one uploaded message, the size of one batch a ticket asks for, and the size of a transform's
-arguments. Beyond a limit a client gets one line; for streams and uploads it says "busy, retry".
+arguments. Beyond a limit a client gets one line; for streams and uploads it says "busy, retry". A stream whose
+client takes no batch for `stream_idle_timeout` seconds gives up its slot and its loader (a trainer paused,
+hung or stopped with its connection open would hold them for good, and lock the others out at
+`max_streams`): its client, if it reads on, gets the batches already on their way, then "zarrfeed: stream
+given up", and a remote loader reconnects and goes on from its position.
 
 Defaults are sized from the machine (`Limits.for_machine`); each is an option of `zarrfeed serve`.
 """
@@ -27,6 +31,7 @@ class Limits:
     max_message_bytes: int
     max_batch_bytes: int
     max_transform_args_bytes: int = 64 << 10
+    stream_idle_timeout: float = 60.0  # seconds a stream may wait for its client to take a batch
 
     @classmethod
     def for_machine(cls, workers: int) -> "Limits":
@@ -44,6 +49,8 @@ class Limits:
                      "max_transform_args_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.stream_idle_timeout > 0:
+            raise ValueError(f"stream_idle_timeout must be > 0 seconds, got {self.stream_idle_timeout}")
 
     def stream_cache_bytes(self) -> int:
         """The decoded chunks one stream's loader may keep across epochs: its share of a quarter of memory."""

@@ -27,6 +27,7 @@ from ..loader.batches import ROW_ID, LoaderError
 from ..core.schema import field_names
 from ..loader.plan import PlanSettings
 from ..loader.state import LoaderState
+from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
 from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
 
 
@@ -36,13 +37,16 @@ class _RemoteFeed:
     _ticket: Ticket
 
     def __init__(self, url: str, token: str | None, output: str, tls_root_certs: bytes | None,
-                 timeout: float, reconnect_timeout: float, dataset: str | None) -> None:
+                 timeout: float, reconnect_timeout: float, dataset: str | None, stall_timeout: float) -> None:
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         if reconnect_timeout < 0:
             raise ValueError(f"reconnect_timeout must be >= 0 seconds, got {reconnect_timeout}")
         self.url, self.output, self.reconnect_timeout, self.dataset = url, output, reconnect_timeout, dataset
+        self._token, self.timeout = token, timeout
         self._options = call_options(token, timeout)
+        # a stream has no deadline: a server that stops answering mid-stream is noticed by probing it
+        self._watch = Watch(stall_timeout, lambda t: probe(self._client, call_options(token, t)))
         self._stream_options = call_options(token)  # a stream lasts an epoch: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
         self._client = connect(url, **self._tls)
@@ -59,11 +63,15 @@ class _RemoteFeed:
         except flight.FlightError as exc:
             raise self._error(exc, ValueError) from None
 
-    def _error(self, exc: flight.FlightError, refused: type[Exception]) -> Exception:
+    def _error(self, exc: flight.FlightError | Stalled, refused: type[Exception]) -> Exception:
         """A Flight error as one line: PermissionError without the right token, ConnectionError when no server
         answers, `refused` with the server's own line otherwise."""
         if isinstance(exc, flight.FlightUnauthenticatedError):
             return PermissionError(f"{self.url}: the server wants a token ({type(self).__name__}(..., token=...))")
+        if isinstance(exc, Stalled):
+            return ConnectionError(f"{self.url}: the server stopped answering (nothing for "
+                                   f"{self._watch.stall_timeout:g} s, then no answer to a call within "
+                                   f"{self._watch.stall_timeout:g} s: {exc})")
         if isinstance(exc, flight.FlightUnavailableError):
             if server_message(exc).startswith("zarrfeed:"):  # the server's own: busy, or shutting down
                 return ConnectionError(f"{self.url}: {server_message(exc)}")
@@ -98,18 +106,19 @@ class _RemoteFeed:
                 try:
                     if reader is None:  # from the batch after the last one yielded: nothing twice, nothing skipped
                         ticket = replace(self._ticket, epoch=self.epoch, batch=self._position)
-                        reader = self._client.do_get(ticket.encode(), self._stream_options)
-                    chunk = reader.read_chunk()
+                        reader = self._watch.run(lambda: self._client.do_get(ticket.encode(), self._stream_options))
+                    chunk = self._watch.run(reader.read_chunk, cancel=reader.cancel)
                 except StopIteration:
                     break
-                except (flight.FlightError, OSError) as exc:
+                except (flight.FlightError, OSError, Stalled) as exc:
                     if not _passing(exc):  # the server's loader failed (a transform, a chunk, a worker)
                         raise self._error(exc, LoaderError) from None
                     lost_since = lost_since or time.monotonic()
                     if time.monotonic() - lost_since >= self.reconnect_timeout:
                         raise self._error(exc, LoaderError) from None
                     reader = None
-                    self._reconnect(lost_since)
+                    if not self._reconnect(lost_since):
+                        raise self._error(exc, LoaderError) from None
                     continue
                 lost_since = None
                 self._position += 1
@@ -120,24 +129,30 @@ class _RemoteFeed:
         if self._position >= len(self):
             self.epoch, self._position = self.epoch + 1, 0
 
-    def _reconnect(self, lost_since: float) -> None:
+    def _reconnect(self, lost_since: float) -> bool:
         """Wait for the server to answer again (a restart, a moment of "busy"), with backoff from 0.1 to 2 s,
-        until `reconnect_timeout` seconds after the stream was lost."""
+        until `reconnect_timeout` seconds after the stream was lost (each try's deadline ends there too);
+        whether it answered."""
         delay = 0.1
-        while time.monotonic() - lost_since < self.reconnect_timeout:
-            time.sleep(min(delay, max(0.0, self.reconnect_timeout - (time.monotonic() - lost_since))))
+        while (left := self.reconnect_timeout - (time.monotonic() - lost_since)) > 0:
+            time.sleep(min(delay, left))
             delay = min(2 * delay, 2.0)
+            left = self.reconnect_timeout - (time.monotonic() - lost_since)
+            if left <= 0:
+                break
             self._client.close()
             self._client = connect(self.url, **self._tls)
             try:
-                if describe(self._client, self._options, self.dataset)["dataset_id"] != self.dataset_id:
+                options = call_options(self._token, min(self.timeout, max(left, 0.1)))
+                if describe(self._client, options, self.dataset)["dataset_id"] != self.dataset_id:
                     raise ConnectionError(f"{self.url}: the server came back with another dataset; the stream "
                                           "cannot go on")
                 self.reconnects += 1
-                return
+                return True
             except (flight.FlightError, OSError) as exc:
                 if not _passing(exc):
                     raise self._error(exc, LoaderError) from None
+        return False
 
     def state(self) -> LoaderState:
         """The state the server's loader (and so a local one with these arguments) has here."""
@@ -157,6 +172,7 @@ class _RemoteFeed:
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
 
     def close(self) -> None:
+        self._watch.close()
         self._client.close()
 
     def __enter__(self) -> Any:
@@ -168,8 +184,9 @@ class _RemoteFeed:
 
 def _passing(exc: BaseException) -> bool:
     """Whether a stream's error may pass once the server is back: the server gone or restarting (transport
-    errors, "server shutting down") or busy; not a failure the server reported about the stream itself."""
-    if isinstance(exc, flight.FlightUnavailableError):
+    errors, "server shutting down"), busy or stopped answering; not a failure the server reported about the
+    stream itself."""
+    if isinstance(exc, (flight.FlightUnavailableError, Stalled)):
         return True
     if isinstance(exc, (flight.FlightServerError, flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError,
                         flight.FlightCancelledError)):
@@ -213,6 +230,9 @@ class RemoteLoader(_RemoteFeed):
         timeout: Seconds each call other than a stream may take (default 30): describing the dataset and
             planning an epoch. A stream, which lasts an epoch, has no deadline.
         reconnect_timeout: Seconds to keep reconnecting once a stream is lost (default 60); 0: raise at once.
+        stall_timeout: Seconds without a batch after which the loader asks the server whether it still answers
+            (a call with this deadline; default 10): a server that does not (a stopped process, a frozen machine)
+            has lost the stream, within 2 x `stall_timeout` seconds, and the loader reconnects as above.
         dataset: The name of the dataset to read, of a server that serves several (then required).
         row_ids: As `Loader`'s: a column `_row` with each row's index in the table.
     """
@@ -223,8 +243,8 @@ class RemoteLoader(_RemoteFeed):
                  output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
-                 row_ids: bool = False) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
+                 row_ids: bool = False, stall_timeout: float = STALL_TIMEOUT) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         tables = self.info["tables"]
         if table not in tables:
             raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
@@ -269,8 +289,9 @@ class RemoteWindowLoader(_RemoteFeed):
                  drop_last: bool = False, token: str | None = None, output: str = "numpy",
                  transform: str | None = None, transform_args: dict[str, Any] | None = None,
                  tls_root_certs: bytes | None = None, timeout: float = 30.0,
-                 reconnect_timeout: float = 60.0, dataset: str | None = None, whole_windows: bool = False) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
+                 reconnect_timeout: float = 60.0, dataset: str | None = None, whole_windows: bool = False,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                             shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
@@ -294,8 +315,8 @@ class _RemoteSamples(_RemoteFeed):
                batch_size: int, shuffle: bool, seed: int, shuffle_window: int | None, rank: int, world_size: int,
                drop_last: bool, token: str | None, output: str, transform: str | None,
                transform_args: dict[str, Any] | None, tls_root_certs: bytes | None, timeout: float,
-               reconnect_timeout: float, dataset: str | None) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset)
+               reconnect_timeout: float, dataset: str | None, stall_timeout: float) -> None:
+        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                             shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
@@ -333,11 +354,12 @@ class RemoteAgentSampleLoader(_RemoteSamples):
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
                  token: str | None = None, output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
         self._start(url, history, future, step_time,
                     dict(threshold=threshold, min_history=min_history, min_future=min_future), batch_size,
                     shuffle, seed, shuffle_window, rank, world_size, drop_last, token, output, transform,
-                    transform_args, tls_root_certs, timeout, reconnect_timeout, dataset)
+                    transform_args, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
 
 
 class RemoteEgoSampleLoader(_RemoteSamples):
@@ -362,7 +384,8 @@ class RemoteEgoSampleLoader(_RemoteSamples):
                  shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
                  token: str | None = None, output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None) -> None:
+                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
         self._start(url, history, future, step_time, {}, batch_size, shuffle, seed, shuffle_window, rank,
                     world_size, drop_last, token, output, transform, transform_args, tls_root_certs, timeout,
-                    reconnect_timeout, dataset)
+                    reconnect_timeout, dataset, stall_timeout)

@@ -34,6 +34,7 @@ import xxhash
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import Schema, dtype_from_descr
 from ..writer.episode import check_episode
+from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
 from .protocol import (call_options, connect, encode_episode, episode_schema, episodes_descriptor, server_message,
                        unreachable)
 
@@ -59,14 +60,22 @@ class RemoteWriter:
         max_unsynced_bytes: Bytes of sent episodes kept for re-sending until a sync confirms them (default
             256 MiB); beyond it, `submit` syncs by itself. Lower holds less memory, at more waits for commits.
         dataset: The name of the dataset to write to, of a server that serves several (then required).
+        stall_timeout: Seconds a call may wait for the server (an upload, an answer, a sync) before the writer
+            asks the server whether it still answers (a call with this deadline; default 10): a server that
+            does not (a stopped process, a frozen machine) is treated as gone, within 2 x `stall_timeout`
+            seconds: the call raises ConnectionError and the next one reconnects and re-sends, as above.
     """
 
     def __init__(self, url: str, token: str | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 120.0, max_unsynced_bytes: int = 256 << 20, *, dataset: str | None = None) -> None:
+                 timeout: float = 120.0, max_unsynced_bytes: int = 256 << 20, *, dataset: str | None = None,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
         self.url, self.max_unsynced_bytes, self.dataset = url, max_unsynced_bytes, dataset
         self._options = call_options(token, timeout)
         self._stream_options = call_options(token)  # an upload call lasts as long as the producer: no deadline
         self._tls = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
+        # the upload call has no deadline: a server that stops answering is noticed by probing it
+        self._watch = Watch(stall_timeout, lambda t: probe(self._client, call_options(token, t)),
+                            keep=lambda: (self._client, self._put))
         self._client = connect(url, **self._tls)
         self._put: Any = None
         self._unsynced: list[tuple[Key, Mapping[str, np.ndarray]]] = []
@@ -86,6 +95,14 @@ class RemoteWriter:
         self._dataset_schema = Schema.from_json(info["schema_doc"]) if "schema_doc" in info else None
 
     def _gone(self, exc: BaseException) -> ConnectionError:
+        if isinstance(exc, Stalled):  # the call and its client are left to the watch's thread (closing or
+            self._put = None          # dropping either here would wait for the server too)
+            self._client = connect(self.url, **self._tls)
+            self._broken = True
+            return ConnectionError(f"{self.url}: the server stopped answering (nothing for "
+                                   f"{self._watch.stall_timeout:g} s, then no answer to a call within "
+                                   f"{self._watch.stall_timeout:g} s: {exc}); call again: this writer reconnects "
+                                   "and re-sends what is not committed")
         self._drop_put()
         self._broken = True
         if "handshake" in str(exc).lower():  # not gone: never reached (a certificate it does not trust)
@@ -110,14 +127,15 @@ class RemoteWriter:
             body = {**(body or {}), "dataset": self.dataset}
         try:
             payload = json.dumps(body).encode() if body is not None else b""
-            results = list(self._client.do_action(flight.Action(name, payload), self._options))
+            results = self._watch.run(lambda: list(self._client.do_action(flight.Action(name, payload),
+                                                                          self._options)))
         except flight.FlightUnauthenticatedError:
             raise PermissionError(f"{self.url}: the server wants a token (RemoteWriter(..., token=...))") from None
         except flight.FlightUnauthorizedError as exc:  # a read-only token, or a server that does not ingest
             raise PermissionError(f"{self.url}: {server_message(exc)}") from None
         except flight.FlightServerError as exc:
             raise ValueError(server_message(exc)) from None
-        except (flight.FlightError, OSError) as exc:
+        except (flight.FlightError, OSError, Stalled) as exc:
             raise self._gone(exc) from None
         return json.loads(results[0].body.to_pybytes())
 
@@ -267,30 +285,31 @@ class RemoteWriter:
         batch = encode_episode(episode, key, self.schema)
         try:
             if self._put is None:
-                self._put = self._client.do_put(episodes_descriptor(self.dataset), self.schema,
-                                                self._stream_options)
-            self._put[0].write_batch(batch)
+                self._put = self._watch.run(lambda: self._client.do_put(episodes_descriptor(self.dataset),
+                                                                        self.schema, self._stream_options))
+            put = self._put
+            self._watch.run(lambda: put[0].write_batch(batch))
         except flight.FlightError as exc:
             raise self._failed(exc) from None
-        except OSError as exc:
+        except (OSError, Stalled) as exc:
             raise self._gone(exc) from None
 
     def _ack(self, key: Key) -> bool:
         """The server's answer for the oldest episode sent on this call (`key`): accepted or passed over."""
         writer, reader = self._put
         try:
-            ack = reader.read()
+            ack = self._watch.run(reader.read)
         except flight.FlightError as exc:
             raise self._failed(exc) from None
-        except OSError as exc:
+        except (OSError, Stalled) as exc:
             raise self._gone(exc) from None
         if ack is None:  # the server ended the call: its reason arrives when ours is closed
             self._put = None
             try:
-                writer.close()
+                self._watch.run(writer.close)
             except flight.FlightError as exc:
                 raise self._failed(exc) from None
-            except OSError as exc:
+            except (OSError, Stalled) as exc:
                 raise self._gone(exc) from None
             raise self._gone(RuntimeError(f"the call ended without accepting episode {key}"))
         doc = json.loads(ack.to_pybytes())
@@ -339,11 +358,11 @@ class RemoteWriter:
 
     def _drop_put(self) -> None:
         if self._put is not None:
+            writer, self._put = self._put[0], None
             try:
-                self._put[0].close()
-            except Exception:  # the call already failed; closing it can only fail the same way
+                self._watch.run(writer.close)
+            except Exception:  # the call already failed (or the server stopped answering): nothing to wait for
                 pass
-            self._put = None
 
     def close(self) -> dict[str, int]:
         """Finish the upload call and wait until everything accepted is committed (again: the same answer)."""
@@ -352,12 +371,13 @@ class RemoteWriter:
         if self._put is not None and not self._broken:
             writer, _ = self._put
             try:
-                writer.done_writing()
-                writer.close()
-            except (flight.FlightError, OSError) as exc:
+                self._watch.run(writer.done_writing)
+                self._watch.run(writer.close)
+            except (flight.FlightError, OSError, Stalled) as exc:
                 self._gone(exc)  # the server went away: the sync below reconnects and sends the unsynced again
             self._put = None
         committed = self.sync()
+        self._watch.close()
         self._client.close()
         self._closed = committed
         return committed
@@ -370,6 +390,7 @@ class RemoteWriter:
             self.close()
         elif self._closed is None:
             self._drop_put()
+            self._watch.close()
             self._client.close()
 
 

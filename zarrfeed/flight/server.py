@@ -154,7 +154,7 @@ class FeedServer(flight.FlightServerBase):
         super().__init__(address(self._scheme, host, port), middleware={"access": AccessCheck(self.access)},
                          tls_certificates=[tls] if tls else None)
         for served in self.datasets.values():
-            served.ingestion.start(every_second=served.feeding.idle.expire)
+            served.ingestion.start(every_second=served.feeding.tick)
 
     def served(self, name: str | None) -> Served:
         """The dataset `name` names (None: the server's only one), or a one-line refusal."""
