@@ -28,10 +28,8 @@ def test_a_client_that_stops_reading_gives_up_its_slot_and_resumes_when_it_reads
         idle = RemoteLoader(server.url, batch_size=1024, shuffle=False, reconnect_timeout=30)
         it = iter(idle)
         got = [next(it)["track_id"].copy()]  # then it stops reading, its connection open
-        t0 = time.monotonic()
         with RemoteLoader(server.url, batch_size=4096, seed=9, reconnect_timeout=30) as other:
-            assert sum(1 for _ in other) > 0  # not refused "busy" for good
-        assert time.monotonic() - t0 < 25
+            assert sum(1 for _ in other) > 0  # not refused "busy" for good (else ConnectionError after 30 s)
         status = server.status()
         assert status["totals"]["streams_given_up"] == 1 and status["limits"]["stream_idle_timeout"] == 1.0
         got += [b["track_id"].copy() for b in it]  # reads on: the batches on their way, then it reconnects
@@ -41,7 +39,7 @@ def test_a_client_that_stops_reading_gives_up_its_slot_and_resumes_when_it_reads
 
 
 def test_a_reading_client_keeps_its_stream_and_the_limit_is_checked(data):
-    limits = dataclasses.replace(Limits.for_machine(1), stream_idle_timeout=1.0)
+    limits = dataclasses.replace(Limits.for_machine(1), stream_idle_timeout=5.0)
     with FeedServer(str(data), port=0, workers=1, limits=limits) as server:
         with RemoteLoader(server.url, batch_size=256, shuffle=False) as rl:
             n = 0
@@ -52,4 +50,4 @@ def test_a_reading_client_keeps_its_stream_and_the_limit_is_checked(data):
         assert rl.reconnects == 0 and server.status()["totals"]["streams_given_up"] == 0
     with pytest.raises(ValueError, match="stream_idle_timeout must be > 0"):
         dataclasses.replace(limits, stream_idle_timeout=0)
-    assert json.loads(json.dumps(server.status()["limits"]))["stream_idle_timeout"] == 1.0
+    assert json.loads(json.dumps(server.status()["limits"]))["stream_idle_timeout"] == 5.0
