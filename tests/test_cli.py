@@ -193,10 +193,13 @@ def test_ctrl_c_to_every_process_while_workers_start_is_one_line_and_exit_130(re
         except ProcessLookupError:  # it finished
             pass
         _, err = child.communicate(timeout=60)
-        assert "Traceback" not in err and child.returncode in (0, 130), (delay, child.returncode, err)
+        # 130: interrupted, said in one line; -SIGINT: the interrupt came as the interpreter was exiting, after
+        # the command's own handler (no output; a shell shows it as exit 130 too)
+        assert "Traceback" not in err and child.returncode in (0, 130, -signal.SIGINT), (delay, child.returncode, err)
         if child.returncode == 130:
-            interrupted += 1
             assert err.splitlines()[-1] == "zarrfeed: interrupted", (delay, err)
+        if child.returncode != 0:
+            interrupted += 1
         deadline = time.monotonic() + 10
         while session(child.pid) and time.monotonic() < deadline:  # its workers and fork servers go too
             time.sleep(0.1)
