@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from expected import recount
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import synthetic, write_dataset
 from zarrfeed.writer.dataset_writer import DatasetWriter
@@ -263,7 +264,7 @@ def test_a_writer_stopped_between_publishing_and_recording_a_commit_loses_nothin
 
 def cut_frames(path: Path) -> None:
     """Commit fewer frames than the scenes cover (60 -> 50), as a damaged manifest would."""
-    edit(path / "zarrfeed.json", lambda d: d["committed"].update(frames=50))
+    recount(path, "frames", 50)
 
 
 @pytest.mark.parametrize("loader", ["WindowLoader", "AgentSampleLoader", "EgoSampleLoader"])
@@ -290,7 +291,8 @@ def test_no_append_onto_a_dataset_whose_links_do_not_validate(ds_path, capsys):
     assert stored(ds_path) == before
     with pytest.raises(FormatError, match=r"^frames.agent_index_interval row 59: interval \[1767, 1810\) is outside "
                                           r"the rows of agents, \[0, 1800\) \(and 1 more\): the dataset does not"):
-        edit(ds_path / "zarrfeed.json", lambda d: d["committed"].update(frames=60, agents=1800))
+        recount(ds_path, "frames", 60)
+        recount(ds_path, "agents", 1800)
         DatasetWriter(ds_path, mode="a", workers=0)
     assert stored(ds_path) == {**before, "zarrfeed.json": (ds_path / "zarrfeed.json").read_bytes()}
 
@@ -306,8 +308,8 @@ def test_a_commit_whose_object_landed_before_its_call_failed_is_published_by_the
     c = Committer(Location.of(path), commit_interval=0)
     real, failed = dataset_format.record_commit, []
 
-    def reply_lost(store, number, committed, replace=False):
-        real(store, number, committed, replace)
+    def reply_lost(store, number, committed, tails=None, replace=False):
+        real(store, number, committed, tails, replace)
         if not failed:
             failed.append(number)
             raise OSError("the reply was lost")

@@ -23,7 +23,7 @@ import numpy as np
 import zarr
 
 from ..core import dataset_format
-from ..core.chunks import chunk_key, digest, read_rows
+from ..core.chunks import chunk_key, digest, read_rows, rows_digest
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
@@ -65,6 +65,9 @@ class Committer:
         # whether the log records every chunk whose rows are all committed (see dataset_format.EVERY_CHUNK): a
         # dataset this zarrfeed made or adopted; not one an earlier zarrfeed adopted without recording its chunks
         self._every_chunk = True
+        # per table, the committed rows and their digest in its last, partly filled chunk (`dataset_format.TAILS`)
+        # as last recorded: a commit that leaves a table's rows as they were reads nothing to record them again
+        self._tail_digests: dict[str, tuple[int, str]] = {}
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
         # refused before the lease's files are written there
@@ -168,7 +171,7 @@ class Committer:
             except KeyError as exc:
                 raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
                     from None
-            self._check_tails(arrays, committed)
+            self._check_tails(arrays, committed, doc.get(dataset_format.TAILS) or {})
         self._check_links(found, arrays, committed)
         if doc is None or doc.get("digest") != dataset_format.DIGEST:
             self._adopted = {t: n // found.tables[t].chunk_rows for t, n in committed.items()}
@@ -181,7 +184,7 @@ class Committer:
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
             return found, committed
         if doc["commit"] not in dataset_format.commit_numbers(group.store):  # a writer stopped just after publishing
-            dataset_format.record_commit(group.store, doc["commit"], doc["committed"])
+            dataset_format.record_commit(group.store, doc["commit"], doc["committed"], doc.get(dataset_format.TAILS))
         listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
         orphans = [k for k in dataset_format.log_keys(group.store) if k not in listed]
         if orphans:
@@ -192,10 +195,13 @@ class Committer:
         self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
         return found, committed
 
-    def _check_tails(self, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
+    def _check_tails(self, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int], tails: Mapping[str, str]
+                     ) -> None:
         """Each table's last, partly filled chunk, which the append reads back and rewrites with its rows: it must
-        be there (else its rows would be rewritten as zeros) and, if its commit recorded it, be the chunk recorded
-        (else the changed rows would be sealed again under a fresh digest, the change laundered)."""
+        be there (else its rows would be rewritten as zeros) and be the chunk its commit recorded, or, where a
+        writer withdrew that record or was killed before it sealed the chunk, hold the committed rows its commit
+        recorded (`tails`; else the changed rows would be sealed again under a fresh digest, the change
+        laundered)."""
         chunks = self._log.whole().chunks
         for t, n in committed.items():
             arr = arrays.get(t)
@@ -214,6 +220,15 @@ class Committer:
                                   f"({len(raw)} bytes, digest {digest(raw)}; the commit recorded {record[0]} bytes, "
                                   f"digest {record[1]}): the file was changed or replaced; nothing is appended "
                                   "(zarrfeed validate --deep lists every changed chunk)")
+            if record is None and t in tails:
+                got = rows_digest(arr, key, raw, n - index * arr.chunks[0])
+                if got != tails[t]:
+                    raise FormatError(f"{self.location}: table '{t}': chunk '{key}' does not hold the rows that were "
+                                      f"committed (rows {index * arr.chunks[0]}-{n}: digest {got}, the commit "
+                                      f"recorded {tails[t]}): the file was changed or replaced; nothing is appended "
+                                      "(zarrfeed validate lists every changed chunk)")
+            if t in tails:
+                self._tail_digests[t] = (n, tails[t])
 
     def _check_links(self, schema: Schema, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
         """Every link's intervals over the committed rows must tile its child's committed rows (L5Kit's rule), as
@@ -418,10 +433,12 @@ class Committer:
             return
         before = (list(self._log.refs), dict(self._log.contents))
         try:
+            tails = self._bounded(lambda: self._committed_tails(committed), "reading the last chunks' committed rows")
             objects, doomed = self._log.add(segment, self._commit_no + 1)
             doc = dataset_format.manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
                                           journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST,
-                                          **({dataset_format.EVERY_CHUNK: True} if self._every_chunk else {}))
+                                          **({dataset_format.EVERY_CHUNK: True} if self._every_chunk else {}),
+                                          **{dataset_format.TAILS: tails})
             retry = self._attempted == self._commit_no + 1  # an earlier call that failed may have landed
             self._attempted = self._commit_no + 1
             self._bounded(lambda: dataset_format.write_manifest(self.store, doc, objects, retry=retry),
@@ -438,6 +455,23 @@ class Committer:
         self._published = state
         if doomed:  # merged into the new segment; the manifest that listed them is replaced
             within(FAIL_SECONDS, lambda: dataset_format.delete(self.store, doomed))
+
+    def _committed_tails(self, committed: Mapping[str, int]) -> dict[str, str]:
+        """`dataset_format.TAILS` of a commit of `committed` rows: per table whose last chunk they fill partly, the
+        digest of its committed rows, read back from the store (every version of the chunk holds them: they are
+        stored, and a writer that shares the chunk merges its rows in under the chunk's lock)."""
+        out = {}
+        for t, n in committed.items():
+            c = self.schema.tables[t].chunk_rows
+            if n % c == 0:
+                continue
+            if self._tail_digests.get(t, (None,))[0] != n:
+                arr, index = self.arrays[t], n // c
+                key = chunk_key(arr, index)
+                raw = get_many(arr.chunk_store, [key]).get(key)
+                self._tail_digests[t] = (n, rows_digest(arr, key, raw, n - index * c))
+            out[t] = self._tail_digests[t][1]
+        return out
 
     def close(self) -> dict[str, int]:
         """Everything placed is stored (the caller waited for it): commit it, trim the arrays to the committed

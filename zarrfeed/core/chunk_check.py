@@ -7,16 +7,17 @@ takes ~400 us) and compared. A chunk that was changed, swapped with another, or 
 put in this one's place since it was opened, by `ingest --overwrite` or `mv`) raises `ChunkError`, one line
 naming table, chunk key and place; nothing of it reaches a batch. HDFS and ZFS check every read too.
 
-Chunks with no record are read unchecked, as before digests existed:
-- datasets written by other tools (L5Kit's) or by a zarrfeed before digests: nothing is recorded;
-- a table's last, partly filled chunk while a writer appends: the writer rewrites it (its rows below the
-  reader's stay as they were), so it withdraws the record first and seals the chunk again when it closes.
-  That chunk, unrecorded or differing from the record the reader took, is read only once the latest
-  manifest shows the dataset the reader opened (the same id, no older commit, no fewer rows, every chunk
-  the reader has a record of recorded alike); then its bytes must match the latest record if there is
-  one. A dataset put in its place (even one whose last chunk has no record) raises `ChunkError`.
-  What this cannot tell apart: a copy of the same dataset, appended elsewhere from within that last chunk,
-  put in its place (a copy keeps the id); its last chunk's rows are read as this dataset's.
+A table's last, partly filled chunk is rewritten by a writer that appends (its rows below the reader's stay
+as they were), so the writer withdraws its record first and seals it again when it closes; one killed before
+it closes never does. Each commit also records the digest of that chunk's committed rows, decoded
+(`dataset_format.TAILS`): a last chunk that does not match its stored bytes' record (or has none) is decoded
+and its rows below the reader's count compared with that digest, whatever writer changed the chunk since.
+
+Chunks with no record are read unchecked, as before digests existed: datasets written by other tools
+(L5Kit's) or by a zarrfeed before digests, and the last chunk of a commit made before its rows were
+recorded: that one is read only once the latest manifest shows the dataset the reader opened (the same id,
+no older commit, no fewer rows, every chunk the reader has a record of recorded alike); then its bytes
+must match the latest record if there is one. A dataset put in its place raises `ChunkError`.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from typing import Any
 
 import zarr
 
-from .chunks import ChunkChanged, ChunkError, digest
+from .chunks import ChunkChanged, ChunkError, digest, rows_digest
 from .commit_log import ChunkRecord
-from .dataset_format import DIGEST, latest_log
+from .dataset_format import DIGEST, TAILS, latest_log
 from .store import FormatError
 
 RECHECKS = 4  # reads of the manifest and the chunk when a writer rewrites the last chunk meanwhile
@@ -50,13 +51,15 @@ class Opened:
 class ChunkCheck:
     """The records a reader checks the chunks it reads against (picklable: workers get their parent's).
 
-    `records[table][index]`: size and digest of each chunk with a record, `chunk_rows[table]`, and `where`
-    (the dataset's place, for messages)."""
+    `records[table][index]`: size and digest of each chunk with a record, `chunk_rows[table]`, `where` (the
+    dataset's place, for messages) and `tails[table]`: the digest of the rows of the reader's commit in the
+    table's last, partly filled chunk (`dataset_format.TAILS`; absent for commits that did not record it)."""
 
     where: str
     opened: Opened
     records: dict[str, dict[int, ChunkRecord]]
     chunk_rows: dict[str, int]
+    tails: dict[str, str] = field(default_factory=dict)
     _later: dict[tuple[str, int], ChunkRecord] = field(default_factory=dict, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -68,7 +71,8 @@ class ChunkCheck:
         c = self.chunk_rows[table]
         first, last = start // c, (stop - 1) // c
         mine = {i: r for i, r in self.records.get(table, {}).items() if first <= i <= last}
-        return ChunkCheck(self.where, self.opened, {table: mine}, self.chunk_rows)
+        return ChunkCheck(self.where, self.opened, {table: mine}, self.chunk_rows,
+                          {t: d for t, d in self.tails.items() if t == table})
 
     def tail(self, table: str, index: int) -> bool:
         """Whether chunk `index` of `table` is the last one and partly filled in the reader's rows."""
@@ -89,10 +93,31 @@ class ChunkCheck:
             if record is None:
                 return raw  # nothing recorded: readable as before digests (see the module docstring)
             raise _changed(table, key, raw, record, self.where)
+        if table in self.tails:
+            self._rows_check(array, index, key, raw)
+            if record is None:
+                return raw  # the rows read are those committed (the rest of the chunk is a writer's, if any)
         later = self._later.get((table, index))
         if later is not None and len(raw) == later[0] and digest(raw) == later[1]:
             return raw
-        return self._recheck(array.store, table, index, key, raw)
+        now = self._recheck(array.store, table, index, key, raw)
+        if table in self.tails and now is not raw:  # read again: its rows are checked again
+            self._rows_check(array, index, key, now)
+        return now
+
+    def _rows_check(self, array: zarr.Array, index: int, key: str, raw: bytes) -> None:
+        """`ChunkError` unless the rows of the last chunk `raw` below the reader's count are those its commit
+        recorded (a decode more, of one chunk per table): another dataset's (said so), or changed."""
+        table, c = array.path, self.chunk_rows[array.path]
+        rows = self.opened.rows[table] - index * c
+        got = rows_digest(array, key, raw, rows)
+        if got == self.tails[table]:
+            return
+        self._same_dataset(array.store, key)  # another dataset put in its place is said so
+        raise ChunkChanged(f"table '{table}': chunk '{key}' of {self.where} is not the chunk that was committed (its "
+                           f"rows {index * c}-{index * c + rows} have digest {got}; the commit recorded "
+                           f"{self.tails[table]}): the file was changed or replaced, or another dataset was put in "
+                           "its place")
 
     def _recheck(self, store: zarr.storage.BaseStore, table: str, index: int, key: str, raw: bytes) -> bytes:
         """The last chunk, which a writer may have rewritten since the reader opened: read again after the
@@ -178,4 +203,4 @@ def read(store: zarr.storage.BaseStore, where: str, doc: dict[str, Any] | None, 
         c = chunk_rows[t]  # the last, partly filled chunk: recorded if sealed at the reader's commit
         records[t] = {i: r for i, r in chunks.get(t, {}).items()
                       if r is not None and ((i + 1) * c <= n or (opened.commit == opened.latest and i * c < n))}
-    return ChunkCheck(where, opened, records, dict(chunk_rows))
+    return ChunkCheck(where, opened, records, dict(chunk_rows), dict(doc.get(TAILS) or {}))

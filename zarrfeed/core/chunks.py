@@ -40,6 +40,16 @@ def digest(data: bytes | memoryview) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
+def rows_digest(array: zarr.Array, key: str, raw: bytes | None, rows: int) -> str:
+    """The digest of the first `rows` rows of chunk `key`, decoded from its stored bytes `raw`: what a commit
+    records of a table's last, partly filled chunk (`dataset_format.TAILS`). Writers rewrite that chunk as they
+    append, so its stored bytes change, but its rows below a commit's count never do: this digest holds for
+    every later version of the chunk. `ChunkError` if the chunk is missing or cannot be decoded."""
+    buf = np.empty(array.chunks[0] * array.dtype.itemsize, np.uint8)
+    decode_chunk_into(array, key, raw, buf)
+    return digest(buf[:rows * array.dtype.itemsize].data)
+
+
 class ChunkError(ValueError):
     """A chunk cannot be read; the message names the table and the chunk key."""
 

@@ -71,7 +71,7 @@ class Segment:
         return cls(list(committed), list(skipped), chunks)
 
 
-_DIGEST = re.compile(r"[0-9a-f]{16}")  # XXH3-64 as 16 hex digits (zarrfeed.core.chunks.digest)
+DIGEST_HEX = re.compile(r"[0-9a-f]{16}")  # XXH3-64 as 16 hex digits (zarrfeed.core.chunks.digest)
 
 
 def _whole(value: Any, least: int) -> bool:
@@ -105,7 +105,7 @@ def _segment_problem(committed: Any, skipped: Any, tables: Any) -> str | None:
                 continue  # a withdrawn record
             if not _whole(size, 1):
                 return f"{where}: chunk {index}'s size {size!r} is not a size in bytes (a whole number >= 1)"
-            if not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+            if not (isinstance(digest, str) and DIGEST_HEX.fullmatch(digest)):
                 return f"{where}: chunk {index}'s digest {digest!r} is not an XXH3-64 digest (16 hex digits)"
     return None
 

@@ -21,7 +21,7 @@ import numpy as np
 import zarr
 
 from . import array_meta
-from .commit_log import LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
+from .commit_log import DIGEST_HEX, LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
 from .store import FormatError, Location, get_many
 
@@ -37,6 +37,11 @@ DIGEST = "xxh3_64"  # how chunk digests are computed (zarrfeed.core.chunks.diges
 # or adopted from another tool, by a zarrfeed that records them all; one that an earlier zarrfeed adopted may
 # lack the records of the chunks that were there before, which read as unverifiable)
 EVERY_CHUNK = "every_chunk_recorded"
+# a manifest and commit field: per table whose last chunk is partly filled, the digest of that chunk's committed
+# rows, decoded (`chunks.rows_digest`). A writer rewrites that chunk as it appends, withdrawing its stored
+# bytes' record, and one killed before it closed never seals it again: these rows never change, so readers
+# check them whatever the chunk's later versions. Required where the log records every chunk (`EVERY_CHUNK`)
+TAILS = "tails"
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
 
@@ -121,8 +126,9 @@ def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", dtype:
     raise FormatError(f"table '{name}': {key}: {why}; the array's metadata is damaged (restore it from a copy)")
 
 
-def _parse(raw: Any, key: str, tables: list[str] | None = None) -> dict[str, Any]:
-    """The manifest stored under `key`, checked; or with `tables` (the manifest's tables), a numbered commit."""
+def _parse(raw: Any, key: str, tables: dict[str, int] | None = None) -> dict[str, Any]:
+    """The manifest stored under `key`, checked; or with `tables` (the manifest's chunk rows per table), a
+    numbered commit."""
     try:
         doc = json.loads(bytes(raw))
     except (ValueError, TypeError) as exc:
@@ -183,6 +189,10 @@ def _manifest_problem(doc: Any) -> str | None:
                 "records (chunk digests) are not listed")
     if EVERY_CHUNK in doc and doc[EVERY_CHUNK] is not True:
         return f"field '{EVERY_CHUNK}' is {doc[EVERY_CHUNK]!r}, not true (or absent)"
+    why = _tails_problem(doc, {t: tab.chunk_rows for t, tab in schema.tables.items()},
+                         required=bool(doc.get(EVERY_CHUNK)) and doc.get("digest") == DIGEST)
+    if why:
+        return why
     journal = doc.get("journal", {})
     if not isinstance(journal, dict):
         return f"field 'journal' is {journal!r}, not an object"
@@ -224,8 +234,32 @@ def _tables_problem(committed: dict[str, Any], tables: list[str]) -> str | None:
     return None
 
 
-def _commit_problem(doc: Any, tables: list[str]) -> str | None:
-    """What is wrong with the shape of a numbered commit of a dataset whose schema has `tables`, or None."""
+def _tails_problem(doc: dict[str, Any], chunk_rows: dict[str, int], required: bool) -> str | None:
+    """What is wrong with a commit's `TAILS` field: one 16-hex-digit digest per table whose last chunk is partly
+    filled by its committed rows, and none for another table; None if it is right (or absent and not
+    `required`). Its `committed` was checked before."""
+    if TAILS not in doc:
+        return f"field '{TAILS}' is missing (this dataset's commits record their last chunks' rows)" \
+            if required else None
+    tails = doc[TAILS]
+    if not isinstance(tails, dict):
+        return f"field '{TAILS}' is {tails!r}, not an object of digests per table"
+    for table, value in tails.items():
+        n, c = doc["committed"].get(table), chunk_rows.get(table)
+        if n is None or c is None or n % c == 0:
+            return f"field '{TAILS}.{table}': the table has no partly filled last chunk to record"
+        if not (isinstance(value, str) and DIGEST_HEX.fullmatch(value)):
+            return f"field '{TAILS}.{table}' is {value!r}, not an XXH3-64 digest (16 hex digits)"
+    for table, n in doc["committed"].items():
+        if table in chunk_rows and n % chunk_rows[table] and table not in tails:
+            return (f"field '{TAILS}' has no digest for table '{table}', whose last chunk holds committed rows "
+                    f"{n // chunk_rows[table] * chunk_rows[table]}-{n}")
+    return None
+
+
+def _commit_problem(doc: Any, chunk_rows: dict[str, int]) -> str | None:
+    """What is wrong with the shape of a numbered commit of a dataset whose tables have `chunk_rows`, or None.
+    Its `TAILS` may be absent (commits made before they were recorded): then its last chunks go unchecked."""
     if not isinstance(doc, dict) or not isinstance(doc.get("committed"), dict):
         return "field 'committed' is missing or not an object"
     for table, n in doc["committed"].items():
@@ -233,7 +267,7 @@ def _commit_problem(doc: Any, tables: list[str]) -> str | None:
             return f"field 'committed.{table}' is {n!r}, not a row count (a whole number >= 0)"
     if not _count(doc.get("commit")):
         return f"field 'commit' is {doc.get('commit')!r}, not a commit number (a whole number >= 0)"
-    return _tables_problem(doc["committed"], tables)
+    return _tables_problem(doc["committed"], list(chunk_rows)) or _tails_problem(doc, chunk_rows, required=False)
 
 
 def _key(value: Any) -> bool:
@@ -268,14 +302,17 @@ def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> d
     if commit > doc["commit"]:
         raise FormatError(f"commit {commit}: the latest commit is {doc['commit']}")
     try:
-        pinned = _parse(store[commit_key(commit)], commit_key(commit), list(doc["schema"]["tables"]))
+        chunk_rows = {t: int(tab["chunk_rows"]) for t, tab in doc["schema"]["tables"].items()}
+        pinned = _parse(store[commit_key(commit)], commit_key(commit), chunk_rows)
     except KeyError:
         raise FormatError(f"commit {commit}: no longer kept (the dataset keeps its last {KEEP_COMMITS} commits; "
                           f"the latest is {doc['commit']})") from None
     if pinned["commit"] != commit:
         raise FormatError(f"{commit_key(commit)}: field 'commit' is {pinned['commit']}, not the number its name says; "
                           "the commit is damaged (restore it from a copy)")
-    return {**doc, "commit": commit, "committed": pinned["committed"]}
+    pinned_doc = {k: v for k, v in doc.items() if k != TAILS}  # the latest commit's tails are not this one's
+    return {**pinned_doc, "commit": commit, "committed": pinned["committed"],
+            **({TAILS: pinned[TAILS]} if TAILS in pinned else {})}
 
 
 def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None,
@@ -293,16 +330,20 @@ def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objec
     if log_objects:
         put_all(store, dict(log_objects))
     put(store, MANIFEST_KEY, json.dumps(doc).encode())
-    record_commit(store, number, doc["committed"], replace=retry)
+    record_commit(store, number, doc["committed"], doc.get(TAILS), replace=retry)
     if number >= KEEP_COMMITS:
         delete(store, [commit_key(number - KEEP_COMMITS)])
 
 
-def record_commit(store: zarr.storage.BaseStore, number: int, committed: dict[str, int], replace: bool = False
-                  ) -> None:
-    """Store commit `number`'s row counts as `zarrfeed.commits/<number>.json`, only if no such object exists
-    (unless `replace`); `FormatError` if one does."""
-    key, raw = commit_key(number), json.dumps({"commit": number, "committed": committed}).encode()
+def record_commit(store: zarr.storage.BaseStore, number: int, committed: dict[str, int],
+                  tails: dict[str, str] | None = None, replace: bool = False) -> None:
+    """Store commit `number`'s row counts (and `TAILS`, its last chunks' digests) as
+    `zarrfeed.commits/<number>.json`, only if no such object exists (unless `replace`); `FormatError` if one
+    does."""
+    doc: dict[str, Any] = {"commit": number, "committed": committed}
+    if tails is not None:
+        doc[TAILS] = tails
+    key, raw = commit_key(number), json.dumps(doc).encode()
     if replace:
         put(store, key, raw)
     elif not put_new(store, key, raw):
@@ -525,7 +566,7 @@ def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, i
     # the manifest first: a reader that comes while the arrays are being made finds a zarrfeed dataset with a
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
     write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id, digest=DIGEST,
-                                   **{EVERY_CHUNK: True}))
+                                   **{EVERY_CHUNK: True, TAILS: {}}))
     # zarr makes the metadata documents in memory, and they are stored together: on an object store zarr's own
     # creation would make about five requests per document, one after another
     made = zarr.storage.MemoryStore()

@@ -1,0 +1,234 @@
+"""Issue 35, item 02 of its adversarial pass: a table's last, partly filled chunk is checked on every read too.
+
+A writer withdraws that chunk's record before it rewrites it and seals it again when it closes; one SIGKILLed
+mid-ingest never does, so the chunk was left with no record until someone resumed: a later change to its
+committed rows (one that still decodes) was read as data by every reader, with exit 0, and a resume sealed the
+change under a fresh digest. Each commit now records the digest of those rows, decoded (`tails`), and readers,
+`validate` and a writer that appends or resumes compare it.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import xxhash
+import zarr
+from expected import expected_tables
+from zarrfeed.loader import Dataset, Loader, LoaderError
+from zarrfeed.writer import synthetic
+from zarrfeed.writer.dataset_writer import DatasetWriter
+
+from zarrfeed.core.chunks import ChunkError
+from zarrfeed.core.dataset_format import FormatError
+
+# chunk sizes that no episode fills exactly (20 frames of 30 agents: 600 agents, 20 frames), so every table's
+# last chunk is partly filled after each episode
+CHUNKS = {"agents": 1000, "frames": 70, "scenes": 4, "traffic_light_faces": 333}
+
+
+def episodes(n: int, seed: int = 0) -> list[dict]:
+    return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
+
+
+def killed_mid_ingest(out: Path, committed: int, more: int = 2) -> None:
+    """A writer in its own process commits `committed` episodes, has `more` placed, and is SIGKILLed: nothing of
+    its close (the seal of the last chunks) runs."""
+    code = f"""
+import os, signal, sys, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_tail_chunks import CHUNKS, episodes
+from zarrfeed.writer.dataset_writer import DatasetWriter
+w = DatasetWriter(sys.argv[1], workers=1, chunks=CHUNKS, commit_interval=0)
+eps = episodes({committed + more})
+for ep in eps[:{committed}]:
+    w.submit(ep)
+w.sync()
+for ep in eps[{committed}:]:
+    w.submit(ep)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "zarrfeed.json").read_text())
+
+
+def change_row(out: Path, table: str, row: int, field: str = "track_id") -> None:
+    """Change `field` of `row` of `table` inside its chunk file, re-encoded so that it decodes fine."""
+    arr = zarr.open_array(str(out / table), mode="r")
+    c = arr.chunks[0]
+    path = out / table / str(row // c)
+    rows = np.frombuffer(numcodecs.Blosc().decode(path.read_bytes()), arr.dtype).copy()
+    rows[field][row % c] += 1
+    path.write_bytes(arr.compressor.encode(rows))
+
+
+def read_all(out: Path, **kw) -> None:
+    with Loader(out, "agents", batch_size=256, num_workers=1, row_ids=True, copy=True, **kw) as loader:
+        for _ in loader:
+            pass
+
+
+def test_a_killed_writer_records_the_rows_of_its_last_chunks(tmp_path):
+    """Each commit records, per table whose last chunk is partly filled, the XXH3-64 of those committed rows: the
+    same digest as plain zarr's read of the rows gives, and the chunk itself has no record (never sealed)."""
+    out = tmp_path / "d.zarr"
+    killed_mid_ingest(out, committed=3)
+    doc = manifest(out)
+    ds = Dataset.open(out)
+    assert doc["committed"]["agents"] % CHUNKS["agents"]  # the case under test: a partly filled last chunk
+    for table, n in doc["committed"].items():
+        c = CHUNKS[table]
+        if n % c == 0:
+            assert table not in doc["tails"]
+            continue
+        rows = zarr.open_array(str(out / table), mode="r")[n // c * c:n]
+        assert doc["tails"][table] == xxhash.xxh3_64_hexdigest(np.ascontiguousarray(rows).view(np.uint8)), table
+        assert n // c not in ds.check.records.get(table, {})  # no record of the stored bytes: only the rows'
+    numbered = json.loads((out / "zarrfeed.commits" / f"{doc['commit']:010d}.json").read_text())
+    assert numbered["tails"] == doc["tails"]
+    read_all(out)  # unchanged: read in full
+    assert ds.validate().ok
+
+
+def test_a_changed_row_of_a_killed_writers_last_chunk_is_refused_by_every_reader(tmp_path):
+    out = tmp_path / "d.zarr"
+    killed_mid_ingest(out, committed=3)
+    n = manifest(out)["committed"]["agents"]
+    last = n // CHUNKS["agents"]
+    change_row(out, "agents", last * CHUNKS["agents"] + 1)  # a committed row of the last chunk
+    named = f"chunk 'agents/{last}' .* is not the chunk that was committed"
+    for cache in ("off", "host"):
+        with pytest.raises(LoaderError, match=named):
+            read_all(out, cache=cache)
+    ds = Dataset.open(out)
+    with pytest.raises(ChunkError, match=named):
+        ds.to_arrow("agents")
+    with pytest.raises(ChunkError, match=named):
+        ds.read_rows("agents", n - 3, n)
+    report = ds.validate()
+    assert not report.ok and any(f"agents/{last}" in v.message for v in report.violations), report
+    r = subprocess.run([sys.executable, "-m", "zarrfeed", "load", str(out), "--workers", "1", "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"agents/{last}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_resume_and_append_refuse_a_changed_last_chunk_before_anything_changes(tmp_path):
+    """A resume or an append rewrites the last chunk and seals it: the change would be laundered."""
+    out = tmp_path / "d.zarr"
+    killed_mid_ingest(out, committed=3)
+    n = manifest(out)["committed"]["frames"]
+    change_row(out, "frames", n - 1, "timestamp")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and "lease" not in p.name}
+    for resume in (True, False):
+        with pytest.raises(FormatError, match=f"table 'frames': chunk 'frames/{n // CHUNKS['frames']}' does not "
+                                              "hold the rows that were committed"):
+            with DatasetWriter(out, workers=0, mode="a") as w:
+                w.ingest(episodes(5), resume=resume)
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and "lease" not in p.name}
+    assert after == before
+
+
+def test_resume_after_the_kill_writes_every_episode_once_and_seals_the_last_chunks(tmp_path):
+    out = tmp_path / "d.zarr"
+    killed_mid_ingest(out, committed=3)
+    with DatasetWriter(out, workers=1, mode="a") as w:
+        w.ingest(episodes(5), resume=True)
+    ds = Dataset.open(out)
+    assert ds.validate().ok
+    for name, want in expected_tables(episodes(5)).items():
+        np.testing.assert_array_equal(ds.read_rows(name, 0, ds.rows[name]), want)
+    doc = manifest(out)
+    assert set(doc["tails"]) == {t for t, n in doc["committed"].items() if n % CHUNKS[t]}
+
+
+def test_a_pinned_commit_checks_its_own_last_chunk_rows(tmp_path):
+    """An older commit's last chunk was filled on by later commits (sealed whole or not): its rows below that
+    commit's count are checked against what that commit recorded."""
+    out = tmp_path / "d.zarr"
+    with DatasetWriter(out, workers=0, chunks=CHUNKS, commit_interval=0) as w:
+        for ep in episodes(4):
+            w.submit(ep)
+            w.sync()
+    ds = Dataset.open(out)
+    first = next(k for k in range(1, ds.commit) if Dataset.open(out, commit=k).rows["agents"] % CHUNKS["agents"])
+    old = Dataset.open(out, commit=first)
+    n = old.rows["agents"]
+    assert n < ds.rows["agents"]
+    old.read_rows("agents", 0, n)  # unchanged: read
+    change_row(out, "agents", n - 1)
+    with pytest.raises(ChunkError, match=f"chunk 'agents/{n // CHUNKS['agents']}'"):
+        Dataset.open(out, commit=first).read_rows("agents", 0, n)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda doc: doc.pop("tails"), "field 'tails' is missing"),
+    (lambda doc: doc["tails"].pop("agents"), "field 'tails' has no digest for table 'agents'"),
+    (lambda doc: doc["tails"].update(agents="xyz"), "field 'tails.agents' is 'xyz', not an XXH3-64 digest"),
+    (lambda doc: doc.update(tails=[]), "field 'tails' is [], not an object"),
+    (lambda doc: doc["tails"].update(nosuch="0" * 16), "field 'tails.nosuch': the table has no partly filled last"),
+])
+def test_a_manifest_edited_to_turn_the_check_off_is_refused(tmp_path, edit, says):
+    out = tmp_path / "d.zarr"
+    killed_mid_ingest(out, committed=3)
+    doc = manifest(out)
+    edit(doc)
+    (out / "zarrfeed.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match=f"zarrfeed.json: {says}".replace("[", r"\[").replace("]", r"\]")):
+        Dataset.open(out)
+
+
+def test_a_numbered_commit_with_a_bad_digest_is_refused(tmp_path):
+    out = tmp_path / "d.zarr"
+    with DatasetWriter(out, workers=0, chunks=CHUNKS, commit_interval=0) as w:
+        for ep in episodes(3):
+            w.submit(ep)
+            w.sync()
+    key = out / "zarrfeed.commits" / f"{2:010d}.json"
+    doc = json.loads(key.read_text())
+    doc["tails"]["agents"] = 5
+    key.write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match="field 'tails.agents' is 5, not an XXH3-64 digest"):
+        Dataset.open(out, commit=2)
+
+
+def test_a_commit_made_before_tails_were_recorded_opens_with_its_last_chunk_unchecked(tmp_path):
+    """Numbered commits made before this version have no `tails`: they still open (their last chunk is read as
+    before, unchecked but for the latest manifest's records)."""
+    out = tmp_path / "d.zarr"
+    with DatasetWriter(out, workers=0, chunks=CHUNKS, commit_interval=0) as w:
+        for ep in episodes(3):
+            w.submit(ep)
+            w.sync()
+    key = out / "zarrfeed.commits" / f"{2:010d}.json"
+    doc = json.loads(key.read_text())
+    del doc["tails"]
+    key.write_text(json.dumps(doc))
+    ds = Dataset.open(out, commit=2)
+    assert ds.check.tails == {}
+    ds.read_rows("agents", 0, ds.rows["agents"])
+
+
+def test_a_closed_dataset_keeps_reading_while_another_writer_appends(tmp_path):
+    """The rows check does not refuse a last chunk that a live writer is rewriting: rows below the reader's count
+    are as they were in every version of the chunk."""
+    out = tmp_path / "d.zarr"
+    with DatasetWriter(out, workers=0, chunks=CHUNKS) as w:
+        w.ingest(episodes(3))
+    ds = Dataset.open(out)
+    n = ds.rows["agents"]
+    want = ds.read_rows("agents", 0, n)
+    with DatasetWriter(out, workers=0, mode="a", commit_interval=0) as w:
+        for ep in episodes(3, seed=1):
+            w.submit(ep)
+            w.sync()
+            np.testing.assert_array_equal(ds.read_rows("agents", 0, n), want)
+            assert os.path.exists(out / "zarrfeed.json")
+    np.testing.assert_array_equal(ds.read_rows("agents", 0, n), want)
