@@ -86,7 +86,7 @@ def test_ingest_from_refuses_a_chunk_that_is_not_the_committed_one(written, tmp_
     shutil.copyfile(written / "agents" / "2", written / "agents" / "1")
     r = cli("ingest", str(tmp_path / "c.zarr"), "--from", str(written), "-q")
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r
-    assert "chunk 'agents/1' is not the chunk that was committed" in r.stderr
+    assert f"chunk 'agents/1' of {written} is not the chunk that was committed" in r.stderr
     assert not (tmp_path / "c.zarr").exists()
 
 

@@ -232,3 +232,18 @@ def test_a_closed_dataset_keeps_reading_while_another_writer_appends(tmp_path):
             np.testing.assert_array_equal(ds.read_rows("agents", 0, n), want)
             assert os.path.exists(out / "zarrfeed.json")
     np.testing.assert_array_equal(ds.read_rows("agents", 0, n), want)
+
+
+def test_ingest_from_a_killed_writers_dataset_refuses_a_changed_last_chunk(tmp_path):
+    """`ingest --from` copied the last chunk unchecked (the copy then sealed the changed rows as valid)."""
+    out, copy = tmp_path / "d.zarr", tmp_path / "copy.zarr"
+    killed_mid_ingest(out, committed=3)
+    n = manifest(out)["committed"]["agents"]
+    r = subprocess.run([sys.executable, "-m", "zarrfeed", "ingest", str(tmp_path / "ok.zarr"), "--from", str(out),
+                        "--workers", "0", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr  # unchanged: copied
+    change_row(out, "agents", n - 1)
+    r = subprocess.run([sys.executable, "-m", "zarrfeed", "ingest", str(copy), "--from", str(out), "--workers", "0",
+                        "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"chunk 'agents/{n // CHUNKS['agents']}'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -11,7 +11,8 @@ from typing import Iterator
 import numpy as np
 import zarr
 
-from ..core import dataset_format
+from ..core import chunk_check, dataset_format
+from ..core.chunk_check import ChunkCheck
 from ..core.chunks import read_rows
 from ..core.schema import Schema
 
@@ -29,9 +30,8 @@ def root_table(schema: Schema) -> str:
 class Episodes:
     """The episodes of linked tables (zarr or numpy arrays, anything sliceable), in row order."""
 
-    def __init__(self, schema: Schema, tables: dict, rows: dict[str, int],
-                 digests: dict[str, dict[int, tuple[int, str]]] | None = None) -> None:
-        self.schema, self.tables, self.rows, self.digests = schema, tables, rows, digests
+    def __init__(self, schema: Schema, tables: dict, rows: dict[str, int], check: ChunkCheck | None = None) -> None:
+        self.schema, self.tables, self.rows, self.check = schema, tables, rows, check
         self.root = root_table(schema)
 
     def __len__(self) -> int:
@@ -50,7 +50,7 @@ class Episodes:
     def _rows(self, table: str, start: int, stop: int) -> np.ndarray:
         array = self.tables[table]
         if isinstance(array, zarr.Array):  # a corrupt chunk is named, not "error during blosc decompression"
-            return read_rows(array, start, stop, digests=self.digests.get(table) if self.digests else None)
+            return read_rows(array, start, stop, check=self.check.check if self.check else None)
         return array[start:stop] if stop > start else np.zeros(0, self.schema.tables[table].dtype)
 
     def _episode(self, root_rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -77,12 +77,10 @@ class DatasetSource(Episodes):
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
         doc = dataset_format.read_manifest(group.store)
         rows = {n: doc["committed"].get(n, 0) if doc else a.shape[0] for n, a in tables.items()}
-        # every chunk read is checked against the digest its commit recorded (a copy must not carry on a
-        # changed chunk as valid data); each table's last chunk only by `validate --deep`, since a writer
-        # appending to the source meanwhile rewrites it
-        digests = dataset_format.sealed_chunks(group.store, rows, {n: a.chunks[0] for n, a in tables.items()},
-                                               doc["commit"] if doc else None, tail=False)
-        super().__init__(schema, tables, rows, digests)
+        # every chunk read is checked as every reader checks it (a copy must not carry on a changed chunk as
+        # valid data), each table's last chunk by its committed rows while a writer appending meanwhile rewrites it
+        check = chunk_check.read(group.store, str(location), doc, rows, {n: a.chunks[0] for n, a in tables.items()})
+        super().__init__(schema, tables, rows, check)
 
 
 def dataset_episodes(source: tuple) -> Iterator[dict[str, np.ndarray]]:
