@@ -96,6 +96,9 @@ def test_a_killed_writer_records_the_rows_of_its_last_chunks(tmp_path):
     assert numbered["tails"] == doc["tails"]
     read_all(out)  # unchanged: read in full
     assert ds.validate().ok
+    deep = ds.verify()  # validate --deep: the last chunks are checked by their rows, none is "not verifiable"
+    assert deep.ok and deep.unverifiable == 0 and deep.verified == sum(-(-n // CHUNKS[t])
+                                                                       for t, n in doc["committed"].items()), deep
 
 
 def test_a_changed_row_of_a_killed_writers_last_chunk_is_refused_by_every_reader(tmp_path):
@@ -115,6 +118,8 @@ def test_a_changed_row_of_a_killed_writers_last_chunk_is_refused_by_every_reader
         ds.read_rows("agents", n - 3, n)
     report = ds.validate()
     assert not report.ok and any(f"agents/{last}" in v.message for v in report.violations), report
+    deep = ds.verify()
+    assert len(deep.problems) == 1 and f"agents/{last}" in deep.problems[0], deep
     r = subprocess.run([sys.executable, "-m", "zarrfeed", "load", str(out), "--workers", "1", "-q"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and f"agents/{last}" in r.stderr and "Traceback" not in r.stderr, r.stderr
