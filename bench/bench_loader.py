@@ -160,6 +160,7 @@ def main() -> None:
         apath = str(path / "agents")
         runs: dict[str, list[tuple[float, int]]] = {}
         ttfb: dict[int, list[float]] = {256: [], 4096: []}
+        paired: dict[str, list[float]] = {}  # checked / unchecked, per repeat
         for rep in range(args.repeat):
             for b in () if args.check_only else (256, 4096):
                 r = zarrfeed(ds, b)
@@ -167,11 +168,15 @@ def main() -> None:
                 runs.setdefault(f"zarrfeed batch {b} epoch 1", []).append(r["epoch1"])
                 ttfb[b].append(r["ttfb"])
             checking = [("zarrfeed 4096 no cache", ds), ("zarrfeed 4096 unchecked", unchecked)]
+            pair = {}
             for name, d in checking if rep % 2 == 0 else checking[::-1]:  # one after the other, alternating
-                r = zarrfeed(d, 4096, cache_bytes=0)
+                r = pair[name] = zarrfeed(d, 4096, cache_bytes=0)
                 runs.setdefault(name, []).append(r["epoch2"])
                 runs.setdefault(name.replace("no cache", "no cache ep1").replace("unchecked", "unchecked ep1"),
                                 []).append(r["epoch1"])
+            for epoch in ("epoch1", "epoch2"):  # each run's ratio to its neighbour: drift between runs cancels
+                (sc, rc), (su, ru) = pair["zarrfeed 4096 no cache"][epoch], pair["zarrfeed 4096 unchecked"][epoch]
+                paired.setdefault(epoch, []).append((rc / sc) / (ru / su))
             if args.check_only:
                 continue
             r = zarrfeed(ds, 4096, cache="process")  # the cache of its own it kept before the host cache
@@ -189,6 +194,10 @@ def main() -> None:
             runs.setdefault("(l) L5Kit windows", []).append((s, samples))
         rate = {k: statistics.median(r / s for s, r in v) for k, v in runs.items()}
         if args.check_only:
+            print(f"agents: {n:,} rows; {args.repeat} repeats, checked and unchecked alternating which goes first")
+            for epoch, ratios in paired.items():
+                print(f"  {epoch}: checked / unchecked per repeat, median {statistics.median(ratios):.3f}x "
+                      f"(from {min(ratios):.3f}x to {max(ratios):.3f}x)")
             print_ratios(rate, [("zarrfeed 4096 no cache", "zarrfeed 4096 unchecked", 0.97),
                                 ("zarrfeed 4096 no cache ep1", "zarrfeed 4096 unchecked ep1", 0.97)])
             return
