@@ -350,9 +350,10 @@ class Dataset:
     def verify(self, progress: Callable[[int], None] | None = None, batch: int = 16) -> VerifyReport:
         """Read every chunk object below the committed rows and check its size and digest against what its
         commit recorded (a bit flipped inside a compressed chunk, a chunk file replaced by another, a missing
-        chunk). Reads the stored bytes only, `batch` chunks at a time, and decodes only each table's last chunk
-        when its stored bytes have no record (a writer's, or a killed writer's): its committed rows are checked
-        against their recorded digest (see `core.chunk_check`). `progress(chunks)` is called as it goes."""
+        chunk). Reads the stored bytes only, `batch` chunks at a time, and decodes only each table's last, partly
+        filled chunk when its stored bytes are not the recorded ones (a writer appended since, or was killed
+        before it sealed it): its committed rows are checked against their recorded digest (see
+        `core.chunk_check`). `progress(chunks)` is called as it goes."""
         digests = self.digests()
         report = VerifyReport(recorded=digests is not None)
         check = self._check if self._check_error is None else None
@@ -368,8 +369,8 @@ class Dataset:
                     raw = raws.get(key)
                     if raw is None:
                         report.problems.append(f"table '{name}': chunk '{key}' is missing")
-                    elif i not in recorded and check is not None and name in check.tails and (i + 1) * c > n:
-                        try:  # the last chunk, unsealed: checked by its committed rows (decoded)
+                    elif check is not None and name in check.tails and (i + 1) * c > n:
+                        try:  # the last, partly filled chunk: by its committed rows when its bytes differ
                             check.check(arr, i, key, raw)
                             report.verified += 1
                         except ChunkError as exc:

@@ -8,6 +8,7 @@ change under a fresh digest. Each commit now records the digest of those rows, d
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,6 +180,8 @@ def test_a_pinned_commit_checks_its_own_last_chunk_rows(tmp_path):
     (lambda doc: doc["tails"].update(agents="xyz"), "field 'tails.agents' is 'xyz', not an XXH3-64 digest"),
     (lambda doc: doc.update(tails=[]), "field 'tails' is [], not an object"),
     (lambda doc: doc["tails"].update(nosuch="0" * 16), "field 'tails.nosuch': the table has no partly filled last"),
+    # format 4 requires them: taking out `every_chunk_recorded` too does not turn the check off (adversary 2.02)
+    (lambda doc: (doc.pop("tails"), doc.pop("every_chunk_recorded")), "field 'tails' is missing"),
 ])
 def test_a_manifest_edited_to_turn_the_check_off_is_refused(tmp_path, edit, says):
     out = tmp_path / "d.zarr"
@@ -252,3 +255,77 @@ def test_ingest_from_a_killed_writers_dataset_refuses_a_changed_last_chunk(tmp_p
                         "-q"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and f"chunk 'agents/{n // CHUNKS['agents']}'" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("how", ["removed", "changed"])
+def test_a_live_writer_commits_nothing_over_a_last_chunk_changed_or_removed_under_it(tmp_path, how, workers):
+    """Adversary 2.01 and 2.05: the last chunk's file removed (a clean-up script, a lost object) or a committed row
+    of it changed while a writer appends: the writer merged its next rows into zeros (or the changed rows), the
+    next commit recorded them as committed, and every check passed, exit 0."""
+    out = tmp_path / "d.zarr"
+    eps = episodes(8)
+    with pytest.raises((FormatError, ChunkError), match="chunk 'agents/1'"):
+        with DatasetWriter(out, workers=workers, chunks=CHUNKS, commit_interval=0) as w:
+            for ep in eps[:3]:
+                w.submit(ep)
+                w.sync()
+            n = manifest(out)["committed"]["agents"]
+            assert n // CHUNKS["agents"] == 1 and n % CHUNKS["agents"]  # its last chunk is agents/1, partly filled
+            if how == "removed":
+                (out / "agents" / "1").unlink()
+            else:
+                change_row(out, "agents", n - 1)
+            for ep in eps[3:]:
+                w.submit(ep)
+                w.sync()
+    doc = manifest(out)
+    assert doc["committed"]["agents"] == n  # nothing committed over it
+    with pytest.raises(ChunkError, match="agents/1"):  # and the damage is refused, never read
+        Dataset.open(out).read_rows("agents", 0, n)
+
+
+def test_verify_of_a_dataset_opened_before_a_killed_append_reports_a_changed_row(tmp_path):
+    """Adversary 2.03: a Dataset opened on a closed dataset (its last chunks sealed); another writer appends and is
+    killed; a committed row of the reader's commit is changed: `verify` called the last chunks unverifiable and
+    ok, while the same object's reads refused them."""
+    out = tmp_path / "d.zarr"
+    with DatasetWriter(out, workers=0, chunks=CHUNKS) as w:
+        w.ingest(episodes(3))
+    ds = Dataset.open(out)
+    n = ds.rows["agents"]
+    code = ("import os, signal, sys\nfrom zarrfeed.writer import synthetic\n"
+            "from zarrfeed.writer.dataset_writer import DatasetWriter\n"
+            "w = DatasetWriter(sys.argv[1], workers=0, mode='a', commit_interval=0)\n"
+            "w.submit(next(iter(synthetic.episodes(1, seed=9, frames=20, agents_per_frame=5))))\nw.sync()\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert ds.verify().ok and ds.verify().unverifiable == 0  # rewritten since: checked by the reader's rows
+    change_row(out, "agents", n - 1)
+    report = ds.verify()
+    assert len(report.problems) == 1 and f"agents/{n // CHUNKS['agents']}" in report.problems[0], report
+
+
+def test_a_copy_whose_last_chunk_holds_a_later_appends_rows_reads_and_appends(tmp_path):
+    """Adversary 2.04: a copy of a closed dataset that took the newer last chunk of a later append (a `cp` while a
+    writer appends): every committed row of the copy is intact, and the rows past them are no commit's. It was
+    refused as "not the chunk that was committed"; its committed rows are what is checked."""
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    with DatasetWriter(a, workers=0, chunks=CHUNKS) as w:
+        w.ingest(episodes(3))
+    shutil.copytree(a, b)
+    want = Dataset.open(b).read_rows("agents", 0, Dataset.open(b).rows["agents"])
+    with DatasetWriter(a, workers=0, mode="a") as w:
+        w.ingest(episodes(1, seed=5))
+    n = len(want)
+    shutil.copyfile(a / "agents" / str(n // CHUNKS["agents"]), b / "agents" / str(n // CHUNKS["agents"]))
+    np.testing.assert_array_equal(Dataset.open(b).read_rows("agents", 0, n), want)
+    assert Dataset.open(b).verify().ok
+    with DatasetWriter(b, workers=0, mode="a") as w:
+        w.ingest(episodes(2, seed=6))
+    ds = Dataset.open(b)
+    assert ds.validate().ok and ds.verify().ok
+    np.testing.assert_array_equal(ds.read_rows("agents", 0, n), want)
+    np.testing.assert_array_equal(ds.read_rows("agents", n, ds.rows["agents"]),
+                                  expected_tables(episodes(2, seed=6))["agents"])

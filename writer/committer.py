@@ -215,12 +215,12 @@ class Committer:
                                   "committed; the dataset is damaged, nothing is appended (zarrfeed validate "
                                   "lists every missing chunk)")
             record = chunks.get(t, {}).get(index)
-            if record is not None and (len(raw) != record[0] or digest(raw) != record[1]):
+            if t not in tails and record is not None and (len(raw) != record[0] or digest(raw) != record[1]):
                 raise FormatError(f"{self.location}: table '{t}': chunk '{key}' is not the chunk that was committed "
                                   f"({len(raw)} bytes, digest {digest(raw)}; the commit recorded {record[0]} bytes, "
                                   f"digest {record[1]}): the file was changed or replaced; nothing is appended "
                                   "(zarrfeed validate --deep lists every changed chunk)")
-            if record is None and t in tails:
+            if t in tails:  # its rows are what counts (the rest of the chunk is no commit's: a later writer's, if any)
                 got = rows_digest(arr, key, raw, n - index * arr.chunks[0])
                 if got != tails[t]:
                     raise FormatError(f"{self.location}: table '{t}': chunk '{key}' does not hold the rows that were "
@@ -433,12 +433,13 @@ class Committer:
             return
         before = (list(self._log.refs), dict(self._log.contents))
         try:
-            tails = self._bounded(lambda: self._committed_tails(committed), "reading the last chunks' committed rows")
+            tails = self._bounded(lambda: self._committed_tails(committed, chunks),
+                                  "reading the last chunks' committed rows")
             objects, doomed = self._log.add(segment, self._commit_no + 1)
             doc = dataset_format.manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
                                           journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST,
                                           **({dataset_format.EVERY_CHUNK: True} if self._every_chunk else {}),
-                                          **{dataset_format.TAILS: tails})
+                                          **{dataset_format.TAILS: {t: d for t, (_, d) in tails.items()}})
             retry = self._attempted == self._commit_no + 1  # an earlier call that failed may have landed
             self._attempted = self._commit_no + 1
             self._bounded(lambda: dataset_format.write_manifest(self.store, doc, objects, retry=retry),
@@ -448,6 +449,7 @@ class Committer:
             self._journal.give_back(new_keys)
             raise
         self._commit_no += 1
+        self._tail_digests = tails
         self._adopted = {}
         self._digests.forget(chunks)
         if self._withdrawing:
@@ -456,22 +458,43 @@ class Committer:
         if doomed:  # merged into the new segment; the manifest that listed them is replaced
             within(FAIL_SECONDS, lambda: dataset_format.delete(self.store, doomed))
 
-    def _committed_tails(self, committed: Mapping[str, int]) -> dict[str, str]:
-        """`dataset_format.TAILS` of a commit of `committed` rows: per table whose last chunk they fill partly, the
-        digest of its committed rows, read back from the store (every version of the chunk holds them: they are
-        stored, and a writer that shares the chunk merges its rows in under the chunk's lock)."""
+    def _committed_tails(self, committed: Mapping[str, int], sealed: Mapping[str, Mapping[int, object]]
+                         ) -> dict[str, tuple[int, str]]:
+        """`dataset_format.TAILS` of a commit of `committed` rows that records the chunks `sealed`: per table whose
+        last chunk they fill partly, the rows and the digest of its committed rows, read back from the store
+        (every version of the chunk holds them: they are stored, and a writer that shares the chunk merges its
+        rows in under the chunk's lock).
+        Where this commit records anything new of the chunk that the last commit's tail was in (a new digest of
+        its rows, or its seal), that chunk must still hold the rows the last commit recorded: a chunk changed or
+        removed under this writer (which merges its new rows into whatever it reads there, zeros for a missing
+        chunk) would otherwise be recorded as committed. `FormatError` (or `ChunkError`, for a chunk missing or
+        that cannot be decoded) naming table and chunk, and nothing more is committed."""
         out = {}
         for t, n in committed.items():
             c = self.schema.tables[t].chunk_rows
-            if n % c == 0:
-                continue
-            if self._tail_digests.get(t, (None,))[0] != n:
-                arr, index = self.arrays[t], n // c
-                key = chunk_key(arr, index)
-                raw = get_many(arr.chunk_store, [key]).get(key)
-                self._tail_digests[t] = (n, rows_digest(arr, key, raw, n - index * c))
-            out[t] = self._tail_digests[t][1]
+            last = self._tail_digests.get(t)
+            if last is not None and (last[0] != n or last[0] // c in sealed.get(t, {})):
+                got = self._rows_digest(t, last[0])
+                if got != last[1]:
+                    key = chunk_key(self.arrays[t], last[0] // c)
+                    raise FormatError(f"{self.location}: table '{t}': chunk '{key}' no longer holds the rows that "
+                                      f"were committed (rows {last[0] // c * c}-{last[0]}: digest {got}, commit "
+                                      f"{self._commit_no} recorded {last[1]}): it was changed or removed while this "
+                                      "writer appended; nothing more is committed (zarrfeed validate lists every "
+                                      "changed chunk)")
+            if n % c:
+                out[t] = last if last is not None and last[0] == n else (n, self._rows_digest(t, n))
         return out
+
+    def _rows_digest(self, table: str, n: int) -> str:
+        """The digest of rows [n // c * c, n) of `table` (chunks of c rows), decoded from their chunk as it is
+        stored now (`chunks.rows_digest`)."""
+        arr = self.arrays[table]
+        c = arr.chunks[0]
+        index = n // c
+        key = chunk_key(arr, index)
+        raw = get_many(arr.chunk_store, [key]).get(key)
+        return rows_digest(arr, key, raw, n - index * c)
 
     def close(self) -> dict[str, int]:
         """Everything placed is stored (the caller waited for it): commit it, trim the arrays to the committed

@@ -93,17 +93,13 @@ class ChunkCheck:
             if record is None:
                 return raw  # nothing recorded: readable as before digests (see the module docstring)
             raise _changed(table, key, raw, record, self.where)
-        if table in self.tails:
+        if table in self.tails:  # the rows read are those committed (the rest of the chunk is no commit's)
             self._rows_check(array, index, key, raw)
-            if record is None:
-                return raw  # the rows read are those committed (the rest of the chunk is a writer's, if any)
+            return raw
         later = self._later.get((table, index))
         if later is not None and len(raw) == later[0] and digest(raw) == later[1]:
             return raw
-        now = self._recheck(array.store, table, index, key, raw)
-        if table in self.tails and now is not raw:  # read again: its rows are checked again
-            self._rows_check(array, index, key, now)
-        return now
+        return self._recheck(array.store, table, index, key, raw)
 
     def _rows_check(self, array: zarr.Array, index: int, key: str, raw: bytes) -> None:
         """`ChunkError` unless the rows of the last chunk `raw` below the reader's count are those its commit

@@ -30,8 +30,9 @@ __all__ = ["FormatError", "Location", "MANIFEST_KEY", "create", "detect_schema",
 
 MANIFEST_KEY = "zarrfeed.json"
 COMMITS_PREFIX = "zarrfeed.commits"
-MANIFEST_VERSION = 3  # 3: the caller's episode keys and the chunks' digests in the commit log
+MANIFEST_VERSION = 4  # 3: the caller's episode keys and the chunks' digests in the commit log; 4: `TAILS`
 DIGESTS_SINCE = 3  # every commit of this format or later records its chunks' digests
+TAILS_SINCE = 4  # every manifest of this format or later records its last chunks' rows (`TAILS`)
 DIGEST = "xxh3_64"  # how chunk digests are computed (zarrfeed.core.chunks.digest)
 # a manifest field: true where the commit log records every chunk whose rows are all committed (datasets made,
 # or adopted from another tool, by a zarrfeed that records them all; one that an earlier zarrfeed adopted may
@@ -40,7 +41,8 @@ EVERY_CHUNK = "every_chunk_recorded"
 # a manifest and commit field: per table whose last chunk is partly filled, the digest of that chunk's committed
 # rows, decoded (`chunks.rows_digest`). A writer rewrites that chunk as it appends, withdrawing its stored
 # bytes' record, and one killed before it closed never seals it again: these rows never change, so readers
-# check them whatever the chunk's later versions. Required where the log records every chunk (`EVERY_CHUNK`)
+# check them whatever the chunk's later versions. Required from format `TAILS_SINCE` on, and where the log records
+# every chunk (`EVERY_CHUNK`): an edit must take out three fields to turn the check off
 TAILS = "tails"
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
@@ -190,7 +192,7 @@ def _manifest_problem(doc: Any) -> str | None:
     if EVERY_CHUNK in doc and doc[EVERY_CHUNK] is not True:
         return f"field '{EVERY_CHUNK}' is {doc[EVERY_CHUNK]!r}, not true (or absent)"
     why = _tails_problem(doc, {t: tab.chunk_rows for t, tab in schema.tables.items()},
-                         required=bool(doc.get(EVERY_CHUNK)) and doc.get("digest") == DIGEST)
+                         required=doc.get("zarrfeed", 0) >= TAILS_SINCE or bool(doc.get(EVERY_CHUNK)))
     if why:
         return why
     journal = doc.get("journal", {})
