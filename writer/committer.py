@@ -66,7 +66,7 @@ class Committer:
         # dataset this zarrfeed made or adopted; not one an earlier zarrfeed adopted without recording its chunks
         self._every_chunk = True
         # per table, the committed rows and their digest in its last, partly filled chunk (`dataset_format.TAILS`)
-        # as last recorded: a commit that leaves a table's rows as they were reads nothing to record them again
+        # as the last commit recorded them: the next commit checks them before it records anything new there
         self._tail_digests: dict[str, tuple[int, str]] = {}
         self.error: BaseException | None = None
         store = location.store("w")  # a zip, a missing fsspec backend: one line, nothing changed
@@ -198,10 +198,10 @@ class Committer:
     def _check_tails(self, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int], tails: Mapping[str, str]
                      ) -> None:
         """Each table's last, partly filled chunk, which the append reads back and rewrites with its rows: it must
-        be there (else its rows would be rewritten as zeros) and be the chunk its commit recorded, or, where a
-        writer withdrew that record or was killed before it sealed the chunk, hold the committed rows its commit
-        recorded (`tails`; else the changed rows would be sealed again under a fresh digest, the change
-        laundered)."""
+        be there (else its rows would be rewritten as zeros) and hold the committed rows its commit recorded
+        (`tails`, which hold whether or not a writer withdrew the chunk's record or was killed before it sealed
+        it), or for a commit made before those, be the chunk recorded: else the changed rows would be sealed again
+        under a fresh digest, the change laundered. Sets the tails the first commit checks (`_committed_tails`)."""
         chunks = self._log.whole().chunks
         for t, n in committed.items():
             arr = arrays.get(t)
@@ -227,7 +227,6 @@ class Committer:
                                       f"committed (rows {index * arr.chunks[0]}-{n}: digest {got}, the commit "
                                       f"recorded {tails[t]}): the file was changed or replaced; nothing is appended "
                                       "(zarrfeed validate lists every changed chunk)")
-            if t in tails:
                 self._tail_digests[t] = (n, tails[t])
 
     def _check_links(self, schema: Schema, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
