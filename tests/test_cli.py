@@ -335,7 +335,7 @@ def test_export_of_a_corrupt_chunk_is_one_line_and_leaves_nothing(corrupt, tmp_p
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ingest_from_a_corrupt_dataset_is_one_line_and_leaves_nothing(corrupt, tmp_path, workers):
     out = zarrfeed("ingest", tmp_path / "copy.zarr", "--from", corrupt, "--workers", workers, "-q")
-    one_line_error(out, "table 'agents': chunk 'agents/0' is not the chunk that was committed")
+    one_line_error(out, f"table 'agents': chunk 'agents/0' of {corrupt} is not the chunk that was committed")
     assert not (tmp_path / "copy.zarr").exists()
     (tmp_path / "empty").mkdir()  # a directory that was there stays, empty
     out = zarrfeed("ingest", tmp_path / "empty", "--from", corrupt, "--workers", workers, "-q")

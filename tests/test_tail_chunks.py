@@ -329,3 +329,62 @@ def test_a_copy_whose_last_chunk_holds_a_later_appends_rows_reads_and_appends(tm
     np.testing.assert_array_equal(ds.read_rows("agents", 0, n), want)
     np.testing.assert_array_equal(ds.read_rows("agents", n, ds.rows["agents"]),
                                   expected_tables(episodes(2, seed=6))["agents"])
+
+
+def test_a_commit_reads_each_last_chunk_once(tmp_path, monkeypatch):
+    """Adversary 3.03: a commit read the last chunk twice, once to check the last commit's rows, once to digest
+    its own: a row changed between the two reads passed the check and was recorded. Both come from one read."""
+    import zarrfeed.writer.committer as committer
+
+    reads: list[list[str]] = []
+    real_get, real_tails = committer.get_many, committer.Committer._committed_tails
+
+    def get_many(store, keys):
+        if reads:
+            reads[-1].extend(keys)
+        return real_get(store, keys)
+
+    def committed_tails(self, *args):
+        reads.append([])
+        return real_tails(self, *args)
+    monkeypatch.setattr(committer, "get_many", get_many)
+    monkeypatch.setattr(committer.Committer, "_committed_tails", committed_tails)
+    with DatasetWriter(tmp_path / "d.zarr", workers=0, chunks=CHUNKS, commit_interval=0) as w:
+        for ep in episodes(5):
+            w.submit(ep)
+            w.sync()
+    assert sum(len(r) for r in reads) > 10  # the last chunks were read back, commit after commit
+    assert all(len(r) == len(set(r)) for r in reads), reads
+
+
+def test_an_append_to_a_format_3_dataset_checks_rows_changed_after_it_opened(tmp_path):
+    """Adversary 3.02: a dataset of format 3 (last chunks sealed by their stored bytes, no `tails`): the append
+    checked the chunk when it opened, and a row changed before its first commit was sealed as committed."""
+    out = tmp_path / "d.zarr"
+    with DatasetWriter(out, workers=0, chunks=CHUNKS) as w:
+        w.ingest(episodes(3))
+    doc = manifest(out)
+    doc.update(zarrfeed=3)
+    del doc["tails"], doc["every_chunk_recorded"]
+    (out / "zarrfeed.json").write_text(json.dumps(doc))
+    n = doc["committed"]["agents"]
+    with pytest.raises(FormatError, match=f"chunk 'agents/{n // CHUNKS['agents']}' no longer holds the rows"):
+        with DatasetWriter(out, workers=0, mode="a", commit_interval=0) as w:
+            change_row(out, "agents", n - 1)
+            w.ingest(episodes(2, seed=4))
+    assert manifest(out)["committed"]["agents"] == n
+
+
+def test_a_file_url_with_storage_options_writes_through_a_directory_store(tmp_path):
+    """Adversary 3.01: `file://` with storage options went through fsspec's local file system, which writes files in
+    place: the committer (and readers) read a last chunk half-written by a worker ("cannot be decoded"). A local
+    path spelled as a URL is a directory store (writes renamed into place) whatever the options."""
+    from zarrfeed.core.store import Location
+
+    url = f"file://{tmp_path}/d.zarr"
+    assert Location.of(url, {"auto_mkdir": True}).is_local
+    with DatasetWriter(url, storage_options={"auto_mkdir": True}, workers=2, chunks=CHUNKS, commit_interval=0) as w:
+        w.ingest(episodes(6))
+    ds = Dataset.open(url, storage_options={"auto_mkdir": True})
+    assert ds.validate().ok
+    np.testing.assert_array_equal(ds.read_rows("agents", 0, ds.rows["agents"]), expected_tables(episodes(6))["agents"])

@@ -23,7 +23,7 @@ import numpy as np
 import zarr
 
 from ..core import dataset_format
-from ..core.chunks import chunk_key, digest, read_rows, rows_digest
+from ..core.chunks import chunk_key, digest, read_rows, rows_digest, rows_digests
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
@@ -220,14 +220,15 @@ class Committer:
                                   f"({len(raw)} bytes, digest {digest(raw)}; the commit recorded {record[0]} bytes, "
                                   f"digest {record[1]}): the file was changed or replaced; nothing is appended "
                                   "(zarrfeed validate --deep lists every changed chunk)")
-            if t in tails:  # its rows are what counts (the rest of the chunk is no commit's: a later writer's, if any)
-                got = rows_digest(arr, key, raw, n - index * arr.chunks[0])
-                if got != tails[t]:
-                    raise FormatError(f"{self.location}: table '{t}': chunk '{key}' does not hold the rows that were "
-                                      f"committed (rows {index * arr.chunks[0]}-{n}: digest {got}, the commit "
-                                      f"recorded {tails[t]}): the file was changed or replaced; nothing is appended "
-                                      "(zarrfeed validate lists every changed chunk)")
-                self._tail_digests[t] = (n, tails[t])
+            # its rows are what counts (the rest of the chunk is no commit's: a later writer's, if any)
+            got = rows_digest(arr, key, raw, n - index * arr.chunks[0])
+            if t in tails and got != tails[t]:
+                raise FormatError(f"{self.location}: table '{t}': chunk '{key}' does not hold the rows that were "
+                                  f"committed (rows {index * arr.chunks[0]}-{n}: digest {got}, the commit "
+                                  f"recorded {tails[t]}): the file was changed or replaced; nothing is appended "
+                                  "(zarrfeed validate lists every changed chunk)")
+            self._tail_digests[t] = (n, got)  # as checked here (a commit of format 3 recorded none): the first
+            # commit checks the chunk still holds them (`_committed_tails`)
 
     def _check_links(self, schema: Schema, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
         """Every link's intervals over the committed rows must tile its child's committed rows (L5Kit's rule), as
@@ -467,33 +468,41 @@ class Committer:
         its rows, or its seal), that chunk must still hold the rows the last commit recorded: a chunk changed or
         removed under this writer (which merges its new rows into whatever it reads there, zeros for a missing
         chunk) would otherwise be recorded as committed. `FormatError` (or `ChunkError`, for a chunk missing or
-        that cannot be decoded) naming table and chunk, and nothing more is committed."""
-        out = {}
+        that cannot be decoded) naming table and chunk, and nothing more is committed.
+        Both digests of one chunk come from one read of it: a change between two reads would pass the check
+        and be recorded."""
+        out: dict[str, tuple[int, str]] = {}
         for t, n in committed.items():
             c = self.schema.tables[t].chunk_rows
             last = self._tail_digests.get(t)
-            if last is not None and (last[0] != n or last[0] // c in sealed.get(t, {})):
-                got = self._rows_digest(t, last[0])
-                if got != last[1]:
-                    key = chunk_key(self.arrays[t], last[0] // c)
-                    raise FormatError(f"{self.location}: table '{t}': chunk '{key}' no longer holds the rows that "
-                                      f"were committed (rows {last[0] // c * c}-{last[0]}: digest {got}, commit "
-                                      f"{self._commit_no} recorded {last[1]}): it was changed or removed while this "
-                                      "writer appended; nothing more is committed (zarrfeed validate lists every "
-                                      "changed chunk)")
-            if n % c:
-                out[t] = last if last is not None and last[0] == n else (n, self._rows_digest(t, n))
+            check = last is not None and (last[0] != n or last[0] // c in sealed.get(t, {}))
+            fresh = n % c != 0 and (last is None or last[0] != n)
+            got = self._rows_digests(t, ([last[0]] if check and last else []) + ([n] if fresh else []))
+            if check and last is not None and got[last[0]] != last[1]:
+                key = chunk_key(self.arrays[t], last[0] // c)
+                raise FormatError(f"{self.location}: table '{t}': chunk '{key}' no longer holds the rows that "
+                                  f"were committed (rows {last[0] // c * c}-{last[0]}: digest {got[last[0]]}, "
+                                  f"commit {self._commit_no} recorded {last[1]}): it was changed or removed while "
+                                  "this writer appended; nothing more is committed (zarrfeed validate lists every "
+                                  "changed chunk)")
+            if fresh:
+                out[t] = (n, got[n])
+            elif n % c and last is not None:
+                out[t] = last
         return out
 
-    def _rows_digest(self, table: str, n: int) -> str:
-        """The digest of rows [n // c * c, n) of `table` (chunks of c rows), decoded from their chunk as it is
-        stored now (`chunks.rows_digest`)."""
+    def _rows_digests(self, table: str, counts: list[int]) -> dict[int, str]:
+        """For each n of `counts`, the digest of rows [n // c * c, n) of `table` (chunks of c rows), decoded from
+        that chunk as it is stored now; each chunk read once (`chunks.rows_digests`)."""
         arr = self.arrays[table]
         c = arr.chunks[0]
-        index = n // c
-        key = chunk_key(arr, index)
-        raw = get_many(arr.chunk_store, [key]).get(key)
-        return rows_digest(arr, key, raw, n - index * c)
+        out: dict[int, str] = {}
+        for index in sorted({n // c for n in counts}):
+            mine = [n for n in counts if n // c == index]
+            key = chunk_key(arr, index)
+            raw = get_many(arr.chunk_store, [key]).get(key)
+            out.update(zip(mine, rows_digests(arr, key, raw, [n - index * c for n in mine]), strict=True))
+        return out
 
     def close(self) -> dict[str, int]:
         """Everything placed is stored (the caller waited for it): commit it, trim the arrays to the committed

@@ -11,7 +11,7 @@ bytes, which the committer records in the commit (see `commit.ChunkDigests`).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numcodecs
 import numpy as np
@@ -45,9 +45,14 @@ def rows_digest(array: zarr.Array, key: str, raw: bytes | None, rows: int) -> st
     records of a table's last, partly filled chunk (`dataset_format.TAILS`). Writers rewrite that chunk as they
     append, so its stored bytes change, but its rows below a commit's count never do: this digest holds for
     every later version of the chunk. `ChunkError` if the chunk is missing or cannot be decoded."""
+    return rows_digests(array, key, raw, [rows])[0]
+
+
+def rows_digests(array: zarr.Array, key: str, raw: bytes | None, rows: Sequence[int]) -> list[str]:
+    """`rows_digest` for each count in `rows`, from one decode of the same bytes."""
     buf = np.empty(array.chunks[0] * array.dtype.itemsize, np.uint8)
     decode_chunk_into(array, key, raw, buf)
-    return digest(buf[:rows * array.dtype.itemsize].data)
+    return [digest(buf[:n * array.dtype.itemsize].data) for n in rows]
 
 
 class ChunkError(ValueError):

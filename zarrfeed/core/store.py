@@ -158,8 +158,11 @@ class Location:
             return where
         text = os.fspath(where)
         protocol = text.split("://", 1)[0] if "://" in text else None
-        if protocol == "file" and not storage_options:  # a local path spelled as a URL
-            text = text[len("file://"):] or "/"
+        if protocol == "file":  # a local path spelled as a URL: a directory store, whatever options come with it
+            # (the local file system's one option, auto_mkdir, is what a directory store does anyway); fsspec's
+            # local file system writes files in place, so a reader, or the committer reading back a last chunk,
+            # could read one half-written, where a directory store writes a temporary file and renames it
+            return cls(text[len("file://"):] or "/", {})
         return cls(text, dict(storage_options or {}))
 
     # ------------------------------------------------------------ what kind of place
