@@ -193,16 +193,21 @@ def test_a_manifest_edited_to_turn_the_check_off_is_refused(tmp_path, edit, says
         Dataset.open(out)
 
 
-def test_a_numbered_commit_with_a_bad_digest_is_refused(tmp_path):
-    out = tmp_path / "d.zarr"
+def edit_commit_2(out: Path, edit) -> None:
+    """Write 3 episodes to `out`, one commit each, then `edit(doc)` numbered commit 2."""
     with DatasetWriter(out, workers=0, chunks=CHUNKS, commit_interval=0) as w:
         for ep in episodes(3):
             w.submit(ep)
             w.sync()
     key = out / "zarrfeed.commits" / f"{2:010d}.json"
     doc = json.loads(key.read_text())
-    doc["tails"]["agents"] = 5
+    edit(doc)
     key.write_text(json.dumps(doc))
+
+
+def test_a_numbered_commit_with_a_bad_digest_is_refused(tmp_path):
+    out = tmp_path / "d.zarr"
+    edit_commit_2(out, lambda doc: doc["tails"].update(agents=5))
     with pytest.raises(FormatError, match="field 'tails.agents' is 5, not an XXH3-64 digest"):
         Dataset.open(out, commit=2)
 
@@ -211,14 +216,7 @@ def test_a_commit_made_before_tails_were_recorded_opens_with_its_last_chunk_unch
     """Numbered commits made before this version have no `tails`: they still open (their last chunk is read as
     before, unchecked but for the latest manifest's records)."""
     out = tmp_path / "d.zarr"
-    with DatasetWriter(out, workers=0, chunks=CHUNKS, commit_interval=0) as w:
-        for ep in episodes(3):
-            w.submit(ep)
-            w.sync()
-    key = out / "zarrfeed.commits" / f"{2:010d}.json"
-    doc = json.loads(key.read_text())
-    del doc["tails"]
-    key.write_text(json.dumps(doc))
+    edit_commit_2(out, lambda doc: doc.pop("tails"))
     ds = Dataset.open(out, commit=2)
     assert ds.check.tails == {}
     ds.read_rows("agents", 0, ds.rows["agents"])
