@@ -13,6 +13,7 @@ import atexit
 import os
 import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 
@@ -46,8 +47,12 @@ def _exit_keeps_the_code(code: int) -> None:
     ignored in ..."), and in the teardown Python has already put back SIGINT's default action (it drops its own
     handlers before it collects the last objects and frees the modules, a tenth of a second and more under
     load): a Ctrl+C there killed the process by the signal, with nothing said (returncode -2, issue 35). For
-    the teardown, which waits for nothing, SIGINT is ignored (`_teardown_ignores_sigint`)."""
-    def exit_now(signum: int, frame: Any) -> None:
+    the teardown, which waits for nothing, SIGINT is ignored (`_teardown_ignores_sigint`).
+    A Python signal handler runs in the main thread only, and only once that thread wakes: while it waits for
+    another thread to end, a SIGINT that the kernel delivers to that other thread wakes nothing (seen as a hang
+    beside a second copy of the suite). So the signal's number also goes to a pipe (`signal.set_wakeup_fd`,
+    written by the C-level handler in whichever thread takes it), which a daemon thread reads and acts on."""
+    def exit_now(*_: Any) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -55,7 +60,19 @@ def _exit_keeps_the_code(code: int) -> None:
                 pass
         os._exit(code)
 
+    def watch(fd: int) -> None:
+        while True:
+            got = os.read(fd, 64)
+            if not got or signal.SIGINT in got:
+                break
+        if got:
+            exit_now()
+
     signal.signal(signal.SIGINT, exit_now)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    threading.Thread(target=watch, args=(r,), name="zarrfeed: Ctrl+C at exit", daemon=True).start()
 
 
 def _teardown_ignores_sigint() -> None:
