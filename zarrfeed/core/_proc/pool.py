@@ -258,25 +258,11 @@ def sigint_held(tracker: bool) -> Iterator[None]:
         from multiprocess import resource_tracker
 
         resource_tracker.ensure_running()
-    # blocked in this thread only: the kernel then gives a process-wide SIGINT to another thread that does not
-    # block it (a pool's or a cache's thread), and Python raises KeyboardInterrupt in the main thread all the
-    # same, mid-start (a child then read half its start-up data: "EOFError" from the fork server). So in the main
-    # thread the handler only notes it, and the interrupt is raised once the processes are started
-    noted: list[int] = []
-    handler = None
-    if threading.current_thread() is threading.main_thread():
-        handler = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        if handler is not None:
-            signal.signal(signal.SIGINT, handler)
-            if noted and callable(handler):
-                handler(signal.SIGINT, None)  # the interrupt, now (Python's own handler raises KeyboardInterrupt)
-            elif noted and handler == signal.SIG_DFL:
-                signal.raise_signal(signal.SIGINT)
 
 
 def _ensure_fork_server() -> None:
