@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import stat
 import uuid
 import zipfile
@@ -13,6 +14,13 @@ from zarrfeed.writer import synthetic, write_dataset
 # (its child processes inherit it), so another copy of the suite, or a user's loaders, on this machine are
 # invisible to it, and it to them.
 os.environ["ZARRFEED_CACHE_NAMESPACE"] = f"tests-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+# Tests send Ctrl+C (SIGINT) to the commands they start. A suite started with SIGINT ignored or blocked (a
+# background job of a non-interactive shell, nohup) passes that on to every child, which would never see it:
+# those tests test zarrfeed, not the shell that started the suite.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
                   or Path(__file__).resolve().parents[2] / "shared" / "data" / "l5kit_single_scene.zarr")

@@ -258,11 +258,27 @@ def sigint_held(tracker: bool) -> Iterator[None]:
         from multiprocess import resource_tracker
 
         resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # blocked in this thread only: the kernel then gives a process-wide SIGINT to another thread that does not
+    # block it (a pool's or a cache's thread), and Python raises KeyboardInterrupt in the main thread all the
+    # same, mid-start (a child then read half its start-up data: "EOFError" from the fork server). So in the main
+    # thread a Python handler only notes it, and the interrupt is raised once the processes are started. (A
+    # handler set from C, which `getsignal` shows as None, is left alone: it was not Python's to raise.)
+    noted: list[int] = []
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # only read: a block made before `try` could leak
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if callable(handler):
+            signal.signal(signal.SIGINT, handler)
+            if noted:
+                handler(signal.SIGINT, None)  # the interrupt, now (Python's own handler raises KeyboardInterrupt)
 
 
 def _ensure_fork_server() -> None:
