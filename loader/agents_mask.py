@@ -13,20 +13,21 @@ as current. The tables and the commit manifest are not touched: the dataset's co
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
+import numcodecs
 import xxhash
-import zarr
 
 from ..core import dataset_format
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit, preload_in_workers
 from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
+from ..core.zarr_array import Array
+from ..core.zarr_meta import ArrayMeta
 from .dataset import Dataset
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
@@ -245,10 +246,11 @@ def _store(ds: Dataset, mask: np.ndarray, th: Thresholds) -> str:
     group = dataset_format.open_group(ds.location, "a")
     group.require_group(GROUP)
     path = f"{GROUP}/{th.name}"
-    zarr.storage.rmdir(group.store, path)
-    group.store[f"{path}/.zattrs"] = json.dumps({RECORD: {"complete": False}}).encode()
-    arr = zarr.create(store=group.store, path=path, shape=mask.shape, chunks=(10_000, 2), dtype=np.uint32,
-                      overwrite=False)
+    group.store.rmdir(path)
+    # zarr 2's defaults for a new array (Blosc lz4, fill 0), as L5Kit's masks are stored
+    arr = group.create_array(path, ArrayMeta.new(
+        mask.shape, 10_000, np.dtype(np.uint32), numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), fill_value=0,
+        dimension_separator="."), attrs={RECORD: {"complete": False}})
     arr[:] = mask
     arr.attrs[RECORD] = {**_record(ds, th), "complete": True, "digest": _digest(mask)}
     return path
@@ -263,7 +265,7 @@ def load(ds: Dataset, threshold: float = 0.5, *, thresholds: Thresholds | None =
         arr = ds.group[where]
     except KeyError:
         return None, f"no {where} in the dataset"
-    if not isinstance(arr, zarr.Array) or arr.shape != (ds.rows["agents"], 2):
+    if not isinstance(arr, Array) or arr.shape != (ds.rows["agents"], 2):
         return None, (f"{where} has shape {getattr(arr, 'shape', None)}; the dataset has {ds.rows['agents']} agents "
                       "(run `zarrfeed mask` again)")
     record = arr.attrs.get(RECORD)
@@ -289,7 +291,7 @@ def load(ds: Dataset, threshold: float = 0.5, *, thresholds: Thresholds | None =
     return values, why or where
 
 
-def _read(arr: zarr.Array, where: str) -> tuple[np.ndarray | None, str]:
+def _read(arr: Array, where: str) -> tuple[np.ndarray | None, str]:
     """The array's values, or None and why (a chunk that cannot be read or decoded)."""
     try:
         return np.asarray(arr[:], np.uint32), ""

@@ -10,16 +10,16 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import zarr
 
 from ..core import chunk_check, dataset_format
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
-from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, chunk_key, read_coordinates, read_rows
+from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, read_coordinates, read_rows
 from ..core.dataset_format import FormatError
 from ..core.links import IntervalChecker, Violation, require_link
 from ..core.schema import Schema, field_names
-from ..core.store import Location, bounded, get_many
+from ..core.store import Location, bounded
+from ..core.zarr_array import Array, Group
 from .arrow_bridge import ArrowStream, table_batches
 
 
@@ -85,7 +85,7 @@ class Dataset:
     without checking.
     """
 
-    def __init__(self, location: Location, group: zarr.Group, tables: dict[str, zarr.Array],
+    def __init__(self, location: Location, group: Group, tables: dict[str, Array],
                  rows: dict[str, int], schema: Schema, commit: int | None = None,
                  dataset_id: str | None = None) -> None:
         self.location, self.group, self.tables, self.rows, self.schema = location, group, tables, rows, schema
@@ -211,10 +211,10 @@ class Dataset:
             h.update(f"{path}|{info.get('size')}|{when}\n".encode())
         return h.hexdigest()[:32]
 
-    def __getitem__(self, table: str) -> zarr.Array:
-        """The zarr array of `table`, for its metadata and for tools that take one. Its reads are zarr's own:
-        unchecked against the recorded digests, a missing chunk read as fill values; read rows with
-        `read_rows`, `read_coordinates` or `to_arrow`."""
+    def __getitem__(self, table: str) -> Array:
+        """The zarr v2 array of `table` (zarrfeed's own `Array`: shape, dtype, chunks, attrs, slices along the
+        first axis), for its metadata. Its slices read as zarr does: unchecked against the recorded digests, and
+        a missing chunk reads as fill values; read rows with `read_rows`, `read_coordinates` or `to_arrow`."""
         return self.tables[table]
 
     def __repr__(self) -> str:
@@ -363,8 +363,8 @@ class Dataset:
             indices = list(range(-(-n // c)))
             for at in range(0, len(indices), batch):
                 part = indices[at:at + batch]
-                keys = [chunk_key(arr, i) for i in part]
-                raws = get_many(arr.chunk_store, keys)
+                keys = [arr.chunk_key(i) for i in part]
+                raws = arr.store.get_many(keys)
                 for i, key in zip(part, keys, strict=True):
                     raw = raws.get(key)
                     if raw is None:
@@ -436,7 +436,7 @@ class Dataset:
     def chunk_key(self, table: str, row: int) -> str:
         """The store key of the chunk of `table` that holds `row`."""
         arr = self.tables[table]
-        return chunk_key(arr, row // arr.chunks[0])
+        return arr.chunk_key(row // arr.chunks[0])
 
 
 class ChunkReader:

@@ -22,7 +22,7 @@ from ..core import dataset_format
 from ..core._proc.pool import RemoteError, preload_in_workers
 from ..core._proc.shm import SharedBlock, check_room
 from ..core.chunk_check import ChunkCheck
-from ..core.chunks import chunk_key, decode_chunk_into
+from ..core.chunks import decode_chunk_into
 from ..core.store import Location
 from .chunk_cache import ProcessChunks
 from .fetch import ChunkFetcher, FetchOptions
@@ -93,7 +93,7 @@ def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable
 
     def keys_of(items: tuple[DecodeItem, ...] | list[DecodeItem]) -> tuple[list[str], list[tuple[int, str] | None]]:
         """Chunk keys, and the size and digest recorded for each (None: not recorded, or not needed)."""
-        return ([chunk_key(arrays[i.table], i.chunk) for i in items],
+        return ([arrays[i.table].chunk_key(i.chunk) for i in items],
                 [digests.get(i.table, {}).get(i.chunk) for i in items])
 
     def decode(msg: Decode) -> tuple[int, ...]:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+
+from zarrfeed.core.stores import DirectoryStore
 from conftest import REAL_SCENE
 from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader
 from zarrfeed.loader import agents_mask
@@ -377,12 +379,13 @@ def test_a_store_that_fails_while_the_mask_is_stored_is_one_line(scenes, tmp_pat
     ds = Dataset.open(tmp_path / "d.zarr")
     mask = agents_mask.compute(ds, 0.5, workers=0)
 
-    def full(self, key, value):
-        if key.endswith("/0.0"):  # the first chunk of values
-            raise KeyError(key) from OSError(28, "No space left on device", key)
-        return real(self, key, value)
-    real = zarr.storage.DirectoryStore.__setitem__
-    monkeypatch.setattr(zarr.storage.DirectoryStore, "__setitem__", full)
+    def full(self, values):
+        for key in values:
+            if key.endswith("/0.0"):  # the first chunk of values
+                raise OSError(28, "No space left on device", key)
+        return real(self, values)
+    real = DirectoryStore.put_many
+    monkeypatch.setattr(DirectoryStore, "put_many", full)
     with pytest.raises(ValueError, match="^" + re.escape(f"{tmp_path / 'd.zarr'}: the agents mask cannot be stored "
                                                          "in it (No space left on device: agents_mask/0.5/0.0)") + "$"):
         agents_mask.save(ds, mask, 0.5)

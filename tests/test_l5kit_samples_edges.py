@@ -3,6 +3,7 @@ missing a chunk, scenes without traffic lights, a track id twice in a frame."""
 import numpy as np
 import pytest
 from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader
+from zarrfeed.core.zarr_meta import ArrayMeta
 
 
 @pytest.mark.parametrize("cls,key", [(AgentSampleLoader, "agent_row"), (EgoSampleLoader, "frame_row")])
@@ -44,8 +45,8 @@ def test_a_half_written_mask_is_not_taken_on_an_l5kit_dataset(real_copy):
     ds = Dataset.open(real_copy)
     full = agents_mask.compute(ds, 0.5, workers=0)
     group = dataset_format.open_group(ds.location, "a")
-    arr = group.require_group("agents_mask").create_dataset("0.5", shape=full.shape, chunks=(10_000, 2),
-                                                            dtype=np.uint32, overwrite=True)  # as save() does
+    arr = group.require_group("agents_mask").create_array("0.5", ArrayMeta.new(full.shape, 10_000, np.dtype(np.uint32),
+                                                                                fill_value=0))  # as save() does
     arr[:10_000] = full[:10_000]  # killed here: chunks 1 and 2 and the record never written
     with AgentSampleLoader(real_copy, 10, 50, num_workers=0) as loader:
         assert len(loader.samples) == len(agents_mask.selected_rows(full)) == 1127

@@ -12,6 +12,7 @@ from zarrfeed.writer.dataset_writer import DatasetWriter
 
 from zarrfeed.cli import main
 from zarrfeed.core.store import FormatError, Location
+from zarrfeed.core.stores import DirectoryStore, MemoryStore
 
 CHUNKS = {"agents": 500, "frames": 20, "scenes": 2, "traffic_light_faces": 100}
 LEASE_FILES = ("zarrfeed.lease", ".zarrfeed.lock")
@@ -221,18 +222,17 @@ def test_one_commit_object_past_the_manifest_may_be_an_older_writers_and_the_mes
 
 def test_an_existing_commit_object_is_never_rewritten(ds_path):
     """The last guard, below the check on open: a commit object is created only if absent, on every store."""
-    import zarr
 
     from zarrfeed.core import dataset_format
 
-    store = zarr.storage.DirectoryStore(str(ds_path))
+    store = DirectoryStore(ds_path)
     first = (ds_path / "zarrfeed.commits" / "0000000001.json").read_bytes()
     with pytest.raises(FormatError, match=r"^zarrfeed.commits/0000000001.json: already exists, so commit 1 was "
                                           "made before; zarrfeed.json's commit number went backwards"):
         dataset_format.record_commit(store, 1, {t: 7 for t in CHUNKS})
     assert (ds_path / "zarrfeed.commits" / "0000000001.json").read_bytes() == first
     assert not [p for p in (ds_path / "zarrfeed.commits").iterdir() if p.suffix != ".json"]  # no temporary left
-    memory = zarr.storage.MemoryStore()
+    memory = MemoryStore()
     assert dataset_format.put_new(memory, "k", b"1") and not dataset_format.put_new(memory, "k", b"2")
     assert memory["k"] == b"1"
 

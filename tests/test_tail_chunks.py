@@ -333,26 +333,30 @@ def test_a_commit_reads_each_last_chunk_once(tmp_path, monkeypatch):
     """Adversary 3.03: a commit read the last chunk twice, once to check the last commit's rows, once to digest
     its own: a row changed between the two reads passed the check and was recorded. Both come from one read."""
     import zarrfeed.writer.committer as committer
+    from zarrfeed.core.stores import DirectoryStore
 
     reads: list[list[str]] = []
-    real_get, real_tails = committer.get_many, committer.Committer._committed_tails
+    real_get, real_tails = DirectoryStore.get_many, committer.Committer._committed_tails
 
     def get_many(store, keys):
-        if reads:
-            reads[-1].extend(keys)
+        if reads and reads[-1][0]:
+            reads[-1][1].extend(keys)
         return real_get(store, keys)
 
-    def committed_tails(self, *args):
-        reads.append([])
-        return real_tails(self, *args)
-    monkeypatch.setattr(committer, "get_many", get_many)
+    def committed_tails(self, *args):  # what the store reads while the committer checks and digests last chunks
+        reads.append((True, []))
+        try:
+            return real_tails(self, *args)
+        finally:
+            reads[-1] = (False, reads[-1][1])
+    monkeypatch.setattr(DirectoryStore, "get_many", get_many)
     monkeypatch.setattr(committer.Committer, "_committed_tails", committed_tails)
     with DatasetWriter(tmp_path / "d.zarr", workers=0, chunks=CHUNKS, commit_interval=0) as w:
         for ep in episodes(5):
             w.submit(ep)
             w.sync()
-    assert sum(len(r) for r in reads) > 10  # the last chunks were read back, commit after commit
-    assert all(len(r) == len(set(r)) for r in reads), reads
+    assert sum(len(r) for _, r in reads) > 10  # the last chunks were read back, commit after commit
+    assert all(len(r) == len(set(r)) for _, r in reads), reads
 
 
 def test_an_append_to_a_format_3_dataset_checks_rows_changed_after_it_opened(tmp_path):

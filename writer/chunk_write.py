@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import zarr
 
-from ..core.chunks import chunk_key, decode_chunk_into, digest, encode_chunk
-from ..core.store import get_many
+from ..core.chunks import decode_chunk_into, digest
+from ..core.zarr_array import Array
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class ChunkWrite:
     shared: bool = False
 
 
-def write_rows(array: zarr.Array, start: int, rows: np.ndarray, synchronizer: Any,
+def write_rows(array: Array, start: int, rows: np.ndarray, synchronizer: Any,
                guard: Callable[[], None] | None = None) -> list[ChunkWrite]:
     """Write `rows` at `start`; `synchronizer[key]` is a lock for a chunk key (zarr's synchronizer protocol).
     Whole chunks are encoded and stored with no lock and no read; a chunk the rows only partly cover is read,
@@ -48,15 +47,10 @@ def write_rows(array: zarr.Array, start: int, rows: np.ndarray, synchronizer: An
         return out
     if start < first_whole:
         out.append(_merge(array, synchronizer, start // c, start % c, rows[: first_whole - start], guard))
-    whole = {lo // c: encode_chunk(array, rows[lo - start: lo - start + c]) for lo in range(first_whole, last_whole, c)}
-    keyed = {chunk_key(array, i): data for i, data in whole.items()}
-    store = array.chunk_store
+    whole = {lo // c: array.encode_chunk(rows[lo - start: lo - start + c]) for lo in range(first_whole, last_whole, c)}
+    keyed = {array.chunk_key(i): data for i, data in whole.items()}
     guard()
-    if isinstance(store, zarr.storage.FSStore):  # one concurrent request per chunk, not one after another
-        store.setitems(keyed)
-    else:
-        for key, data in keyed.items():
-            store[key] = data
+    array.store.put_many(keyed)  # on an object store one concurrent request per chunk, not one after another
     out.extend(ChunkWrite(array.path, i, len(data), digest(data)) for i, data in whole.items())
     if last_whole < end:
         out.append(_merge(array, synchronizer, last_whole // c, 0, rows[last_whole - start:], guard))
@@ -67,24 +61,21 @@ def _no_guard() -> None:
     pass
 
 
-def _merge(array: zarr.Array, synchronizer: Any, index: int, offset: int, rows: np.ndarray,
+def _merge(array: Array, synchronizer: Any, index: int, offset: int, rows: np.ndarray,
            guard: Callable[[], None]) -> ChunkWrite:
     """Write `rows` at row `offset` of chunk `index`, which another writer may share: under the chunk's lock,
     read it (a chunk not yet written holds zeros, as zarr's fill value), merge, encode, store."""
-    key = chunk_key(array, index)
-    store = array.chunk_store
+    key = array.chunk_key(index)
+    store = array.store
     c, size = array.chunks[0], array.dtype.itemsize
     buf = np.zeros(c * size, np.uint8)
     with synchronizer[key]:
-        before = get_many(store, [key]).get(key)
+        before = store.get(key)
         if before is not None:
             decode_chunk_into(array, key, before, buf)
         buf[offset * size:(offset + len(rows)) * size] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
-        data = encode_chunk(array, buf.view(array.dtype))
+        data = array.encode_chunk(buf.view(array.dtype))
         guard()
-        if isinstance(store, zarr.storage.FSStore):
-            store.setitems({key: data})
-        else:
-            store[key] = data
+        store.put(key, data)
     return ChunkWrite(array.path, index, len(data), digest(data), digest(before) if before is not None else None,
                       shared=True)

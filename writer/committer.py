@@ -20,15 +20,16 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import numcodecs
 import numpy as np
-import zarr
 
 from ..core import dataset_format
-from ..core.chunks import chunk_key, digest, read_rows, rows_digest, rows_digests
+from ..core.chunks import digest, read_rows, rows_digest, rows_digests
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
-from ..core.store import FormatError, Location, bounded, get_many, within
+from ..core.store import FormatError, Location, bounded, within
+from ..core.stores import Store
+from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite
 from .commit import ChunkDigests, CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
@@ -98,7 +99,7 @@ class Committer:
             else:
                 self.schema, committed = self._open_existing(schema)
             # the tables were checked (or just made): open them directly, without zarr's checks for a group
-            self.arrays = {t: zarr.Array(store, path=t) for t in self.schema.tables}
+            self.arrays = {t: Array.open(store, t) for t in self.schema.tables}
             for t, n in committed.items():  # rows past the committed count were never committed: drop them
                 if self.arrays[t].shape[0] != n:
                     self.arrays[t].resize(n)
@@ -125,7 +126,7 @@ class Committer:
         decides whether their holder is gone)."""
         return self.location.exists() and any(not _lease_file(name) for name in self.location.entries(16))
 
-    def _check_new(self, store: zarr.storage.BaseStore, overwrite: bool) -> None:
+    def _check_new(self, store: Store, overwrite: bool) -> None:
         """Mode "w": refuse, before anything changes, a location that holds something we may not replace."""
         if not self._holds_data():
             return
@@ -195,7 +196,7 @@ class Committer:
         self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
         return found, committed
 
-    def _check_tails(self, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int], tails: Mapping[str, str]
+    def _check_tails(self, arrays: Mapping[str, Array], committed: Mapping[str, int], tails: Mapping[str, str]
                      ) -> None:
         """Each table's last, partly filled chunk, which the append reads back and rewrites with its rows: it must
         be there (else its rows would be rewritten as zeros) and hold the committed rows its commit recorded
@@ -208,8 +209,8 @@ class Committer:
             if arr is None or n % arr.chunks[0] == 0:
                 continue  # no rows, or no chunk partly filled: the append writes only new chunks
             index = n // arr.chunks[0]
-            key = chunk_key(arr, index)
-            raw = get_many(arr.chunk_store, [key]).get(key)
+            key = arr.chunk_key(index)
+            raw = arr.store.get(key)
             if raw is None:
                 raise FormatError(f"{self.location}: table '{t}': chunk '{key}' is missing, below the {n} rows "
                                   "committed; the dataset is damaged, nothing is appended (zarrfeed validate "
@@ -230,7 +231,7 @@ class Committer:
             self._tail_digests[t] = (n, got)  # as checked here (a commit of format 3 recorded none): the first
             # commit checks the chunk still holds them (`_committed_tails`)
 
-    def _check_links(self, schema: Schema, arrays: Mapping[str, zarr.Array], committed: Mapping[str, int]) -> None:
+    def _check_links(self, schema: Schema, arrays: Mapping[str, Array], committed: Mapping[str, int]) -> None:
         """Every link's intervals over the committed rows must tile its child's committed rows (L5Kit's rule), as
         `validate` checks them: reads only the parents' interval fields (for 2 M agents, the 25 k frames)."""
         for link in schema.links:
@@ -479,7 +480,7 @@ class Committer:
             fresh = n % c != 0 and (last is None or last[0] != n)
             got = self._rows_digests(t, ([last[0]] if check and last else []) + ([n] if fresh else []))
             if check and last is not None and got[last[0]] != last[1]:
-                key = chunk_key(self.arrays[t], last[0] // c)
+                key = self.arrays[t].chunk_key(last[0] // c)
                 raise FormatError(f"{self.location}: table '{t}': chunk '{key}' no longer holds the rows that "
                                   f"were committed (rows {last[0] // c * c}-{last[0]}: digest {got[last[0]]}, "
                                   f"commit {self._commit_no} recorded {last[1]}): it was changed or removed while "
@@ -499,8 +500,8 @@ class Committer:
         out: dict[int, str] = {}
         for index in sorted({n // c for n in counts}):
             mine = [n for n in counts if n // c == index]
-            key = chunk_key(arr, index)
-            raw = get_many(arr.chunk_store, [key]).get(key)
+            key = arr.chunk_key(index)
+            raw = arr.store.get(key)
             out.update(zip(mine, rows_digests(arr, key, raw, [n - index * c for n in mine]), strict=True))
         return out
 

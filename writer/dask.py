@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-import zarr
 
 from ..core.keys import Position, fingerprint
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import Location
+from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer
 from .episode import check_episode, relocate_all
@@ -156,7 +156,7 @@ def _tables(location: Location, dataset_id: str, names: Sequence[str]) -> tuple[
     if key not in _open:
         store = location.store("w")
         _open.clear()  # one dataset at a time per worker process is the common case: keep memory flat
-        _open[key] = ({t: zarr.Array(store, path=t) for t in names}, _ChunkLocks(f"zarrfeed/{dataset_id}"))
+        _open[key] = ({t: Array.open(store, t) for t in names}, _ChunkLocks(f"zarrfeed/{dataset_id}"))
     return _open[key]
 
 

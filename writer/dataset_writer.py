@@ -23,12 +23,12 @@ from typing import Any, Iterable, Mapping
 
 import numcodecs
 import numpy as np
-import zarr
 from tqdm.auto import tqdm
 
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit
 from ..core._proc.shm import SharedBlock, check_room
 from ..core.keys import Key, Position, check_key, fingerprint
+from .chunk_locks import ChunkLocks
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import Location
 from . import write_worker
@@ -88,9 +88,9 @@ class DatasetWriter:
         coordinator: Hands out each episode's rows in every table (`Coordinator.reserve`); default a
             `LocalCoordinator`, which appends in submission order. Pass one to share row ranges with other
             writers of the dataset's rows (a cluster-wide counter).
-        synchronizer: The zarr synchronizer under which a chunk that two segments share is written; default a
-            `zarr.ProcessSynchronizer` over a temporary folder of file locks, removed at close. It must lock
-            across the writer's processes.
+        synchronizer: The locks under which a chunk that two segments share is written (`synchronizer[key]`, as
+            zarr's synchronizers); default `ChunkLocks` over a temporary folder of file locks, removed at close.
+            It must lock across the writer's processes.
         start_method: How worker processes start ("fork", "spawn" or "forkserver"); default "forkserver" where
             the platform has it. "fork" starts faster, but a child of a process with threads may deadlock.
         storage_options: fsspec options for a URL `path` (credentials, `endpoint_url`, ...); merged into those
@@ -130,9 +130,9 @@ class DatasetWriter:
                                    commit_interval=commit_interval)
         self.schema = self.committer.schema
         try:
-            # zarr's per-chunk locks, for chunks two segments share: outside the dataset, gone at close
+            # per-chunk locks, for chunks two segments share: outside the dataset, gone at close
             self._lock_dir = tempfile.mkdtemp(prefix="zarrfeed-chunk-locks-")
-            self._sync = synchronizer or zarr.ProcessSynchronizer(self._lock_dir)
+            self._sync = synchronizer or ChunkLocks(self._lock_dir)
             self._arrays = self.committer.arrays
             self._input: str | None = None  # the fingerprint of the input that keyless submits continue
             self._position = 0

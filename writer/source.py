@@ -9,12 +9,12 @@ import os
 from typing import Iterator
 
 import numpy as np
-import zarr
 
 from ..core import chunk_check, dataset_format
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import read_rows
 from ..core.schema import Schema
+from ..core.zarr_array import Array
 
 
 def root_table(schema: Schema) -> str:
@@ -49,7 +49,7 @@ class Episodes:
 
     def _rows(self, table: str, start: int, stop: int) -> np.ndarray:
         array = self.tables[table]
-        if isinstance(array, zarr.Array):  # a corrupt chunk is named, not "error during blosc decompression"
+        if isinstance(array, Array):  # a corrupt chunk is named, not "error during blosc decompression"
             return read_rows(array, start, stop, check=self.check.check if self.check else None)
         return array[start:stop] if stop > start else np.zeros(0, self.schema.tables[table].dtype)
 

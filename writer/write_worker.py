@@ -5,11 +5,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import zarr
 
 from ..core._proc.pool import preload_in_workers
 from ..core._proc.shm import SharedBlock
 from ..core.store import Location
+from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite, write_rows
 from .lease import Fence
 
@@ -42,7 +42,7 @@ def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronize
     of `WriteSegment` messages. Every chunk write first checks the writer's lease `fence` (a writer paused
     past its lease stops here)."""
     store = location.store("w")
-    arrays: dict[str, zarr.Array] = {}
+    arrays: dict[str, Array] = {}
 
     def handle(msg: WriteSegment) -> SegmentWritten:
         table = msg.table
@@ -50,7 +50,7 @@ def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronize
             # opened at first use, not at start: on an object store the first request also builds the client
             # (a fraction of a second), which then overlaps the parent's filling of the next segment. The
             # parent made or checked the table: open it directly (zarr's checks are two more requests).
-            arrays[table] = zarr.Array(store, path=table)
+            arrays[table] = Array.open(store, table)
         rows = np.frombuffer(blocks[msg.block].buf, dtypes[table], count=msg.rows)
         return SegmentWritten(wid, msg.segment, write_rows(arrays[table], msg.start, rows, synchronizer,
                                                            lambda: fence.check(location)))

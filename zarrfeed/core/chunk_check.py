@@ -25,12 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import zarr
 
 from .chunks import ChunkChanged, ChunkError, digest, rows_digest
 from .commit_log import ChunkRecord
 from .dataset_format import DIGEST, TAILS, latest_log
 from .store import FormatError
+from .stores import Store
+from .zarr_array import Array
 
 RECHECKS = 4  # reads of the manifest and the chunk when a writer rewrites the last chunk meanwhile
 
@@ -79,7 +80,7 @@ class ChunkCheck:
         c, n = self.chunk_rows[table], self.opened.rows.get(table, 0)
         return index * c < n < (index + 1) * c
 
-    def check(self, array: zarr.Array, index: int, key: str, raw: bytes | None) -> bytes | None:
+    def check(self, array: Array, index: int, key: str, raw: bytes | None) -> bytes | None:
         """The bytes to decode for chunk `index` of `array` (stored under `key`), read as `raw` (None: missing,
         which the decoder refuses); `ChunkError` if they are not the chunk the reader's commit holds."""
         table = array.path
@@ -101,7 +102,7 @@ class ChunkCheck:
             return raw
         return self._recheck(array.store, table, index, key, raw)
 
-    def _rows_check(self, array: zarr.Array, index: int, key: str, raw: bytes) -> None:
+    def _rows_check(self, array: Array, index: int, key: str, raw: bytes) -> None:
         """`ChunkError` unless the rows of the last chunk `raw` below the reader's count are those its commit
         recorded (a decode more, of one chunk per table): another dataset's (said so), or changed."""
         table, c = array.path, self.chunk_rows[array.path]
@@ -115,7 +116,7 @@ class ChunkCheck:
                            f"{self.tails[table]}): the file was changed or replaced, or another dataset was put in "
                            "its place")
 
-    def _recheck(self, store: zarr.storage.BaseStore, table: str, index: int, key: str, raw: bytes) -> bytes:
+    def _recheck(self, store: Store, table: str, index: int, key: str, raw: bytes) -> bytes:
         """The last chunk, which a writer may have rewritten since the reader opened: read again after the
         latest manifest, accepted if that is the same dataset and the bytes match its record (or it has none)."""
         for attempt in range(RECHECKS):
@@ -136,7 +137,7 @@ class ChunkCheck:
             raw = now
         raise _changed(table, key, raw, latest, self.where)
 
-    def _same_dataset(self, store: zarr.storage.BaseStore, key: str) -> dict[str, dict[int, ChunkRecord | None]]:
+    def _same_dataset(self, store: Store, key: str) -> dict[str, dict[int, ChunkRecord | None]]:
         """The latest chunk records, if the latest manifest is the dataset the reader opened, grown or not;
         else `ChunkError`: another dataset is in its place."""
         doc, log = latest_log(store)
@@ -177,7 +178,7 @@ def _changed(table: str, key: str, raw: bytes, record: ChunkRecord | None, where
                       "another dataset was put in its place")
 
 
-def read(store: zarr.storage.BaseStore, where: str, doc: dict[str, Any] | None, rows: dict[str, int],
+def read(store: Store, where: str, doc: dict[str, Any] | None, rows: dict[str, int],
          chunk_rows: dict[str, int]) -> ChunkCheck | None:
     """The check of a dataset opened at manifest `doc` with the row counts `rows` (its commit's), or None if
     its commits record no digests. The records are those of the latest manifest's log, which must be the same

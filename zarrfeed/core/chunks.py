@@ -16,22 +16,8 @@ from typing import Callable, Mapping, Sequence
 import numcodecs
 import numpy as np
 import xxhash
-import zarr
 
-from .store import get_many
-
-
-def chunk_key(array: zarr.Array, index: int) -> str:
-    """Store key of a 1-D array's chunk `index` (the dimension separator only joins dimensions)."""
-    return f"{array.path}/{index}" if array.path else str(index)
-
-
-def encode_chunk(array: zarr.Array, rows: np.ndarray) -> bytes:
-    """One full chunk of rows encoded as zarr does: filters in order, then the compressor."""
-    data = np.ascontiguousarray(rows)
-    for f in array.filters or ():
-        data = f.encode(data)
-    return array.compressor.encode(data) if array.compressor else data.tobytes()
+from .zarr_array import Array
 
 
 def digest(data: bytes | memoryview) -> str:
@@ -40,7 +26,7 @@ def digest(data: bytes | memoryview) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
-def rows_digest(array: zarr.Array, key: str, raw: bytes | None, rows: int) -> str:
+def rows_digest(array: Array, key: str, raw: bytes | None, rows: int) -> str:
     """The digest of the first `rows` rows of chunk `key`, decoded from its stored bytes `raw`: what a commit
     records of a table's last, partly filled chunk (`dataset_format.TAILS`). Writers rewrite that chunk as they
     append, so its stored bytes change, but its rows below a commit's count never do: this digest holds for
@@ -48,7 +34,7 @@ def rows_digest(array: zarr.Array, key: str, raw: bytes | None, rows: int) -> st
     return rows_digests(array, key, raw, [rows])[0]
 
 
-def rows_digests(array: zarr.Array, key: str, raw: bytes | None, rows: Sequence[int]) -> list[str]:
+def rows_digests(array: Array, key: str, raw: bytes | None, rows: Sequence[int]) -> list[str]:
     """`rows_digest` for each count in `rows`, from one decode of the same bytes."""
     buf = np.empty(array.chunks[0] * array.dtype.itemsize, np.uint8)
     decode_chunk_into(array, key, raw, buf)
@@ -65,7 +51,7 @@ class ChunkChanged(ChunkError):
 
 # what a reader checks each chunk's stored bytes with before decoding them (`chunk_check.ChunkCheck.check`):
 # (array, chunk index, key, bytes or None if missing) -> the bytes to decode; raises `ChunkError`
-Check = Callable[[zarr.Array, int, str, "bytes | None"], "bytes | None"]
+Check = Callable[[Array, int, str, "bytes | None"], "bytes | None"]
 
 
 def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None) -> None:
@@ -81,7 +67,7 @@ def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None) -> 
                          "the file was changed or replaced")
 
 
-def read_rows(array: zarr.Array, start: int, stop: int, fields: list[str] | None = None,
+def read_rows(array: Array, start: int, stop: int, fields: list[str] | None = None,
               digests: Mapping[int, tuple[int, str]] | None = None, check: Check | None = None) -> np.ndarray:
     """Rows [start, stop) of a 1-D table (only `fields`, if given), read chunk by chunk from its stored bytes
     (on an object store all at once, as concurrent requests). Unlike zarr's own reads, a chunk that is missing
@@ -89,13 +75,13 @@ def read_rows(array: zarr.Array, start: int, stop: int, fields: list[str] | None
     one), and so does one that cannot be decoded; both name the table and the chunk. With `digests` (chunk
     index -> recorded size and digest), each chunk is first checked against its record; with `check` (a
     dataset's `ChunkCheck.check`, see `core.chunk_check`), each chunk's bytes are first passed through it."""
-    dtype = array.dtype if fields is None else np.dtype([(f, array.dtype.fields[f][0]) for f in fields])
+    dtype = array.dtype if fields is None else np.dtype([(f, array.dtype[f]) for f in fields])
     if stop <= start:
         return np.zeros(0, dtype)
     c, size = array.chunks[0], array.dtype.itemsize
     indices = range(start // c, (stop - 1) // c + 1)
-    keys = [chunk_key(array, i) for i in indices]
-    raws = get_many(array.chunk_store, keys)
+    keys = [array.chunk_key(i) for i in indices]
+    raws = array.store.get_many(keys)
     out = np.empty(stop - start, dtype)
     flat = out.view(np.uint8)
     buf: np.ndarray | None = None
@@ -121,7 +107,7 @@ def read_rows(array: zarr.Array, start: int, stop: int, fields: list[str] | None
     return out
 
 
-def read_coordinates(array: zarr.Array, rows: np.ndarray, check: Check | None = None) -> np.ndarray:
+def read_coordinates(array: Array, rows: np.ndarray, check: Check | None = None) -> np.ndarray:
     """The records at `rows` (any order, repeats allowed) of a 1-D table: each chunk they touch is fetched
     and decoded once, missing or broken chunks raise `ChunkError` as in `read_rows`, and so does one that
     `check` refuses."""
@@ -131,8 +117,8 @@ def read_coordinates(array: zarr.Array, rows: np.ndarray, check: Check | None = 
         return out
     c = array.chunks[0]
     indices = np.unique(rows // c)
-    keys = [chunk_key(array, int(i)) for i in indices]
-    raws = get_many(array.chunk_store, keys)
+    keys = [array.chunk_key(int(i)) for i in indices]
+    raws = array.store.get_many(keys)
     buf = np.empty(c * array.dtype.itemsize, np.uint8)
     for i, key in zip(indices, keys, strict=True):
         raw = raws.get(key) if check is None else check(array, int(i), key, raws.get(key))
@@ -142,7 +128,7 @@ def read_coordinates(array: zarr.Array, rows: np.ndarray, check: Check | None = 
     return out
 
 
-def decode_chunk_into(array: zarr.Array, key: str, raw: bytes | None, out: np.ndarray) -> None:
+def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray) -> None:
     """Decode the stored bytes `raw` of chunk `key` into `out` (bytes of one full chunk), with no intermediate
     copy when the array has a Blosc compressor and no filters. Tables are read below their committed rows only,
     where every chunk was written: a missing one (`raw` None) raises `ChunkError`, never reads as zeros."""

@@ -5,8 +5,8 @@ has *committed*, the commit's number and the journal of episode keys; each commi
 as `zarrfeed.commits/<number>.json`, so readers can pin one. zarr shows a grown shape before the rows are
 written, so readers trust the committed count, not the shape. Datasets written by other tools have no
 manifest: their shapes are their row counts.
-All zarr calls of the project live here and in the modules that read and write chunks, so a move to zarr 3
-(once it supports subarray dtypes) is one change.
+Arrays, groups and their documents are zarrfeed's own (`zarr_array`, `zarr_meta`): zarr-python is not needed
+to read or write a dataset.
 """
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from typing import Any
 
 import numcodecs
 import numpy as np
-import zarr
 
 from . import array_meta
 from .commit_log import DIGEST_HEX, LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
-from .store import FormatError, Location, get_many
+from .store import FormatError, Location
+from .stores import MemoryStore, Store
+from .zarr_array import Array, Group
+from .zarr_meta import ArrayMeta, MetaError, consolidated
 
 __all__ = ["FormatError", "Location", "MANIFEST_KEY", "create", "detect_schema", "open_group", "open_store",
            "open_table", "read_manifest", "write_manifest"]
@@ -48,13 +50,13 @@ KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones
 
 
 def open_store(location: str | os.PathLike | Location, mode: str = "r",
-               storage_options: dict[str, Any] | None = None) -> zarr.storage.BaseStore:
+               storage_options: dict[str, Any] | None = None) -> Store:
     """A zarr v2 store for a directory, a `.zip` file (read-only) or an fsspec URL."""
     return Location.of(location, storage_options).store(mode)
 
 
 def open_group(location: str | os.PathLike | Location, mode: str = "r",
-               storage_options: dict[str, Any] | None = None) -> zarr.Group:
+               storage_options: dict[str, Any] | None = None) -> Group:
     """Open an existing zarr v2 group, with a one-line `FormatError` if it is not one."""
     loc = Location.of(location, storage_options)
     store = loc.store(mode)
@@ -76,8 +78,8 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
                                   f"inside that folder: cd {inner[0]} && zip -r0 ../{loc.path.name} .")
         raise FormatError(f"{loc}: not a zarr group (no .zgroup)")
     try:
-        return zarr.open_group(store, mode="r" if mode == "r" else "r+")
-    except Exception as exc:
+        return Group.open(store, read_only=mode == "r")
+    except MetaError as exc:
         raise FormatError(f"{loc}: cannot open the zarr group ({exc})") from None
 
 
@@ -86,8 +88,8 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", dtype: np.dtype | None = None,
-               written: dict[str, Any] | None = None, **kwargs: Any) -> zarr.Array:
+def open_table(store: Store, name: str, mode: str = "r", dtype: np.dtype | None = None,
+               written: dict[str, Any] | None = None) -> Array:
     """One table's array (of records of `dtype`, if given); a broken `.zarray` becomes a `FormatError` naming the
     table and the file: each field zarrfeed relies on is checked (see `array_meta`), since zarr reads a
     negative chunk size as no chunks. `written`: the schema that zarrfeed wrote it with (its manifest's, as
@@ -105,8 +107,8 @@ def open_table(store: zarr.storage.BaseStore, name: str, mode: str = "r", dtype:
     why = array_meta.layout_problem(meta) if meta is not None else None
     if why is None:
         try:
-            arr = zarr.open_array(store, mode=mode, path=name, **kwargs)
-        except Exception as exc:
+            arr = Array.open(store, name, read_only=mode == "r")
+        except MetaError as exc:
             raise FormatError(f"table '{name}': cannot open its array ({key}: {type(exc).__name__}: {exc})") \
                 from None
         if arr.ndim != 1 or arr.dtype.names is None:
@@ -287,7 +289,7 @@ def commit_key(number: int) -> str:
     return f"{COMMITS_PREFIX}/{number:010d}.json"
 
 
-def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> dict[str, Any] | None:
+def read_manifest(store: Store, commit: int | None = None) -> dict[str, Any] | None:
     """The zarrfeed manifest (the latest commit, or commit number `commit`), or None for datasets written by
     other tools. A pinned commit gives its row counts; everything below them never changes."""
     try:
@@ -317,7 +319,7 @@ def read_manifest(store: zarr.storage.BaseStore, commit: int | None = None) -> d
             **({TAILS: pinned[TAILS]} if TAILS in pinned else {})}
 
 
-def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None,
+def write_manifest(store: Store, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None,
                    retry: bool = False) -> None:
     """Publish commit `doc["commit"]`: the new commit log segments it lists, then the whole manifest as one
     object, then its row counts as an immutable numbered object. Each is one atomic write on every store (a
@@ -337,7 +339,7 @@ def write_manifest(store: zarr.storage.BaseStore, doc: dict[str, Any], log_objec
         delete(store, [commit_key(number - KEEP_COMMITS)])
 
 
-def record_commit(store: zarr.storage.BaseStore, number: int, committed: dict[str, int],
+def record_commit(store: Store, number: int, committed: dict[str, int],
                   tails: dict[str, str] | None = None, replace: bool = False) -> None:
     """Store commit `number`'s row counts (and `TAILS`, its last chunks' digests) as
     `zarrfeed.commits/<number>.json`, only if no such object exists (unless `replace`); `FormatError` if one
@@ -353,46 +355,13 @@ def record_commit(store: zarr.storage.BaseStore, number: int, committed: dict[st
                           "number went backwards (restore it from a copy); nothing more is committed")
 
 
-def put_new(store: zarr.storage.BaseStore, key: str, value: bytes) -> bool:
-    """Store `key` only if it is absent; False if it is there. Atomic where the store allows: on a local disk a
-    complete temporary file hard-linked into place (the link fails if the name exists), on an fsspec store an
-    exclusive create (a conditional PUT, `If-None-Match: *`, on S3); elsewhere a check, then a write."""
-    if isinstance(store, zarr.storage.DirectoryStore):
-        path = os.path.join(store.path, *key.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.{uuid.uuid4().hex}.partial"
-        with open(temporary, "wb") as f:
-            f.write(value)
-        try:
-            os.link(temporary, path)
-            return True
-        except FileExistsError:
-            return False
-        except OSError:  # a file system without hard links: an exclusive create, then the bytes
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(value)
-            return True
-        finally:
-            os.unlink(temporary)
-    if isinstance(store, zarr.storage.FSStore):
-        try:
-            store.fs.pipe_file(store.map._key_to_str(store._normalize_key(key)), value, mode="create")
-            return True
-        except FileExistsError:
-            return False
-        except (ValueError, NotImplementedError, TypeError):
-            pass  # this filesystem cannot create exclusively: check, then write
-    if key in store:
-        return False
-    store[key] = value
-    return True
+def put_new(store: Store, key: str, value: bytes) -> bool:
+    """Store `key` only if it is absent; False if it is there (atomic where the store allows, see
+    `Store.put_new`)."""
+    return store.put_new(key, value)
 
 
-def commit_numbers(store: zarr.storage.BaseStore) -> list[int]:
+def commit_numbers(store: Store) -> list[int]:
     """The numbers of the commit objects stored (`zarrfeed.commits/<number>.json`), in order."""
     try:
         names = store.listdir(COMMITS_PREFIX)
@@ -401,7 +370,7 @@ def commit_numbers(store: zarr.storage.BaseStore) -> list[int]:
     return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
-def history_problem(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> str | None:
+def history_problem(store: Store, doc: dict[str, Any]) -> str | None:
     """Whether the manifest's commit number is below what its commits have reached (a commit object, or a log
     segment it lists, numbered above it): the number went backwards, and the next commit would take the
     number of one made before. One line naming the file, or None."""
@@ -421,12 +390,12 @@ def history_problem(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> str |
     return None
 
 
-def read_log(store: zarr.storage.BaseStore, doc: dict[str, Any]) -> CommitLog:
+def read_log(store: Store, doc: dict[str, Any]) -> CommitLog:
     """The commit log the manifest `doc` lists, every segment read (concurrently on an object store). A segment
     that is gone raises `KeyError` (a writer merged it since `doc` was read: read the manifest again)."""
     refs = [SegmentRef.from_json(r) for r in doc.get("log", [])]
     keys = [r.key for r in refs]
-    got = get_many(store, keys)
+    got = store.get_many(keys)
     missing = [k for k in keys if k not in got]
     if missing:
         raise KeyError(missing[0])
@@ -468,7 +437,7 @@ def _unrecorded(log: CommitLog, doc: dict[str, Any]) -> str | None:
     return None
 
 
-def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str, Any] | None, CommitLog]:
+def latest_log(store: Store, tries: int = 5) -> tuple[dict[str, Any] | None, CommitLog]:
     """The latest manifest and its commit log, read again if a writer merged a segment away meanwhile. A segment
     missing from a manifest that did not change meanwhile is damage (deleted by hand, a lost object), named."""
     previous: dict[str, Any] | None = None
@@ -487,7 +456,7 @@ def latest_log(store: zarr.storage.BaseStore, tries: int = 5) -> tuple[dict[str,
     raise FormatError(f"{MANIFEST_KEY}: its commit log keeps changing while it is read ({tries} tries)")
 
 
-def sealed_chunks(store: zarr.storage.BaseStore, rows: dict[str, int], chunk_rows: dict[str, int],
+def sealed_chunks(store: Store, rows: dict[str, int], chunk_rows: dict[str, int],
                   commit: int | None = None, tail: bool = True) -> dict[str, dict[int, ChunkRecord]] | None:
     """The size and digest recorded for each chunk of `rows` (a commit's row counts) that no writer changes any
     more: chunks whose rows are all below `rows`, and with `tail` a table's last, partly filled chunk when
@@ -508,7 +477,7 @@ def sealed_chunks(store: zarr.storage.BaseStore, rows: dict[str, int], chunk_row
     return out
 
 
-def log_keys(store: zarr.storage.BaseStore) -> list[str]:
+def log_keys(store: Store) -> list[str]:
     """The keys of every commit log segment stored, listed or not by the manifest."""
     try:
         return [f"{LOG_PREFIX}/{name}" for name in store.listdir(LOG_PREFIX)]
@@ -516,28 +485,19 @@ def log_keys(store: zarr.storage.BaseStore) -> list[str]:
         return []
 
 
-def delete(store: zarr.storage.BaseStore, keys: list[str]) -> None:
+def delete(store: Store, keys: list[str]) -> None:
     """Delete `keys`, those already gone included."""
-    for key in keys:
-        try:
-            del store[key]
-        except KeyError:
-            pass
+    store.delete(keys)
 
 
-def put(store: zarr.storage.BaseStore, key: str, value: bytes) -> None:
-    """`store[key] = value`, but on an FSStore without the folder check zarr makes before every single write
-    (a LIST request on an object store)."""
-    put_all(store, {key: value})
+def put(store: Store, key: str, value: bytes) -> None:
+    """Store one key, atomically."""
+    store.put(key, value)
 
 
-def put_all(store: zarr.storage.BaseStore, values: dict[str, bytes]) -> None:
-    """Store several keys; on an FSStore as concurrent requests."""
-    if isinstance(store, zarr.storage.FSStore):
-        store.setitems(values)
-    else:
-        for key, value in values.items():
-            store[key] = value
+def put_all(store: Store, values: dict[str, bytes]) -> None:
+    """Store several keys (on an object store as concurrent requests)."""
+    store.put_many(values)
 
 
 def manifest(schema: Schema, committed: dict[str, int], commit: int, dataset_id: str, **extra: Any
@@ -551,7 +511,7 @@ def new_dataset_id() -> str:
     return uuid.uuid4().hex
 
 
-def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, int] | None = None,
+def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None,
            compressor: numcodecs.abc.Codec | None = None) -> tuple[Schema, str]:
     """Create an empty dataset in an empty store (every table with 0 rows, attrs, manifest); return the schema
     as written and the new dataset's id. `chunks` overrides chunk rows per table, `compressor` the schema's."""
@@ -569,44 +529,40 @@ def create(store: zarr.storage.BaseStore, schema: Schema, *, chunks: dict[str, i
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
     write_manifest(store, manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id, digest=DIGEST,
                                    **{EVERY_CHUNK: True, TAILS: {}}))
-    # zarr makes the metadata documents in memory, and they are stored together: on an object store zarr's own
-    # creation would make about five requests per document, one after another
-    made = zarr.storage.MemoryStore()
-    group = zarr.group(made)
+    # the documents are made in memory and stored together (on an object store, concurrent requests)
+    made = MemoryStore()
+    group = Group.create(made, attrs=schema.attrs)
     for t in schema.tables.values():
         create_table(group, t, schema.compressor)
-    group.attrs.update(schema.attrs)
-    put_all(store, {key: bytes(made[key]) for key in made.keys()})
+    put_all(store, made.data)
     return schema, dataset_id
 
 
-def create_table(group: zarr.Group, table: Table, compressor: numcodecs.abc.Codec | None) -> zarr.Array:
-    """An empty table's array in `group`: 0 rows, the table's chunk rows and dtype, filled with zero bytes."""
-    return group.create_dataset(table.name, shape=(0,), chunks=(table.chunk_rows,), dtype=table.dtype,
-                                compressor=compressor, fill_value=np.zeros(1, table.dtype)[0])
+def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | None) -> Array:
+    """An empty table's array in `group`: 0 rows, the table's chunk rows and dtype, filled with zero bytes
+    (the documents zarr 2 wrote, byte for byte)."""
+    return group.create_array(table.name, ArrayMeta.new((0,), table.chunk_rows, table.dtype, compressor,
+                                                        fill_value=np.zeros(1, table.dtype)[0]))
 
 
-def consolidate(store: zarr.storage.BaseStore) -> None:
-    """`zarr.consolidate_metadata`, the same document; on an object store its parts are read concurrently."""
-    if not isinstance(store, zarr.storage.FSStore):
-        zarr.consolidate_metadata(store)
-        return
-    keys = [k for k in store.keys() if k.rsplit("/", 1)[-1] in (".zarray", ".zgroup", ".zattrs")]
-    docs = store.getitems(keys, contexts={k: {} for k in keys})
-    out = {"zarr_consolidated_format": 1, "metadata": {k: json.loads(bytes(docs[k])) for k in sorted(docs)}}
-    put(store, ".zmetadata", zarr.util.json_dumps(out))
+def consolidate(store: Store) -> None:
+    """Write `.zmetadata`, every metadata document in one, as zarr 2's `consolidate_metadata` does (its parts
+    read concurrently on an object store)."""
+    put(store, ".zmetadata", consolidated(Group(store).consolidated_docs()))
 
 
-def set_length(array: zarr.Array, rows: int) -> None:
-    """Set a 1-D array's length in its metadata alone. zarr's `resize` also deletes every chunk key past the new
-    end, one request each on an object store; call this only when no chunk lies past `rows` (a writer that
-    closes cleanly has committed everything it wrote)."""
-    meta = json.loads(bytes(array.store[f"{array.path}/.zarray"]))
+def set_length(array: Array, rows: int) -> None:
+    """Set a table's length in its metadata alone (`Array.resize` also deletes every chunk past a shorter end,
+    one request each on an object store); call this only when no chunk lies past `rows` (a writer that closes
+    cleanly has committed everything it wrote). The rest of the document is kept as it was read."""
+    key = f"{array.path}/.zarray"
+    meta = json.loads(bytes(array.store[key]))
     meta["shape"] = [int(rows)]
-    put(array.store, f"{array.path}/.zarray", json.dumps(meta, indent=4, sort_keys=True).encode())
+    put(array.store, key, json.dumps(meta, indent=4, sort_keys=True).encode())
+    array.meta = array.meta.resized(rows)
 
 
-def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, zarr.Array], dict[str, str]]:
+def open_tables(group: Group, mode: str = "r") -> tuple[Schema, dict[str, Array], dict[str, str]]:
     """The dataset's schema, the arrays of its tables, and the other arrays in the group (name -> what it is),
     which readers and writers leave alone. Only the tables are opened and checked: an array of the schema
     that is broken refuses the dataset; one that is not in the schema (a user's mask, another tool's data)
@@ -634,7 +590,7 @@ def open_tables(group: zarr.Group, mode: str = "r") -> tuple[Schema, dict[str, z
     return detect_schema(group, arrays), arrays, others
 
 
-def _describe(store: zarr.storage.BaseStore, name: str) -> str:
+def _describe(store: Store, name: str) -> str:
     try:
         meta = json.loads(bytes(store[f"{name}/.zarray"]))
         return f"a {len(meta['shape'])}-D array of {meta['dtype']}"
@@ -642,7 +598,7 @@ def _describe(store: zarr.storage.BaseStore, name: str) -> str:
         return "an array zarrfeed cannot read"
 
 
-def detect_schema(group: zarr.Group, arrays: dict[str, zarr.Array]) -> Schema:
+def detect_schema(group: Group, arrays: dict[str, Array]) -> Schema:
     """The dataset's schema: from its manifest, else L5Kit's if it looks like L5Kit, else one from its arrays."""
     doc = read_manifest(group.store)
     if doc is not None:
@@ -674,7 +630,7 @@ def detect_schema(group: zarr.Group, arrays: dict[str, zarr.Array]) -> Schema:
     return schema
 
 
-def empty_table(table: Table) -> zarr.Array:
+def empty_table(table: Table) -> Array:
     """An in-memory table with no rows (L5Kit datasets without traffic-light faces read as this)."""
     warnings.warn(f"table '{table.name}' is missing; reading it as empty", stacklevel=3)
-    return zarr.zeros((0,), chunks=(table.chunk_rows,), dtype=table.dtype)
+    return Array.create(MemoryStore(), table.name, ArrayMeta.new((0,), table.chunk_rows, table.dtype))

@@ -2,12 +2,9 @@
 
 A `Location` is small and picklable, so writer and loader workers reopen exactly the store their parent
 opened, with the same options. A URL is never turned into a local path, except `file://`, which names one.
-Local directories use zarr's `DirectoryStore` (every key written to a temporary file and renamed, so a reader
-never sees half a chunk); URLs use zarr's `FSStore`, where one PUT is atomic per object.
-
-zarr's `FSStore` turns every `OSError` of a read into `KeyError` by default, which zarr then reads as a chunk
-of fill values: a network error would become silently wrong data. We open it with `exceptions=()`, so only a
-key that does not exist reads as missing and every other error propagates.
+`Location.store` opens the zarr v2 store of its kind (`stores`): local directories write every key to a
+temporary file and rename it, so a reader never sees half a chunk; on fsspec URLs one PUT is atomic per object,
+and only a key that does not exist reads as missing (a network error is never read as a missing chunk).
 """
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
-import zarr
+from .stores import DirectoryStore, FsspecStore, Store, ZipStore
 
 log = logging.getLogger("zarrfeed")
 T = TypeVar("T")
@@ -105,30 +102,6 @@ def within(seconds: float | None, fn: Callable[[], Any]) -> bool:
     except Exception as exc:
         log.debug("%s failed: %s: %s", getattr(fn, "__name__", fn), type(exc).__name__, exc)
         return False
-
-
-def get_many(store: zarr.storage.BaseStore, keys: list[str]) -> dict[str, bytes]:
-    """The stored values of `keys` that exist (absent ones are left out); on an FSStore as concurrent requests
-    (opened with `exceptions=()`, so any error but a missing key propagates)."""
-    if not keys:
-        return {}
-    if isinstance(store, zarr.storage.FSStore):  # its getitems would raise for a missing key (exceptions=())
-        named = {store._normalize_key(k): k for k in keys}
-        out = {}
-        for k, v in store.map.getitems(list(named), on_error="return").items():
-            if isinstance(v, (KeyError, FileNotFoundError)):
-                continue
-            if isinstance(v, BaseException):
-                raise v
-            out[named[k]] = v
-        return out
-    out = {}
-    for key in keys:
-        try:
-            out[key] = store[key]
-        except KeyError:
-            pass
-    return out
 
 
 def parse_storage_option(text: str) -> tuple[str, Any]:
@@ -252,15 +225,16 @@ class Location:
         return Location(f"{self.url.rstrip('/')}/{name}", self.storage_options)
 
     # ------------------------------------------------------------ zarr stores
-    def store(self, mode: str = "r") -> zarr.storage.BaseStore:
-        """A zarr v2 store; mode "r" refuses a location that does not exist."""
+    def store(self, mode: str = "r") -> Store:
+        """The zarr v2 store of this location (on a URL read-only for mode "r"; a zip always is); mode "r"
+        refuses a location that does not exist."""
         if self.is_zip:
             if mode != "r":
                 raise FormatError(f"{self.url}: zip stores are read-only; write to a directory or an fsspec URL")
             if not self.path.is_file():
                 raise FormatError(f"{self.url}: no such file")
             try:
-                return zarr.storage.ZipStore(self.url, mode="r")
+                return ZipStore(self.url)
             except Exception as exc:  # zipfile.BadZipFile and friends
                 raise FormatError(f"{self.url}: not a readable zip file ({exc})") from None
         if self.is_local:
@@ -269,12 +243,12 @@ class Location:
                 raise FormatError(f"{self.url}: no such file or directory")
             if path.exists() and not path.is_dir():
                 raise FormatError(f"{self.url}: not a directory, a .zip file or a URL")
-            return zarr.storage.DirectoryStore(self.url)
-        self.filesystem()  # a missing backend or an unknown protocol: one line
+            return DirectoryStore(self.url)  # (what a reader may write, a mask, is checked above the store)
         try:
-            return zarr.storage.FSStore(self.url, mode="r" if mode == "r" else "w", exceptions=(), **self.options)
-        except (OSError, ValueError, TypeError) as exc:
+            fs, root = self.filesystem()  # a missing backend or an unknown protocol: one line
+        except (OSError, TypeError) as exc:  # storage options the filesystem refuses
             raise FormatError(f"{self.url}: cannot open the store ({type(exc).__name__}: {exc})") from None
+        return FsspecStore(fs, root, read_only=mode == "r")
 
     def entries(self, limit: int = 5) -> list[str]:
         """Up to `limit` names found directly at this location (to say what is there)."""

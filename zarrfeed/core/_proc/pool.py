@@ -179,12 +179,12 @@ def _answer(wid: int, conn: Any, parent_pid: int, direct: bool, setup: Callable[
         send(reply)
 
 
-# Imported once by the fork server, not by each worker: zarr imports fsspec when a worker opens its first array
-# (measured: 52 ms of a worker's start, most of the time to the first batch), numpy 2 imports numpy.random on
-# first use, and whichever pool starts the server first decides the list for every later pool of the process
-# (measured: a Loader's workers forked from a server started by a writer imported the loader themselves, 40 ms
-# of CPU each before the first batch).
-_PRELOAD = {"numpy", "numpy.random", "zarr", "fsspec"}
+# Imported once by the fork server, not by each worker: fsspec and numcodecs (a worker that opened its first
+# array imported them: 52 ms of a worker's start, most of the time to the first batch), numpy 2 imports
+# numpy.random on first use, and whichever pool starts the server first decides the list for every later pool
+# of the process (measured: a Loader's workers forked from a server started by a writer imported the loader
+# themselves, 40 ms of CPU each before the first batch).
+_PRELOAD = {"numpy", "numpy.random", "numcodecs", "fsspec", "zarrfeed.core.zarr_array"}
 
 
 def preload_in_workers(*modules: str) -> None:
@@ -245,7 +245,7 @@ def _one_line_if_uncaught(exc: BaseException) -> None:
 def sigint_held(tracker: bool) -> Iterator[None]:
     """Ctrl+C held back (SIGINT blocked in this thread) while processes are started. A terminal's Ctrl+C goes
     to every process of the command, and a fork server or a worker still importing its modules (the fork
-    server preloads numpy and zarr for about half a second) would print a KeyboardInterrupt traceback of its
+    server preloads numpy and numcodecs for about half a second) would print a KeyboardInterrupt traceback of its
     own. A started process inherits the blocked signal: a worker ignores it (`_serve`), the fork server too
     (it ignores SIGINT once it has preloaded; as the standard library's resource tracker is started), and this
     thread receives it as soon as the processes are started, as the command's interrupt. `tracker`: start
@@ -307,7 +307,7 @@ def context(start_method: str | None, setup: Callable | None = None) -> Any:
 
 def start_fork_server(start_method: str | None, setup: Callable) -> None:
     """Start the fork server now, in a background thread, so that the first pool of this process does not
-    wait for it (about 0.5 s: a new interpreter importing numpy, zarr and the worker modules). Loaders call it
+    wait for it (about 0.5 s: a new interpreter importing numpy, numcodecs and the worker modules). Loaders call it
     when made, so the server starts while the training script builds its model."""
     ctx = context(start_method, setup)
     if ctx.get_start_method() == "forkserver":

@@ -1,0 +1,388 @@
+"""Zarr v2 stores: keys such as `agents/12` or `data/img/3.0.0.0` mapped to bytes, one class per kind of place.
+
+- `DirectoryStore`: a local directory. Each key is written to a temporary file beside it and renamed over it,
+  so a reader never sees half an object (zarr 2's `DirectoryStore` did the same).
+- `ZipStore`: a `.zip` file, read only (zarr 2's `ZipStore` layout: keys at the archive's root).
+- `FsspecStore`: any fsspec URL (s3fs and friends); one PUT is atomic per object; several keys are read and
+  written as concurrent requests.
+
+Only a key that does not exist reads as missing (`get` returns None, `[]` raises `KeyError`): every other error
+(a network failure, a permission) propagates, since a chunk read as missing becomes an error or fill values.
+zarr-python 2's `FSStore` turned every `OSError` into `KeyError` unless told otherwise.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import uuid
+import zipfile
+from abc import ABC, abstractmethod
+from typing import Any, Iterable, Iterator, Mapping
+
+PARTIAL = ".partial"  # the suffix of a local temporary file being written (never a key)
+
+
+class Store(ABC):
+    """Keys to bytes. Subclasses implement `get_many`, `put_many`, `put_new`, `delete`, `listdir`, `keys` and
+    `rmdir`; the mapping methods (`store[key]`, `key in store`, ...) are built on them."""
+
+    read_only: bool = False
+
+    # ------------------------------------------------------------ what each kind implements
+    @abstractmethod
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        """The values of those `keys` that exist (missing ones left out)."""
+
+    @abstractmethod
+    def put_many(self, values: Mapping[str, bytes]) -> None:
+        """Store every key, each one atomically."""
+
+    @abstractmethod
+    def put_new(self, key: str, value: bytes) -> bool:
+        """Store `key` only if it is absent, atomically where the store allows; False if it is there."""
+
+    @abstractmethod
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete `keys`; those already gone are no error."""
+
+    @abstractmethod
+    def listdir(self, prefix: str = "") -> list[str]:
+        """The names directly under `prefix` (keys and sub-folders), sorted; [] if there is nothing."""
+
+    @abstractmethod
+    def keys(self) -> Iterator[str]:
+        """Every key stored."""
+
+    @abstractmethod
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """The objects directly under `prefix` (not sub-folders): name -> bytes stored."""
+
+    @abstractmethod
+    def rmdir(self, prefix: str) -> None:
+        """Delete every key under `prefix`."""
+
+    # ------------------------------------------------------------ built on them
+    def get(self, key: str) -> bytes | None:
+        return self.get_many([key]).get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        self.put_many({key: value})
+
+    def __getitem__(self, key: str) -> bytes:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.put(key, bytes(value))
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self.delete([key])
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return self.keys()
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise PermissionError(f"{self}: opened read-only")
+
+
+class DirectoryStore(Store):
+    """A local directory; keys are relative paths."""
+
+    def __init__(self, path: str | os.PathLike, read_only: bool = False) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.read_only = read_only
+
+    def __repr__(self) -> str:
+        return f"DirectoryStore({self.path!r})"
+
+    def file(self, key: str) -> str:
+        """The file that holds `key`."""
+        return os.path.join(self.path, *key.split("/"))
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        out = {}
+        for key in keys:
+            try:
+                with open(self.file(key), "rb") as f:
+                    out[key] = f.read()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                pass
+        return out
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and os.path.isfile(self.file(key))
+
+    def put_many(self, values: Mapping[str, bytes]) -> None:
+        self._writable()
+        for key, value in values.items():
+            path = self.file(key)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
+            try:
+                with open(temporary, "wb") as f:
+                    f.write(value)
+                os.replace(temporary, path)
+            finally:
+                if os.path.exists(temporary):
+                    os.unlink(temporary)
+
+    def put_new(self, key: str, value: bytes) -> bool:
+        """A complete temporary file hard-linked into place: the link fails if the name exists, and a reader
+        never sees the file before it is whole."""
+        self._writable()
+        path = self.file(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
+        with open(temporary, "wb") as f:
+            f.write(value)
+        try:
+            os.link(temporary, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: an exclusive create, then the bytes
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+            return True
+        finally:
+            os.unlink(temporary)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        self._writable()
+        for key in keys:
+            try:
+                os.unlink(self.file(key))
+            except (FileNotFoundError, IsADirectoryError):
+                pass
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        try:
+            return sorted(os.listdir(self.file(prefix) if prefix else self.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        try:
+            with os.scandir(self.file(prefix) if prefix else self.path) as entries:
+                return {e.name: e.stat().st_size for e in entries if e.is_file()}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+
+    def keys(self) -> Iterator[str]:
+        for root, _, files in os.walk(self.path):
+            rel = os.path.relpath(root, self.path)
+            for name in files:
+                yield name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+
+    def rmdir(self, prefix: str) -> None:
+        self._writable()
+        shutil.rmtree(self.file(prefix) if prefix else self.path, ignore_errors=True)
+
+
+class ZipStore(Store):
+    """A `.zip` file holding a dataset at its root, read only. Reads are serialised by a lock: `zipfile` shares
+    one file position between threads."""
+
+    read_only = True
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        self._zip = zipfile.ZipFile(self.path, "r")
+        self._names = set(self._zip.namelist())
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ZipStore({self.path!r})"
+
+    def __getstate__(self) -> dict[str, Any]:  # workers reopen the file
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def close(self) -> None:
+        self._zip.close()
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        with self._lock:
+            return {k: self._zip.read(k) for k in keys if k in self._names}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._names
+
+    def put_many(self, values: Mapping[str, bytes]) -> None:
+        self._writable()
+
+    def put_new(self, key: str, value: bytes) -> bool:
+        self._writable()
+        return False
+
+    def delete(self, keys: Iterable[str]) -> None:
+        self._writable()
+
+    def rmdir(self, prefix: str) -> None:
+        self._writable()
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        return sorted({n[len(start):].split("/", 1)[0] for n in self._names
+                       if n.startswith(start) and len(n) > len(start)})
+
+    def keys(self) -> Iterator[str]:
+        return iter(sorted(n for n in self._names if not n.endswith("/")))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        return {i.filename[len(start):]: i.compress_size for i in self._zip.infolist()
+                if i.filename.startswith(start) and "/" not in i.filename[len(start):] and not i.is_dir()}
+
+
+class FsspecStore(Store):
+    """Any fsspec filesystem under a root path (an S3 prefix, for example)."""
+
+    def __init__(self, fs: Any, root: str, read_only: bool = False) -> None:
+        self.fs, self.root, self.read_only = fs, root.rstrip("/"), read_only
+
+    def __repr__(self) -> str:
+        return f"FsspecStore({self.root!r})"
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        if not keys:
+            return {}
+        paths = {self._path(k): k for k in keys}
+        got = self.fs.cat(list(paths), on_error="return")
+        if not isinstance(got, dict):  # one path may come back as its bytes alone
+            got = {next(iter(paths)): got}
+        out = {}
+        for path, value in got.items():
+            if isinstance(value, (FileNotFoundError, KeyError, IsADirectoryError)):
+                continue
+            if isinstance(value, BaseException):
+                raise value
+            out[paths[path] if path in paths else paths[self.fs._strip_protocol(path)]] = value
+        return out
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.fs.isfile(self._path(key))
+
+    def put_many(self, values: Mapping[str, bytes]) -> None:
+        self._writable()
+        if values:
+            self.fs.pipe({self._path(k): bytes(v) for k, v in values.items()})
+
+    def put_new(self, key: str, value: bytes) -> bool:
+        """An exclusive create (a conditional PUT, `If-None-Match: *`, on S3); on a filesystem that cannot
+        create exclusively, a check and then a write."""
+        self._writable()
+        try:
+            self.fs.pipe_file(self._path(key), value, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError, TypeError):
+            pass
+        if key in self:
+            return False
+        self.put(key, value)
+        return True
+
+    def delete(self, keys: Iterable[str]) -> None:
+        self._writable()
+        paths = [self._path(k) for k in keys]
+        if paths:
+            try:
+                self.fs.rm(paths)
+            except FileNotFoundError:
+                for path in paths:
+                    try:
+                        self.fs.rm_file(path)
+                    except FileNotFoundError:
+                        pass
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        try:
+            entries = self.fs.ls(self._path(prefix.rstrip("/")), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in entries})
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        try:
+            entries = self.fs.ls(self._path(prefix.rstrip("/")), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
+                if e.get("type") == "file"}
+
+    def keys(self) -> Iterator[str]:
+        start = len(self.fs._strip_protocol(self.root)) + 1
+        try:
+            found = self.fs.find(self.root)
+        except FileNotFoundError:
+            return iter(())
+        return iter(sorted(p[start:] for p in found))
+
+    def rmdir(self, prefix: str) -> None:
+        self._writable()
+        path = self._path(prefix.rstrip("/"))
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+class MemoryStore(Store):
+    """Keys in a dict: an in-memory array (an empty table read in place of a missing one)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        return {k: self.data[k] for k in keys if k in self.data}
+
+    def put_many(self, values: Mapping[str, bytes]) -> None:
+        self.data.update({k: bytes(v) for k, v in values.items()})
+
+    def put_new(self, key: str, value: bytes) -> bool:
+        if key in self.data:
+            return False
+        self.data[key] = bytes(value)
+        return True
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.data.pop(key, None)
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        return sorted({k[len(start):].split("/", 1)[0] for k in self.data if k.startswith(start)})
+
+    def keys(self) -> Iterator[str]:
+        return iter(sorted(self.data))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        return {k[len(start):]: len(v) for k, v in self.data.items()
+                if k.startswith(start) and "/" not in k[len(start):]}
+
+    def rmdir(self, prefix: str) -> None:
+        start = f"{prefix.rstrip('/')}/" if prefix else ""
+        for k in [k for k in self.data if k.startswith(start)]:
+            del self.data[k]
