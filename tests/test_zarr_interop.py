@@ -5,8 +5,9 @@ environment stays as it is.
 - zarr-python 3 opens the plain-dtype arrays zarrfeed writes (the agents mask, an N-d replay-buffer-style
   array, with either chunk-key separator) with equal values, and zarrfeed opens v2 arrays and groups zarr 3
   writes;
+- zarr-python 2 (no longer maintained; L5Kit's own code reads with it) reads every table zarrfeed writes byte
+  for byte as zarrfeed reads it, and zarrfeed reads what zarr 2 writes;
 - installing zarrfeed into an environment holding xarray and zarr 3 changes neither, and both still work.
-(zarr-python 2, the suite's own, reads zarrfeed's tables in tests/test_zarr_format.py and across the suite.)
 """
 import json
 import subprocess
@@ -46,6 +47,100 @@ def _versions(python: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def zarr3(tmp_path_factory) -> Path:
     return _venv(tmp_path_factory.mktemp("zarr3") / "venv", "zarr>=3")
+
+
+@pytest.fixture(scope="module")
+def zarr2(tmp_path_factory) -> Path:
+    return _venv(tmp_path_factory.mktemp("zarr2") / "venv", "zarr>=2.18,<3")
+
+
+READ_WITH_ZARR2 = """
+import json, sys, numpy as np, zarr
+assert zarr.__version__.startswith("2"), zarr.__version__
+root = zarr.open_group(sys.argv[1], mode="r")
+out, attrs = {}, {"": dict(root.attrs)}
+def walk(group, prefix):
+    for name, arr in group.arrays():
+        out[prefix + name] = np.frombuffer(arr[:].tobytes(), np.uint8)
+        attrs[prefix + name] = dict(arr.attrs)
+    for name, sub in group.groups():
+        attrs[prefix + name] = dict(sub.attrs)
+        walk(sub, prefix + name + "/")
+walk(root, "")
+np.savez(sys.argv[2], **{k.replace("/", "__"): v for k, v in out.items()})
+print(json.dumps(attrs))
+"""
+
+
+def _zarrfeed_arrays(path: Path) -> dict[str, bytes]:
+    """Every array below the group at `path`, read by zarrfeed's format layer: name -> its bytes."""
+    out = {}
+
+    def walk(group: Group, prefix: str) -> None:
+        for name in group.array_keys():
+            out[prefix + name] = group[name][:].tobytes()
+        for name in group.group_keys():
+            walk(group[name], prefix + name + "/")
+    walk(Group.open(DirectoryStore(path)), "")
+    return out
+
+
+def test_zarr_2_reads_every_table_zarrfeed_writes_byte_for_byte(tmp_path, zarr2):
+    data = tmp_path / "d.zarr"
+    with DatasetWriter(data, workers=2, chunks={"agents": 700, "frames": 50}) as w:  # partly filled last chunks
+        w.ingest(synthetic.episodes(3, seed=2, frames=70))
+    with DatasetWriter(data, mode="a", workers=0) as w:  # an append rewrites the last chunks
+        w.ingest(synthetic.episodes(2, seed=5, frames=30))
+    ds = Dataset.open(data)
+    agents_mask.save(ds, agents_mask.compute(ds, 0.5, workers=0))
+    out = tmp_path / "read.npz"
+    got = subprocess.run([str(zarr2), "-c", READ_WITH_ZARR2, str(data), str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    read = {k.replace("__", "/"): v.tobytes() for k, v in np.load(out).items()}
+    mine = _zarrfeed_arrays(data)
+    assert set(read) == set(mine) == {"scenes", "frames", "agents", "traffic_light_faces", "agents_mask/0.5"}
+    for name in mine:
+        assert read[name] == mine[name], name
+    ds = Dataset.open(data)
+    for table in ds.tables:  # and what zarr 2 reads is what zarrfeed's readers give
+        assert read[table] == ds.read_rows(table, 0, ds.rows[table]).tobytes(), table
+    attrs = json.loads(got.stdout)
+    assert attrs[""] == dict(Group.open(DirectoryStore(data)).attrs.items())
+    assert attrs["agents_mask/0.5"]["zarrfeed"]["complete"] is True
+
+
+WRITE_WITH_ZARR2 = """
+import sys, numpy as np, zarr
+from numcodecs import Blosc
+root = zarr.open_group(sys.argv[1], mode="w")
+root.attrs["made_by"] = "zarr 2"
+rng = np.random.default_rng(7)
+img = root.require_group("data").create_dataset("img", shape=(130, 4, 4, 3), chunks=(40, 4, 4, 3), dtype="u1",
+                                               compressor=Blosc(cname="zstd", clevel=3))
+img[:] = rng.integers(0, 255, (130, 4, 4, 3), dtype="u1")
+rec = np.dtype([("a", "<f8", (2,)), ("b", "<i4")])
+table = root.create_dataset("table", shape=(95,), chunks=(20,), dtype=rec, dimension_separator="/")
+values = np.zeros(95, rec)
+values["a"] = rng.random((95, 2))
+values["b"] = np.arange(95)
+table[:] = values
+np.savez(sys.argv[2], img=img[:], table=table[:].view(np.uint8))
+"""
+
+
+def test_zarrfeed_reads_what_zarr_2_writes(tmp_path, zarr2):
+    made, want = tmp_path / "z2.zarr", tmp_path / "want.npz"
+    got = subprocess.run([str(zarr2), "-c", WRITE_WITH_ZARR2, str(made), str(want)], capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    want_values = np.load(want)
+    root = Group.open(DirectoryStore(made))
+    assert root.attrs["made_by"] == "zarr 2"
+    np.testing.assert_array_equal(root["data"]["img"][:], want_values["img"])
+    assert root["table"][:].tobytes() == want_values["table"].tobytes()
+    for doc in made.rglob(".zarray"):  # and its documents are what zarrfeed would write back
+        assert ArrayMeta.parse(json.loads(doc.read_bytes())).to_bytes() == doc.read_bytes()
 
 
 READ_WITH_ZARR3 = """
