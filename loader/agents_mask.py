@@ -211,35 +211,23 @@ def save(ds: Dataset, mask: np.ndarray, threshold: float = 0.5, *, thresholds: T
     check_writable(ds)
     try:
         return _store(ds, mask, th)
-    except (OSError, KeyError) as exc:  # zarr's DirectoryStore says KeyError(key) for the OSError it caught
+    except OSError as exc:
         raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({_reason(exc)})") from None
 
 
 def check_writable(ds: Dataset) -> None:
     """Refuse, in one line, a dataset the mask cannot be stored in, before anything is computed or changed: a
     .zip, or a local directory this process may not write (a read-only mount, even for root)."""
-    if ds.location.is_zip:
-        raise ValueError(f"{ds.location}: a .zip dataset is read-only; the mask cannot be stored in it")
-    if ds.location.is_local:
-        for path in (ds.location.path, ds.location.path / GROUP):
-            if path.exists() and not os.access(path, os.W_OK):
-                why = "a read-only file system" if _read_only_mount(path) else "no permission to write"
-                raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({why}: {path})")
+    why = ds.location.unwritable(GROUP)
+    if why == ds.location.settings.read_only:
+        raise ValueError(f"{ds.location}: {why}; the mask cannot be stored in it")
+    if why:
+        raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({why})")
 
 
-def _read_only_mount(path: Any) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def _reason(exc: BaseException) -> str:
-    """What an error of the store says: the OSError's own words (zarr wraps it in a KeyError)."""
-    cause = exc if isinstance(exc, OSError) else exc.__cause__ if isinstance(exc.__cause__, OSError) else None
-    if cause is None:
-        return f"{type(exc).__name__}: {exc}"
-    return f"{cause.strerror or cause}" + (f": {cause.filename}" if cause.filename else "")
+def _reason(exc: OSError) -> str:
+    """What an error of the store says: the OSError's own words and the file."""
+    return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
 
 
 def _store(ds: Dataset, mask: np.ndarray, th: Thresholds) -> str:

@@ -203,7 +203,7 @@ class Loader:
         self.start_method, self.restart_workers = workers.start_method, workers.restart_workers
         self.copy, self.output = copy, output
         self.cache_bytes = default_cache_bytes() if cache_bytes is None else int(cache_bytes)
-        self.sizing = Sizing(source, workers, self.cache_bytes, not self.dataset.location.is_local,
+        self.sizing = Sizing(source, workers, self.cache_bytes, self.dataset.location.settings.remote,
                               cache_is_default=cache_bytes is None, host=cache == "host")
         self.check_views = view_check.requested(check_views) and not copy  # owned copies need no check
         self._digest: str | None = None

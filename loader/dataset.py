@@ -1,7 +1,6 @@
 """`Dataset`: open a zarrfeed or L5Kit dataset, describe it (`info`) and check it (`validate`)."""
 from __future__ import annotations
 
-import hashlib
 
 import os
 import warnings
@@ -200,16 +199,7 @@ class Dataset:
         the store)."""
         if self.commit_tag is not None:
             return f"{self.commit_tag}#{self.commit}"
-        fs, root = self.location.filesystem()
-        h = hashlib.sha256()
-        if self.location.is_zip:
-            st = os.stat(self.location.url)
-            h.update(f"{st.st_size}|{st.st_mtime_ns}".encode())
-            return h.hexdigest()[:32]
-        for path, info in sorted(fs.find(root, detail=True).items()):
-            when = info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("created")
-            h.update(f"{path}|{info.get('size')}|{when}\n".encode())
-        return h.hexdigest()[:32]
+        return self.location.contents_tag()
 
     def __getitem__(self, table: str) -> Array:
         """The zarr v2 array of `table` (zarrfeed's own `Array`: shape, dtype, chunks, attrs, slices along the

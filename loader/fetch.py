@@ -107,7 +107,7 @@ class ChunkFetcher:
 
     def __init__(self, location: Location, store: Any, options: FetchOptions) -> None:
         self.location, self.store, self.options = location, store, options
-        self.remote = not location.is_local
+        self.remote = location.settings.remote
         if self.remote:
             self.fs, self.root = location.filesystem()
         self.cache = DiskCache(options.cache_dir, options.cache_bytes) if options.cache_dir and self.remote else None

@@ -40,7 +40,7 @@ def _write_piece(location: Location, commit: int | None, check: ChunkCheck | Non
         rb = rb.append_column(pa.field(row_index, pa.int64(), nullable=False),
                               pa.array(np.arange(a, b, dtype=np.int64)))
     data = pa.Table.from_batches([rb]).replace_schema_metadata({**(rb.schema.metadata or {}), **meta})
-    if out.is_local:  # a file is complete or absent: written aside, then renamed
+    if out.settings.renames:  # a file is complete or absent: written aside, then renamed
         path = out.path / name
         tmp = f"{path}.tmp-{os.getpid()}"
         pq.write_table(data, tmp, row_group_size=row_group_rows, compression=compression)
@@ -93,7 +93,7 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     if unknown:
         raise ValueError(f"tables: no table {unknown[0]!r} (tables: {', '.join(ds.tables)})")
     out = Location.of(out_dir, storage_options)
-    if out.is_zip:
+    if out.settings.read_only:
         raise ValueError(f"{out}: Parquet goes to a folder or a URL, not a .zip file")
     fs, root = out.filesystem()
     existed = fs.exists(root)

@@ -79,7 +79,7 @@ class Source:
 
     @classmethod
     def of(cls, ds, fetch: FetchOptions) -> "Source":
-        cached = fetch.cache_dir is not None and not ds.location.is_local
+        cached = fetch.cache_dir is not None and ds.location.settings.remote
         return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None, ds.check)
 
 

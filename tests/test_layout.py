@@ -104,3 +104,19 @@ def test_version_and_entry_points():
 
     from zarrfeed import DatasetWriter, Loader
     assert (DatasetWriter, Loader) == (W, L)
+
+
+def test_only_the_store_module_asks_what_kind_of_place_a_dataset_is():
+    """Issue 36: per-store choices (segment size, growth step, timeouts, read-ahead, the lease's backend) are
+    settings of each kind of store (`Location.settings`), not checks of the location's kind spread over the
+    package: none outside zarrfeed/core/store.py and stores.py."""
+    asks = ("is_local", "is_zip", "protocol in", "FSStore", "DirectoryStore", "ZipStore", "FsspecStore")
+    found = []
+    for folder in FOLDERS:
+        for path in (ROOT / folder).glob("*.py"):
+            if path.relative_to(ROOT).as_posix() in ("zarrfeed/core/store.py", "zarrfeed/core/stores.py"):
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if any(a in line for a in asks) and not line.lstrip().startswith("#"):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert found == []

@@ -76,7 +76,7 @@ class Committer:
             raise FormatError(f"{location}: no dataset to append to or resume (nothing is stored there)")
         if mode == "a":
             dataset_format.open_group(location)  # not a zarr dataset: one line, nothing written into the folder
-        self._had_root = location.is_local and location.path.is_dir()
+        self._had_root = location.existing_folder()
         if mode == "w":
             self._check_new(store, overwrite)
         self._created = False  # until known with the lease held (see below)
@@ -381,7 +381,7 @@ class Committer:
         """Make the array at least `end` rows long, in large steps (each is a metadata write)."""
         if end > self._length[table]:
             self._lease.check()
-            step = 4 if self.location.is_local else 64
+            step = self.location.settings.growth_chunks
             n = self._length[table] = max(end, 2 * self._length[table], step * self.arrays[table].chunks[0])
             self._bounded(lambda: dataset_format.set_length(self.arrays[table], n), f"growing {table} to {n:,} rows")
 

@@ -216,7 +216,7 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
     location = Location.of(path, storage_options)
     writer = Committer(location, schema, mode="a" if resume else mode, overwrite=overwrite, chunks=chunks,
                        compressor=compressor, commit_interval=commit_interval,
-                       store_timeout=None if location.is_local else 120.0)
+                       store_timeout=location.settings.bound(120.0))
     summary = IngestSummary(sources=len(sources))
     placer = _Placer(client, writer, resume, on_error, summary)
     try:

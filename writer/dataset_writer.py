@@ -126,7 +126,7 @@ class DatasetWriter:
         # the parent's own calls on an object store are bounded like the workers' (see store.bounded)
         self.committer = Committer(self.location, schema, mode=mode, overwrite=overwrite, chunks=chunks,
                                    compressor=compressor, coordinator=coordinator, lease_timeout=lease_timeout,
-                                   store_timeout=None if self.location.is_local else stall_timeout,
+                                   store_timeout=self.location.settings.bound(stall_timeout),
                                    commit_interval=commit_interval)
         self.schema = self.committer.schema
         try:
@@ -140,7 +140,7 @@ class DatasetWriter:
             # Shared-memory segments: one open per table in the parent, two in flight per worker. On an object
             # store larger ones, so that each worker sends several chunks at once (its PUTs run concurrently).
             if segment_bytes is None:
-                segment_bytes = (4 << 20) if self.location.is_local else (16 << 20)
+                segment_bytes = self.location.settings.segment_bytes
             chunk_bytes = [t.chunk_rows * t.dtype.itemsize for t in self.schema.tables.values()]
             self._block_bytes = max(segment_bytes, 2 * max(chunk_bytes))
             n_blocks = len(self.schema.tables) + 2 * max(workers, 1)

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import fasteners
 
@@ -227,13 +227,8 @@ class Lease:
     def acquire(self) -> None:
         """Take the lease or raise `LeaseHeld` naming its holder; nothing in the dataset changes before."""
         loc = self.location
-        if loc.is_local:
-            self._backend = _FileBackend(loc)
-        elif loc.protocol in ("s3", "s3a"):
-            self._backend = _S3Backend(loc)
-        else:
-            self._backend = _CreateBackend(loc)
-        backend, limit = self._backend, None if loc.is_local else self.timeout
+        self._backend = _BACKENDS[loc.settings.lease](loc)
+        backend, limit = self._backend, loc.settings.bound(self.timeout)
         previous = bounded(limit, lambda: backend.take(self.holder, self.timeout), f"{loc}: taking the write lease")
         self._held = True
         _live_tokens.add(self.holder.token)
@@ -258,7 +253,7 @@ class Lease:
             return self._renew_now()
 
     def _renew_now(self) -> bool:
-        backend, limit = self._backend, None if self.location.is_local else self.timeout / 2
+        backend, limit = self._backend, self.location.settings.bound(self.timeout / 2)
         if backend is None or self.lost:
             return False
         self.holder.heartbeat = time.time()
@@ -523,3 +518,8 @@ class _CreateBackend(_Backend):
         current = self._doc()
         if current is not None and current.token == me.token:
             self.fs.rm_file(self.path)
+
+
+# how each kind of store holds the lease (`StoreSettings.lease`)
+_BACKENDS: dict[str, Callable[[Location], _Backend]] = {
+    "file": _FileBackend, "s3": _S3Backend, "create": _CreateBackend}

@@ -69,13 +69,11 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
             raise FormatError(f"{loc}: a zarr v3 store; zarrfeed reads zarr v2 (L5Kit's format)")
         if ".zarray" in store:
             raise FormatError(f"{loc}: one table's array, not a dataset; open the folder above it")
-        if not loc.is_local and not loc.exists():
+        if loc.settings.remote and not loc.exists():
             raise FormatError(f"{loc}: no such dataset (nothing is stored there)")
-        if loc.is_zip:
-            inner = sorted(k[: -len("/.zgroup")] for k in store.keys() if k.endswith("/.zgroup"))
-            if inner:  # zipped with its folder (`zip -r x.zip x.zarr`): zarr reads a zip's root only
-                raise FormatError(f"{loc}: the dataset is in the folder '{inner[0]}' inside the zip; zip it from "
-                                  f"inside that folder: cd {inner[0]} && zip -r0 ../{loc.path.name} .")
+        where = store.misplaced_group()
+        if where:
+            raise FormatError(f"{loc}: {where}")
         raise FormatError(f"{loc}: not a zarr group (no .zgroup)")
     try:
         return Group.open(store, read_only=mode == "r")

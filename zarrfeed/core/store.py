@@ -8,6 +8,7 @@ and only a key that does not exist reads as missing (a network error is never re
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -104,6 +105,13 @@ def within(seconds: float | None, fn: Callable[[], Any]) -> bool:
         return False
 
 
+def _read_only_mount(path: Any) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def parse_storage_option(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` from the command line; VALUE is read as JSON when it is JSON (true, 3, {"a": 1}), else text."""
     key, sep, value = text.partition("=")
@@ -113,6 +121,31 @@ def parse_storage_option(text: str) -> tuple[str, Any]:
         return key.strip(), json.loads(value)
     except ValueError:
         return key.strip(), value
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """What differs between kinds of store, decided here once (`Location.settings`) so that no other module
+    asks what kind of place a dataset is (tests/test_layout.py checks that none does)."""
+
+    remote: bool  # a network store: its calls are bounded in time, chunks are fetched ahead and may be cached on disk
+    segment_bytes: int  # the writer's shared-memory segments (an object store wants larger PUTs)
+    growth_chunks: int  # a table grows by at least this many chunks at a time (each growth is a metadata write)
+    renames: bool  # a file is written aside and renamed into place (a local disk); else one PUT is atomic
+    lease: str  # how the write lease is held: "file" (a lock file), "s3" (conditional PUTs), "create" (exclusive
+    # creates)
+    read_only: str | None = None  # why nothing can be written here (None: it can)
+
+    def bound(self, seconds: float) -> float | None:
+        """`seconds` as the limit of a store call on a remote store; None (unbounded) on a local one."""
+        return seconds if self.remote else None
+
+
+DIRECTORY = StoreSettings(remote=False, segment_bytes=4 << 20, growth_chunks=4, renames=True, lease="file")
+ZIP = StoreSettings(remote=False, segment_bytes=4 << 20, growth_chunks=4, renames=True, lease="file",
+                    read_only="a .zip dataset is read-only")
+S3 = StoreSettings(remote=True, segment_bytes=16 << 20, growth_chunks=64, renames=False, lease="s3")
+OTHER_URL = StoreSettings(remote=True, segment_bytes=16 << 20, growth_chunks=64, renames=False, lease="create")
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,6 +184,46 @@ class Location:
     @property
     def is_zip(self) -> bool:
         return self.is_local and self.url.endswith(".zip")
+
+    @property
+    def settings(self) -> StoreSettings:
+        """This kind of store's settings (see `StoreSettings`)."""
+        if self.is_zip:
+            return ZIP
+        if self.is_local:
+            return DIRECTORY
+        return S3 if self.protocol in ("s3", "s3a") else OTHER_URL
+
+    def existing_folder(self) -> bool:
+        """Whether this is a local directory that exists (a writer that fails removes what it made, but not a
+        folder that was there before it)."""
+        return self.is_local and self.path.is_dir()
+
+    def unwritable(self, *names: str) -> str | None:
+        """Why nothing can be written here, or into the sub-folders `names` that exist (a .zip; on a local disk a
+        read-only mount or a missing permission, which root too is refused on a read-only mount), or None."""
+        if self.settings.read_only:
+            return self.settings.read_only
+        if not self.is_local:
+            return None
+        for path in (self.path, *(self.path / n for n in names)):
+            if path.exists() and not os.access(path, os.W_OK):
+                return f"{'a read-only file system' if _read_only_mount(path) else 'no permission to write'}: {path}"
+        return None
+
+    def contents_tag(self) -> str:
+        """A digest of what is stored here (every file's name, size and modification time, one listing; a
+        .zip's size and modification time): it changes when anything stored changes."""
+        h = hashlib.sha256()
+        if self.is_zip:
+            st = os.stat(self.url)
+            h.update(f"{st.st_size}|{st.st_mtime_ns}".encode())
+            return h.hexdigest()[:32]
+        fs, root = self.filesystem()
+        for path, info in sorted(fs.find(root, detail=True).items()):
+            when = info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("created")
+            h.update(f"{path}|{info.get('size')}|{when}\n".encode())
+        return h.hexdigest()[:32]
 
     @property
     def path(self) -> Path:

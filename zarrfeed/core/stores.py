@@ -89,6 +89,11 @@ class Store(ABC):
     def __iter__(self) -> Iterator[str]:
         return self.keys()
 
+    def misplaced_group(self) -> str | None:
+        """Where a dataset stored here under the wrong root is, and how to fix it, if the store can tell
+        cheaply; None otherwise."""
+        return None
+
     def _writable(self) -> None:
         if self.read_only:
             raise PermissionError(f"{self}: opened read-only")
@@ -215,6 +220,15 @@ class ZipStore(Store):
 
     def close(self) -> None:
         self._zip.close()
+
+    def misplaced_group(self) -> str | None:
+        """A dataset zipped with its folder (`zip -r x.zip x.zarr`): the zip's root holds the folder, not the
+        dataset."""
+        inner = sorted(k[: -len("/.zgroup")] for k in self._names if k.endswith("/.zgroup"))
+        if not inner:
+            return None
+        return (f"the dataset is in the folder '{inner[0]}' inside the zip; zip it from inside that folder: "
+                f"cd {inner[0]} && zip -r0 ../{os.path.basename(self.path)} .")
 
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
         with self._lock:
