@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ..core._proc.pool import context
 from ..core.arrow_records import records_to_arrow, schema_metadata
 from ..core.chunk_check import ChunkCheck
-from ..core.store import Location
+from ..core.store import Location, exists
 from .dataset import Dataset
 
 __all__ = ["export_parquet"]
@@ -96,7 +96,7 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     if out.settings.read_only:
         raise ValueError(f"{out}: Parquet goes to a folder or a URL, not a .zip file")
     fs, root = out.filesystem()
-    existed = fs.exists(root)
+    existed = exists(fs, root)
     tasks = []
     for t in names:
         fs.makedirs(f"{root}/{t}", exist_ok=True)

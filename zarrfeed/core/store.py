@@ -55,7 +55,24 @@ def s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
     config.setdefault("read_timeout", budget / S3_TRIES)
     if not {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & set(os.environ):
         config.setdefault("retries", {"total_max_attempts": 1})
+    _retry_connect_timeouts()
     return {**options, "config_kwargs": config}
+
+
+def _retry_connect_timeouts() -> None:
+    """Have s3fs try again a call whose connection timed out. s3fs retries a call that timed out reading
+    (botocore's `ReadTimeoutError`) but not one that timed out connecting (`ConnectTimeoutError` is not among
+    its retryable errors), and botocore tries once here: a single lost SYN (retransmitted after 1 s) or a process
+    starved for the 1.5 s connect timeout under load failed the call at once (seen as a failed read in a test run
+    beside other jobs). Nothing was sent on a connection never made, so another try is safe; `add_retryable_error`
+    is s3fs's own way to say so (it applies to the process's s3fs, which gains nothing but these retries)."""
+    try:
+        import s3fs.core
+        from botocore.exceptions import ConnectTimeoutError
+    except ImportError:  # no s3fs: `Location.filesystem` says to install it
+        return
+    if not issubclass(ConnectTimeoutError, s3fs.core.S3_RETRYABLE_ERRORS):
+        s3fs.core.add_retryable_error(ConnectTimeoutError)
 
 
 class FormatError(ValueError):
@@ -102,6 +119,16 @@ def within(seconds: float | None, fn: Callable[[], Any]) -> bool:
         return True
     except Exception as exc:
         log.debug("%s failed: %s: %s", getattr(fn, "__name__", fn), type(exc).__name__, exc)
+        return False
+
+
+def exists(fs: Any, path: str) -> bool:
+    """Whether `path` exists on the fsspec filesystem `fs`; an error other than "not found" propagates. (fsspec's
+    own `exists` and `isfile` answer False for any error: a network failure would read as "nothing there".)"""
+    try:
+        fs.info(path)
+        return True
+    except FileNotFoundError:
         return False
 
 
@@ -339,7 +366,7 @@ class Location:
             shutil.rmtree(self.path)
         elif not self.is_local:
             fs, root = self.filesystem()
-            if fs.exists(root):
+            if exists(fs, root):
                 fs.rm(root, recursive=True)
         else:
             self.clear()

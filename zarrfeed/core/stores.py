@@ -293,7 +293,13 @@ class FsspecStore(Store):
         return out
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.fs.isfile(self._path(key))
+        # not `fs.isfile`, which answers False for any error: a network failure read as "no .zgroup here"
+        if not isinstance(key, str):
+            return False
+        try:
+            return self.fs.info(self._path(key)).get("type") == "file"
+        except FileNotFoundError:
+            return False
 
     def put_many(self, values: Mapping[str, bytes]) -> None:
         self._writable()
@@ -354,10 +360,8 @@ class FsspecStore(Store):
 
     def rmdir(self, prefix: str) -> None:
         self._writable()
-        path = self._path(prefix.rstrip("/"))
-        try:
-            if self.fs.exists(path):
-                self.fs.rm(path, recursive=True)
+        try:  # not `fs.exists`, which answers False for any error
+            self.fs.rm(self._path(prefix.rstrip("/")), recursive=True)
         except FileNotFoundError:
             pass
 
