@@ -219,7 +219,7 @@ def check_writable(ds: Dataset) -> None:
     """Refuse, in one line, a dataset the mask cannot be stored in, before anything is computed or changed: a
     .zip, or a local directory this process may not write (a read-only mount, even for root)."""
     why = ds.location.unwritable(GROUP)
-    if why == ds.location.settings.read_only:
+    if why and why == ds.location.settings.read_only:
         raise ValueError(f"{ds.location}: {why}; the mask cannot be stored in it")
     if why:
         raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({why})")

@@ -161,13 +161,15 @@ def recount(path, table: str, n: int) -> None:
 
     import numpy as np
     import xxhash
-    import zarr
+
+    from zarrfeed.core.stores import DirectoryStore
+    from zarrfeed.core.zarr_array import Array
 
     doc = json.loads((path / "zarrfeed.json").read_text())
     doc["committed"][table] = n
     c = doc["schema"]["tables"][table]["chunk_rows"]
     doc.setdefault("tails", {}).pop(table, None)
-    held = zarr.open_array(str(path / table), mode="r")
+    held = Array.open(DirectoryStore(path), table, read_only=True)
     if n % c and n <= held.shape[0]:
         doc["tails"][table] = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(held[n // c * c:n]).view(np.uint8))
     elif n % c:

@@ -9,7 +9,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zarrfeed.loader import Dataset, Loader, export_parquet, from_arrow, to_arrow
@@ -23,6 +22,8 @@ from zarrfeed.writer import (
 )
 
 from zarrfeed.core.arrow_records import arrow_schema, records_to_arrow
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Group
 
 
 def test_type_mapping():
@@ -150,7 +151,7 @@ def test_streams_in_row_order_with_a_join(data_path):
 
 
 def numpy_answers(path):
-    g = zarr.open_group(str(path), "r")
+    g = Group.open(DirectoryStore(path))
     agents, frames, scenes = g["agents"][:], g["frames"][:], g["scenes"][:]
     labels = np.bincount(agents["label_probabilities"].argmax(1), minlength=17)
     speed = np.linalg.norm(agents["velocity"].astype(np.float64), axis=1)
@@ -264,6 +265,6 @@ def test_cli_export_parquet_and_arrow_stream(real_scene, tmp_path):
     stream = run("export", real_scene, "-", "--format", "arrow", "--tables", "frames")
     assert stream.returncode == 0
     table = pa.ipc.open_stream(stream.stdout).read_all()
-    np.testing.assert_array_equal(from_arrow(table), zarr.open_group(str(real_scene), "r")["frames"][:])
+    np.testing.assert_array_equal(from_arrow(table), Group.open(DirectoryStore(real_scene))["frames"][:])
     bad = run("export", real_scene, tmp_path / "x", "--tables", "lidar")
     assert bad.returncode == 2 and b"no table 'lidar'" in bad.stderr and b"Traceback" not in bad.stderr

@@ -5,10 +5,14 @@ import shutil
 import subprocess
 import sys
 
+import numcodecs
 import numpy as np
 import pytest
-import zarr
 from expected import session, shared_memory_held
+
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Array, Group
+from zarrfeed.core.zarr_meta import ArrayMeta
 
 
 def zarrfeed(*args, cwd=None):
@@ -38,7 +42,7 @@ def test_the_entry_points_users_run_keep_the_exit_codes(real_copy, tmp_path, ent
 
     assert run(real_copy) == 0
     assert run(tmp_path / "missing.zarr") == 2
-    frames = zarr.open_array(str(real_copy / "frames"), mode="r+")
+    frames = Array.open(DirectoryStore(real_copy), "frames")
     row = frames[10]
     row["agent_index_interval"][0] -= 1
     frames[10] = row
@@ -48,7 +52,7 @@ def test_the_entry_points_users_run_keep_the_exit_codes(real_copy, tmp_path, ent
 def test_validate_exit_codes(real_copy, tmp_path):
     ok = zarrfeed("validate", "-q", real_copy)
     assert ok.returncode == 0 and "valid" in ok.stdout
-    frames = zarr.open_array(str(real_copy / "frames"), mode="r+")
+    frames = Array.open(DirectoryStore(real_copy), "frames")
     row = frames[10]
     row["agent_index_interval"][0] -= 1
     frames[10] = row
@@ -83,14 +87,14 @@ def test_demo_writes_describes_and_validates(tmp_path):
     assert "wrote 3 episodes" in out.stdout and "valid (3 scenes, 744 frames" in out.stdout
     assert "with 2 writer processes" in out.stdout and out.stderr == ""  # progress bars only on a terminal
     assert "in shuffled batches of 4096 with 2 loader workers" in out.stdout
-    assert zarr.open_group(str(tmp_path / "demo.zarr"), "r")["scenes"].shape == (3,)
+    assert Group.open(DirectoryStore(tmp_path / "demo.zarr"))["scenes"].shape == (3,)
 
 
 def test_ingest_from_real_scene_reproduces_it(real_scene, tmp_path):
     out = zarrfeed("ingest", tmp_path / "copy.zarr", "--from", real_scene, "--workers", "2", "--chunks",
                    "agents=5000")
     assert out.returncode == 0, out.stderr
-    a, b = zarr.open_group(str(real_scene), "r"), zarr.open_group(str(tmp_path / "copy.zarr"), "r")
+    a, b = Group.open(DirectoryStore(real_scene)), Group.open(DirectoryStore(tmp_path / "copy.zarr"))
     assert b["agents"].chunks == (5000,)
     for name in a.array_keys():
         assert (a[name][:] == b[name][:]).all()
@@ -372,7 +376,11 @@ def test_an_unwritable_output_is_one_line(tmp_path):
 def test_arrays_that_are_not_tables_are_skipped_with_one_warning_and_listed_by_validate(tmp_path):
     path = tmp_path / "d.zarr"
     assert zarrfeed("ingest", path, "--synthetic", 1, "--workers", 0, "-q").returncode == 0
-    zarr.open_group(str(path), "a").create_dataset("my_mask", data=np.ones((5, 3), np.float32))
+    # a user's array, as zarr 2's create_dataset(data=...) writes it (its default chunks, compressor, fill value)
+    blosc = numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE)
+    mine = Group.open(DirectoryStore(path)).create_array("my_mask", ArrayMeta.new((5, 3), 5, np.float32, blosc,
+                                                                                  fill_value=0.0))
+    mine[:] = np.ones((5, 3), np.float32)
     for command in (["info"], ["load", "--table", "agents", "--workers", 0, "-q"], ["export", tmp_path / "pq", "-q"]):
         out = zarrfeed(command[0], path, *command[1:])
         assert out.returncode == 0, out.stderr
@@ -383,7 +391,7 @@ def test_arrays_that_are_not_tables_are_skipped_with_one_warning_and_listed_by_v
     assert "not checked: 'my_mask' (a 2-D array of <f4) (not tables of this dataset)" in out.stdout
     out = zarrfeed("ingest", path, "--synthetic", 1, "--seed", 1, "--append", "--workers", 0, "-q")
     assert out.returncode == 0, out.stderr
-    assert zarr.open_group(str(path), "r")["my_mask"].shape == (5, 3)  # left as it was
+    assert Group.open(DirectoryStore(path))["my_mask"].shape == (5, 3)  # left as it was
 
 
 def test_cli_niceties(tmp_path):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 from expected import expected_tables, own_shared_memory, running, shared_memory_held, wait_for_scenes
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import L5KIT_SCHEMA, synthetic
@@ -20,6 +19,8 @@ from zarrfeed.writer.dataset_writer import DatasetWriter
 from zarrfeed import WorkerError
 from zarrfeed.core.dataset_format import MANIFEST_KEY, FormatError
 from zarrfeed.core.keys import Position, fingerprint
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Group
 
 HERE = Path(__file__).parent
 SMALL_CHUNKS = {"agents": 3000, "frames": 200, "scenes": 5, "traffic_light_faces": 700}
@@ -38,12 +39,12 @@ def mixed_episodes():
 
 def decoded_chunks(path: Path) -> dict[str, bytes]:
     """Every chunk file of every table, decoded to raw bytes (padding included)."""
-    group = zarr.open_group(str(path), mode="r")
+    group = Group.open(DirectoryStore(path))
     out = {}
     for name in L5KIT_SCHEMA.tables:
         arr = group[name]
         for key in sorted(k for k in os.listdir(path / name) if not k.startswith(".")):
-            out[f"{name}/{key}"] = bytes(arr.compressor.decode(arr.chunk_store[f"{name}/{key}"]))
+            out[f"{name}/{key}"] = bytes(arr.compressor.decode(arr.store[f"{name}/{key}"]))
     return out
 
 

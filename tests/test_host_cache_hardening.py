@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 from zarrfeed.core._proc import rendezvous
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Array, Group
 from zarrfeed.loader import Dataset, Loader, host_cache
 from zarrfeed.writer import DatasetWriter, synthetic
 
@@ -85,7 +86,7 @@ def rewritten_copy(src, dst, chunk: int, shift: float):
 
     from zarrfeed.core.chunks import digest
     shutil.copytree(src, dst)
-    agents = zarr.open_array(str(dst / "agents"), mode="r+")
+    agents = Array.open(DirectoryStore(dst), "agents")
     c = agents.chunks[0]
     rows = agents[chunk * c:(chunk + 1) * c]
     rows["centroid"] += shift
@@ -155,7 +156,7 @@ def test_a_plain_zarr_rewritten_in_place_is_not_read_from_the_old_cache(data, tm
     assert Dataset.open(path).dataset_id is None
     old, it = hold(path)
     try:
-        group = zarr.open_group(str(path), mode="r+")
+        group = Group.open(DirectoryStore(path))
         agents = group["agents"][:]
         agents["centroid"] += 1000.0
         group["agents"][:] = agents

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Group
 from conftest import REAL_SCENE
 from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader
 from zarrfeed.loader import agents_mask
@@ -48,7 +48,7 @@ def _equal_to_l5kit(kind, got, ref):
 
 
 def test_numerics_equal_l5kit(real_scene, l5kit):
-    g = zarr.open_group(str(real_scene), "r")
+    g = Group.open(DirectoryStore(real_scene))
     frames, agents = g["frames"][:], g["agents"][:]
     ctx = Context(0, {f: frames[f] for f in FRAME_FIELDS}, 0, {f: agents[f] for f in AGENT_FIELDS})
     steps = Steps(10, 50, 0.1)
@@ -123,7 +123,7 @@ def scenes(small_dataset):
 
 def _l5kit_loop_mask(path, th=0.5):
     """L5Kit's get_valid_agents, its loop transcribed (one scene at a time, a dict of tracks)."""
-    g = zarr.open_group(str(path), "r")
+    g = Group.open(DirectoryStore(path))
     scenes, frames, agents = g["scenes"][:], g["frames"][:], g["agents"][:]
     keep = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     mask = np.zeros((len(agents), 2), np.int64)
@@ -198,7 +198,7 @@ def _plain_sample(frames, agents, scenes, row, t, h, f, dt):
 
 @pytest.mark.parametrize("h,f", [(3, 7), (0, 5), (12, 1)])
 def test_agent_samples_follow_their_tracks(scenes, h, f):
-    g = zarr.open_group(str(scenes), "r")
+    g = Group.open(DirectoryStore(scenes))
     frames, agents = g["frames"][:], g["agents"][:]
     bounds = g["scenes"][:]["frame_index_interval"]
     with AgentSampleLoader(scenes, h, f, step_time=0.2, batch_size=50, num_workers=2, copy=True) as loader:
@@ -227,7 +227,7 @@ def test_every_samples_availabilities_are_its_tracks_at_chunk_edges(small_datase
     few past its last sample's t + future loses that frame's availability (found by a planted bug)."""
     path = small_dataset(2, 31, chunks={"agents": 160, "frames": 16, "traffic_light_faces": 500}, frames=80,
                          agents_per_frame=10)
-    g = zarr.open_group(str(path), "r")
+    g = Group.open(DirectoryStore(path))
     frames, agents = g["frames"][:], g["agents"][:]
     bounds = g["scenes"][:]["frame_index_interval"]
     h, f = 3, 5
@@ -250,7 +250,7 @@ def test_every_samples_availabilities_are_its_tracks_at_chunk_edges(small_datase
 
 
 def test_ego_samples_every_frame_with_partial_windows(scenes):
-    g = zarr.open_group(str(scenes), "r")
+    g = Group.open(DirectoryStore(scenes))
     frames = g["frames"][:]
     bounds = g["scenes"][:]["frame_index_interval"]
     with EgoSampleLoader(scenes, 4, 6, batch_size=64, num_workers=2, copy=True) as loader:
@@ -309,7 +309,7 @@ def test_mask_is_stored_for_l5kit_and_refused_after_a_commit(scenes, tmp_path):
     out = subprocess.run([sys.executable, "-m", "zarrfeed", "mask", str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "agents_mask/0.5" in out.stdout
-    stored = zarr.open_group(str(path), "r")["agents_mask"]["0.5"]  # where L5Kit's AgentDataset reads it
+    stored = Group.open(DirectoryStore(path))["agents_mask"]["0.5"]  # where L5Kit's AgentDataset reads it
     ds = Dataset.open(path)
     np.testing.assert_array_equal(stored[:], agents_mask.compute(ds, workers=0))
     mask, why = agents_mask.load(ds, 0.5)
@@ -322,12 +322,13 @@ def test_mask_is_stored_for_l5kit_and_refused_after_a_commit(scenes, tmp_path):
     assert mask is None and "the dataset has 33663 agents (run `zarrfeed mask` again)" in why
     agents_mask.save(ds, agents_mask.compute(ds), 0.5)
     assert agents_mask.load(ds, 0.5)[0] is not None
-    record = dict(zarr.open_group(str(path), "r")["agents_mask"]["0.5"].attrs["zarrfeed"])
+    attrs = Group.open(DirectoryStore(path))["agents_mask"]["0.5"].attrs  # read and written at each use
+    record = dict(attrs["zarrfeed"])
     assert record["commit"] == ds.commit and record["agents"] == 33663
-    zarr.open_group(str(path))["agents_mask"]["0.5"].attrs["zarrfeed"] = dict(record, commit=record["commit"] - 1)
+    attrs["zarrfeed"] = dict(record, commit=record["commit"] - 1)
     mask, why = agents_mask.load(ds, 0.5)  # a mask of an earlier commit with as many agents: still refused
     assert mask is None and f"computed for commit={record['commit'] - 1}" in why
-    del zarr.open_group(str(path))["agents_mask"]["0.5"].attrs["zarrfeed"]  # as L5Kit writes it: no record
+    del attrs["zarrfeed"]  # as L5Kit writes it: no record
     assert agents_mask.load(ds, 0.5)[0] is None
     with AgentSampleLoader(path, 3, 4, num_workers=0) as loader:  # computes the current mask instead
         assert len(loader.samples) == len(agents_mask.selected_rows(agents_mask.compute(Dataset.open(path))))

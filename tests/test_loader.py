@@ -1,4 +1,5 @@
-"""The Loader against plain zarr and plain numpy: order, contents, ranks, resume, transforms, faults, leaks."""
+"""The Loader against the arrays read directly (zarrfeed's zarr v2 format layer, not the loader) and plain numpy:
+order, contents, ranks, resume, transforms, faults, leaks."""
 import gc
 import os
 import signal
@@ -9,12 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 from expected import shared_memory_held
 from zarrfeed.loader import Dataset, FormatError, Loader, LoaderError
 from zarrfeed.writer import synthetic, write_dataset
 
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Array
+
 HERE = Path(__file__).parent
+
+
+def plain(path, table: str = "agents") -> np.ndarray:
+    """Every row of `table` as the zarr v2 format layer reads its array (not through the loader)."""
+    return Array.open(DirectoryStore(path), table, read_only=True)[:]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +56,7 @@ def collect(loader, key="track_id"):
 
 
 def assert_batches_match_zarr(loader: Loader, batches: list[dict], epoch: int):
-    table = zarr.open_array(str(Path(str(loader.dataset.location)) / loader.table), mode="r")[:]
+    table = plain(Path(str(loader.dataset.location)), loader.table)
     for b, rows in zip(batches, expected_rows(loader, epoch), strict=True):
         for name, col in b.items():
             np.testing.assert_array_equal(col, table[name][rows])
@@ -88,7 +96,7 @@ def test_batches_are_columnar_contiguous_views(data):
 
 
 def test_no_shuffle_reads_in_row_order_and_epochs_differ(data):
-    table = zarr.open_array(str(data / "agents"), mode="r")[:]
+    table = plain(data)
     with Loader(data, batch_size=500, shuffle=False, num_workers=2) as loader:
         got = np.concatenate([b["track_id"].copy() for b in loader])
     np.testing.assert_array_equal(got, table["track_id"])
@@ -149,7 +157,7 @@ def test_resume_does_not_read_skipped_batches(data, tmp_path):
 
 
 def test_rows_selection(data):
-    table = zarr.open_array(str(data / "agents"), mode="r")[:]
+    table = plain(data)
     mask = table["label_probabilities"][:, 3] == 1  # cars only, as L5Kit's agents mask
     with Loader(data, batch_size=64, rows=mask, num_workers=2) as loader:
         got = np.concatenate([b["label_probabilities"].copy() for b in loader])
@@ -318,7 +326,7 @@ def test_too_large_a_ring_is_refused_up_front_saying_how_much(data):
 
 
 def test_loads_from_a_zip_store_and_a_url(real_scene, real_zip):
-    want = zarr.open_group(str(real_scene), "r")["agents"][:]["track_id"]
+    want = plain(real_scene)["track_id"]
     for location in (real_zip, f"file://{real_scene}"):
         with Loader(location, batch_size=1000, shuffle=False, num_workers=2) as loader:
             got = np.concatenate([b["track_id"].copy() for b in loader])
@@ -471,7 +479,7 @@ def test_an_empty_row_list_is_an_empty_epoch(data, workers):
 
 def test_lossy_dtypes_are_refused_unless_asked_for(data):
     """Issue 19 item 9: `dtypes={"centroid": "int8"}` wrapped values silently (300.0 became 44)."""
-    table = zarr.open_array(str(data / "agents"), mode="r")[:]
+    table = plain(data)
     with pytest.raises(ValueError, match=r"^dtypes: casting field 'centroid' from float64 to int8 can change its "
                                          r"values \(refused by default\); pass casting='unsafe' to allow it$"):
         Loader(data, dtypes={"centroid": "int8"}, num_workers=0)

@@ -1,5 +1,6 @@
-"""`zarrfeed plot` and zarrfeed.plot draw what the dataset holds: checked against the rows read with plain zarr,
-on the real L5Kit scene and on synthetic scenes; bad input and a missing matplotlib are one line."""
+"""`zarrfeed plot` and zarrfeed.plot draw what the dataset holds: checked against the rows read with the zarr v2
+format layer (not the loader), on the real L5Kit scene and on synthetic scenes; bad input and a missing matplotlib
+are one line."""
 import shutil
 import subprocess
 import sys
@@ -7,11 +8,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import zarr
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.image import imread
 from zarrfeed.loader import Dataset
 
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Group
 from zarrfeed.plot import scene_figure, summarize, summary_figure
 
 
@@ -21,7 +23,7 @@ def zarrfeed(*args, cwd=None):
 
 
 def test_the_scene_from_above_is_the_scene(real_scene):
-    g = zarr.open_group(str(real_scene), mode="r")
+    g = Group.open(DirectoryStore(real_scene))
     frames, agents, faces = g["frames"][:], g["agents"][:], g["traffic_light_faces"][:]
     fig = scene_figure(Dataset.open(real_scene), scene=0, frame=60)
     top, bottom = fig.axes[:2]
@@ -58,7 +60,7 @@ def test_the_scene_from_above_is_the_scene(real_scene):
 
 def test_the_summary_counts_what_the_tables_hold(small_dataset):
     path = small_dataset(3, 5)
-    g = zarr.open_group(str(path), mode="r")
+    g = Group.open(DirectoryStore(path))
     scenes, frames, agents = g["scenes"][:], g["frames"][:], g["agents"][:]
     s = summarize(Dataset.open(path))
     per_frame = frames["agent_index_interval"][:, 1] - frames["agent_index_interval"][:, 0]

@@ -1,15 +1,17 @@
 """WindowLoader against a direct numpy computation of L5Kit's windows."""
 import numpy as np
 import pytest
-import zarr
 from zarrfeed.loader import Dataset, WindowLoader
 from zarrfeed.writer import synthetic, write_dataset
+
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Group
 
 
 def check_against_numpy(path, batches, history, future):
     """Each sample against the frames of its window that lie in its scene (the others zeros, unavailable, with
     no agents or faces), and the agents and faces of those frames."""
-    g = zarr.open_group(str(path), "r")
+    g = Group.open(DirectoryStore(path))
     frames, agents, faces = g["frames"][:], g["agents"][:], g["traffic_light_faces"][:]
     bounds = g["scenes"][:]["frame_index_interval"]
     T = history + 1 + future

@@ -1,10 +1,9 @@
-"""Issue 36: interoperability of zarrfeed's own zarr v2 format layer with zarr-python 3 and the newest xarray,
-each in an environment this test makes (`pip install`, from the package registry), so the suite's own
-environment stays as it is.
+"""Issue 36: interoperability of zarrfeed's own zarr v2 format layer with zarr-python 3, zarr-python 2 and the
+newest xarray; zarr 2 and xarray each in an environment this test makes (`pip install`, from the registry).
 
-- zarr-python 3 opens the plain-dtype arrays zarrfeed writes (the agents mask, an N-d replay-buffer-style
-  array, with either chunk-key separator) with equal values, and zarrfeed opens v2 arrays and groups zarr 3
-  writes;
+- zarr-python 3, installed beside zarrfeed by the test extra, opens the plain-dtype arrays zarrfeed writes (the
+  agents mask, an N-d replay-buffer-style array, with either chunk-key separator) with equal values, and
+  zarrfeed opens v2 arrays and groups zarr 3 writes;
 - zarr-python 2 (no longer maintained; L5Kit's own code reads with it) reads every table zarrfeed writes byte
   for byte as zarrfeed reads it, and zarrfeed reads what zarr 2 writes;
 - installing zarrfeed into an environment holding xarray and zarr 3 changes neither, and both still work.
@@ -22,7 +21,7 @@ from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Group
 from zarrfeed.core.zarr_meta import ArrayMeta
 from zarrfeed.loader import Dataset, agents_mask
-from zarrfeed.writer import DatasetWriter, synthetic
+from zarrfeed.writer import L5KIT_SCHEMA, DatasetWriter, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_TIMEOUT = 900
@@ -45,8 +44,12 @@ def _versions(python: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def zarr3(tmp_path_factory) -> Path:
-    return _venv(tmp_path_factory.mktemp("zarr3") / "venv", "zarr>=3")
+def zarr3() -> Path:
+    """This environment's python: the test extra installs zarr-python 3 beside zarrfeed."""
+    import zarr
+
+    assert zarr.__version__.startswith("3"), f"the test extra installs zarr 3, found {zarr.__version__}"
+    return Path(sys.executable)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,8 @@ out, attrs = {}, {"": dict(root.attrs)}
 def walk(group, prefix):
     for name, arr in group.arrays():
         out[prefix + name] = np.frombuffer(arr[:].tobytes(), np.uint8)
-        attrs[prefix + name] = dict(arr.attrs)
+        attrs[prefix + name] = {**arr.attrs, "dtype": str(arr.dtype.descr), "chunks": list(arr.chunks),
+                                "compressor": arr.compressor.get_config() if arr.compressor else None}
     for name, sub in group.groups():
         attrs[prefix + name] = dict(sub.attrs)
         walk(sub, prefix + name + "/")
@@ -106,7 +110,11 @@ def test_zarr_2_reads_every_table_zarrfeed_writes_byte_for_byte(tmp_path, zarr2)
     for table in ds.tables:  # and what zarr 2 reads is what zarrfeed's readers give
         assert read[table] == ds.read_rows(table, 0, ds.rows[table]).tobytes(), table
     attrs = json.loads(got.stdout)
-    assert attrs[""] == dict(Group.open(DirectoryStore(data)).attrs.items())
+    assert attrs[""] == dict(Group.open(DirectoryStore(data)).attrs.items()) == L5KIT_SCHEMA.attrs
+    for name, table in L5KIT_SCHEMA.tables.items():  # as zarr 2 sees them: the schema's dtypes and compressor
+        assert attrs[name]["dtype"] == str(table.dtype.descr), name
+        assert attrs[name]["compressor"] == L5KIT_SCHEMA.compressor.get_config(), name
+    assert attrs["agents"]["chunks"] == [700] and attrs["frames"]["chunks"] == [50]
     assert attrs["agents_mask/0.5"]["zarrfeed"]["complete"] is True
 
 

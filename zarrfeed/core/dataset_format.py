@@ -22,7 +22,7 @@ import numpy as np
 from . import array_meta
 from .commit_log import DIGEST_HEX, LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
-from .store import FormatError, Location
+from .store import FormatError, Location, missing_credentials
 from .stores import MemoryStore, Store
 from .zarr_array import Array, Group
 from .zarr_meta import ArrayMeta, MetaError, consolidated
@@ -63,7 +63,10 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
     try:
         has_group = ".zgroup" in store
     except Exception as exc:
-        raise FormatError(f"{loc}: cannot read the store ({type(exc).__name__}: {_first_line(exc)})") from None
+        if missing_credentials(exc):  # the command line explains where credentials are read from
+            raise
+        raise FormatError(f"{loc}: cannot read the store ({type(exc).__name__}: "
+                          f"{_first_line(_why_refused(loc, exc))})") from None
     if not has_group:
         if "zarr.json" in store:
             raise FormatError(f"{loc}: a zarr v3 store; zarrfeed reads zarr v2 (L5Kit's format)")
@@ -79,6 +82,20 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
         return Group.open(store, read_only=mode == "r")
     except MetaError as exc:
         raise FormatError(f"{loc}: cannot open the zarr group ({exc})") from None
+
+
+def _why_refused(loc: Location, exc: BaseException) -> BaseException:
+    """A store's refusal in its own words: S3 answers a HEAD request's 403 with no body ("Forbidden" alone), so
+    a listing, whose answer says why (an unknown access key, a wrong signature), is asked too."""
+    if not isinstance(exc, PermissionError):
+        return exc
+    try:
+        loc.entries(1)
+    except PermissionError as listed:
+        return listed
+    except Exception:
+        pass
+    return exc
 
 
 def _first_line(exc: BaseException) -> str:

@@ -75,6 +75,12 @@ def _retry_connect_timeouts() -> None:
         s3fs.core.add_retryable_error(ConnectTimeoutError)
 
 
+def missing_credentials(exc: BaseException) -> bool:
+    """Whether `exc` is botocore's "no credentials" (or "partial credentials") error, by name: botocore is
+    only there with s3fs."""
+    return any(c.__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in type(exc).__mro__)
+
+
 class FormatError(ValueError):
     """A dataset cannot be read or written as asked; the message is one line saying what and where."""
 
