@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..core import chunk_check, dataset_format
+from ..core import chunk_check, commits, dataset_format, log_reads
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, read_coordinates, read_rows
@@ -136,7 +136,7 @@ class Dataset:
                           f"({schema.name})", stacklevel=2)
         tables = {name: arrays[name] if name in arrays else dataset_format.empty_table(table)
                   for name, table in schema.tables.items()}
-        doc = dataset_format.read_manifest(group.store, commit)
+        doc = commits.read_manifest(group.store, commit)
         rows = {name: (doc["committed"][name] if doc else arr.shape[0]) for name, arr in tables.items()}
         for name, n in rows.items():
             if n > tables[name].shape[0]:
@@ -296,15 +296,15 @@ class Dataset:
         object or log segment made before (the next append would reuse it). None for a dataset without
         zarrfeed commits."""
         store = self.group.store
-        doc = dataset_format.read_manifest(store)
+        doc = commits.read_manifest(store)
         if doc is None:
             return []
         found = []
-        why = dataset_format.history_problem(store, doc)
+        why = log_reads.history_problem(store, doc)
         if why:
             found.append(why)
         try:
-            dataset_format.latest_log(store)
+            log_reads.latest_log(store)
         except FormatError as exc:
             found.append(str(exc))
         return [Violation(where, None, None, what) for where, _, what in (f.partition(": ") for f in found)]
@@ -322,7 +322,7 @@ class Dataset:
 
     def digests(self, tail: bool = True) -> dict[str, dict[int, tuple[int, str]]] | None:
         """The size and digest its commit recorded for each chunk of this dataset's rows that can be checked
-        (see `dataset_format.sealed_chunks`; `tail=False` leaves out each table's last, partly filled chunk,
+        (see `log_reads.sealed_chunks`; `tail=False` leaves out each table's last, partly filled chunk,
         which the next writer rewrites); None if it records none. Those taken when it was opened (see `check`),
         else read now."""
         if not self._digests_read:
@@ -334,7 +334,7 @@ class Dataset:
                 for t, recs in self._digests.items()}
 
     def _sealed(self) -> dict[str, dict[int, tuple[int, str]]] | None:
-        return dataset_format.sealed_chunks(self.group.store, self.rows,
+        return log_reads.sealed_chunks(self.group.store, self.rows,
                                             {t: a.chunks[0] for t, a in self.tables.items()}, self.commit)
 
     def verify(self, progress: Callable[[int], None] | None = None, batch: int = 16) -> VerifyReport:

@@ -17,6 +17,12 @@ from zarrfeed.writer.chunk_write import write_rows
 from zarrfeed.writer.committer import Committer, key_order
 
 from zarrfeed.core import dataset_format
+
+from zarrfeed.core import manifest
+
+from zarrfeed.core import log_reads
+
+from zarrfeed.core import commits
 from zarrfeed.core.keys import Position, fingerprint
 from zarrfeed.core.schema import Schema, Table
 from zarrfeed.core.store import FormatError, Location, StoreTimeout
@@ -55,7 +61,7 @@ def zeros(c: Committer, table: str, start: int, end: int) -> list:
 def logged_chunks(path) -> dict:
     """The chunk records of the dataset's commit log as the latest manifest lists it."""
     store = DirectoryStore(path)
-    return dataset_format.read_log(store, dataset_format.read_manifest(store)).whole().chunks
+    return log_reads.read_log(store, commits.read_manifest(store)).whole().chunks
 
 
 def test_mode_and_what_a_location_must_hold(tmp_path):
@@ -123,7 +129,7 @@ def test_appending_checks_the_schema_and_the_stored_rows(tmp_path):
     Array.open(DirectoryStore(path), "agents").resize(3)  # fewer rows than committed: damaged
     with pytest.raises(FormatError) as err:
         Committer(loc, mode="a")
-    committed = dataset_format.read_manifest(DirectoryStore(path))["committed"]["agents"]
+    committed = commits.read_manifest(DirectoryStore(path))["committed"]["agents"]
     assert str(err.value) == (f"{loc}: table 'agents': {committed} rows committed but the array holds 3; the "
                               "dataset is damaged")
 
@@ -138,7 +144,7 @@ def test_appending_to_a_dataset_of_another_tool(tmp_path):
     ep["frames"]["traffic_light_faces_index_interval"] = 0
     put(c, "a", ep)
     c.close()
-    (path / dataset_format.MANIFEST_KEY).unlink()
+    (path / manifest.MANIFEST_KEY).unlink()
     (path / ".zmetadata").unlink()
     for name in ("zarrfeed.commits", "zarrfeed.log", "traffic_light_faces"):
         shutil.rmtree(path / name)
@@ -152,7 +158,7 @@ def test_appending_to_a_dataset_of_another_tool(tmp_path):
     again.begin_input("x", resume=False)
     assert again.commit_number == 1
     again.close()
-    doc = dataset_format.read_manifest(DirectoryStore(path))
+    doc = commits.read_manifest(DirectoryStore(path))
     assert doc["dataset_id"] == again.dataset_id and len(again.dataset_id) > 8
 
 
@@ -167,11 +173,11 @@ def test_appending_keeps_the_identity_journal_and_log(tmp_path):
     assert again.is_committed("a") and again.is_committed("bad") and not again.is_committed("c")
     again.release()
     store = DirectoryStore(path)
-    doc = dataset_format.read_manifest(store)
+    doc = commits.read_manifest(store)
     orphan = f"zarrfeed.log/{doc['commit'] + 5:010d}-deadbeef.json"
     store[orphan] = b'{"committed": [], "skipped": [], "chunks": {}}'  # a commit that never published
     Committer(Location.of(path), mode="a").release()
-    assert orphan not in dataset_format.log_keys(store)
+    assert orphan not in log_reads.log_keys(store)
     gone = doc["log"][0]["key"]
     del store[gone]
     loc = Location.of(path)
@@ -214,15 +220,15 @@ def test_a_commit_with_nothing_new_publishes_nothing_and_old_segments_are_delete
     c.commit(force=True)
     assert c.commit_number == 1
     store = DirectoryStore(path)
-    assert dataset_format.log_keys(store)[0].startswith("zarrfeed.log/0000000001-")
+    assert log_reads.log_keys(store)[0].startswith("zarrfeed.log/0000000001-")
     c.commit(force=True)
     assert c.commit_number == 1  # nothing new: no commit
     put(c, "b", eps[1])
     c.commit()
     put(c, "c", eps[2])
     c.commit()
-    listed = {r["key"] for r in dataset_format.read_manifest(store)["log"]}
-    assert c.commit_number == 3 and set(dataset_format.log_keys(store)) == listed  # merged ones deleted
+    listed = {r["key"] for r in commits.read_manifest(store)["log"]}
+    assert c.commit_number == 3 and set(log_reads.log_keys(store)) == listed  # merged ones deleted
     c.close()
 
 
@@ -232,7 +238,7 @@ def test_a_commit_that_fails_is_published_whole_by_the_next(tmp_path, monkeypatc
     eps = episodes(2, seed=6)
     put(c, "a", eps[0])
     c.commit()
-    real = dataset_format.write_manifest
+    real = commits.write_manifest
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -245,7 +251,7 @@ def test_a_commit_that_fails_is_published_whole_by_the_next(tmp_path, monkeypatc
     c.commit(force=True)
     assert c.commit_number == 2
     store = DirectoryStore(path)
-    whole = dataset_format.read_log(store, dataset_format.read_manifest(store)).whole()
+    whole = log_reads.read_log(store, commits.read_manifest(store)).whole()
     assert whole.committed == ["a", "b"]
     c.close()
     assert Dataset.open(path).rows["scenes"] == 2
@@ -498,9 +504,9 @@ def test_resuming_a_dataset_whose_last_input_is_not_recorded(tmp_path):
     c = Committer(loc)
     c.begin_input("fp-1", resume=False)
     c.close()
-    doc = json.loads((path / dataset_format.MANIFEST_KEY).read_bytes())
+    doc = json.loads((path / manifest.MANIFEST_KEY).read_bytes())
     del doc["journal"]["last_input"]
-    (path / dataset_format.MANIFEST_KEY).write_text(json.dumps(doc))
+    (path / manifest.MANIFEST_KEY).write_text(json.dumps(doc))
     again = Committer(loc, mode="a")
     with pytest.raises(ValueError, match=r"the interrupted ingest had another \(unknown\);"):
         again.begin_input("fp-2", resume=True)
@@ -513,9 +519,9 @@ def test_a_manifest_that_does_not_count_a_table_is_refused_before_anything_chang
     append included), so it is damage: refused, and the dataset left as it was."""
     path = tmp_path / "d.zarr"
     Committer(Location.of(path)).close()
-    doc = json.loads((path / dataset_format.MANIFEST_KEY).read_bytes())
+    doc = json.loads((path / manifest.MANIFEST_KEY).read_bytes())
     del doc["committed"]["traffic_light_faces"]
-    (path / dataset_format.MANIFEST_KEY).write_text(json.dumps(doc))
+    (path / manifest.MANIFEST_KEY).write_text(json.dumps(doc))
     before = sorted(p.name for p in path.rglob("*"))
     with pytest.raises(FormatError, match="^zarrfeed.json: field 'committed' has no row count for table "
                                           "'traffic_light_faces'; the manifest is damaged"):

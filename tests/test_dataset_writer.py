@@ -17,7 +17,8 @@ from zarrfeed.writer import L5KIT_SCHEMA, synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
 from zarrfeed import WorkerError
-from zarrfeed.core.dataset_format import MANIFEST_KEY, FormatError
+from zarrfeed.core.manifest import MANIFEST_KEY
+from zarrfeed.core.dataset_format import FormatError
 from zarrfeed.core.keys import Position, fingerprint
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Group

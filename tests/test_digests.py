@@ -14,7 +14,9 @@ from zarrfeed.loader import Dataset, Loader
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
-from zarrfeed.core.dataset_format import MANIFEST_KEY, read_manifest
+from zarrfeed.core.manifest import MANIFEST_KEY
+
+from zarrfeed.core.commits import read_manifest
 from zarrfeed.core.stores import DirectoryStore
 
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}

@@ -11,7 +11,7 @@ from zarrfeed.writer import synthetic, write_dataset
 from zarrfeed.writer.committer import Committer
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
-from zarrfeed.core.dataset_format import MANIFEST_KEY
+from zarrfeed.core.manifest import MANIFEST_KEY
 from zarrfeed.core.keys import Position, fingerprint
 from zarrfeed.core.store import Location
 

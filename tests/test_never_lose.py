@@ -17,7 +17,8 @@ from zarrfeed.writer.dataset_writer import DatasetWriter
 from zarrfeed.writer.lease import LeaseHeld
 
 from zarrfeed.cli import main
-from zarrfeed.core.dataset_format import consolidate, read_manifest
+from zarrfeed.core.dataset_format import consolidate
+from zarrfeed.core.commits import read_manifest
 from zarrfeed.core.stores import DirectoryStore
 
 HERE = Path(__file__).parent

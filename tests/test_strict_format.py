@@ -223,27 +223,27 @@ def test_one_commit_object_past_the_manifest_may_be_an_older_writers_and_the_mes
 def test_an_existing_commit_object_is_never_rewritten(ds_path):
     """The last guard, below the check on open: a commit object is created only if absent, on every store."""
 
-    from zarrfeed.core import dataset_format
+
+    from zarrfeed.core import commits
 
     store = DirectoryStore(ds_path)
     first = (ds_path / "zarrfeed.commits" / "0000000001.json").read_bytes()
     with pytest.raises(FormatError, match=r"^zarrfeed.commits/0000000001.json: already exists, so commit 1 was "
                                           "made before; zarrfeed.json's commit number went backwards"):
-        dataset_format.record_commit(store, 1, {t: 7 for t in CHUNKS})
+        commits.record_commit(store, 1, {t: 7 for t in CHUNKS})
     assert (ds_path / "zarrfeed.commits" / "0000000001.json").read_bytes() == first
     assert not [p for p in (ds_path / "zarrfeed.commits").iterdir() if p.suffix != ".json"]  # no temporary left
     memory = MemoryStore()
-    assert dataset_format.put_new(memory, "k", b"1") and not dataset_format.put_new(memory, "k", b"2")
+    assert memory.put_new("k", b"1") and not memory.put_new("k", b"2")
     assert memory["k"] == b"1"
 
 
 def test_an_existing_commit_object_is_never_rewritten_on_s3(s3):
     bucket, server = s3
-    from zarrfeed.core import dataset_format
 
     store = Location.of(f"{bucket}/d.zarr", server.options).store("w")
-    assert dataset_format.put_new(store, "zarrfeed.commits/0000000001.json", b"first")
-    assert not dataset_format.put_new(store, "zarrfeed.commits/0000000001.json", b"second")
+    assert store.put_new("zarrfeed.commits/0000000001.json", b"first")
+    assert not store.put_new("zarrfeed.commits/0000000001.json", b"second")
     assert bytes(store["zarrfeed.commits/0000000001.json"]) == b"first"
 
 
@@ -302,11 +302,11 @@ def test_a_commit_whose_object_landed_before_its_call_failed_is_published_by_the
     number is this writer's own retry, and replaces the object instead of taking it for a number gone backwards."""
     from zarrfeed.writer.committer import Committer
 
-    from zarrfeed.core import dataset_format
+    from zarrfeed.core import commits, dataset_format
 
     path = tmp_path / "d.zarr"
     c = Committer(Location.of(path), commit_interval=0)
-    real, failed = dataset_format.record_commit, []
+    real, failed = commits.record_commit, []
 
     def reply_lost(store, number, committed, tails=None, replace=False):
         real(store, number, committed, tails, replace)

@@ -22,6 +22,12 @@ import numcodecs
 import numpy as np
 
 from ..core import dataset_format
+
+from ..core import manifest
+
+from ..core import log_reads
+
+from ..core import commits
 from ..core.chunks import digest, read_rows, rows_digest, rows_digests
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
@@ -61,12 +67,12 @@ class Committer:
         self._attempted = -1  # the number of the last commit this writer tried to publish
         # chunks whose rows were all there before this dataset's first commit with digests (another tool's, an
         # older zarrfeed's), per table: the first commit records them as unknown (None), as every full chunk
-        # of a log with digests has an entry (see `dataset_format.read_log`)
+        # of a log with digests has an entry (see `log_reads.read_log`)
         self._adopted: dict[str, int] = {}
-        # whether the log records every chunk whose rows are all committed (see dataset_format.EVERY_CHUNK): a
+        # whether the log records every chunk whose rows are all committed (see manifest.EVERY_CHUNK): a
         # dataset this zarrfeed made or adopted; not one an earlier zarrfeed adopted without recording its chunks
         self._every_chunk = True
-        # per table, the committed rows and their digest in its last, partly filled chunk (`dataset_format.TAILS`)
+        # per table, the committed rows and their digest in its last, partly filled chunk (`manifest.TAILS`)
         # as the last commit recorded them: the next commit checks them before it records anything new there
         self._tail_digests: dict[str, tuple[int, str]] = {}
         self.error: BaseException | None = None
@@ -153,7 +159,7 @@ class Committer:
                 raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")
         if [str(x) for x in found.links] != [str(x) for x in schema.links]:
             raise FormatError(f"{self.location}: its links differ from the schema to append")
-        doc = dataset_format.read_manifest(group.store)
+        doc = commits.read_manifest(group.store)
         self._log = CommitLog()
         if doc is None:  # written by another tool: its shapes are its rows
             committed = {n: arrays[n].shape[0] if n in arrays else 0 for n in found.tables}
@@ -164,36 +170,36 @@ class Committer:
                 if n > held:
                     raise FormatError(f"{self.location}: table '{name}': {n} rows committed but the array holds "
                                       f"{held}; the dataset is damaged")
-            why = dataset_format.history_problem(group.store, doc)
+            why = log_reads.history_problem(group.store, doc)
             if why:
                 raise FormatError(f"{self.location}: {why}; nothing is appended to it")
             try:
-                self._log = dataset_format.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
+                self._log = log_reads.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
             except KeyError as exc:
                 raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
                     from None
-            self._check_tails(arrays, committed, doc.get(dataset_format.TAILS) or {})
+            self._check_tails(arrays, committed, doc.get(manifest.TAILS) or {})
         self._check_links(found, arrays, committed)
-        if doc is None or doc.get("digest") != dataset_format.DIGEST:
+        if doc is None or doc.get("digest") != manifest.DIGEST:
             self._adopted = {t: n // found.tables[t].chunk_rows for t, n in committed.items()}
         else:
-            self._every_chunk = bool(doc.get(dataset_format.EVERY_CHUNK))
+            self._every_chunk = bool(doc.get(manifest.EVERY_CHUNK))
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
                 dataset_format.create_table(group, table, found.compressor)
         if doc is None:
-            self._journal, self._commit_no, self._dataset_id = Journal(), 0, dataset_format.new_dataset_id()
+            self._journal, self._commit_no, self._dataset_id = Journal(), 0, manifest.new_dataset_id()
             return found, committed
-        if doc["commit"] not in dataset_format.commit_numbers(group.store):  # a writer stopped just after publishing
-            dataset_format.record_commit(group.store, doc["commit"], doc["committed"], doc.get(dataset_format.TAILS))
+        if doc["commit"] not in commits.commit_numbers(group.store):  # a writer stopped just after publishing
+            commits.record_commit(group.store, doc["commit"], doc["committed"], doc.get(manifest.TAILS))
         listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
-        orphans = [k for k in dataset_format.log_keys(group.store) if k not in listed]
+        orphans = [k for k in log_reads.log_keys(group.store) if k not in listed]
         if orphans:
-            within(FAIL_SECONDS, lambda: dataset_format.delete(group.store, orphans))
+            within(FAIL_SECONDS, lambda: group.store.delete(orphans))
         logged = self._log.whole()
         self._journal = Journal.from_json(doc.get("journal"), logged.committed, logged.skipped)
         self._commit_no = doc["commit"]
-        self._dataset_id = doc.get("dataset_id") or dataset_format.new_dataset_id()
+        self._dataset_id = doc.get("dataset_id") or manifest.new_dataset_id()
         return found, committed
 
     def _check_tails(self, arrays: Mapping[str, Array], committed: Mapping[str, int], tails: Mapping[str, str]
@@ -437,13 +443,13 @@ class Committer:
             tails = self._bounded(lambda: self._committed_tails(committed, chunks),
                                   "reading the last chunks' committed rows")
             objects, doomed = self._log.add(segment, self._commit_no + 1)
-            doc = dataset_format.manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
-                                          journal=state[1], log=self._log.to_json(), digest=dataset_format.DIGEST,
-                                          **({dataset_format.EVERY_CHUNK: True} if self._every_chunk else {}),
-                                          **{dataset_format.TAILS: {t: d for t, (_, d) in tails.items()}})
+            doc = manifest.new_manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
+                                          journal=state[1], log=self._log.to_json(), digest=manifest.DIGEST,
+                                          **({manifest.EVERY_CHUNK: True} if self._every_chunk else {}),
+                                          **{manifest.TAILS: {t: d for t, (_, d) in tails.items()}})
             retry = self._attempted == self._commit_no + 1  # an earlier call that failed may have landed
             self._attempted = self._commit_no + 1
-            self._bounded(lambda: dataset_format.write_manifest(self.store, doc, objects, retry=retry),
+            self._bounded(lambda: commits.write_manifest(self.store, doc, objects, retry=retry),
                           f"publishing commit {self._commit_no + 1}")
         except BaseException:
             self._log.refs, self._log.contents = before
@@ -457,11 +463,11 @@ class Committer:
             self._withdrawn, self._withdrawing = {}, False
         self._published = state
         if doomed:  # merged into the new segment; the manifest that listed them is replaced
-            within(FAIL_SECONDS, lambda: dataset_format.delete(self.store, doomed))
+            within(FAIL_SECONDS, lambda: self.store.delete(doomed))
 
     def _committed_tails(self, committed: Mapping[str, int], sealed: Mapping[str, Mapping[int, object]]
                          ) -> dict[str, tuple[int, str]]:
-        """`dataset_format.TAILS` of a commit of `committed` rows that records the chunks `sealed`: per table whose
+        """`manifest.TAILS` of a commit of `committed` rows that records the chunks `sealed`: per table whose
         last chunk they fill partly, the rows and the digest of its committed rows, read back from the store
         (every version of the chunk holds them: they are stored, and a writer that shares the chunk merges its
         rows in under the chunk's lock).

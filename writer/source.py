@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core import chunk_check, dataset_format
+from ..core import chunk_check, commits, dataset_format
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import read_rows
 from ..core.schema import Schema
@@ -75,7 +75,7 @@ class DatasetSource(Episodes):
         group = dataset_format.open_group(location, storage_options=storage_options)
         schema, arrays, _ = dataset_format.open_tables(group)  # other arrays are not episodes' (not copied)
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
-        doc = dataset_format.read_manifest(group.store)
+        doc = commits.read_manifest(group.store)
         rows = {n: doc["committed"].get(n, 0) if doc else a.shape[0] for n, a in tables.items()}
         # every chunk read is checked as every reader checks it (a copy must not carry on a changed chunk as
         # valid data), each table's last chunk by its committed rows while a writer appending meanwhile rewrites it

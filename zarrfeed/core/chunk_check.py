@@ -10,7 +10,7 @@ naming table, chunk key and place; nothing of it reaches a batch. HDFS and ZFS c
 A table's last, partly filled chunk is rewritten by a writer that appends (its rows below the reader's stay
 as they were), so the writer withdraws its record first and seals it again when it closes; one killed before
 it closes never does. Each commit also records the digest of that chunk's committed rows, decoded
-(`dataset_format.TAILS`): a last chunk that does not match its stored bytes' record (or has none) is decoded
+(`manifest.TAILS`): a last chunk that does not match its stored bytes' record (or has none) is decoded
 and its rows below the reader's count compared with that digest, whatever writer changed the chunk since.
 
 Chunks with no record are read unchecked, as before digests existed: datasets written by other tools
@@ -28,7 +28,8 @@ from typing import Any
 
 from .chunks import ChunkChanged, ChunkError, digest, rows_digest
 from .commit_log import ChunkRecord
-from .dataset_format import DIGEST, TAILS, latest_log
+from .manifest import DIGEST, TAILS
+from .log_reads import latest_log
 from .store import FormatError
 from .stores import Store
 from .zarr_array import Array
@@ -54,7 +55,7 @@ class ChunkCheck:
 
     `records[table][index]`: size and digest of each chunk with a record, `chunk_rows[table]`, `where` (the
     dataset's place, for messages) and `tails[table]`: the digest of the rows of the reader's commit in the
-    table's last, partly filled chunk (`dataset_format.TAILS`; absent for commits that did not record it)."""
+    table's last, partly filled chunk (`manifest.TAILS`; absent for commits that did not record it)."""
 
     where: str
     opened: Opened

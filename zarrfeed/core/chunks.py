@@ -28,7 +28,7 @@ def digest(data: bytes | memoryview) -> str:
 
 def rows_digest(array: Array, key: str, raw: bytes | None, rows: int) -> str:
     """The digest of the first `rows` rows of chunk `key`, decoded from its stored bytes `raw`: what a commit
-    records of a table's last, partly filled chunk (`dataset_format.TAILS`). Writers rewrite that chunk as they
+    records of a table's last, partly filled chunk (`manifest.TAILS`). Writers rewrite that chunk as they
     append, so its stored bytes change, but its rows below a commit's count never do: this digest holds for
     every later version of the chunk. `ChunkError` if the chunk is missing or cannot be decoded."""
     return rows_digests(array, key, raw, [rows])[0]
