@@ -16,13 +16,7 @@ from zarrfeed.writer import L5KIT_SCHEMA
 from zarrfeed.writer.chunk_write import write_rows
 from zarrfeed.writer.committer import Committer, key_order
 
-from zarrfeed.core import dataset_format
-
-from zarrfeed.core import manifest
-
-from zarrfeed.core import log_reads
-
-from zarrfeed.core import commits
+from zarrfeed.core import commits, dataset_format, log_reads, manifest
 from zarrfeed.core.keys import Position, fingerprint
 from zarrfeed.core.schema import Schema, Table
 from zarrfeed.core.store import FormatError, Location, StoreTimeout
@@ -242,12 +236,12 @@ def test_a_commit_that_fails_is_published_whole_by_the_next(tmp_path, monkeypatc
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr(dataset_format, "write_manifest", broken)
+    monkeypatch.setattr(commits, "write_manifest", broken)
     put(c, "b", eps[1])
     with pytest.raises(OSError, match="disk full"):
         c.commit()
     assert c.commit_number == 1
-    monkeypatch.setattr(dataset_format, "write_manifest", real)
+    monkeypatch.setattr(commits, "write_manifest", real)
     c.commit(force=True)
     assert c.commit_number == 2
     store = DirectoryStore(path)
@@ -380,7 +374,7 @@ def test_a_store_that_does_not_answer_is_one_line_naming_the_call(tmp_path, monk
     if then == "close" and call == "set_length":
         c.grow("agents", 5)
     hang = Hang()
-    monkeypatch.setattr(dataset_format, call, hang)
+    monkeypatch.setattr(commits if call == "write_manifest" else dataset_format, call, hang)
     try:
         with pytest.raises(StoreTimeout) as err:
             if then == "grow":
@@ -407,7 +401,7 @@ def test_a_failed_last_commit_is_said(tmp_path, monkeypatch, caplog):
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr(dataset_format, "write_manifest", broken)
+    monkeypatch.setattr(commits, "write_manifest", broken)
     with caplog.at_level("WARNING", logger="zarrfeed.writer"):
         c.fail(RuntimeError("the input broke"), remove=False)
     assert caplog.messages == [f"{loc}: the last commit after the error did not land; what was stored since "

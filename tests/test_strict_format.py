@@ -302,7 +302,7 @@ def test_a_commit_whose_object_landed_before_its_call_failed_is_published_by_the
     number is this writer's own retry, and replaces the object instead of taking it for a number gone backwards."""
     from zarrfeed.writer.committer import Committer
 
-    from zarrfeed.core import commits, dataset_format
+    from zarrfeed.core import commits
 
     path = tmp_path / "d.zarr"
     c = Committer(Location.of(path), commit_interval=0)
@@ -313,7 +313,7 @@ def test_a_commit_whose_object_landed_before_its_call_failed_is_published_by_the
         if not failed:
             failed.append(number)
             raise OSError("the reply was lost")
-    monkeypatch.setattr(dataset_format, "record_commit", reply_lost)
+    monkeypatch.setattr(commits, "record_commit", reply_lost)
     c.place("a", {"scenes": 0})
     with pytest.raises(OSError, match="the reply was lost"):
         c.commit(force=True)
