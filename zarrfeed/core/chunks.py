@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
-import numcodecs
 import numpy as np
 import xxhash
 
@@ -140,22 +139,7 @@ def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray
         raise ChunkError(f"table '{name}': chunk '{key}'{rows} is missing, below the committed rows; the dataset "
                          "is incomplete (zarrfeed validate lists every missing chunk)")
     try:
-        comp = array.compressor
-        if isinstance(comp, numcodecs.Blosc) and not array.filters:
-            # Blosc accepts a larger `out` silently; its 16-byte header says the decoded size (bytes 4-8)
-            header = bytes(memoryview(raw)[:16])
-            size = int.from_bytes(header[4:8], "little") if len(header) == 16 else -1
-            if size != out.nbytes:
-                raise ValueError(f"it decodes to {size} bytes, a chunk holds {out.nbytes}")
-            comp.decode(raw, out=out)
-            return
-        data = comp.decode(raw) if comp else raw
-        for f in reversed(array.filters or ()):
-            data = f.decode(data)
-        data = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(data, np.ndarray) else data
-        if data.nbytes != out.nbytes:
-            raise ValueError(f"it decodes to {data.nbytes} bytes, a chunk holds {out.nbytes}")
-        out[:] = data.reshape(-1).view(np.uint8)
+        array.decode_into(raw, out)
     except Exception as exc:
         name = array.path or "table"
         raise ChunkError(f"table '{name}': chunk '{key}' cannot be decoded ({type(exc).__name__}: {exc}); "

@@ -182,20 +182,35 @@ class Array:
     def decode_chunk(self, raw: bytes | None) -> np.ndarray:
         """One chunk, decoded (its full shape, as stored); fill values for None (never stored)."""
         shape = self.chunks if self.shape else ()
+        out = np.zeros(shape, self.dtype)
         if raw is None:
-            out = np.zeros(shape, self.dtype)
             if self.meta.fill_value is not None:
                 out[...] = self.fill_value
             return out
-        data: Any = self.compressor.decode(raw) if self.compressor else raw
+        self.decode_into(raw, out.reshape(-1).view(np.uint8))
+        return out
+
+    def decode_into(self, raw: bytes, out: np.ndarray) -> None:
+        """Decode one chunk's stored bytes into `out` (the uint8 bytes of one full chunk): the compressor, then
+        the filters in reverse, as zarr does. With a Blosc compressor and no filters Blosc writes straight into
+        `out`, with no intermediate copy (the loader's workers decode into shared memory this way).
+        `ValueError` if the bytes do not decode to exactly one chunk."""
+        comp = self.compressor
+        if isinstance(comp, numcodecs.Blosc) and not self.filters:
+            # Blosc accepts a larger `out` silently; its 16-byte header says the decoded size (bytes 4-8)
+            header = bytes(memoryview(raw)[:16])
+            size = int.from_bytes(header[4:8], "little") if len(header) == 16 else -1
+            if size != out.nbytes:
+                raise ValueError(f"it decodes to {size} bytes, a chunk holds {out.nbytes}")
+            comp.decode(raw, out=out)
+            return
+        data: Any = comp.decode(raw) if comp else raw
         for f in reversed(self.filters or []):
             data = f.decode(data)
         flat = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(data, np.ndarray) else data
-        flat = flat.reshape(-1).view(np.uint8)
-        want = self.dtype.itemsize * int(np.prod(shape))
-        if flat.nbytes != want:
-            raise ValueError(f"chunk of '{self.path}' decodes to {flat.nbytes} bytes, not {want}")
-        return flat.view(self.dtype).reshape(shape)
+        if flat.nbytes != out.nbytes:
+            raise ValueError(f"it decodes to {flat.nbytes} bytes, a chunk holds {out.nbytes}")
+        out[:] = flat.reshape(-1).view(np.uint8)
 
     def encode_chunk(self, chunk: np.ndarray) -> bytes:
         """One full chunk encoded as zarr does: the filters in order, then the compressor."""
