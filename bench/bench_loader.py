@@ -34,8 +34,8 @@ from pathlib import Path
 import multiprocess as mp
 import numpy as np
 import zarr
-from common import (add_plot_option, check_plot_option, parser, plot_panels, print_ratios, smaller_than_documented,
-                    synthetic_dataset)
+from common import (add_json_option, add_plot_option, check_plot_option, parser, plot_panels, print_ratios,
+                    smaller_than_documented, synthetic_dataset, write_json)
 from zarrfeed.loader import Dataset, Loader, WindowLoader
 
 
@@ -150,6 +150,7 @@ def main() -> None:
     p.add_argument("--check-only", action="store_true",
                    help="only the uncached epochs with and without the chunk check (their ratios)")
     add_plot_option(p)
+    add_json_option(p)
     args = p.parse_args()
     check_plot_option(args.plot)
     with synthetic_dataset(args.scenes) as path:
@@ -192,6 +193,7 @@ def main() -> None:
             s, samples, agents = windows_l5kit(path, 300)
             runs.setdefault("(l) L5Kit windows", []).append((s, samples))
         rate = {k: statistics.median(r / s for s, r in v) for k, v in runs.items()}
+        write_json(args.json, rate)
         if args.check_only:
             print(f"agents: {n:,} rows; {args.repeat} repeats, checked and unchecked alternating which goes first")
             for epoch, ratios in paired.items():

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import add_plot_option, check_plot_option, plot_panels, print_ratios, smaller_than_documented
+from common import (add_json_option, add_plot_option, check_plot_option, plot_panels, print_ratios,
+                    smaller_than_documented, write_json)
 from zarrfeed.writer import L5KIT_SCHEMA, relocate, synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
@@ -89,7 +90,10 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=None, help="scratch folder (default: a temporary one)")
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated variants to run (default: all of {','.join(VARIANTS)})")
     add_plot_option(p)
+    add_json_option(p)
     args = p.parse_args()
     check_plot_option(args.plot)
     out = args.out or Path(tempfile.mkdtemp(prefix="zarrfeed-bench-"))
@@ -99,14 +103,19 @@ def main() -> None:
         print(json.dumps(run_variant(args.variant, args.scenes, target)))
         shutil.rmtree(target, ignore_errors=True)
         return
-    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    variants = [v for v in VARIANTS if v in args.variants.split(",")]
+    if unknown := set(args.variants.split(",")) - set(VARIANTS):
+        p.error(f"--variants: no variant {', '.join(sorted(unknown))} (there are {', '.join(VARIANTS)})")
+    results: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(args.repeat):
-        for v in VARIANTS:  # interleaved, so machine noise spreads over all variants
+        for v in variants:  # interleaved, so machine noise spreads over all variants
             cmd = [sys.executable, __file__, "--variant", v, "--scenes", str(args.scenes), "--out", str(out)]
             results[v].append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
     med = {v: statistics.median(x["seconds"] for x in rs) for v, rs in results.items()}
     steady = {v: statistics.median(x["steady_seconds"] for x in rs) for v, rs in results.items()}
-    first = results[VARIANTS[0]][0]
+    write_json(args.json, {**{f"{k} open to close": 1 / v for k, v in med.items()},
+                           **{f"{k} steady": 1 / v for k, v in steady.items()}})
+    first = results[variants[0]][0]
     print(f"{args.scenes} scenes: {first['rows']:,} rows, {first['bytes'] / 1e6:.0f} MB in memory; "
           f"median of {args.repeat} runs, each variant in its own process\n")
     print("seconds: from opening the writer to closing it; steady: zarrfeed's ingest() alone (no process start-up "
@@ -120,8 +129,9 @@ def main() -> None:
               f"{x['bytes'] / med[v] / 1e6:>8.0f}"
               f"{max(r['rss_peak_mb'] for r in rs):>9.0f}{x['rss_data_mb']:>7.0f}"
               f"{max(r['worker_rss_peak_mb'] for r in rs):>12.0f}")
-    pairs = [("zarrfeed-2", "zarrfeed-1", 1.3), ("zarrfeed-2", "zarr-bulk", 1.0), ("zarrfeed-2", "concat+bulk", 3),
-             ("zarrfeed-2", "zarr-append", 10)]
+    pairs = [(a, b, t) for a, b, t in [("zarrfeed-2", "zarrfeed-1", 1.3), ("zarrfeed-2", "zarr-bulk", 1.0),
+                                       ("zarrfeed-2", "concat+bulk", 3), ("zarrfeed-2", "zarr-append", 10)]
+             if a in med and b in med]
     print_ratios({k: 1 / v for k, v in med.items()}, pairs, "ratios, writer open to close")
     print_ratios({k: 1 / v for k, v in steady.items()}, pairs, "ratios, steady state (ingest() alone)")
     if args.plot:
@@ -131,9 +141,9 @@ def main() -> None:
                  "concat+bulk": "numpy relocate + concatenate, then bulk write",
                  "zarr-append": "zarr Array.append per table and episode"}
         plot_panels(args.plot, f"Writer: {args.scenes} synthetic L5Kit scenes, {mb:,.0f} MB, median of {args.repeat}",
-                    [("writer open to close", "MB/s", {names[v]: mb / med[v] for v in VARIANTS}),
+                    [("writer open to close", "MB/s", {names[v]: mb / med[v] for v in variants}),
                      ("steady state: ingest() alone for zarrfeed", "MB/s",
-                      {names[v]: mb / steady[v] for v in VARIANTS})],
+                      {names[v]: mb / steady[v] for v in variants})],
                         smoke=smaller_than_documented(p, args))
     shutil.rmtree(out, ignore_errors=True) if args.out is None else None
 

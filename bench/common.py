@@ -30,6 +30,19 @@ def synthetic_dataset(scenes: int) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    """--json FILE: also write the run's speeds (name -> per second, higher is faster) for `compare_revisions`."""
+    p.add_argument("--json", metavar="FILE", type=Path, help="also write each measured speed (higher is faster) "
+                   "to FILE as JSON (what bench/compare_revisions.py reads)")
+
+
+def write_json(path: Path | None, speeds: dict[str, float]) -> None:
+    if path is not None:
+        import json
+
+        path.write_text(json.dumps(speeds, indent=1))
+
+
 def print_ratios(speed: dict[str, float], pairs: list[tuple[str, str, float | None]], title: str = "ratios",
                  meaning: str = "speed, higher is faster") -> None:
     """For each (a, b, target): speed[a] / speed[b] (higher is faster), and whether it meets the target."""
