@@ -7,6 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import working_tree
 from s3server import S3Server
 from zarrfeed.writer import synthetic, write_dataset
 
@@ -21,6 +22,25 @@ os.environ["ZARRFEED_CACHE_NAMESPACE"] = f"tests-{os.getpid()}-{uuid.uuid4().hex
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_TREE_BEFORE] = working_tree.entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if it left anything in the checkout (`working_tree`)."""
+    before, after = session.config.stash.get(_TREE_BEFORE, None), working_tree.entries()
+    if before is None or after is None:
+        return
+    if left := working_tree.left_behind(before, after):
+        session.config.get_terminal_writer().line(
+            f"\nthe test run left {len(left)} path(s) in the working tree: {', '.join(left)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TREE_BEFORE = pytest.StashKey["set[str] | None"]()
 
 REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
                   or Path(__file__).resolve().parents[2] / "shared" / "data" / "l5kit_single_scene.zarr")
