@@ -1,6 +1,7 @@
 """zarrfeed's reading side: open, describe and check datasets; load shuffled batches; Arrow and Parquet out."""
 from ..core.arrow_records import from_arrow
 from ..core.dataset_format import FormatError
+from ..core.stores import StoreUnreachable
 from .arrow_bridge import to_arrow
 from .batches import Loader, LoaderError, LoaderStalledError
 from .dataset import Dataset, ValidationReport
@@ -9,5 +10,5 @@ from .sample_loaders import AgentSampleLoader, EgoSampleLoader
 from .windows import WindowLoader
 
 __all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "Loader", "LoaderError",
-           "LoaderStalledError", "ValidationReport", "WindowLoader",
+           "LoaderStalledError", "StoreUnreachable", "ValidationReport", "WindowLoader",
            "export_parquet", "from_arrow", "to_arrow"]

@@ -136,9 +136,10 @@ def _part(location: Location, commit: int | None, check: ChunkCheck | None, scen
 
 
 def compute(ds: Dataset, threshold: float = 0.5, *, workers: int | None = None,
-            thresholds: Thresholds | None = None) -> np.ndarray:
+            thresholds: Thresholds | None = None, progress: Callable[[int], object] | None = None) -> np.ndarray:
     """L5Kit's agents mask of `ds`'s committed agents (uint32 (agents, 2)), computed by `workers` processes
-    (default: the cores this process may use; 0: in this process) over parts of whole scenes."""
+    (default: the cores this process may use; 0: in this process) over parts of whole scenes. `progress`, if
+    given, is called with the number of scenes of each part as it finishes (a progress bar's `update`)."""
     th = thresholds or Thresholds(label=threshold)
     n_scenes, n_agents = ds.rows["scenes"], ds.rows["agents"]
     mask = np.zeros((n_agents, 2), np.uint32)
@@ -147,10 +148,14 @@ def compute(ds: Dataset, threshold: float = 0.5, *, workers: int | None = None,
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
     per = max(1, -(-n_scenes // max(4 * workers, 1)))
     parts = [(s, min(s + per, n_scenes)) for s in range(0, n_scenes, per)]
+    done = progress or (lambda scenes: None)
     if workers <= 1 or len(parts) == 1:
-        results = [_part(ds.location, ds.commit, ds.check, p, th) for p in parts]
+        results = []
+        for p in parts:
+            results.append(_part(ds.location, ds.commit, ds.check, p, th))
+            done(p[1] - p[0])
     else:
-        results = _in_workers(ds, parts, th, min(workers, len(parts)))
+        results = _in_workers(ds, parts, th, min(workers, len(parts)), done)
     for a0, part in results:
         mask[a0:a0 + len(part)] = part
     return mask
@@ -162,15 +167,18 @@ def _part_setup(wid: int, location: Location, commit: int | None, check: ChunkCh
     return lambda scenes: (wid, *_part(location, commit, check, scenes, th))
 
 
-def _in_workers(ds: Dataset, parts: list[tuple[int, int]], th: Thresholds, n: int) -> list[tuple[int, np.ndarray]]:
+def _in_workers(ds: Dataset, parts: list[tuple[int, int]], th: Thresholds, n: int,
+                done: Callable[[int], object]) -> list[tuple[int, np.ndarray]]:
     """The parts' masks, computed by `n` worker processes of zarrfeed's pool (a Ctrl+C, a dead worker and a
     worker's exception behave as in every other pool of zarrfeed: the worker's exception is raised here)."""
     todo = list(parts)
+    sent: dict[int, tuple[int, int]] = {}  # worker -> the part it computes
     results: list[tuple[int, np.ndarray]] = []
     pool = WorkerPool(n, _part_setup, (ds.location, ds.commit, ds.check, th), "agents mask worker")
     try:
         for wid in range(n):
-            pool.send(wid, todo.pop())
+            sent[wid] = todo.pop()
+            pool.send(wid, sent[wid])
         while len(results) < len(parts):
             for reply in pool.poll(1.0):
                 if isinstance(reply, Failed):
@@ -180,8 +188,10 @@ def _in_workers(ds: Dataset, parts: list[tuple[int, int]], th: Thresholds, n: in
                                       f"{reply.error}", reply.error)
                 wid, a0, part = reply
                 results.append((a0, part))
+                done(sent[wid][1] - sent[wid][0])
                 if todo:
-                    pool.send(wid, todo.pop())
+                    sent[wid] = todo.pop()
+                    pool.send(wid, sent[wid])
             if pool.dead():
                 raise WorkerError(describe_exit("agents mask worker", *pool.dead()[0]) + " computing the mask")
     finally:

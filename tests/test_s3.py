@@ -423,3 +423,45 @@ def test_a_store_that_cannot_be_reached_is_never_read_as_empty(s3):
         assert "timeout" in f"{type(err.value).__name__} {err.value}".lower()
     finally:
         late.close()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound and released: connections to it are refused)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", [["info"], ["validate", "--deep"], ["ingest", "--synthetic", "1", "-q"],
+                                     ["ingest", "--synthetic", "1", "-q", "--append"], ["load", "-q"],
+                                     ["export", "OUT.parquet", "-q"], ["mask", "-q"]])
+def test_an_unreachable_endpoint_is_one_line_for_every_command(command, tmp_path):
+    """Issue 39 item 2: `ingest` onto an endpoint where nothing listens printed 161 lines of botocore's
+    traceback and exited 1; every command now says in one line that the store cannot be reached, exit 2."""
+    name, *rest = command
+    rest = [str(tmp_path / a) if a == "OUT.parquet" else a for a in rest]
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    r = subprocess.run([sys.executable, "-m", "zarrfeed", name, "s3://bucket/d.zarr", *rest,
+                        f"--storage-option=endpoint_url=http://127.0.0.1:{_closed_port()}"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "s3://bucket/d.zarr: cannot reach the store" in r.stderr and "endpoint_url" in r.stderr, r.stderr
+
+
+def test_an_unreachable_endpoint_is_one_exception_type_in_python(monkeypatch):
+    from zarrfeed import StoreUnreachable
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    options = {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"}
+    with pytest.raises(StoreUnreachable, match=r"^s3://bucket/d.zarr: cannot reach the store"):
+        Dataset.open("s3://bucket/d.zarr", storage_options=options)
+    with pytest.raises(StoreUnreachable, match=r"^s3://bucket/d.zarr: cannot reach the store"):
+        DatasetWriter("s3://bucket/d.zarr", workers=0, storage_options=options)
+    store = Location.of("s3://bucket/d.zarr", options).store("r")
+    with pytest.raises(StoreUnreachable, match=r"^s3://bucket/d.zarr: cannot reach the store"):
+        store.get_many(["scenes/0"])
+    assert issubclass(StoreUnreachable, OSError)

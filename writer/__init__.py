@@ -13,6 +13,7 @@ from ..core.schema import (
            Schema,
            Table,
 )
+from ..core.stores import StoreUnreachable
 from . import synthetic
 from .coordinator import Coordinator, LocalCoordinator
 from .dataset_writer import DatasetWriter
@@ -21,5 +22,6 @@ from .parquet_ingest import ingest_parquet
 from .write import write_dataset
 
 __all__ = ["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE", "TL_FACE_DTYPE",
-           "Coordinator", "DatasetWriter", "FormatError", "Link", "LocalCoordinator", "Schema", "Table", "Violation",
-           "WorkerError", "check_episode", "ingest_parquet", "relocate", "synthetic", "write_dataset"]
+           "Coordinator", "DatasetWriter", "FormatError", "Link", "LocalCoordinator", "Schema", "StoreUnreachable",
+           "Table", "Violation", "WorkerError", "check_episode", "ingest_parquet", "relocate", "synthetic",
+           "write_dataset"]

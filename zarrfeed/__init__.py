@@ -17,7 +17,7 @@ __version__ = "0.2.0"
 
 _NAMES = {
     "zarrfeed.writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
-               "FormatError", "synthetic"],
+               "FormatError", "StoreUnreachable", "synthetic"],
     "zarrfeed.loader": ["Dataset", "Loader", "LoaderError", "LoaderStalledError", "WindowLoader", "AgentSampleLoader",
                "EgoSampleLoader", "ValidationReport", "export_parquet",
                "from_arrow", "to_arrow"],

@@ -25,6 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None
     if program:  # registered before the commands import anything: atexit runs it after every other function
         atexit.register(_teardown_ignores_sigint)
+    interrupted = False
     try:
         from .commands import run
 
@@ -32,8 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if program:  # a second Ctrl+C, while this says so, is part of the same interrupt
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+        interrupted, code = True, 130
+    if interrupted:  # said once the exception is gone (see `commands.run`): this line is the last
         print("zarrfeed: interrupted", file=sys.stderr)
-        code = 130
     if program:
         _exit_keeps_the_code(code)
     return code

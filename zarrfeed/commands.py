@@ -459,7 +459,9 @@ def cmd_mask(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.path}: not an L5Kit dataset (it needs tables scenes, frames and agents)")
         agents_mask.check_writable(ds)  # before the work, not after it
         t0 = time.perf_counter()
-        mask = agents_mask.compute(ds, args.threshold, workers=args.workers)
+        with tqdm(total=ds.rows["scenes"], unit="scene", desc="agents mask", disable=args.quiet,
+                  leave=False) as bar:
+            mask = agents_mask.compute(ds, args.threshold, workers=args.workers, progress=bar.update)
         where = agents_mask.save(ds, mask, args.threshold)
         selected = len(agents_mask.selected_rows(mask))
     commit = f"commit {ds.commit}" if ds.commit is not None else "no commits"
@@ -660,6 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.5, help="label probability threshold (L5Kit's "
                    "filter_agents_threshold); yaw 30 degrees, extent ratio 1.1, 50 m to the AV, as L5Kit")
     p.add_argument("--workers", type=_count, default=2, help="processes (0: in this process)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_mask)
     p = command("export", "write tables as Parquet (one folder per table) or an Arrow IPC stream")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
@@ -792,6 +795,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"zarrfeed: error: {_credentials_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("zarrfeed: interrupted", file=sys.stderr)
-        return 130
+        pass
+    # said once the exception is gone: a progress bar its frames held (one interrupted while it was being made
+    # is closed only when it is collected) has written its last output first, so this line is the last
+    print("zarrfeed: interrupted", file=sys.stderr)
+    return 130
 

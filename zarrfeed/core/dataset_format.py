@@ -21,7 +21,7 @@ from .commits import read_manifest, write_manifest
 from .manifest import DIGEST, EVERY_CHUNK, MANIFEST_KEY, TAILS, new_dataset_id, new_manifest
 from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
 from .store import FormatError, Location, missing_credentials
-from .stores import MemoryStore, Store
+from .stores import MemoryStore, Store, connection_failure, unreachable
 from .zarr_array import Array, Group
 from .zarr_meta import ArrayMeta, MetaError, consolidated
 
@@ -44,6 +44,8 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
     except Exception as exc:
         if missing_credentials(exc):  # the command line explains where credentials are read from
             raise
+        if connection_failure(exc):
+            raise unreachable(str(loc), exc) from None
         raise FormatError(f"{loc}: cannot read the store ({type(exc).__name__}: "
                           f"{_first_line(_why_refused(loc, exc))})") from None
     if not has_group:

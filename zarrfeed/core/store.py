@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
-from .stores import DirectoryStore, FsspecStore, Store, ZipStore
+from .stores import DirectoryStore, FsspecStore, Store, StoreUnreachable, ZipStore, reaching
 
 log = logging.getLogger("zarrfeed")
 T = TypeVar("T")
@@ -85,7 +85,7 @@ class FormatError(ValueError):
     """A dataset cannot be read or written as asked; the message is one line saying what and where."""
 
 
-class StoreTimeout(OSError):
+class StoreTimeout(StoreUnreachable):
     """A store did not answer within the time allowed; the message is one line naming the store and the call."""
 
 
@@ -356,6 +356,7 @@ class Location:
             raise FormatError(f"{self.url}: cannot open the store ({type(exc).__name__}: {exc})") from None
         return FsspecStore(fs, root, read_only=mode == "r")
 
+    @reaching
     def entries(self, limit: int = 5) -> list[str]:
         """Up to `limit` names found directly at this location (to say what is there)."""
         if self.is_local:
@@ -366,6 +367,7 @@ class Location:
         except FileNotFoundError:
             return []
 
+    @reaching
     def remove(self, keep_root: bool = False) -> None:
         """Delete everything stored here, and a local directory itself unless `keep_root`."""
         if self.is_local and not keep_root and self.path.is_dir():
@@ -377,6 +379,7 @@ class Location:
         else:
             self.clear()
 
+    @reaching
     def clear(self, keep: Callable[[str], bool] = lambda name: False) -> None:
         """Delete every entry directly here (folders with their contents) except those whose name `keep`
         accepts; the location itself stays."""

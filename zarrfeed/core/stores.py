@@ -12,15 +12,55 @@ zarr-python 2's `FSStore` turned every `OSError` into `KeyError` unless told oth
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import threading
 import uuid
 import zipfile
 from abc import ABC, abstractmethod
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 PARTIAL = ".partial"  # the suffix of a local temporary file being written (never a key)
+
+# what the clients below fsspec raise when no connection could be made, by name (botocore and aiohttp are there
+# only with s3fs or an HTTP filesystem): refused, reset, a host that does not resolve, a connect that timed out
+_CONNECTION_ERRORS = {"ConnectionError", "EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
+                      "ClientConnectorDNSError", "ServerDisconnectedError", "gaierror", "ProxyConnectionError"}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StoreUnreachable(OSError):
+    """A store cannot be reached (a connection refused, a host that does not resolve, no network, no answer in
+    time); the message is one line naming the store and what the client said. Nothing was read or written."""
+
+
+def connection_failure(exc: BaseException) -> bool:
+    """Whether `exc` says that no connection to a store could be made (by the names of its classes)."""
+    return isinstance(exc, StoreUnreachable) or any(c.__name__ in _CONNECTION_ERRORS for c in type(exc).__mro__)
+
+
+def unreachable(where: str, exc: BaseException) -> StoreUnreachable:
+    """`StoreUnreachable` for the store at `where`, in one line, from the client's error `exc`."""
+    if isinstance(exc, StoreUnreachable):
+        return exc
+    said = (str(exc).strip().splitlines() or [""])[0]
+    return StoreUnreachable(f"{where}: cannot reach the store ({type(exc).__name__}: {said}); check the endpoint "
+                            "(--storage-option endpoint_url=...) and the network")
+
+
+def reaching(method: F) -> F:
+    """Raise a connection failure inside a method of an object with a `url` (a store, a location) as
+    `StoreUnreachable` naming it."""
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if connection_failure(exc):
+                raise unreachable(self.url, exc) from None
+            raise
+    return call  # type: ignore[return-value]
 
 
 class Store(ABC):
@@ -273,9 +313,16 @@ class FsspecStore(Store):
     def __repr__(self) -> str:
         return f"FsspecStore({self.root!r})"
 
+    @property
+    def url(self) -> str:
+        """The store's root as a URL (`s3://bucket/scenes.zarr`)."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        return f"{protocol}://{self.fs._strip_protocol(self.root)}"
+
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
+    @reaching
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
         if not keys:
             return {}
@@ -292,6 +339,7 @@ class FsspecStore(Store):
             out[paths[path] if path in paths else paths[self.fs._strip_protocol(path)]] = value
         return out
 
+    @reaching
     def __contains__(self, key: object) -> bool:
         # not `fs.isfile`, which answers False for any error: a network failure read as "no .zgroup here"
         if not isinstance(key, str):
@@ -301,11 +349,13 @@ class FsspecStore(Store):
         except FileNotFoundError:
             return False
 
+    @reaching
     def put_many(self, values: Mapping[str, bytes]) -> None:
         self._writable()
         if values:
             self.fs.pipe({self._path(k): bytes(v) for k, v in values.items()})
 
+    @reaching
     def put_new(self, key: str, value: bytes) -> bool:
         """An exclusive create (a conditional PUT, `If-None-Match: *`, on S3); on a filesystem that cannot
         create exclusively, a check and then a write."""
@@ -322,6 +372,7 @@ class FsspecStore(Store):
         self.put(key, value)
         return True
 
+    @reaching
     def delete(self, keys: Iterable[str]) -> None:
         self._writable()
         paths = [self._path(k) for k in keys]
@@ -335,6 +386,7 @@ class FsspecStore(Store):
                     except FileNotFoundError:
                         pass
 
+    @reaching
     def listdir(self, prefix: str = "") -> list[str]:
         try:
             entries = self.fs.ls(self._path(prefix.rstrip("/")), detail=False)
@@ -342,6 +394,7 @@ class FsspecStore(Store):
             return []
         return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in entries})
 
+    @reaching
     def sizes(self, prefix: str = "") -> dict[str, int]:
         try:
             entries = self.fs.ls(self._path(prefix.rstrip("/")), detail=True)
@@ -350,6 +403,7 @@ class FsspecStore(Store):
         return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
                 if e.get("type") == "file"}
 
+    @reaching
     def keys(self) -> Iterator[str]:
         start = len(self.fs._strip_protocol(self.root)) + 1
         try:
@@ -358,6 +412,7 @@ class FsspecStore(Store):
             return iter(())
         return iter(sorted(p[start:] for p in found))
 
+    @reaching
     def rmdir(self, prefix: str) -> None:
         self._writable()
         try:  # not `fs.exists`, which answers False for any error
