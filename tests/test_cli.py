@@ -105,6 +105,9 @@ def test_ingest_refuses_to_overwrite_and_resumes(tmp_path):
     assert zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "2", "-q").returncode == 0
     again = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "2", "-q")
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    # issue 39 item 3: what to type here, not Python's keywords
+    assert "(--append)" in again.stderr and "(--resume)" in again.stderr and "(--overwrite)" in again.stderr
+    assert "mode=" not in again.stderr and "=True" not in again.stderr
     resumed = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "3", "--resume", "-q")
     assert resumed.returncode == 0 and "wrote 1 episode (" in resumed.stdout
 

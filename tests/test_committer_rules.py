@@ -72,8 +72,11 @@ def test_mode_and_what_a_location_must_hold(tmp_path):
     loc = Location.of(tmp_path / "d.zarr")
     with pytest.raises(FormatError) as err:  # overwrite is not the default
         Committer(loc)
-    assert str(err.value) == (f"{loc}: already exists and is not empty; append to it (mode='a'), resume an "
-                              "interrupted ingest into it, or overwrite it")
+    assert str(err.value) == (f"{loc}: already exists and is not empty; append to it (mode='a'), finish an "
+                              "interrupted ingest into it (mode='a' and ingest(..., resume=True)), or replace it "
+                              "(overwrite=True)")
+    assert err.value.cli == (f"{loc}: already exists and is not empty; append to it (--append), finish an "
+                             "interrupted ingest into it (--resume), or replace it (--overwrite)")
     other = tmp_path / "other"
     other.mkdir()
     for name in "abcde":
@@ -313,8 +316,9 @@ def test_begin_input_refusals_say_what_to_do(tmp_path):
     with pytest.raises(ValueError) as err:
         c.begin_input("fp-1", resume=False)
     assert str(err.value) == (f"{loc}: this input was ingested before (0 of its parts are committed; its "
-                              "fingerprint is fp-1); resume it to finish it (resume=True, --resume), or pass keys= "
-                              "to write it again")
+                              "fingerprint is fp-1); finish it (resume=True), or give its episodes other keys "
+                              "(keys=) to write them a second time")
+    assert "finish it (--resume); writing the same episodes a second time" in err.value.cli
     with pytest.raises(ValueError) as err:
         c.begin_input("fp-2", resume=True)
     assert str(err.value) == (f"{loc}: cannot resume with this input (its fingerprint is fp-2): the interrupted "

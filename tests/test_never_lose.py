@@ -161,7 +161,9 @@ def test_resume_with_other_input_is_refused_before_anything_changes(tmp_path, ca
     assert "cannot resume with this input" in err and len(err.strip().splitlines()) == 1
     assert read_manifest(DirectoryStore(out))["committed"] == before["committed"]
     assert main(["ingest", str(out), "--synthetic", "4", "--seed", "0", "--append", "-q"]) == 2  # a repeat
-    assert "was ingested before (2 of its episodes are committed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "was ingested before (2 of its episodes are committed" in err and "finish it (--resume)" in err
+    assert "resume=True" not in err and "mode=" not in err  # the command line's words, not Python's
     assert main(["ingest", str(out), "--synthetic", "4", "--seed", "0", "--resume", "-q"]) == 0
     assert_holds(out, eps)
 

@@ -137,8 +137,11 @@ class Committer:
         if not self._holds_data():
             return
         if not overwrite:
-            raise FormatError(f"{self.location}: already exists and is not empty; append to it (mode='a'), "
-                              "resume an interrupted ingest into it, or overwrite it")
+            said = f"{self.location}: already exists and is not empty; "
+            raise FormatError(said + "append to it (mode='a'), finish an interrupted ingest into it (mode='a' and "
+                              "ingest(..., resume=True)), or replace it (overwrite=True)",
+                              cli=said + "append to it (--append), finish an interrupted ingest into it "
+                              "(--resume), or replace it (--overwrite)")
         if ".zgroup" not in store:
             held = self.location.entries(4)
             raise FormatError(f"{self.location}: not a zarr dataset (it holds {', '.join(held)}"
@@ -329,9 +332,11 @@ class Committer:
                              "this one without resume (--append)")
         if not resume and j.known_input(input_id):
             done = len(j.inputs[input_id][0])
-            raise ValueError(f"{self.location}: this input was ingested before ({done} of its {unit} are "
-                             f"committed; {what} {input_id}); resume it to finish it (resume=True, --resume), "
-                             "or pass keys= to write it again")
+            said = (f"{self.location}: this input was ingested before ({done} of its {unit} are committed; "
+                    f"{what} {input_id}); ")
+            raise FormatError(said + "finish it (resume=True), or give its episodes other keys (keys=) to write "
+                              "them a second time", cli=said + "finish it (--resume); writing the same episodes "
+                              "a second time takes other keys, which only Python's ingest(..., keys=) gives")
         j.add_input(input_id)
         j.last_input = input_id
         self.commit(force=True)

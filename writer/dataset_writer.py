@@ -469,7 +469,8 @@ class DatasetWriter:
                 self._shared_chunks += sum(w.shared for w in reply.writes)
                 self._done(reply.segment, reply.writes)
             if self._pool.dead():
-                raise WorkerError(self._lost())
+                raise WorkerError(self._lost(), cli=self._lost("Run the same command again with --resume to "
+                                                               "finish."))
             stalled = [seg for seg in self._inflight.values() if time.monotonic() - seg.sent > self.stall_timeout]
             if stalled:  # alive but stuck: a store that accepts connections and never answers
                 seg = stalled[0]
@@ -478,8 +479,8 @@ class DatasetWriter:
                                   f"{self.location} does not answer")
         self.committer.commit()
 
-    def _lost(self) -> str:
-        """The message for a dead worker: who, and which episodes' rows it held."""
+    def _lost(self, remedy: str = "Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).") -> str:
+        """The message for a dead worker: who, and which episodes' rows it held; then `remedy`."""
         assert self._pool is not None  # only a pool's worker can be lost
         wid, pid, code = self._pool.dead()[0]
         lost = sorted({k for seg in self._inflight.values() if seg.worker == wid
@@ -488,8 +489,7 @@ class DatasetWriter:
         what = f"episodes {lost[0]} to {lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "nothing"
         rows = ", ".join(f"{n:,} {t}" for t, n in self.committer.committed.items())
         return (f"{describe_exit('writer worker', wid, pid, code)} while writing {what}; "
-                f"{self.committer.committed_episodes} episodes are committed ({rows}). "
-                "Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).")
+                f"{self.committer.committed_episodes} episodes are committed ({rows}). {remedy}")
 
     def _fail(self, exc: BaseException | None) -> None:
         """Stop at once after an error: kill the workers, commit what is durable, free the buffers. A dataset

@@ -25,7 +25,7 @@ from . import __version__, writer
 from .core._proc.pool import WorkerError
 from .core._proc.shm import ShmSpaceError
 from .core.dataset_format import FormatError
-from .core.store import Location, parse_storage_option
+from .core.store import Location, in_cli_words, parse_storage_option
 from .loader import Dataset, Loader, LoaderError
 from .writer.dataset_writer import DatasetWriter
 from .writer.lease import LeaseLost
@@ -783,7 +783,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Unix tools do; no flush error at exit
         return 128 + signal.SIGPIPE
     except (FormatError, ValueError, WorkerError, LoaderError, LeaseLost, ShmSpaceError, OSError) as exc:
-        print(f"zarrfeed: error: {exc}", file=sys.stderr)
+        print(f"zarrfeed: error: {in_cli_words(exc)}", file=sys.stderr)
         return 2
     except TypeError as exc:
         if "unexpected keyword argument" not in str(exc):

@@ -82,7 +82,18 @@ def missing_credentials(exc: BaseException) -> bool:
 
 
 class FormatError(ValueError):
-    """A dataset cannot be read or written as asked; the message is one line saying what and where."""
+    """A dataset cannot be read or written as asked; the message is one line saying what and where. Where it
+    says what to do instead, `str()` says it in Python's words (`mode='a'`) and `cli`, when set, in the command
+    line's (`--append`): the command line prints `cli` (`in_cli_words`)."""
+
+    def __init__(self, message: str, cli: str | None = None) -> None:
+        super().__init__(message)
+        self.cli = cli
+
+
+def in_cli_words(exc: BaseException) -> str:
+    """An error's message as the command line shows it: its `cli` wording if it has one."""
+    return getattr(exc, "cli", None) or str(exc)
 
 
 class StoreTimeout(StoreUnreachable):

@@ -60,9 +60,10 @@ class WorkerError(RuntimeError):
     """A worker died or failed; the message (one line) says which and what was lost. When it raised,
     `remote` is the worker's exception (`remote.exc`, `remote.traceback`), also chained as `__cause__`."""
 
-    def __init__(self, message: str, remote: RemoteError | None = None) -> None:
+    def __init__(self, message: str, remote: RemoteError | None = None, cli: str | None = None) -> None:
         super().__init__(message)
         self.remote = remote
+        self.cli = cli  # the message in the command line's words, where they differ (`store.in_cli_words`)
 
     @property
     def remote_traceback(self) -> str | None:
