@@ -432,3 +432,51 @@ def test_interrupted_is_the_last_line_after_what_the_interrupted_frames_held(mon
     monkeypatch.setattr(commands, "cmd_info", interrupted_command)
     assert main(["info", "anything"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "zarrfeed: interrupted"
+
+
+def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tmp_path):
+    """Issue 39 item 4: `--synthtic 2` was reported only as "one of --synthetic --from is required", and an
+    unknown flag after a command printed the top-level usage."""
+    r = zarrfeed("ingest", tmp_path / "d.zarr", "--synthtic", "2")
+    assert r.returncode == 2 and r.stderr.startswith("usage: zarrfeed ingest ")
+    assert r.stderr.strip().splitlines()[-1] == ("zarrfeed ingest: error: unrecognized argument --synthtic; did you "
+                                                 "mean --synthetic?")
+    r = zarrfeed("load", tmp_path / "d.zarr", "--batch_size=8")
+    assert r.returncode == 2 and r.stderr.startswith("usage: zarrfeed load ")
+    assert "unrecognized argument --batch_size; did you mean --batch-size?" in r.stderr
+    r = zarrfeed("info", tmp_path / "d.zarr", "surplus")
+    assert r.returncode == 2 and r.stderr.startswith("usage: zarrfeed info ") and "surplus" in r.stderr
+    assert not (tmp_path / "d.zarr").exists()
+    # abbreviations argparse accepts still work, and so do values that start with a dash
+    assert zarrfeed("ingest", tmp_path / "d.zarr", "--synth", "1", "--work", "0", "-q").returncode == 0
+    r = zarrfeed("mask", tmp_path / "d.zarr", "--threshold", "-1", "-q")
+    assert "unrecognized" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", ["ingest", "load", "mask", "export", "info", "validate", "demo", "status",
+                                     "serve", "plot"])
+def test_every_data_command_takes_quiet(command):
+    """Issue 39 item 4: `zarrfeed mask ... -q` was refused while every other data command took it."""
+    r = zarrfeed(command, "--help")
+    assert r.returncode == 0 and ("-q, --quiet" in r.stdout) == (command not in ("status", "serve", "plot"))
+
+
+def test_export_refuses_to_write_binary_to_a_terminal(small_dataset, tmp_path):
+    """Issue 39 item 4: `export ... - --format arrow` wrote the binary stream to a terminal."""
+    import pty
+
+    small_dataset = small_dataset(2, 0)
+
+    leader, follower = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "zarrfeed", "export", str(small_dataset), "-", "--format", "arrow",
+                            "--tables", "scenes"], stdout=follower, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert r.returncode == 2 and r.stderr.startswith("zarrfeed: error: export to - writes a binary Arrow IPC stream")
+    piped = subprocess.run([sys.executable, "-m", "zarrfeed", "export", str(small_dataset), "-", "--format", "arrow",
+                            "--tables", "scenes"], capture_output=True, timeout=120)
+    import pyarrow as pa
+
+    assert piped.returncode == 0 and pa.ipc.open_stream(piped.stdout).read_all().num_rows > 0

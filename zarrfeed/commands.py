@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import signal
@@ -477,6 +478,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     if args.out == "-" and args.format != "arrow":
         raise ValueError("export to - (standard output) writes an Arrow IPC stream: add --format arrow")
+    if args.out == "-" and sys.stdout.isatty():
+        raise ValueError("export to - writes a binary Arrow IPC stream, and standard output is a terminal: "
+                         "redirect it to a file (> agents.arrows) or pipe it to a reader")
     with _open(args) as ds:
         for t in tables or []:
             if t not in ds.tables:
@@ -603,6 +607,34 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser. An option it does not know is refused first (before "one of --synthetic --from is
+    required"), under the command's own usage rather than the top level's, naming the option it resembles."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        for token in list(args or []):
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if token.startswith("-") and token != "-" and not token[1:2].isdigit() and not self._knows(name):
+                self.error(f"unrecognized argument {name}{self._close_to(name)}")
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+    def _knows(self, name: str) -> bool:
+        """An option of this command, or an abbreviation of exactly one (argparse accepts those)."""
+        if name in self._option_string_actions:
+            return True
+        return name.startswith("--") and sum(o.startswith(name) for o in self._option_string_actions) == 1
+
+    def _close_to(self, name: str) -> str:
+        close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--")], n=1)
+        return f"; did you mean {close[0]}?" if close else ""
+
+
 def _check_workers(args: argparse.Namespace) -> None:
     """More worker processes than cores only adds switching: say so (it still runs)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -616,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarrfeed", description="Training-data loader and writer for "
                                      "datasets of structured records in zarr (L5Kit format).")
     parser.add_argument("--version", action="version", version=f"zarrfeed {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, formatter_class=_Help)
