@@ -480,3 +480,24 @@ def test_export_refuses_to_write_binary_to_a_terminal(small_dataset, tmp_path):
     import pyarrow as pa
 
     assert piped.returncode == 0 and pa.ipc.open_stream(piped.stdout).read_all().num_rows > 0
+
+
+def test_help_and_refusals_a_newcomer_meets(tmp_path):
+    """Issue 39 item 4: `status --help` cut a sentence, `demo --help` omitted half of what the demo does,
+    `demo --out plaindir` announced its work before refusing, `load grpc://` said "Protocol not known"."""
+    status = zarrfeed("status", "--help").stdout
+    assert "signed the server's certificate" in " ".join(status.split())
+    demo = " ".join(zarrfeed("demo", "--help").stdout.split())
+    for step in ("ingest", "info", "validate", "shuffled batches", "Parquet", "DuckDB"):
+        assert step in demo, step
+    plain = tmp_path / "plaindir"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("mine")
+    r = zarrfeed("demo", "--out", plain, "-q")
+    assert r.returncode == 2 and r.stdout == "" and "refusing to overwrite it" in r.stderr
+    assert (plain / "notes.txt").read_text() == "mine"
+    for command in ("load", "export", "validate", "mask"):
+        args = [command, "grpc://127.0.0.1:1"] + (["out.parquet"] if command == "export" else [])
+        r = zarrfeed(*args, cwd=tmp_path)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "a zarrfeed server, not a dataset's store" in r.stderr and "RemoteLoader" in r.stderr

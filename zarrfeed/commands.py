@@ -99,6 +99,10 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _open(args: argparse.Namespace) -> Dataset:
+    if args.path.startswith(("grpc://", "grpc+tls://")):
+        raise ValueError(f"{args.path}: a zarrfeed server, not a dataset's store; `zarrfeed {args.command}` reads a "
+                         "directory, a .zip or an fsspec URL. A server's batches are read with zarrfeed.flight."
+                         "RemoteLoader in Python; `zarrfeed info` and `zarrfeed status` show what it serves")
     return Dataset.open(args.path, storage_options=_options(args),
                         verify_chunks=not getattr(args, "no_verify", False))
 
@@ -524,8 +528,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    print(f"ingesting {args.scenes} synthetic L5Kit scenes into {out} with {args.workers} writer processes")
     with DatasetWriter(out, workers=args.workers, progress=_progress(args), overwrite=True) as w:  # never a non-dataset
+        print(f"ingesting {args.scenes} synthetic L5Kit scenes into {out} with {args.workers} writer processes")
         summary = w.ingest(_Sized(writer.synthetic.episodes(args.scenes, seed=args.seed), args.scenes))
     _print_summary(summary, w.committed)
     print()
@@ -650,10 +654,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"zarrfeed {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, formatter_class=_Help)
+    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description or help[:1].upper() + help[1:] + ".",
+                              formatter_class=_Help)
 
-    p = command("demo", "write a synthetic L5Kit dataset, describe it and validate it")
+    p = command("demo", "the whole job on synthetic L5Kit data: write, describe, validate, load, export, query",
+                "The whole job on synthetic L5Kit scenes: ingest them with writer processes "
+                "into OUT (a dataset there is replaced), print `info`, validate every interval link and chunk, "
+                "load one epoch of shuffled batches of 4,096 agents with loader workers, export every table to "
+                "Parquet beside it (OUT.parquet/<table>/) and, with DuckDB installed (zarrfeed[demo]), count the "
+                "agents per label with one SQL query on the Parquet files.")
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (a dataset there is replaced; "
                    "anything else is refused)")
     p.add_argument("--scenes", type=_count, default=50, help="synthetic scenes (about 21,000 agents each)")
@@ -710,7 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
     p = command("status", "what a zarrfeed server is doing: streams, uploads, commit lag, processes, memory")
     p.add_argument("url", help="grpc://host:port or grpc+tls://host:port (token: ZARRFEED_TOKEN)")
-    p.add_argument("--tls-root-certs", metavar="PEM", help="the CA certificate that signed the server's")
+    p.add_argument("--tls-root-certs", metavar="PEM", help="the CA certificate (PEM file) that "
+                   "signed the server's certificate, for a grpc+tls:// server whose CA is not a public one")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
     p = command("serve", "serve the dataset's batches over Arrow Flight (RemoteLoader, any Flight client)")
