@@ -92,3 +92,19 @@ def test_the_wheel_and_the_sdist_pass_twine_check(tmp_path):
     releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert releases and releases[0] == zarrfeed.__version__, releases
     assert any(n.endswith("/CHANGELOG.md") for n in tarfile.open(sdist).getnames())
+
+
+def test_the_test_extra_pulls_no_gpu_stack():
+    """Issue 39 item 9: the test extra pinned torch==2.13.0 on every Python; on 3.12 and 3.13 no CPU build of it
+    is at hand and pip took a CUDA build (19 packages, a 5.8 GB environment). torch comes with the test extra only
+    where its CPU build is (3.11); the torch tests run wherever torch is installed."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    torch = [Requirement(r) for r in extra if Requirement(r).name == "torch"]
+    for version in ("3.11", "3.12", "3.13", "3.14"):
+        wanted = [r for r in torch if r.marker is None or r.marker.evaluate({"python_version": version})]
+        assert (version == "3.11") == bool(wanted), (version, [str(r) for r in wanted])
+        assert all(str(r.specifier).startswith("==") for r in wanted)  # a range would take a CUDA build
