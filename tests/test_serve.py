@@ -1001,10 +1001,48 @@ def test_status_and_the_access_log_show_who_is_connected(tmp_path):
     finally:
         s.stop()
     log = s.err()
-    assert re.search(r"stream \d+ client=ipv4:127\.0\.0\.1:\d+ windows=frames rank=1/2 epoch=0 batches=\d+ "
+    assert re.search(r"stream \d+ client=ipv4:127\.0\.0\.1:\d+ kind=windows table=frames rank=1/2 epoch=0 batches=\d+ "
                      r"rows=\d+ decoded=\d+ seconds=[\d.]+ outcome=(cancelled|ok)", log), log
     assert re.search(r"upload \d+ client=ipv4:127\.0\.0\.1:\d+ accepted=2 passed_over=0 bytes=\d+ seconds=[\d.]+ "
                      r"outcome=ok", log), log
+
+
+def test_kept_loaders_are_an_option_and_shown_by_status(data):
+    """Issue 39 item 5: an idle server kept up to 8 loaders' workers for 120 s (755 MiB in one run) and neither
+    `status` nor the guide said so. `--kept-loaders` and `--kept-loader-seconds` set both; `status` shows them."""
+    def status() -> dict:
+        out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url, "--json"], capture_output=True,
+                             text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    s = Server(data, "--kept-loaders", "1", "--kept-loader-seconds", "3")
+    try:
+        for seed in (1, 2):  # two trainers' epochs end: the second's loader takes the first's place
+            with RemoteLoader(s.url, "agents", batch_size=4096, seed=seed) as remote:
+                assert sum(len(b["centroid"]) for b in remote) == Dataset.open(data).rows["agents"]
+        doc = status()
+        assert doc["limits"]["kept_loaders"] == 1 and doc["limits"]["kept_loader_seconds"] == 3
+        assert doc["kept_loaders"] == {"loaders": 1, "worker_processes": 1}
+        text = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT).stdout
+        assert "loaders kept for a next epoch: 1 (at most 1, each for 3 s), holding 1 worker process" in text, text
+        deadline = time.monotonic() + 20
+        while status()["kept_loaders"]["loaders"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status()["kept_loaders"] == {"loaders": 0, "worker_processes": 0}
+    finally:
+        s.stop()
+    s = Server(data, "--kept-loaders", "0")
+    try:
+        with RemoteLoader(s.url, "agents", batch_size=4096) as remote:
+            list(remote)
+        assert status()["kept_loaders"]["loaders"] == 0
+    finally:
+        s.stop()
+    bad = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--kept-loaders", "-1"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "--kept-loaders" in bad.stderr
 
 
 def test_episodes_passed_over_leave_no_commit_lag(target):

@@ -296,6 +296,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         "streams_given_up" in t else ""
     print(f"streams: {len(doc['streams'])} open (at most {doc['limits']['max_streams']}), {t['streams']:,} since "
           f"start, {t['rows_sent']:,} rows sent{given_up}")
+    kept, lim = doc.get("kept_loaders"), doc["limits"]
+    if kept is not None:
+        held = plural(kept["worker_processes"], "worker process", "worker processes")
+        print(f"loaders kept for a next epoch: {kept['loaders']} (at most {lim['kept_loaders']}, each for "
+              f"{lim['kept_loader_seconds']:g} s), holding {held}")
     for st in doc["streams"]:
         where = f"{st['dataset']}/" if st["dataset"] else ""
         print(f"  #{st['id']} {st['client']} {st['kind']} {where}{st['table']} rank {st['rank']}/{st['world_size']} "
@@ -565,7 +570,7 @@ def _duckdb_query(parquet: Path) -> None:
 
 
 LIMIT_OPTIONS = ("max_streams", "max_uploads", "max_message_bytes", "max_batch_bytes", "max_transform_args_bytes",
-                 "stream_idle_timeout")
+                 "stream_idle_timeout", "kept_loaders", "kept_loader_seconds")
 
 
 def _bytes(text: str) -> int:
@@ -753,7 +758,12 @@ def build_parser() -> argparse.ArgumentParser:
                              ("max_transform_args_bytes", _bytes, "a ticket's transform arguments, as JSON"),
                              ("stream_idle_timeout", _seconds, "seconds a stream waits for its client to take a "
                               "batch before it gives up its slot and loader (default 60; the client, reading on, "
-                              "reconnects)")):
+                              "reconnects)"),
+                             ("kept_loaders", _count, "loaders kept running after their stream's epoch, with their "
+                              "worker processes and decoded chunks, for the same trainer's next epoch (default 8; "
+                              "0: none)"),
+                             ("kept_loader_seconds", _seconds, "how long a kept loader waits for its next epoch "
+                              "before it stops (default 120)")):
         limits.add_argument("--" + name.replace("_", "-"), type=kind, metavar="N", help=text)
     p.add_argument("--transforms", metavar="MODULE",
                    help="module name or .py file of named transforms clients may ask for (transform=NAME)")

@@ -99,8 +99,8 @@ class Activity:
             self.streams.pop(record.id, None)
             self.totals["chunks_decoded"] += decoded
             self.totals["streams_given_up"] += outcome == "idle"
-        access_log.info("stream %d client=%s %s=%s%s rank=%d/%d epoch=%d batches=%d rows=%d decoded=%d seconds=%.3f "
-                        "outcome=%s", record.id, record.client, record.kind,
+        access_log.info("stream %d client=%s kind=%s table=%s%s rank=%d/%d epoch=%d batches=%d rows=%d decoded=%d "
+                        "seconds=%.3f outcome=%s", record.id, record.client, record.kind,
                         f"{record.dataset}/" if record.dataset else "", record.table, record.rank, record.world_size,
                         record.epoch, record.batches, record.rows, decoded, time.monotonic() - record.started,
                         outcome)

@@ -55,10 +55,19 @@ class IdleLoaders:
                     return loader
         return None
 
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def worker_processes(self) -> int:
+        """The worker processes the kept loaders hold (running, waiting for a next epoch)."""
+        with self._lock:
+            return sum(loader.num_workers for _, _, loader in self._items)
+
     def put(self, key: str, loader: Loader) -> None:
         with self._lock:
             self._items.append((time.monotonic(), key, loader))
-            gone, self._items = self._items[:-self.limit], self._items[-self.limit:]
+            keep = len(self._items) - self.limit
+            gone, self._items = self._items[:keep], self._items[keep:]
         for _, _, old in gone:
             old.close()
 
@@ -91,7 +100,7 @@ class Feeding:
         self.verify_chunks = serving.verify_chunks
         self._datasets: dict[int | None, Dataset] = {}
         self._lock = threading.Lock()
-        self.idle = IdleLoaders()
+        self.idle = IdleLoaders(self.limits.kept_loaders, self.limits.kept_loader_seconds)
         self._gates: set[_Gate] = set()  # the open streams, for `give_up_idle`
         self.closing = threading.Event()  # set at shutdown: open streams end, new ones are refused
         self.dataset(None)  # unreadable: one line now, before any client connects

@@ -32,6 +32,10 @@ class Limits:
     max_batch_bytes: int
     max_transform_args_bytes: int = 64 << 10
     stream_idle_timeout: float = 60.0  # seconds a stream may wait for its client to take a batch
+    # loaders whose stream finished an epoch, kept running (their worker processes and decoded chunks) for the
+    # same trainer's next epoch (`feeding.IdleLoaders`), and for how long; 0: none kept
+    kept_loaders: int = 8
+    kept_loader_seconds: float = 120.0
 
     @classmethod
     def for_machine(cls, workers: int) -> "Limits":
@@ -51,6 +55,10 @@ class Limits:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.stream_idle_timeout > 0:
             raise ValueError(f"stream_idle_timeout must be > 0 seconds, got {self.stream_idle_timeout}")
+        if self.kept_loaders < 0:
+            raise ValueError(f"kept_loaders must be at least 0, got {self.kept_loaders}")
+        if not self.kept_loader_seconds > 0:
+            raise ValueError(f"kept_loader_seconds must be > 0 seconds, got {self.kept_loader_seconds}")
 
     def stream_cache_bytes(self) -> int:
         """The decoded chunks one stream's loader may keep across epochs: its share of a quarter of memory."""

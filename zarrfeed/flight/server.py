@@ -191,9 +191,12 @@ class FeedServer(flight.FlightServerBase):
 
     def status(self, body: bytes = b"") -> dict[str, Any]:
         """The action "status": streams (client, dataset, table, rank, epoch, rows/s), uploads, totals, per
-        dataset its location and ingestion (what is committed, the commit lag), limits, worker processes,
-        memory, uptime."""
+        dataset its location and ingestion (what is committed, the commit lag), the loaders kept for a next
+        epoch and their worker processes, limits, worker processes, memory, uptime."""
+        kept = [s.feeding.idle for s in self.datasets.values()]
         return {**self.activity.report(), "ingesting": self.access.ingest,
+                "kept_loaders": {"loaders": sum(len(k) for k in kept),
+                                 "worker_processes": sum(k.worker_processes() for k in kept)},
                 "datasets": {name: {"location": str(s.location), "ingestion": s.ingestion.status()}
                              for name, s in self.datasets.items()},
                 "limits": dataclasses.asdict(self.limits), "url": self.url}
