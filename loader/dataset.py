@@ -454,8 +454,8 @@ class ChunkReader:
             return read_rows(arr, start, stop, check=self.check)
         except ChunkChanged:
             raise
-        except ChunkError as exc:
-            raise FormatError(f"{exc}; the file is truncated or corrupt") from None
+        except ChunkError as exc:  # (its message already says what is wrong with the file)
+            raise FormatError(str(exc)) from None
 
     def __iter__(self):
         if self.check is None:

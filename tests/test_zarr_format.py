@@ -185,3 +185,78 @@ def test_fortran_order_in_one_dimension_is_the_same_layout_and_is_read():
     doc = {**GOOD, "shape": [10], "chunks": [4], "order": "F", "filters": []}
     meta = ArrayMeta.parse(doc)
     assert meta.to_json() == doc  # written back as it was
+
+
+# ---------------------------------------------------------------- found by the adversarial pass of issue 36
+def _nd(store, separator=None, shape=(10, 3, 4)):
+    arr = Array.create(store, "img", ArrayMeta.new(shape, 4, np.dtype("<i4"), numcodecs.Blosc(),
+                                                   dimension_separator=separator))
+    data = np.arange(math.prod(shape), dtype="<i4").reshape(shape)
+    arr.write(0, data)
+    return arr, data
+
+
+def test_an_ellipsis_stands_for_the_axes_the_other_indices_leave():
+    """`arr[..., 0]` read axis 1 instead of the last one (the shape is even right when they are as long)."""
+    arr, data = _nd(MemoryStore(), shape=(10, 4, 4))
+    for key in [(Ellipsis, 0), (Ellipsis, slice(1, 3)), (2, Ellipsis), (slice(2, 9, 3), Ellipsis, 1), Ellipsis,
+                (Ellipsis, 1, 2), (1, Ellipsis, 2)]:
+        np.testing.assert_array_equal(arr[key], data[key], err_msg=str(key))
+    flat, values = _nd(MemoryStore(), shape=(10,))
+    assert flat[..., 3] == values[3]
+    with pytest.raises(IndexError, match="single ellipsis"):
+        arr[..., 0, ...]
+
+
+def test_a_write_at_a_negative_row_is_refused_not_lost():
+    arr, data = _nd(MemoryStore())
+    with pytest.raises(IndexError, match="negative"):
+        arr.write(-2, data[:2])
+    np.testing.assert_array_equal(arr[:], data)
+
+
+@pytest.mark.parametrize("separator", [".", "/"])
+def test_chunks_stored_are_counted_from_a_listing_with_either_separator(tmp_path, separator):
+    """With '/', an N-d array's chunks lie in sub-folders (`3/0/0`): they counted as none stored. And the count
+    looped over every chunk the shape could hold: a shape of 2**62 rows never returned."""
+    arr, _ = _nd(DirectoryStore(tmp_path), separator)
+    assert arr.nchunks_initialized == 3 and arr.nbytes_stored > len(arr.meta.to_bytes()) + 3 * 16
+    doc = json.loads((tmp_path / "img" / ".zarray").read_text())
+    doc["shape"][0] = 2**62
+    (tmp_path / "img" / ".zarray").write_text(json.dumps(doc))
+    assert Array.open(DirectoryStore(tmp_path), "img").nchunks_initialized == 3  # at once
+
+
+def test_a_chunk_too_large_to_decode_is_refused_when_the_array_opens():
+    doc = json.loads(ArrayMeta.new((10,), 4, np.dtype("<f8")).to_bytes())
+    doc["chunks"] = [2**40]
+    with pytest.raises(MetaError, match=r"one chunk holds 8,796,093,022,208 bytes decoded, more than the 2 GiB"):
+        ArrayMeta.parse(doc, "x/.zarray")
+    doc["chunks"], doc["dtype"] = [4], "|S0"
+    with pytest.raises(MetaError, match="of 0 bytes"):
+        ArrayMeta.parse(doc, "x/.zarray")
+
+
+def test_json_nested_too_deep_is_one_error_naming_the_document():
+    from zarrfeed.core.zarr_meta import load_json
+
+    with pytest.raises(MetaError, match=r"^a/.zarray: JSON nested too deep to read$"):
+        load_json(b"[" * 100_000 + b"]" * 100_000, "a/.zarray")
+
+
+def test_numpy_numbers_are_stored_in_attributes_as_zarr_2_stored_them():
+    arr, _ = _nd(MemoryStore())
+    arr.attrs["n"], arr.attrs["x"], arr.attrs["v"] = np.int64(3), np.float32(0.5), np.arange(3)
+    assert arr.attrs.asdict() == {"n": 3, "x": 0.5, "v": [0, 1, 2]}
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        arr.attrs["o"] = object()
+
+
+def test_a_chunk_too_short_for_its_header_says_so(tmp_path):
+    from zarrfeed.core.chunks import ChunkError, read_rows
+
+    arr, _ = _nd(DirectoryStore(tmp_path), shape=(8,))
+    (tmp_path / "img" / "1").write_bytes(b"")
+    with pytest.raises(ChunkError, match=r"chunk 'img/1' cannot be decoded \(ValueError: it is 0 bytes, shorter "
+                                         r"than a Blosc header \(16\)\); the file is truncated or corrupt$"):
+        read_rows(arr, 0, 8)

@@ -165,6 +165,13 @@ class Committer:
         doc = commits.read_manifest(group.store)
         self._log = CommitLog()
         if doc is None:  # written by another tool: its shapes are its rows
+            for name, arr in arrays.items():
+                why = dataset_format.codecs_problem(name, arr, found.compressor)
+                if why:
+                    raise FormatError(f"{self.location}: {why}; zarrfeed appends to a dataset whose tables share "
+                                      "one compressor and have no filters (what its manifest records for every "
+                                      "table): copy it first, re-encoded with zarrfeed's compressor, with "
+                                      f"`zarrfeed ingest NEW --from {self.location}`, then append to the copy")
             committed = {n: arrays[n].shape[0] if n in arrays else 0 for n in found.tables}
         else:
             committed = {name: doc["committed"][name] for name in found.tables}  # every table's (read_manifest checks)

@@ -140,7 +140,7 @@ class Holder:
     def parse(cls, raw: bytes | None) -> "Holder | None":
         try:
             holder = cls(**json.loads(bytes(raw))) if raw is not None else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             return None
         if holder is not None and not (holder.timeout is None or (isinstance(holder.timeout, (int, float))
                                                                   and holder.timeout > 0)):

@@ -844,6 +844,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"zarrfeed: error: a --storage-option is not an option of this store's filesystem ({exc})",
               file=sys.stderr)
         return 2
+    except MemoryError as exc:  # a batch, a chunk or a table larger than this machine's memory
+        print(f"zarrfeed: error: not enough memory{f' ({exc})' if str(exc) else ''}: ask for less at once "
+              "(a smaller --batch-size, fewer --workers)", file=sys.stderr)
+        return 2
     except _credential_errors() as exc:  # botocore's traceback says only "Unable to locate credentials"
         print(f"zarrfeed: error: {_credentials_message(exc)}", file=sys.stderr)
         return 2

@@ -61,7 +61,7 @@ class Segment:
         try:
             doc = json.loads(bytes(raw))
             committed, skipped, tables = doc["committed"], doc["skipped"], doc["chunks"]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise FormatError(f"{key}: unreadable commit log segment ({type(exc).__name__}: {exc})") from None
         why = _segment_problem(committed, skipped, tables)
         if why:

@@ -95,8 +95,9 @@ def open_table(store: Store, name: str, mode: str = "r", dtype: np.dtype | None 
         meta: Any = json.loads(bytes(store[key]))
     except KeyError:
         meta = None  # zarr names what is there instead (a group, nothing)
-    except (ValueError, TypeError) as exc:
-        raise FormatError(f"table '{name}': cannot open its array ({key} is not JSON: {exc}); the array's "
+    except (ValueError, TypeError, RecursionError) as exc:
+        said = "nested too deep to read" if isinstance(exc, RecursionError) else str(exc)
+        raise FormatError(f"table '{name}': cannot open its array ({key} is not JSON: {said}); the array's "
                           "metadata is damaged (restore it from a copy)") from None
     if array_meta.not_records(meta):
         meta = None  # not a table's array (a user's mask, another tool's data): zarr says what it is, below
@@ -222,14 +223,13 @@ def detect_schema(group: Group, arrays: dict[str, Array]) -> Schema:
     elif {"scenes", "frames", "agents"} & set(arrays) or "format_version" in group.attrs:
         schema = L5KIT_SCHEMA
         expected = L5KIT_SCHEMA.tables
-        first = arrays.get("agents")
         schema = Schema(
             tables={n: (t.dtype, arrays[n].chunks[0] if n in arrays else t.chunk_rows) for n, t in expected.items()},
-            links=L5KIT_SCHEMA.links, attrs=dict(group.attrs),
-            compressor=first.compressor if first is not None and first.compressor else None, name="l5kit",
+            links=L5KIT_SCHEMA.links, attrs=dict(group.attrs), compressor=shared_compressor(arrays), name="l5kit",
         )
     else:
-        return Schema(tables={n: (a.dtype, a.chunks[0]) for n, a in arrays.items()}, attrs=dict(group.attrs))
+        return Schema(tables={n: (a.dtype, a.chunks[0]) for n, a in arrays.items()}, attrs=dict(group.attrs),
+                      compressor=shared_compressor(arrays))
     for name, table in expected.items():
         if name not in arrays:
             if name == "traffic_light_faces" and schema.name == "l5kit":
@@ -243,6 +243,30 @@ def detect_schema(group: Group, arrays: dict[str, Array]) -> Schema:
                               f"manifest's schema has {table.chunk_rows} rows per chunk; the array's metadata is "
                               "damaged (restore it from a copy)")
     return schema
+
+
+def shared_compressor(arrays: dict[str, Array]) -> numcodecs.abc.Codec | None:
+    """The compressor every table of a dataset another tool wrote shares (what its schema records, and what a
+    manifest will record once zarrfeed appends to it), or None if they differ or some have none (then the
+    schema takes zarrfeed's default, and appending is refused: `codecs_problem`)."""
+    configs = [a.compressor.get_config() if a.compressor else None for a in arrays.values()]
+    if not configs or configs[0] is None or any(c != configs[0] for c in configs):
+        return None
+    return next(iter(arrays.values())).compressor
+
+
+def codecs_problem(name: str, array: Array, compressor: numcodecs.abc.Codec) -> str | None:
+    """Why rows cannot be appended to the table `name` of a dataset another tool wrote, whose manifest will record
+    `compressor` and no filters for every table (a reader refuses a table whose codecs differ from its manifest's:
+    `array_meta.written_problem`), or None."""
+    config = {"compressor": array.compressor.get_config() if array.compressor else None,
+              "filters": [f.get_config() for f in array.filters or []]}
+    if config["filters"]:
+        return f"table '{name}' has filters {config['filters']}"
+    if config["compressor"] != compressor.get_config():
+        return (f"table '{name}' is compressed with {config['compressor']}, another table with "
+                f"{compressor.get_config()}" if config["compressor"] else f"table '{name}' has no compressor")
+    return None
 
 
 def empty_table(table: Table) -> Array:

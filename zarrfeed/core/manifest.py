@@ -36,8 +36,8 @@ def parse(raw: Any, key: str, tables: dict[str, int] | None = None) -> dict[str,
     numbered commit."""
     try:
         doc = json.loads(bytes(raw))
-    except (ValueError, TypeError) as exc:
-        raise FormatError(f"{key}: unreadable manifest ({exc})") from None
+    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep to read
+        raise FormatError(f"{key}: unreadable manifest ({type(exc).__name__}: {str(exc)[:200]})") from None
     why = _manifest_problem(doc) if tables is None else _commit_problem(doc, tables)
     if why:
         raise FormatError(f"{key}: {why}; the manifest is damaged (restore it from a copy, or rewrite the dataset)")

@@ -5,6 +5,7 @@ L5Kit's format (version 2) is the built-in schema; `Schema` declares any other s
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -79,6 +80,11 @@ def _parent_field(key: str) -> tuple[str, str]:
     return parent, field
 
 
+# a table's name is its array's folder (and, in links, what comes before the first "."): one plain folder name,
+# never a path ("../x", "a/b") nor an fsspec pattern ("[", "*", "?")
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+
+
 @dataclass(frozen=True)
 class Link:
     """`parent.field` holds `[start, end)` row intervals into table `child`."""
@@ -124,6 +130,9 @@ class Schema:
         order = list(self.tables)
         parents: dict[str, Link] = {}
         for t in self.tables.values():
+            if not _TABLE_NAME.fullmatch(t.name):
+                raise ValueError(f"table {t.name!r}: a table's name is its folder in the store: letters, digits, _ "
+                                 "and - only, not starting with - (no /, . or ..)")
             if t.dtype.names is None:
                 raise ValueError(f"table '{t.name}': dtype {t.dtype} is not a structured dtype")
             if t.chunk_rows < 1:

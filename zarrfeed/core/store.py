@@ -208,11 +208,17 @@ class Location:
             return where
         text = os.fspath(where)
         protocol = text.split("://", 1)[0] if "://" in text else None
-        if protocol == "file":  # a local path spelled as a URL: a directory store, whatever options come with it
-            # (the local file system's one option, auto_mkdir, is what a directory store does anyway); fsspec's
-            # local file system writes files in place, so a reader, or the committer reading back a last chunk,
-            # could read one half-written, where a directory store writes a temporary file and renames it
-            return cls(text[len("file://"):] or "/", {})
+        if protocol in ("file", "local"):  # a local path spelled as a URL: a directory store, whatever options
+            # come with it (the local file system's one option, auto_mkdir, is what a directory store does
+            # anyway); fsspec's local file system writes files in place, so a reader, or the committer reading
+            # back a last chunk, could read one half-written, where a directory store writes a temporary file
+            # and renames it
+            return cls(text[len(protocol) + 3:] or "/", {})
+        if protocol is not None and any(c in text for c in "*?["):
+            # fsspec reads these as a pattern in every call that takes several paths (cat, rm, find): a dataset
+            # at s3://b/scene[1].zarr would read, or delete, the keys of s3://b/scene1.zarr
+            raise FormatError(f"{text}: a URL with *, ? or [ in it, which fsspec reads as a pattern (it could "
+                              "read or delete another dataset's keys); rename the dataset")
         return cls(text, dict(storage_options or {}))
 
     # ------------------------------------------------------------ what kind of place

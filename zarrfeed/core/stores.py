@@ -95,8 +95,9 @@ class Store(ABC):
         """Every key stored."""
 
     @abstractmethod
-    def sizes(self, prefix: str = "") -> dict[str, int]:
-        """The objects directly under `prefix` (not sub-folders): name -> bytes stored."""
+    def sizes(self, prefix: str = "", recursive: bool = False) -> dict[str, int]:
+        """The objects directly under `prefix` (with `recursive`, also those in its sub-folders, named by their
+        path below `prefix`): name -> bytes stored."""
 
     @abstractmethod
     def rmdir(self, prefix: str) -> None:
@@ -219,9 +220,17 @@ class DirectoryStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def sizes(self, prefix: str = "") -> dict[str, int]:
+    def sizes(self, prefix: str = "", recursive: bool = False) -> dict[str, int]:
+        base = self.file(prefix) if prefix else self.path
+        if recursive:
+            found = {}
+            for root, _, files in os.walk(base):
+                rel = os.path.relpath(root, base).replace(os.sep, "/")
+                for name in files:
+                    found[name if rel == "." else f"{rel}/{name}"] = os.path.getsize(os.path.join(root, name))
+            return found
         try:
-            with os.scandir(self.file(prefix) if prefix else self.path) as entries:
+            with os.scandir(base) as entries:
                 return {e.name: e.stat().st_size for e in entries if e.is_file()}
         except (FileNotFoundError, NotADirectoryError):
             return {}
@@ -298,10 +307,11 @@ class ZipStore(Store):
     def keys(self) -> Iterator[str]:
         return iter(sorted(n for n in self._names if not n.endswith("/")))
 
-    def sizes(self, prefix: str = "") -> dict[str, int]:
+    def sizes(self, prefix: str = "", recursive: bool = False) -> dict[str, int]:
         start = f"{prefix.rstrip('/')}/" if prefix else ""
         return {i.filename[len(start):]: i.compress_size for i in self._zip.infolist()
-                if i.filename.startswith(start) and "/" not in i.filename[len(start):] and not i.is_dir()}
+                if i.filename.startswith(start) and (recursive or "/" not in i.filename[len(start):])
+                and not i.is_dir()}
 
 
 class FsspecStore(Store):
@@ -395,10 +405,15 @@ class FsspecStore(Store):
         return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in entries})
 
     @reaching
-    def sizes(self, prefix: str = "") -> dict[str, int]:
+    def sizes(self, prefix: str = "", recursive: bool = False) -> dict[str, int]:
+        path = self._path(prefix.rstrip("/"))
         try:
-            entries = self.fs.ls(self._path(prefix.rstrip("/")), detail=True)
-        except FileNotFoundError:
+            if recursive:
+                found = self.fs.find(path, detail=True)
+                start = len(self.fs._strip_protocol(path).rstrip("/")) + 1
+                return {name[start:]: int(e.get("size") or 0) for name, e in found.items() if e.get("type") == "file"}
+            entries = self.fs.ls(path, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
             return {}
         return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
                 if e.get("type") == "file"}
@@ -450,10 +465,10 @@ class MemoryStore(Store):
     def keys(self) -> Iterator[str]:
         return iter(sorted(self.data))
 
-    def sizes(self, prefix: str = "") -> dict[str, int]:
+    def sizes(self, prefix: str = "", recursive: bool = False) -> dict[str, int]:
         start = f"{prefix.rstrip('/')}/" if prefix else ""
         return {k[len(start):]: len(v) for k, v in self.data.items()
-                if k.startswith(start) and "/" not in k[len(start):]}
+                if k.startswith(start) and (recursive or "/" not in k[len(start):])}
 
     def rmdir(self, prefix: str) -> None:
         start = f"{prefix.rstrip('/')}/" if prefix else ""

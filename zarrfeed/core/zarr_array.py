@@ -9,7 +9,6 @@ A `Group` is a folder with a `.zgroup`, its attributes and its members.
 """
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from typing import Any, Iterator, Mapping
 
@@ -158,16 +157,22 @@ class Array:
     def nchunks(self) -> int:
         return self.meta.nchunks
 
+    def _stored(self) -> dict[str, int]:
+        """Every object stored under the array (its chunks in sub-folders too, with the '/' separator), by its
+        name below the array -> bytes. Counted from a listing, so its cost grows with what is stored, not with
+        the chunks the shape could hold (a shape of 2**62 rows once looped for ever)."""
+        nested = self.meta.dimension_separator == "/" and len(self.shape) > 1
+        return self.store.sizes(self.path, recursive=nested)
+
     @property
     def nchunks_initialized(self) -> int:
         """How many of its chunks are stored."""
-        names = self.store.sizes(self.path)
-        return sum(self.meta.chunk_name(i) in names for i in range(self.nchunks))
+        return sum(self.meta.chunk_index(name) is not None for name in self._stored())
 
     @property
     def nbytes_stored(self) -> int:
         """Bytes stored for the array: its documents and chunks."""
-        return sum(self.store.sizes(self.path).values())
+        return sum(self._stored().values())
 
     def __len__(self) -> int:
         if not self.shape:
@@ -199,7 +204,9 @@ class Array:
         if isinstance(comp, numcodecs.Blosc) and not self.filters:
             # Blosc accepts a larger `out` silently; its 16-byte header says the decoded size (bytes 4-8)
             header = bytes(memoryview(raw)[:16])
-            size = int.from_bytes(header[4:8], "little") if len(header) == 16 else -1
+            if len(header) < 16:
+                raise ValueError(f"it is {len(raw)} bytes, shorter than a Blosc header (16)")
+            size = int.from_bytes(header[4:8], "little")
             if size != out.nbytes:
                 raise ValueError(f"it decodes to {size} bytes, a chunk holds {out.nbytes}")
             comp.decode(raw, out=out)
@@ -224,8 +231,12 @@ class Array:
         """(start, stop, step, the rest of the index, whether the first index was a single row)."""
         if not isinstance(key, tuple):
             key = (key,)
-        if key and key[0] is Ellipsis:
-            key = (slice(None),) + (key[1:] if len(key) > 1 else ())
+        if sum(k is Ellipsis for k in key) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if any(k is Ellipsis for k in key):  # as many whole axes as the other indices leave (numpy's meaning)
+            at = next(i for i, k in enumerate(key) if k is Ellipsis)
+            axes = sum(k is not None for k in key) - 1
+            key = key[:at] + (slice(None),) * max(len(self.shape) - axes, 0) + key[at + 1:]
         first, rest = (key[0], key[1:]) if key else (slice(None), ())
         if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
             n = self.shape[0]
@@ -276,6 +287,8 @@ class Array:
         if self.read_only:
             raise PermissionError(f"'{self.path}': opened read-only")
         stop = start + len(rows)
+        if start < 0:
+            raise IndexError(f"rows {start}-{stop} of '{self.path}': the first row is negative")
         if stop > self.shape[0]:
             raise IndexError(f"rows {start}-{stop} lie past the end of '{self.path}' ({self.shape[0]} rows)")
         c = self.chunks[0]
@@ -374,4 +387,4 @@ class Group:
     def consolidated_docs(self) -> dict[str, Any]:
         """Every metadata document below this group (key -> parsed JSON), for `.zmetadata`."""
         names = [k for k in self.store.keys() if k.rsplit("/", 1)[-1] in (ZARRAY, ZGROUP, ZATTRS)]
-        return {k: json.loads(v) for k, v in self.store.get_many(names).items()}
+        return {k: load_json(v, k) for k, v in self.store.get_many(names).items()}

@@ -27,6 +27,9 @@ import numcodecs
 import numpy as np
 
 ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
+# zarrfeed decodes a chunk whole, into memory: a chunk larger than this decoded is refused when its array is
+# opened (Blosc, zarr's default compressor, cannot hold more than 2 GiB in one buffer either)
+MAX_CHUNK_BYTES = 2 << 30
 META_NAMES = (ZARRAY, ZGROUP, ZATTRS)
 
 
@@ -34,9 +37,19 @@ class MetaError(ValueError):
     """A zarr v2 document that zarrfeed cannot read or will not write; one line naming the document."""
 
 
+def _numpy_number(value: Any) -> Any:
+    """numpy numbers and arrays as JSON numbers and lists, as zarr 2 stored them in attributes."""
+    if isinstance(value, (np.bool_, np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def json_bytes(doc: Any) -> bytes:
     """A document as zarr-python 2 writes it: sorted keys, indented by 4, ASCII only."""
-    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": ")).encode("ascii")
+    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": "),
+                      default=_numpy_number).encode("ascii")
 
 
 def load_json(raw: bytes | str, where: str) -> Any:
@@ -44,6 +57,8 @@ def load_json(raw: bytes | str, where: str) -> Any:
         return json.loads(raw)
     except (ValueError, TypeError) as exc:
         raise MetaError(f"{where}: not JSON ({exc})") from None
+    except RecursionError:
+        raise MetaError(f"{where}: JSON nested too deep to read") from None
 
 
 def _whole(value: Any, least: int) -> bool:
@@ -192,6 +207,12 @@ class ArrayMeta:
         if separator not in (None, ".", "/"):
             raise MetaError(f"{where}: field 'dimension_separator' is {separator!r}, not '.' or '/'")
         dtype = decode_dtype(doc.get("dtype"), where)
+        if dtype.itemsize == 0:
+            raise MetaError(f"{where}: field 'dtype' is {doc.get('dtype')!r}, of items of 0 bytes")
+        chunk_bytes = math.prod(chunks) * dtype.itemsize
+        if chunk_bytes > MAX_CHUNK_BYTES:
+            raise MetaError(f"{where}: field 'chunks' is {chunks}: one chunk holds {chunk_bytes:,} bytes decoded, "
+                            f"more than the {MAX_CHUNK_BYTES >> 30} GiB zarrfeed decodes at once (rechunk it)")
         codec(doc.get("compressor"), where, "compressor")
         filters = doc.get("filters")
         if filters is not None and not isinstance(filters, list):
@@ -251,6 +272,17 @@ class ArrayMeta:
     @property
     def nchunks(self) -> int:
         return -(-self.shape[0] // self.chunks[0]) if self.shape else 1
+
+    def chunk_index(self, name: str) -> int | None:
+        """The index along the first axis of the chunk stored under `name` (as `chunk_name` spells it), or None if
+        `name` is not one of this array's chunks."""
+        parts = name.split(self.dimension_separator or ".")
+        if len(parts) != max(len(self.shape), 1) or not all(p.isascii() and p.isdigit() for p in parts):
+            return None
+        if any(p != "0" for p in parts[1:]) or (parts[0] != "0" and parts[0].startswith("0")):
+            return None
+        index = int(parts[0])
+        return index if index < self.nchunks else None
 
     def chunk_name(self, index: int) -> str:
         """The key of chunk `index` (along the first axis) within the array: `i.0.0` or `i/0/0`; `0` for a
