@@ -111,7 +111,7 @@ def windows_zarrfeed(ds: Dataset, cache_bytes: int | None = None, cache: str = "
         t = time.perf_counter()
         samples = agents = 0
         for b in loader:
-            samples += len(b["frame_index"])
+            samples += len(b["frame_row"] if "frame_row" in b else b["frame_index"])  # (its name before 0.3)
             agents += len(b["agents/centroid"])
         return time.perf_counter() - t, samples, agents
 

@@ -118,7 +118,7 @@ class Samples:
 
 
 def _window_layout(ds: Dataset, samples: Samples, batch_size: int) -> Layout:
-    cols: list[tuple] = [("frame_index", np.dtype(np.int64), (), -1),
+    cols: list[tuple] = [("frame_row", np.dtype(np.int64), (), -1),
                          ("frames_availability", np.dtype(np.float32), (samples.T,), -1)]
     fdt = ds["frames"].dtype
     for name in fdt.names:
@@ -172,7 +172,7 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
         ids = samples.sample_ids(p, p.segments(k), orders)
         t = samples.t[ids]
         b = len(t)
-        np.frombuffer(dst, np.int64, count=b, offset=by_name["frame_index"].base)[:] = t
+        np.frombuffer(dst, np.int64, count=b, offset=by_name["frame_row"].base)[:] = t
         first, last = samples.lo[ids] - (t - h), samples.hi[ids] - (t - h)  # the present frames [first, last)
         present = (np.arange(T) >= first[:, None]) & (np.arange(T) < last[:, None])
         avail = np.frombuffer(dst, np.float32, count=b * T, offset=by_name["frames_availability"].base)
@@ -282,7 +282,7 @@ class WindowSource(SampleGroups):
     kind: str = "WindowLoader"
     table: str = "frames"
     uses_index: bool = False
-    rows_column: str | None = "frame_index"
+    rows_column: str | None = "frame_row"
 
     @property
     def dtypes(self) -> dict[str, np.dtype]:
@@ -325,7 +325,9 @@ class WindowLoader(Loader):
     of the window outside t's scene are absent, as in L5Kit: zeros, `frames_availability` 0, no agents or
     faces. `whole_windows=True` samples only the frames whose whole window lies inside their scene.
 
-    A batch holds `frame_index` (B,), `frames_availability` (B, T) float32 (1: the frame is in the sample's
+    A batch holds `frame_row` (B,), the row of `frames` each sample is centred on (a global row, not the
+    frame's index within its scene, which `EgoSampleLoader` calls `frame_index` as L5Kit does; before 0.3 this
+    column was named `frame_index` too), `frames_availability` (B, T) float32 (1: the frame is in the sample's
     scene), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
     `agents_offsets` (B, T + 1): sample i's frame j has agents[agents_offsets[i, j]:agents_offsets[i, j + 1]],
     and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. Options as `Loader`, all

@@ -25,7 +25,7 @@ def slow(batch, seconds=0.2):
     while a test looks at it."""
     import time
     time.sleep(seconds)
-    key = "frame_index" if "frame_index" in batch else "track_id"  # windows, or agents
+    key = "frame_row" if "frame_row" in batch else "track_id"  # windows, or agents
     return {key: batch[key].copy()}
 
 

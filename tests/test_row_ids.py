@@ -155,7 +155,7 @@ def test_a_resharded_epoch_saved_again_resumes_exactly_and_partial_states_are_re
 
 
 def test_window_samples_resumed_on_another_number_of_ranks_are_each_read_once(data):
-    """The same for WindowLoader, whose samples name their frame in `frame_index`: every sample of the epoch
+    """The same for WindowLoader, whose samples name their frame in `frame_row`: every sample of the epoch
     once, each holding its own frames."""
     from collections import Counter
 
@@ -165,17 +165,17 @@ def test_window_samples_resumed_on_another_number_of_ranks_are_each_read_once(da
     whole, before, states = Counter(), Counter(), []
     for r in range(2):
         with WindowLoader(data, num_workers=0, rank=r, world_size=2, **kw) as loader:
-            whole.update(t for b in loader for t in b["frame_index"].tolist())
+            whole.update(t for b in loader for t in b["frame_row"].tolist())
             it = iter(loader)
             for _ in range(r + 2):
-                before.update(next(it)["frame_index"].tolist())
+                before.update(next(it)["frame_row"].tolist())
             states.append(loader.state_dict())
     after = Counter()
     for j in range(3):
         with WindowLoader(data, num_workers=1, rank=j, world_size=3, **kw) as loader:
             loader.load_state_dict(states)
             for b in loader:
-                t = b["frame_index"]
+                t = b["frame_row"]
                 np.testing.assert_array_equal(b["frames/timestamp"][:, 3], frames["timestamp"][t])
                 after.update(t.tolist())
     assert before + after == whole

@@ -201,7 +201,7 @@ def test_remote_windows_resume_as_arrow_and_through_a_transform(server, data):
     with RemoteWindowLoader(server.url, 3, 4, batch_size=8, seed=3, output="arrow") as resumed:
         resumed.load_state_dict(state)
         rest = list(resumed)
-    assert all(rb.num_rows == len(b["frame_index"]) for rb, b in zip(rest, full[2:], strict=True))
+    assert all(rb.num_rows == len(b["frame_row"]) for rb, b in zip(rest, full[2:], strict=True))
     assert rest[0].schema.field("agents/centroid").type.value_type.list_size == 2  # one row per sample
     from zarrfeed.loader.arrow_bridge import window_batch_from_arrow
     assert equal_batches(head + [window_batch_from_arrow(rb) for rb in rest], full) == len(full)

@@ -17,8 +17,11 @@ def check_against_numpy(path, batches, history, future):
     T = history + 1 + future
     seen = []
     for b in batches:
-        assert b["frames/ego_rotation"].shape == (len(b["frame_index"]), T, 3, 3)
-        for i, t in enumerate(b["frame_index"].tolist()):
+        # issue 39 item 6: the global row is `frame_row`, as in EgoSampleLoader, whose `frame_index` is the
+        # index within the scene (L5Kit's meaning); the name is never used for both
+        assert "frame_index" not in b
+        assert b["frames/ego_rotation"].shape == (len(b["frame_row"]), T, 3, 3)
+        for i, t in enumerate(b["frame_row"].tolist()):
             s, e = next((s, e) for s, e in bounds.tolist() if s <= t < e)
             lo, hi = max(s, t - history), min(e, t + future + 1)
             first = lo - (t - history)
@@ -79,7 +82,7 @@ def test_same_windows_for_any_workers_and_resume(scenes):
         with WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=workers, seed=2) as loader:
             if state:
                 loader.load_state_dict(state)
-            return [b["frame_index"].copy() for b in loader]
+            return [b["frame_row"].copy() for b in loader]
 
     base = run(0)
     for workers in (1, 2):
@@ -103,7 +106,7 @@ def test_window_transform_makes_fixed_size_features(scenes):
         out = list(loader)
     with WindowLoader(scenes, history=2, future=3, batch_size=10, num_workers=0, copy=True) as raw:
         for a, b in zip(out, raw, strict=True):
-            assert a["ego_xy"].shape == (len(b["frame_index"]), 6, 2)
+            assert a["ego_xy"].shape == (len(b["frame_row"]), 6, 2)
             np.testing.assert_array_equal(a["agents_per_frame"], np.diff(b["agents_offsets"], axis=1))
 
 
@@ -112,7 +115,7 @@ def test_ranks_split_samples(scenes):
     for rank in range(2):
         with WindowLoader(scenes, history=3, future=3, batch_size=16, rank=rank, world_size=2, drop_last=True,
                           num_workers=1) as loader:
-            got.append(np.concatenate([b["frame_index"].copy() for b in loader]))
+            got.append(np.concatenate([b["frame_row"].copy() for b in loader]))
     assert len(got[0]) == len(got[1]) and not set(got[0].tolist()) & set(got[1].tolist())
 
 
@@ -133,11 +136,11 @@ def test_empty_tables_and_scenes_shorter_than_a_window(tmp_path):
     with WindowLoader(tmp_path / "e.zarr", history=10, future=50, whole_windows=True) as loader:
         assert len(loader) == 0 and list(loader) == []
     with WindowLoader(tmp_path / "e.zarr", history=10, future=50, batch_size=4, copy=True) as loader:
-        assert sorted(t for b in loader for t in b["frame_index"].tolist()) == list(range(10))  # partial windows
+        assert sorted(t for b in loader for t in b["frame_row"].tolist()) == list(range(10))  # partial windows
     with WindowLoader(tmp_path / "e.zarr", history=1, future=1, batch_size=4, copy=True,
                       whole_windows=True) as loader:
         batches = list(loader)
-    assert sorted(t for b in batches for t in b["frame_index"].tolist()) == [1, 2, 3, 6, 7, 8]
+    assert sorted(t for b in batches for t in b["frame_row"].tolist()) == [1, 2, 3, 6, 7, 8]
     assert all(len(b["agents/centroid"]) == 0 and (b["agents_offsets"] == 0).all() for b in batches)
 
 
@@ -149,7 +152,7 @@ def test_a_scene_exactly_one_window_long_has_one_whole_window(tmp_path):
     with WindowLoader(tmp_path / "e.zarr", history=2, future=2, batch_size=4, copy=True, num_workers=0,
                       whole_windows=True) as loader:
         batches = list(loader)
-    assert sorted(t for b in batches for t in b["frame_index"].tolist()) == [2, 7]
+    assert sorted(t for b in batches for t in b["frame_row"].tolist()) == [2, 7]
     check_against_numpy(tmp_path / "e.zarr", batches, 2, 2)
     with WindowLoader(tmp_path / "e.zarr", history=3, future=2, whole_windows=True) as loader:
         assert len(loader) == 0 and list(loader) == []
@@ -160,12 +163,12 @@ def test_rows_select_the_sample_frames(scenes):
     mask = np.zeros(n_frames, bool)
     mask[::3] = True
     with WindowLoader(scenes, history=2, future=2, batch_size=8, rows=mask, num_workers=1, copy=True) as loader:
-        got = sorted(t for b in loader for t in b["frame_index"].tolist())
+        got = sorted(t for b in loader for t in b["frame_row"].tolist())
     with WindowLoader(scenes, history=2, future=2, batch_size=8, num_workers=0, copy=True) as loader:
-        every = sorted(t for b in loader for t in b["frame_index"].tolist())
+        every = sorted(t for b in loader for t in b["frame_row"].tolist())
     assert got == [t for t in every if t % 3 == 0]
     with WindowLoader(scenes, history=2, future=2, rows=np.array([5, 6, 200]), num_workers=0) as loader:
-        assert sorted(t for b in loader for t in b["frame_index"].tolist()) == [5, 6, 200]
+        assert sorted(t for b in loader for t in b["frame_row"].tolist()) == [5, 6, 200]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -175,16 +178,16 @@ def test_window_transform_sees_only_the_selected_frames(scenes, workers):
     keep = np.arange(0, n, 3)
 
     def features(batch):
-        if not np.isin(batch["frame_index"], keep).all():
+        if not np.isin(batch["frame_row"], keep).all():
             raise AssertionError(f"frames {sorted(set(batch['frame_index'].tolist()) - set(keep.tolist()))} "
                                  "are not selected")
-        return {"t": batch["frame_index"].astype(np.int64)}
+        return {"t": batch["frame_row"].astype(np.int64)}
 
     with WindowLoader(scenes, history=2, future=3, batch_size=10, rows=keep, transform=features,
                       num_workers=workers, copy=True) as loader:
         got = np.concatenate([b["t"] for b in loader])
     with WindowLoader(scenes, history=2, future=3, batch_size=10, rows=keep, num_workers=0) as raw:
-        assert sorted(got.tolist()) == sorted(np.concatenate([b["frame_index"].copy() for b in raw]).tolist())
+        assert sorted(got.tolist()) == sorted(np.concatenate([b["frame_row"].copy() for b in raw]).tolist())
 
 
 def test_window_state_refuses_other_windows(scenes):
@@ -204,13 +207,13 @@ def test_states_of_whole_windows_resume_only_whole_windows(scenes):
         it = iter(loader)
         next(it), next(it)
         state = loader.state_dict()
-        rest = [b["frame_index"].copy() for b in it]
+        rest = [b["frame_row"].copy() for b in it]
     assert "partial_windows" not in state["settings"]  # as states saved before partial windows: they resume
     with pytest.raises(ValueError, match="whole windows only .* pass whole_windows=True"):
         WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0).load_state_dict(state)
     with WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0, whole_windows=True) as loader:
         loader.load_state_dict(state)
-        assert all((a["frame_index"] == b).all() for a, b in zip(loader, rest, strict=True))
+        assert all((a["frame_row"] == b).all() for a, b in zip(loader, rest, strict=True))
 
 
 def test_an_empty_row_list_is_an_empty_epoch_of_windows(scenes):
@@ -224,7 +227,7 @@ def test_a_window_transform_returning_objects_is_a_loader_error(scenes):
 
     with pytest.raises(LoaderError, match=r"transform output 'o' of batch 0 of epoch 0 .* Python objects"):
         with WindowLoader(scenes, history=2, future=2, num_workers=0,
-                          transform=lambda b: {"o": np.array([None] * len(b["frame_index"]))}) as loader:
+                          transform=lambda b: {"o": np.array([None] * len(b["frame_row"]))}) as loader:
             next(iter(loader))
 
 
@@ -246,6 +249,6 @@ def test_frames_that_all_hold_the_same_agents_fill_every_batch_exactly(tmp_path,
     with WindowLoader(path, history=4, future=5, batch_size=8, num_workers=workers, copy=True) as loader:
         batches = list(loader)
     # every batch fills the slot's agents exactly when all its windows are whole: 10 frames x 10 agents
-    assert any(len(b["agents/track_id"]) == len(b["frame_index"]) * 10 * 10 for b in batches)
+    assert any(len(b["agents/track_id"]) == len(b["frame_row"]) * 10 * 10 for b in batches)
     seen = check_against_numpy(path, batches, 4, 5)
     assert sorted(seen) == list(range(150))

@@ -774,8 +774,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scene", type=_count, metavar="N", help="draw scene N: tracks by label, the ego path, "
                    "traffic-light faces, frame --frame with its window")
     p.add_argument("--summary", action="store_true", help="draw rows per scene, agents per frame, label shares")
-    p.add_argument("--frame", type=_count, metavar="T", help="the frame to mark (a global frame index; default: "
-                   "the scene's middle)")
+    p.add_argument("--frame", type=_count, metavar="T", help="the frame to mark: a row of the frames table "
+                   "(global, as WindowLoader's frame_row, not the index within the scene; default: the scene's "
+                   "middle)")
     p.add_argument("--history", type=_count, default=10, help="frames before --frame in its window")
     p.add_argument("--future", type=_count, default=50, help="frames after --frame in its window")
     p.add_argument("--out", metavar="FILE.png", help="where to save (default: scene-N.png or summary.png)")

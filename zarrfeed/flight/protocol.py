@@ -114,7 +114,7 @@ class Ticket:
             raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with order {ORDER} "
                              "(a client and server of different zarrfeed releases: upgrade the older one)")
         if self.row_ids and self.kind != "batches":
-            raise ValueError("ticket: row_ids is for batches of rows (a window's row is its frame_index)")
+            raise ValueError("ticket: row_ids is for batches of rows (a window's row is its frame_row)")
         if self.kind not in KINDS:
             raise ValueError(f"ticket: kind must be one of {', '.join(map(repr, KINDS))}, got {self.kind!r}")
         if self.kind != "agents":  # the agents mask's options: another kind would ignore them

@@ -268,7 +268,7 @@ class RemoteLoader(_RemoteFeed):
 
 class RemoteWindowLoader(_RemoteFeed):
     """L5Kit-style samples from the zarrfeed server at `url`, as a local `WindowLoader` with the same
-    arguments would yield them (`frame_index`, `frames/<field>`, ragged `agents/<field>` with
+    arguments would yield them (`frame_row`, `frames/<field>`, ragged `agents/<field>` with
     `agents_offsets`, likewise traffic-light faces). Each batch travels as one record batch with a row per
     sample: ragged columns as lists, the offsets as columns (`zarrfeed.loader.arrow_bridge.window_batch_to_arrow`);
     `output="arrow"` gives those. A transform (by name, see RemoteLoader) makes the server send its compact
