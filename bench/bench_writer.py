@@ -5,7 +5,7 @@
 Each variant runs in its own process (so peak RSS is its own) on the same synthetic episodes, generated in
 memory before the clock starts (100 scenes = 2.1 M agents, 290 MB; issue 12 measures 360 scenes, 1 GB):
   zarrfeed-N    DatasetWriter(workers=N).ingest(episodes)
-  zarr-bulk     zarr's write of the rows already relocated and concatenated before the clock (a bound)
+  zarr-bulk     zarr's write, in one process, of the rows already relocated and concatenated before the clock
   concat+bulk   what a user does instead: relocate and concatenate with numpy, then the same bulk write
   zarr-append   `Array.append` per table and episode
 Targets on 2 cores: 2 workers >= 1.3x 1 worker and >= 1.0x zarr-bulk; >= 3x concat+bulk; >= 10x append.
@@ -137,7 +137,7 @@ def main() -> None:
     if args.plot:
         mb = first["bytes"] / 1e6
         names = {"zarrfeed-1": "zarrfeed, 1 writer process", "zarrfeed-2": "zarrfeed, 2 writer processes",
-                 "zarr-bulk": "zarr bulk write, relocated beforehand (bound)",
+                 "zarr-bulk": "zarr bulk write, 1 process, rows relocated beforehand",
                  "concat+bulk": "numpy relocate + concatenate, then bulk write",
                  "zarr-append": "zarr Array.append per table and episode"}
         plot_panels(args.plot, f"Writer: {args.scenes} synthetic L5Kit scenes, {mb:,.0f} MB, median of {args.repeat}",

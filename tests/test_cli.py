@@ -1,6 +1,7 @@
 """The `zarrfeed` command, run as a real process."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -501,3 +502,14 @@ def test_help_and_refusals_a_newcomer_meets(tmp_path):
         r = zarrfeed(*args, cwd=tmp_path)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "a zarrfeed server, not a dataset's store" in r.stderr and "RemoteLoader" in r.stderr
+
+
+def test_sizes_are_never_printed_as_zero(small_dataset, tmp_path):
+    """Issue 39 item 7: a small table's export printed "0 MB of records ... (0 MB/s)"."""
+    from zarrfeed.commands import _decimal
+
+    assert [_decimal(n) for n in (0, 87, 999, 1000, 12_500, 3.4e8, 2.2e9)] == \
+        ["0 B", "87 B", "999 B", "1 kB", "12.5 kB", "340 MB", "2.2 GB"]
+    r = zarrfeed("export", small_dataset(1, 3), tmp_path / "out", "--tables", "scenes", "-q")
+    assert r.returncode == 0 and " 0 MB" not in r.stderr and re.search(r": \d+ B of records in .* \(\d", r.stderr), \
+        r.stderr

@@ -333,4 +333,4 @@ class _Placer:
 def _bar(progress: bool, total: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="source", desc="ingest", disable=not progress)
+    return tqdm(total=total, unit=" sources", desc="ingest", disable=not progress)

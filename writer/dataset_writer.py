@@ -294,7 +294,7 @@ class DatasetWriter:
         t0 = time.perf_counter()
         rows0, eps0 = dict(self._rows_in), self._episodes_in
         total = len(episodes) if isinstance(episodes, Sized) else None
-        bar = tqdm(total=total, unit="episode", desc="ingest", disable=not self.progress, smoothing=0.1)
+        bar = tqdm(total=total, unit=" episodes", desc="ingest", disable=not self.progress, smoothing=0.1)
         last = time.monotonic()
         given = iter(keys) if keys is not None else None
         self._input = None

@@ -51,6 +51,16 @@ def _size(n: float) -> str:
     raise AssertionError
 
 
+def _decimal(n: float, unit: str = "B") -> str:
+    """A size (or a size per second) in decimal units with three significant digits: 340 MB, 12.5 kB, 87 B
+    (a small table exported in 0.01 s read "0 MB ... (0 MB/s)")."""
+    for prefix in ("", "k", "M", "G", "T"):
+        if abs(n) < 999.5 or prefix == "T":
+            return f"{n:.3g} {prefix}{unit}"
+        n /= 1000
+    raise AssertionError
+
+
 def format_info(info: dict) -> str:
     """A readable table of `Dataset.info()`, then each table's fields."""
     head = f"{'table':<22}{'rows':>14}{'chunk rows':>12}{'chunks':>8}{'bytes':>12}{'stored':>12}{'ratio':>7}"
@@ -328,9 +338,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict, committed: dict[str, int]) -> None:
-    rate = summary["bytes"] / max(summary["seconds"], 1e-9) / 1e6
+    rate = summary["bytes"] / max(summary["seconds"], 1e-9)
     print(f"wrote {plural(summary['episodes'], 'episode')} ({_counts(summary['rows'])}), "
-          f"{summary['bytes'] / 1e6:.0f} MB in {summary['seconds']:.2f} s ({rate:.0f} MB/s); "
+          f"{_decimal(summary['bytes'])} in {summary['seconds']:.2f} s ({_decimal(rate, 'B/s')}); "
           f"committed: {_counts(committed)}")
 
 
@@ -498,8 +508,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             r = export_parquet(ds, args.out, tables, workers=args.workers, progress=_progress(args),
                                storage_options=_options(args))
             rows = _counts(r["rows"])
-            print(f"exported {rows} to {args.out}/<table>/*.parquet: {r['bytes'] / 1e6:.0f} MB of records in "
-                  f"{r['seconds']:.2f} s ({r['bytes'] / r['seconds'] / 1e6:.0f} MB/s)", file=sys.stderr)
+            print(f"exported {rows} to {args.out}/<table>/*.parquet: {_decimal(r['bytes'])} of records in "
+                  f"{r['seconds']:.2f} s ({_decimal(r['bytes'] / r['seconds'], 'B/s')})", file=sys.stderr)
             return 0
         if tables and len(tables) != 1:
             raise ValueError("--format arrow writes one table as one stream; name one with --tables")
