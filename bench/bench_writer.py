@@ -4,11 +4,13 @@
 
 Each variant runs in its own process (so peak RSS is its own) on the same synthetic episodes, generated in
 memory before the clock starts (100 scenes = 2.1 M agents, 290 MB; issue 12 measures 360 scenes, 1 GB):
-  zarrfeed-N    DatasetWriter(workers=N).ingest(episodes)
+  zarrfeed-N    DatasetWriter(workers=N).ingest(episodes): every commit durable (fsynced) on the local disk
+  zarrfeed-2-scratch  the same with durable=False (commits survive a killed process, not a power loss)
   zarr-bulk     zarr's write, in one process, of the rows already relocated and concatenated before the clock
   concat+bulk   what a user does instead: relocate and concatenate with numpy, then the same bulk write
   zarr-append   `Array.append` per table and episode
-Targets on 2 cores: 2 workers >= 1.3x 1 worker and >= 1.0x zarr-bulk; >= 3x concat+bulk; >= 10x append.
+Targets on 2 cores: 2 workers >= 1.3x 1 worker, >= 0.9x without durability (issue 37) and >= 1.0x zarr-bulk; >= 3x
+concat+bulk; >= 10x append.
 Variants alternate within each repeat; medians of --repeat runs; ratios printed last.
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ from common import (add_json_option, add_plot_option, check_plot_option, plot_pa
 from zarrfeed.writer import L5KIT_SCHEMA, relocate, synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
-VARIANTS = ["zarrfeed-1", "zarrfeed-2", "zarr-bulk", "concat+bulk", "zarr-append"]
+VARIANTS = ["zarrfeed-1", "zarrfeed-2", "zarrfeed-2-scratch", "zarr-bulk", "concat+bulk", "zarr-append"]
 
 
 def relocated(episodes: list[dict]):
@@ -64,7 +66,8 @@ def run_variant(variant: str, scenes: int, out: Path) -> dict:
     t0 = time.perf_counter()
     steady = None
     if variant.startswith("zarrfeed"):
-        with DatasetWriter(out, workers=int(variant[-1])) as w:
+        workers, durable = int(variant.split("-")[1]), not variant.endswith("-scratch")
+        with DatasetWriter(out, workers=workers, durable=durable) as w:
             steady = w.ingest(episodes)["seconds"]  # first submit to last commit: no start-up or close
     elif variant in ("zarr-bulk", "concat+bulk"):
         if tables is None:  # what a user does: relocate and concatenate every episode, then one write
@@ -129,7 +132,8 @@ def main() -> None:
               f"{x['bytes'] / med[v] / 1e6:>8.0f}"
               f"{max(r['rss_peak_mb'] for r in rs):>9.0f}{x['rss_data_mb']:>7.0f}"
               f"{max(r['worker_rss_peak_mb'] for r in rs):>12.0f}")
-    pairs = [(a, b, t) for a, b, t in [("zarrfeed-2", "zarrfeed-1", 1.3), ("zarrfeed-2", "zarr-bulk", 1.0),
+    pairs = [(a, b, t) for a, b, t in [("zarrfeed-2", "zarrfeed-1", 1.3), ("zarrfeed-2", "zarrfeed-2-scratch", 0.9),
+                                       ("zarrfeed-2", "zarr-bulk", 1.0),
                                        ("zarrfeed-2", "concat+bulk", 3), ("zarrfeed-2", "zarr-append", 10)]
              if a in med and b in med]
     print_ratios({k: 1 / v for k, v in med.items()}, pairs, "ratios, writer open to close")
@@ -137,6 +141,7 @@ def main() -> None:
     if args.plot:
         mb = first["bytes"] / 1e6
         names = {"zarrfeed-1": "zarrfeed, 1 writer process", "zarrfeed-2": "zarrfeed, 2 writer processes",
+                 "zarrfeed-2-scratch": "zarrfeed, 2 writer processes, durable=False",
                  "zarr-bulk": "zarr bulk write, 1 process, rows relocated beforehand",
                  "concat+bulk": "numpy relocate + concatenate, then bulk write",
                  "zarr-append": "zarr Array.append per table and episode"}

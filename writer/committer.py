@@ -80,7 +80,7 @@ class Committer:
         # refused before the lease's files are written there
         if mode == "a" and not self._holds_data():
             raise FormatError(f"{location}: no dataset to append to or resume (nothing is stored there)")
-        if mode == "a":
+        if mode == "a" and dataset_format.interrupted_create(store) is None:
             dataset_format.open_group(location)  # not a zarr dataset: one line, nothing written into the folder
         self._had_root = location.existing_folder()
         if mode == "w":
@@ -155,6 +155,9 @@ class Committer:
         """Open the dataset to append to, refusing (one line, before anything changes) one that does not match
         `schema`, one whose commits or log are damaged, and one whose links do not hold: rows appended onto
         it would be placed after rows that are not there, or under numbers of commits made before."""
+        interrupted = dataset_format.interrupted_create(self.store)
+        if interrupted is not None:  # nothing was committed: nothing is lost by finishing the create
+            dataset_format.create_documents(self.store, interrupted)
         group = dataset_format.open_group(self.location, mode="a")
         found, arrays, _ = dataset_format.open_tables(group)  # other arrays are left as they are
         for name, table in schema.tables.items():

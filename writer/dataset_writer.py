@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 import shutil
 import tempfile
 import time
@@ -102,6 +103,11 @@ class DatasetWriter:
         stall_timeout: Seconds (default 120) a worker may take to store one segment before the writer stops
             with `WorkerError` (a store that accepts connections and never answers); on an object store it
             also bounds each of this process's metadata calls.
+        durable: On a local disk (default True), every commit survives a power loss once it is acknowledged
+            (`sync()`, `close()`, the progress line): the chunks it names are fsynced before the manifest that
+            names them, which is written aside, fsynced, renamed and its folder fsynced. False: commits survive
+            a killed process but may be lost, or torn, by a power loss or a kernel crash (for scratch data).
+            Object stores: a PUT is durable when it returns, either way.
     """
 
     def __init__(self, path: str | os.PathLike | Location, schema: Schema = L5KIT_SCHEMA, workers: int = 2,
@@ -110,12 +116,12 @@ class DatasetWriter:
                  overwrite: bool = False, commit_interval: float = 1.0, segment_bytes: int | None = None,
                  coordinator: Coordinator | None = None, synchronizer: Any = None,
                  start_method: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0) -> None:
+                 lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0, *, durable: bool = True) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if workers < 0:
             raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
-        self.location = Location.of(path, storage_options)
+        self.location = replace(Location.of(path, storage_options), durable=durable)
         self.path = self.location.url
         self.on_error, self.progress, self.commit_interval = on_error, progress, commit_interval
         self.stall_timeout = stall_timeout

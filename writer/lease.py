@@ -359,7 +359,7 @@ class _FileBackend(_Backend):
         with _held_lock:
             if self.key in _held_here:
                 raise _refuse(self.location, self._doc(), timeout, locked=True)
-            self.dir.mkdir(parents=True, exist_ok=True)
+            self.location.store("a").make_root()
             lock = fasteners.InterProcessLock(str(self.dir / LOCK_FILE))
             if not lock.acquire(blocking=False):  # a live process holds it: its exit alone releases it
                 raise _refuse(self.location, self._doc(), timeout, locked=True)

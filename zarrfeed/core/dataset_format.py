@@ -145,13 +145,28 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
     write_manifest(store, new_manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id, digest=DIGEST,
                                    **{EVERY_CHUNK: True, TAILS: {}}))
-    # the documents are made in memory and stored together (on an object store, concurrent requests)
-    made = MemoryStore()
+    create_documents(store, schema)
+    return schema, dataset_id
+
+
+def interrupted_create(store: Store) -> Schema | None:
+    """The schema of a dataset whose create stopped after its manifest, before its group (a killed process, a
+    power loss): commit 0, no rows, no `.zgroup`. Nothing was committed to it, so a writer appending finishes
+    it (`create_documents`). None for anything else."""
+    doc = read_manifest(store)
+    if doc is None or doc["commit"] != 0 or any(doc["committed"].values()) or ".zgroup" in store:
+        return None
+    return Schema.from_json(doc["schema"])
+
+
+def create_documents(store: Store, schema: Schema) -> None:
+    """The group and every table's array, with 0 rows: what `create` writes after the manifest (and what a
+    writer appending writes again when a create was interrupted between the two: nothing was committed)."""
+    made = MemoryStore()  # the documents are made in memory and stored together (concurrent requests)
     group = Group.create(made, attrs=schema.attrs)
     for t in schema.tables.values():
         create_table(group, t, schema.compressor)
     store.put_many(made.data)
-    return schema, dataset_id
 
 
 def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | None) -> Array:

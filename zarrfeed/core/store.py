@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -198,13 +198,16 @@ class Location:
 
     url: str
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    # on a local disk, whether each write is durable when it returns (fsynced: it survives a power loss, see
+    # `stores.DirectoryStore`); object stores are durable once a PUT returns, whatever this says
+    durable: bool = True
 
     @classmethod
     def of(cls, where: "str | os.PathLike | Location", storage_options: Mapping[str, Any] | None = None
            ) -> "Location":
         if isinstance(where, Location):
             if storage_options:
-                return cls(where.url, {**where.storage_options, **storage_options})
+                return replace(where, storage_options={**where.storage_options, **storage_options})
             return where
         text = os.fspath(where)
         protocol = text.split("://", 1)[0] if "://" in text else None
@@ -345,7 +348,7 @@ class Location:
 
     def child(self, name: str) -> "Location":
         """The location of `name` inside this one (a sub-folder or key prefix)."""
-        return Location(f"{self.url.rstrip('/')}/{name}", self.storage_options)
+        return replace(self, url=f"{self.url.rstrip('/')}/{name}")
 
     # ------------------------------------------------------------ zarr stores
     def store(self, mode: str = "r") -> Store:
@@ -366,7 +369,8 @@ class Location:
                 raise FormatError(f"{self.url}: no such file or directory")
             if path.exists() and not path.is_dir():
                 raise FormatError(f"{self.url}: not a directory, a .zip file or a URL")
-            return DirectoryStore(self.url)  # (what a reader may write, a mask, is checked above the store)
+            # (what a reader may write, a mask, is checked above the store)
+            return DirectoryStore(self.url, durable=self.durable)
         try:
             fs, root = self.filesystem()  # a missing backend or an unknown protocol: one line
         except (OSError, TypeError) as exc:  # storage options the filesystem refuses

@@ -21,6 +21,8 @@ import zipfile
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
+from .files import OS_FILES, Files
+
 PARTIAL = ".partial"  # the suffix of a local temporary file being written (never a key)
 
 # what the clients below fsspec raise when no connection could be made, by name (botocore and aiohttp are there
@@ -103,6 +105,9 @@ class Store(ABC):
     def rmdir(self, prefix: str) -> None:
         """Delete every key under `prefix`."""
 
+    def make_root(self) -> None:
+        """Create the store's own folder, where a store has folders (a directory); nothing elsewhere."""
+
     # ------------------------------------------------------------ built on them
     def get(self, key: str) -> bytes | None:
         return self.get_many([key]).get(key)
@@ -141,11 +146,20 @@ class Store(ABC):
 
 
 class DirectoryStore(Store):
-    """A local directory; keys are relative paths."""
+    """A local directory; keys are relative paths. With `durable` (the default), every write is durable when
+    it returns: each temporary file is fsynced before it is renamed over its key, then the folders whose
+    names changed are fsynced (and the parents of folders created), so a power loss keeps it whole or keeps
+    what was there before, never a file half written or a name pointing nowhere (see `files`). Without it,
+    writes survive a killed process but not a power loss: for scratch data."""
 
-    def __init__(self, path: str | os.PathLike, read_only: bool = False) -> None:
+    files: Files = OS_FILES  # its file operations (the test suite puts a simulated power loss in their place)
+
+    def __init__(self, path: str | os.PathLike, read_only: bool = False, durable: bool = True,
+                 files: Files | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
-        self.read_only = read_only
+        self.read_only, self.durable = read_only, durable
+        if files is not None:
+            self.files = files
 
     def __repr__(self) -> str:
         return f"DirectoryStore({self.path!r})"
@@ -167,50 +181,68 @@ class DirectoryStore(Store):
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and os.path.isfile(self.file(key))
 
+    def make_root(self) -> None:
+        """Create the store's folder (and its missing parents), durably: a dataset whose folder's own name was
+        never synced into its parent disappears whole in a power loss, acknowledged commits with it."""
+        self._writable()
+        self._sync({os.path.dirname(made) for made in self.files.makedirs(self.path)})
+
+    def _folder(self, path: str, changed: set[str]) -> None:
+        """Make the folder of `path` (noting, in `changed`, the folders whose names change: it, and the parent
+        of each folder created)."""
+        folder = os.path.dirname(path)
+        changed.add(folder)
+        changed.update(os.path.dirname(made) for made in self.files.makedirs(folder))
+
+    def _sync(self, folders: set[str]) -> None:
+        if self.durable:
+            for folder in sorted(folders, key=len, reverse=True):  # the innermost first, the root last
+                self.files.sync_folder(folder)
+
     def put_many(self, values: Mapping[str, bytes]) -> None:
         self._writable()
+        changed: set[str] = set()
         for key, value in values.items():
             path = self.file(key)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._folder(path, changed)
             temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
             try:
-                with open(temporary, "wb") as f:
-                    f.write(value)
-                os.replace(temporary, path)
+                self.files.write(temporary, value, sync=self.durable)
+                self.files.replace(temporary, path)
             finally:
                 if os.path.exists(temporary):
-                    os.unlink(temporary)
+                    self.files.unlink(temporary)
+        self._sync(changed)
 
     def put_new(self, key: str, value: bytes) -> bool:
         """A complete temporary file hard-linked into place: the link fails if the name exists, and a reader
         never sees the file before it is whole."""
         self._writable()
         path = self.file(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        changed: set[str] = set()
+        self._folder(path, changed)
         temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
-        with open(temporary, "wb") as f:
-            f.write(value)
+        self.files.write(temporary, value, sync=self.durable)
         try:
-            os.link(temporary, path)
-            return True
+            self.files.link(temporary, path)
+            created = True
         except FileExistsError:
-            return False
+            created = False
         except OSError:  # a file system without hard links: an exclusive create, then the bytes
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(value)
-            return True
+            created = self.files.create_exclusive(path, value, sync=self.durable)
         finally:
-            os.unlink(temporary)
+            self.files.unlink(temporary)
+        if created:
+            self._sync(changed)
+        return created
 
     def delete(self, keys: Iterable[str]) -> None:
+        """(Not synced: a deleted object that comes back after a power loss is one zarrfeed no longer lists, a
+        commit log segment merged into another or a commit object past those kept.)"""
         self._writable()
         for key in keys:
             try:
-                os.unlink(self.file(key))
+                self.files.unlink(self.file(key))
             except (FileNotFoundError, IsADirectoryError):
                 pass
 
