@@ -50,7 +50,7 @@ def write_rows(array: Array, start: int, rows: np.ndarray, synchronizer: Any,
     whole = {lo // c: array.encode_chunk(rows[lo - start: lo - start + c]) for lo in range(first_whole, last_whole, c)}
     keyed = {array.chunk_key(i): data for i, data in whole.items()}
     guard()
-    array.store.put_many(keyed)  # on an object store one concurrent request per chunk, not one after another
+    array.store.put_chunks(keyed)  # on an object store one concurrent request per chunk, not one after another
     out.extend(ChunkWrite(array.path, i, len(data), digest(data)) for i, data in whole.items())
     if last_whole < end:
         out.append(_merge(array, synchronizer, last_whole // c, 0, rows[last_whole - start:], guard))
@@ -76,6 +76,6 @@ def _merge(array: Array, synchronizer: Any, index: int, offset: int, rows: np.nd
         buf[offset * size:(offset + len(rows)) * size] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
         data = array.encode_chunk(buf.view(array.dtype))
         guard()
-        store.put(key, data)
+        store.put_chunks({key: data})
     return ChunkWrite(array.path, index, len(data), digest(data), digest(before) if before is not None else None,
                       shared=True)

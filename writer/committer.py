@@ -464,6 +464,9 @@ class Committer:
                                           **{manifest.TAILS: {t: d for t, (_, d) in tails.items()}})
             retry = self._attempted == self._commit_no + 1  # an earlier call that failed may have landed
             self._attempted = self._commit_no + 1
+            # the names of the chunks the commit records first (their bytes are durable already: put_chunks),
+            # then the documents that name them
+            self._bounded(lambda: self.store.sync_names(self.schema.tables), "syncing the chunks' names")
             self._bounded(lambda: commits.write_manifest(self.store, doc, objects, retry=retry),
                           f"publishing commit {self._commit_no + 1}")
         except BaseException:

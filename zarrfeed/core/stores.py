@@ -108,6 +108,16 @@ class Store(ABC):
     def make_root(self) -> None:
         """Create the store's own folder, where a store has folders (a directory); nothing elsewhere."""
 
+    def put_chunks(self, values: Mapping[str, bytes]) -> None:
+        """Store chunks whose names the next commit makes durable (`sync_names`, before its manifest): on a
+        local disk each chunk's bytes are durable when this returns, its folder is synced once per commit
+        rather than once per call. Elsewhere, `put_many`."""
+        self.put_many(values)
+
+    def sync_names(self, prefixes: Iterable[str]) -> None:
+        """Make the names stored under each of `prefixes` (a table's folder) durable: what `put_chunks` left to
+        the commit. Nothing to do where a write is durable when it returns (an object store)."""
+
     # ------------------------------------------------------------ built on them
     def get(self, key: str) -> bytes | None:
         return self.get_many([key]).get(key)
@@ -200,6 +210,20 @@ class DirectoryStore(Store):
                 self.files.sync_folder(folder)
 
     def put_many(self, values: Mapping[str, bytes]) -> None:
+        self._sync(self._put(values))
+
+    def put_chunks(self, values: Mapping[str, bytes]) -> None:
+        changed = self._put(values)
+        # a chunk directly in its table's folder (`agents/12`) leaves that folder to the commit's `sync_names`;
+        # anything else (a folder made, a chunk in a sub-folder) is synced now
+        self._sync(changed - {self.file(key.split("/", 1)[0]) for key in values if key.count("/") == 1})
+
+    def sync_names(self, prefixes: Iterable[str]) -> None:
+        self._sync({self.file(p) if p else self.path for p in prefixes})
+
+    def _put(self, values: Mapping[str, bytes]) -> set[str]:
+        """Write `values`, each to a temporary file (fsynced when durable) renamed over its key; the folders
+        whose names changed."""
         self._writable()
         changed: set[str] = set()
         for key, value in values.items():
@@ -212,7 +236,7 @@ class DirectoryStore(Store):
             finally:
                 if os.path.exists(temporary):
                     self.files.unlink(temporary)
-        self._sync(changed)
+        return changed
 
     def put_new(self, key: str, value: bytes) -> bool:
         """A complete temporary file hard-linked into place: the link fails if the name exists, and a reader
