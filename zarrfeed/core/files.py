@@ -1,10 +1,10 @@
-"""The file operations a `stores.DirectoryStore` makes, in one place: what it writes, syncs, renames, links
+"""The file operations of the store of a local directory (`stores`), in one place: what it writes, syncs, renames, links
 and deletes. `OS_FILES` does them on the machine's file system; the test suite puts a simulated power loss in
 their place (tests/power_loss.py), which keeps, at a chosen operation, only what was made durable.
 
 Durability on a local file system, as POSIX gives it: a file's bytes survive a power loss once the file is
 fsynced, and a name created, replaced or removed in a directory once that directory is fsynced (a rename is
-durable only then: nora 723, doltlite 509). `DirectoryStore` orders them: a temporary file written and
+durable only then: nora 723, doltlite 509). The directory store orders them: a temporary file written and
 fsynced, renamed over its key, then the directory fsynced.
 """
 from __future__ import annotations
