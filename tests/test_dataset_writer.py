@@ -301,3 +301,17 @@ def test_a_folder_holding_only_a_lock_file_is_a_new_dataset(tmp_path):
     with DatasetWriter(out, workers=0) as w:
         w.ingest(synthetic.episodes(1, seed=3, frames=20, agents_per_frame=10))
     assert Dataset.open(out).rows["scenes"] == 1
+
+
+def test_every_argument_after_path_and_schema_is_keyword_only(tmp_path):
+    """Issue 39 item 8: 17 arguments could be passed by position (`DatasetWriter(p, s, 2, "a")`), where two
+    swapped ones go unnoticed."""
+    import inspect
+
+    from zarrfeed.writer import L5KIT_SCHEMA
+
+    params = inspect.signature(DatasetWriter).parameters
+    assert [n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY] == ["path", "schema"]
+    with pytest.raises(TypeError):
+        DatasetWriter(tmp_path / "d.zarr", L5KIT_SCHEMA, 0)
+    assert not (tmp_path / "d.zarr").exists()

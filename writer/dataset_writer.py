@@ -61,6 +61,7 @@ class DatasetWriter:
     never committed. Either way the writer holds the dataset's lease until it is closed: a second writer is
     refused. Episodes land in submission order, so the dataset is the same for any number of workers.
     Use as a context manager, or call `close()`. What is committed, and when, is its `committer`'s.
+    Every argument after `path` and `schema` is keyword-only.
 
     Args:
         path: Where the dataset is: a local directory, any fsspec URL (`s3://bucket/prefix`), or a `Location`.
@@ -110,13 +111,13 @@ class DatasetWriter:
             Object stores: a PUT is durable when it returns, either way.
     """
 
-    def __init__(self, path: str | os.PathLike | Location, schema: Schema = L5KIT_SCHEMA, workers: int = 2,
+    def __init__(self, path: str | os.PathLike | Location, schema: Schema = L5KIT_SCHEMA, *, workers: int = 2,
                  mode: str = "w", compressor: numcodecs.abc.Codec | None = None,
                  chunks: Mapping[str, int] | None = None, on_error: str = "raise", progress: bool = False,
                  overwrite: bool = False, commit_interval: float = 1.0, segment_bytes: int | None = None,
                  coordinator: Coordinator | None = None, synchronizer: Any = None,
                  start_method: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0, *, durable: bool = True) -> None:
+                 lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0, durable: bool = True) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if workers < 0:
