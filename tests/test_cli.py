@@ -419,8 +419,8 @@ def test_cli_niceties(tmp_path):
 def test_interrupted_is_the_last_line_after_what_the_interrupted_frames_held(monkeypatch, capsys):
     """A progress bar interrupted while it was being made is closed only when its frame is collected, and
     wrote its last output after "zarrfeed: interrupted" (seen once as a failure of the Ctrl+C test above)."""
-    from zarrfeed import commands
     from zarrfeed.cli import main
+    from zarrfeed.commands import info
 
     class Bar:
         def __del__(self):
@@ -430,7 +430,7 @@ def test_interrupted_is_the_last_line_after_what_the_interrupted_frames_held(mon
         bar = Bar()  # noqa: F841 (held by this frame until the exception is gone)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "cmd_info", interrupted_command)
+    monkeypatch.setattr(info, "run", interrupted_command)
     assert main(["info", "anything"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "zarrfeed: interrupted"
 
@@ -506,9 +506,9 @@ def test_help_and_refusals_a_newcomer_meets(tmp_path):
 
 def test_sizes_are_never_printed_as_zero(small_dataset, tmp_path):
     """Issue 39 item 7: a small table's export printed "0 MB of records ... (0 MB/s)"."""
-    from zarrfeed.commands import _decimal
+    from zarrfeed.commands.common import decimal_size
 
-    assert [_decimal(n) for n in (0, 87, 999, 1000, 12_500, 3.4e8, 2.2e9)] == \
+    assert [decimal_size(n) for n in (0, 87, 999, 1000, 12_500, 3.4e8, 2.2e9)] == \
         ["0 B", "87 B", "999 B", "1 kB", "12.5 kB", "340 MB", "2.2 GB"]
     r = zarrfeed("export", small_dataset(1, 3), tmp_path / "out", "--tables", "scenes", "-q")
     assert r.returncode == 0 and " 0 MB" not in r.stderr and re.search(r": \d+ B of records in .* \(\d", r.stderr), \

@@ -12,6 +12,7 @@ import zarrfeed
 ROOT = Path(__file__).resolve().parents[1]
 # folder -> the package it installs as (pyproject's package-dir)
 FOLDERS = {"zarrfeed": "zarrfeed", "zarrfeed/core": "zarrfeed.core", "zarrfeed/flight": "zarrfeed.flight",
+           "zarrfeed/commands": "zarrfeed.commands",
            "writer": "zarrfeed.writer", "loader": "zarrfeed.loader"}
 # part -> the parts it may import
 ALLOWED = {
@@ -120,3 +121,21 @@ def test_only_the_store_module_asks_what_kind_of_place_a_dataset_is():
                 if any(a in line for a in asks) and not line.lstrip().startswith("#"):
                     found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert found == []
+
+
+def test_each_command_is_a_module_with_its_parser_and_run_side_by_side():
+    """Issue 39 item 10: ten commands, the server's start-up checks and the shared helpers were one module of
+    765 lines; each command is now a module of `zarrfeed.commands` with `add` (its parser) and `run`, listed
+    by `zarrfeed --help` in the order of `COMMANDS`."""
+    import argparse
+
+    from zarrfeed import commands
+
+    names = [m.__name__.rsplit(".", 1)[1] for m in commands.COMMANDS]
+    assert sorted(p.stem for p in (ROOT / "zarrfeed/commands").glob("*.py")) == sorted(names + ["__init__",
+                                                                                              "common"])
+    for module in commands.COMMANDS:
+        assert callable(module.add) and callable(module.run), module.__name__
+    sub = next(a for a in commands.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == names
+    assert all(sub.choices[n].get_default("func") is m.run for n, m in zip(names, commands.COMMANDS, strict=True))

@@ -1,0 +1,48 @@
+"""`zarrfeed plot`: draw a scene from above (--scene N) or the dataset at a glance (--summary) as a PNG; needs
+zarrfeed[plot]."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+from .common import (Command, count_arg, open_dataset)
+
+
+def add(command: Command) -> None:
+    """Its parser, made by `command` (see `build_parser`)."""
+    p = command("plot", "draw a scene from above (--scene N) or the dataset at a glance (--summary) as a PNG; "
+                "needs zarrfeed[plot]")
+    p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
+    p.add_argument("--scene", type=count_arg, metavar="N", help="draw scene N: tracks by label, the ego path, "
+                   "traffic-light faces, frame --frame with its window")
+    p.add_argument("--summary", action="store_true", help="draw rows per scene, agents per frame, label shares")
+    p.add_argument("--frame", type=count_arg, metavar="T", help="the frame to mark: a row of the frames table "
+                   "(global, as WindowLoader's frame_row, not the index within the scene; default: the scene's "
+                   "middle)")
+    p.add_argument("--history", type=count_arg, default=10, help="frames before --frame in its window")
+    p.add_argument("--future", type=count_arg, default=50, help="frames after --frame in its window")
+    p.add_argument("--out", metavar="FILE.png", help="where to save (default: scene-N.png or summary.png)")
+    p.add_argument("--dpi", type=count_arg, default=100, help="resolution of the PNG")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import plot
+
+    try:
+        plot.require_matplotlib()
+    except ImportError as exc:  # an optional package: one line saying which extra installs it
+        print(f"zarrfeed: error: {exc}", file=sys.stderr)
+        return 2
+    if args.summary == (args.scene is not None):
+        raise ValueError("plot: give --scene N (a scene from above) or --summary (the dataset at a glance)")
+    out = args.out or ("summary.png" if args.summary else f"scene-{args.scene}.png")
+    with open_dataset(args) as ds:
+        if args.summary:
+            fig = plot.summary_figure(ds)
+        else:
+            fig = plot.scene_figure(ds, args.scene, args.frame, args.history, args.future)
+        fig.savefig(out, dpi=args.dpi)
+    print(f"wrote {out}")
+    return 0
