@@ -431,7 +431,7 @@ def test_remote_sample_loaders_match_local_ones(scenes):
         for whole in (False, True):
             with RemoteWindowLoader(server.url, 2, 2, batch_size=64, whole_windows=whole) as r, \
                     WindowLoader(scenes, 2, 2, batch_size=64, whole_windows=whole, num_workers=0) as loc:
-                assert [b["frame_index"].tolist() for b in r] == [b["frame_index"].tolist() for b in loc]
+                assert [b["frame_row"].tolist() for b in r] == [b["frame_row"].tolist() for b in loc]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

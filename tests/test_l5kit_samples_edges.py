@@ -95,7 +95,7 @@ def test_window_loader_on_scenes_without_traffic_lights(real_copy, whole):
     g["traffic_light_faces"].resize(0)
     with WindowLoader(real_copy, 1, 0, batch_size=32, whole_windows=whole, num_workers=0) as loader:
         batches = list(loader)
-    assert sum(len(b["frame_index"]) for b in batches) == (248 if not whole else 247)
+    assert sum(len(b["frame_row"]) for b in batches) == (248 if not whole else 247)
     assert all((b["traffic_light_faces_offsets"] == 0).all() for b in batches)
 
 

@@ -179,7 +179,7 @@ def test_window_transform_sees_only_the_selected_frames(scenes, workers):
 
     def features(batch):
         if not np.isin(batch["frame_row"], keep).all():
-            raise AssertionError(f"frames {sorted(set(batch['frame_index'].tolist()) - set(keep.tolist()))} "
+            raise AssertionError(f"frames {sorted(set(batch['frame_row'].tolist()) - set(keep.tolist()))} "
                                  "are not selected")
         return {"t": batch["frame_row"].astype(np.int64)}
 
