@@ -25,9 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import zarr
 from common import (add_json_option, add_plot_option, check_plot_option, plot_panels, print_ratios,
                     smaller_than_documented, write_json)
 from zarrfeed.writer import L5KIT_SCHEMA, relocate, synthetic
@@ -49,7 +49,9 @@ def relocated_tables(episodes: list[dict]) -> dict[str, np.ndarray]:
     return {t: np.concatenate([p[t] for p in parts]) for t in L5KIT_SCHEMA.tables}
 
 
-def create_arrays(path: Path, rows: dict[str, int]) -> zarr.Group:
+def create_arrays(path: Path, rows: dict[str, int]) -> Any:
+    import zarr  # not at the top: zarrfeed's workers import this script again (forkserver); a user's has no zarr
+
     group = zarr.open_group(str(path), mode="w")
     for t in L5KIT_SCHEMA.tables.values():
         group.create_dataset(t.name, shape=(rows.get(t.name, 0),), chunks=(t.chunk_rows,), dtype=t.dtype,
@@ -57,18 +59,28 @@ def create_arrays(path: Path, rows: dict[str, int]) -> zarr.Group:
     return group
 
 
+def peak_rss_kb(pid: int) -> int:
+    """A live process's peak RSS (writer workers are children of the fork server, not of this process, so
+    RUSAGE_CHILDREN does not see them)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
+
+
 def run_variant(variant: str, scenes: int, out: Path) -> dict:
     episodes = list(synthetic.episodes(scenes))
     tables = relocated_tables(episodes) if variant == "zarr-bulk" else None  # before the clock: the best case
     nbytes = sum(a.nbytes for ep in episodes for a in ep.values())
     rows = sum(len(a) for ep in episodes for a in ep.values())
+    if not variant.startswith("zarrfeed"):
+        import zarr  # noqa: F401 (imported before the clock, as by the script of a user of zarr)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    steady = None
+    steady, worker_kb = None, 0
     if variant.startswith("zarrfeed"):
         workers, durable = int(variant.split("-")[1]), not variant.endswith("-scratch")
         with DatasetWriter(out, workers=workers, durable=durable) as w:
             steady = w.ingest(episodes)["seconds"]  # first submit to last commit: no start-up or close
+            worker_kb = max((peak_rss_kb(pid) for pid in w.worker_pids), default=0)
     elif variant in ("zarr-bulk", "concat+bulk"):
         if tables is None:  # what a user does: relocate and concatenate every episode, then one write
             tables = relocated_tables(episodes)
@@ -82,7 +94,7 @@ def run_variant(variant: str, scenes: int, out: Path) -> dict:
                 group[t].append(arr)
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    child = max(worker_kb, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     return {"variant": variant, "seconds": seconds, "steady_seconds": steady or seconds, "rows": rows, "bytes": nbytes,
             "rss_data_mb": rss0 / 1024, "rss_peak_mb": peak / 1024, "worker_rss_peak_mb": child / 1024}
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import zarrfeed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,3 +141,29 @@ def test_each_command_is_a_module_with_its_parser_and_run_side_by_side():
     sub = next(a for a in commands.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert list(sub.choices) == names
     assert all(sub.choices[n].get_default("func") is m.run for n, m in zip(names, commands.COMMANDS, strict=True))
+
+
+def test_worker_modules_load_only_what_workers_use():
+    """A worker process imports its own module, not the whole side: `zarrfeed.writer` and `zarrfeed.loader` name
+    their exports lazily, so the fork server starts without pyarrow or the parent's classes (issue 37)."""
+    code = ("import sys, zarrfeed.writer.write_worker, zarrfeed.loader.read_worker; "
+            "print(sorted(m for m in ('pyarrow', 'zarrfeed.writer.dataset_writer', 'zarrfeed.loader.batches', "
+            "'zarrfeed.writer.parquet_ingest', 'zarrfeed.loader.arrow_bridge') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_lazy_exports_are_all_there():
+    import zarrfeed.loader
+    import zarrfeed.writer
+
+    for module in (zarrfeed.writer, zarrfeed.loader):
+        assert dir(module) == sorted(module.__all__)
+        for name in module.__all__:
+            assert getattr(module, name) is not None, name
+        with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+            module.nothing  # noqa: B018
+    namespace: dict = {}
+    exec("from zarrfeed.writer import *; from zarrfeed.loader import *", namespace)
+    assert {"DatasetWriter", "synthetic", "Loader", "to_arrow"} <= set(namespace)

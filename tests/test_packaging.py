@@ -73,7 +73,7 @@ def test_a_wheel_without_a_c_compiler_installs_and_warns_once(tmp_path):
 
 
 def test_another_os_is_told_plainly():
-    code = "import os; del os.memfd_create; import zarrfeed.writer"
+    code = "import os; del os.memfd_create; from zarrfeed.writer import DatasetWriter"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 1 and "ImportError: zarrfeed runs on Linux" in r.stderr
 

@@ -1,27 +1,37 @@
-"""zarrfeed's writing side: the dataset format, schemas, episodes and writers."""
-from ..core._proc.pool import WorkerError
-from ..core.dataset_format import FormatError
-from ..core.links import Violation
-from ..core.schema import (
-           AGENT_DTYPE,
-           FRAME_DTYPE,
-           L5KIT_SCHEMA,
-           PERCEPTION_LABELS,
-           SCENE_DTYPE,
-           TL_FACE_DTYPE,
-           Link,
-           Schema,
-           Table,
-)
-from ..core.stores import StoreUnreachable
-from . import synthetic
-from .coordinator import Coordinator, LocalCoordinator
-from .dataset_writer import DatasetWriter
-from .episode import check_episode, relocate
-from .parquet_ingest import ingest_parquet
-from .write import write_dataset
+"""zarrfeed's writing side: the dataset format, schemas, episodes and writers.
 
-__all__ = ["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE", "TL_FACE_DTYPE",
-           "Coordinator", "DatasetWriter", "FormatError", "Link", "LocalCoordinator", "Schema", "StoreUnreachable",
+Names are imported on first use (see zarrfeed.core.lazy): a writer worker loads only what writing chunks needs.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..core.lazy import lazy_names
+
+__all__ = ["AGENT_DTYPE", "Coordinator", "DatasetWriter", "FRAME_DTYPE", "FormatError", "L5KIT_SCHEMA", "Link",
+           "LocalCoordinator", "PERCEPTION_LABELS", "SCENE_DTYPE", "Schema", "StoreUnreachable", "TL_FACE_DTYPE",
            "Table", "Violation", "WorkerError", "check_episode", "ingest_parquet", "relocate", "synthetic",
            "write_dataset"]
+__getattr__, __dir__ = lazy_names(__name__, {
+    "WorkerError": "..core._proc.pool", "FormatError": "..core.dataset_format", "Violation": "..core.links",
+    "StoreUnreachable": "..core.stores",
+    **dict.fromkeys(["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE",
+                     "TL_FACE_DTYPE", "Link", "Schema", "Table"], "..core.schema"),
+    "Coordinator": ".coordinator", "LocalCoordinator": ".coordinator", "DatasetWriter": ".dataset_writer",
+    "check_episode": ".episode", "relocate": ".episode", "ingest_parquet": ".parquet_ingest",
+    "write_dataset": ".write",
+}, modules=("synthetic",))
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors and docs
+    from ..core._proc.pool import WorkerError
+    from ..core.dataset_format import FormatError
+    from ..core.links import Violation
+    from ..core.schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE,
+                               TL_FACE_DTYPE, Link, Schema, Table)
+    from ..core.stores import StoreUnreachable
+    from . import synthetic
+    from .coordinator import Coordinator, LocalCoordinator
+    from .dataset_writer import DatasetWriter
+    from .episode import check_episode, relocate
+    from .parquet_ingest import ingest_parquet
+    from .write import write_dataset
