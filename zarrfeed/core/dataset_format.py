@@ -150,23 +150,32 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
 
 
 def interrupted_create(store: Store) -> Schema | None:
-    """The schema of a dataset whose create stopped after its manifest, before its group (a killed process, a
-    power loss): commit 0, no rows, no `.zgroup`. Nothing was committed to it, so a writer appending finishes
-    it (`create_documents`). None for anything else."""
+    """The schema of a dataset whose create stopped after its manifest, before its group and arrays were all
+    stored (a killed process, a power loss; on an object store each is a PUT of its own, and any of them may be
+    missing, `.zgroup` stored and a table's `.zarray` not): commit 0, no rows, a document of `create_documents`
+    missing. Nothing was committed to it, so a writer appending finishes it (`create_documents`). None for
+    anything else."""
     doc = read_manifest(store)
-    if doc is None or doc["commit"] != 0 or any(doc["committed"].values()) or ".zgroup" in store:
+    if doc is None or doc["commit"] != 0 or any(doc["committed"].values()):
         return None
-    return Schema.from_json(doc["schema"])
+    schema = Schema.from_json(doc["schema"])
+    documents = _documents(schema)
+    return schema if len(store.get_many(list(documents))) < len(documents) else None
 
 
 def create_documents(store: Store, schema: Schema) -> None:
     """The group and every table's array, with 0 rows: what `create` writes after the manifest (and what a
     writer appending writes again when a create was interrupted between the two: nothing was committed)."""
-    made = MemoryStore()  # the documents are made in memory and stored together (concurrent requests)
+    store.put_many(_documents(schema))  # stored together (concurrent requests)
+
+
+def _documents(schema: Schema) -> dict[str, bytes]:
+    """The documents of `create_documents`, made in memory: key -> bytes."""
+    made = MemoryStore()
     group = Group.create(made, attrs=schema.attrs)
     for t in schema.tables.values():
         create_table(group, t, schema.compressor)
-    store.put_many(made.data)
+    return made.data
 
 
 def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | None) -> Array:
