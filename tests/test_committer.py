@@ -195,3 +195,19 @@ def test_a_chunk_is_sealed_once_its_rows_are_committed_and_forgotten_once_record
     assert digests.seal({"agents": 31}, tail=True)["agents"][3] == (103, "d3")
     digests.forget({"agents": {0: (100, "d0"), 2: (102, "d2")}})
     assert digests.seal({"agents": 40}) == {"agents": {1: (101, "d1"), 3: (103, "d3")}}
+
+
+def test_a_give_up_interrupted_while_removing_still_releases_the_lease(tmp_path, monkeypatch):
+    """Found by the object-store crash pass (issue 37): `abandon` released the lease only if removing the dataset
+    it created returned, so an interrupt there left the lease held, its heartbeat running, in this process."""
+    c = Committer(Location.of(tmp_path / "d.zarr"))
+
+    def interrupted() -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(c._lease, "confirm", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        c.abandon()
+    monkeypatch.undo()
+    again = Committer(Location.of(tmp_path / "d.zarr"), mode="a")  # taken at once: the lease was released
+    again.release()

@@ -22,7 +22,7 @@ from zarrfeed.writer.lease import (
     Lease,
     LeaseHeld,
     LeaseLost,
-    _process_start,
+    process_start,
     _refuse,
     _rejected,
     check_held,
@@ -55,7 +55,7 @@ def holder(host: str = "another-host", pid: int = 4242, age: float = 0.0, token:
 # ---------------------------------------------------------------- the holder document
 def test_a_holder_is_this_process_and_its_document_round_trips():
     me = Holder.me(30.0)
-    assert (me.host, me.pid, me.pid_start, me.timeout) == (HOST, os.getpid(), _process_start(os.getpid()), 30.0)
+    assert (me.host, me.pid, me.pid_start, me.timeout) == (HOST, os.getpid(), process_start(os.getpid()), 30.0)
     assert me.started == me.heartbeat and abs(me.heartbeat - time.time()) < 5 and len(me.token) == 32
     assert Holder.me(30.0).token != me.token
     assert Holder.parse(me.encode()) == me and Holder.parse(bytearray(me.encode())) == me
@@ -88,12 +88,12 @@ def test_who_is_gone_and_why(memory):
     assert holder(age=59).gone(1) is None and holder(age=61).gone(1000) is not None
     pid = dead_pid()
     assert holder(HOST, pid, age=0).gone(60) == f"process {pid} on this host has exited"
-    start = _process_start(os.getpid())
+    start = process_start(os.getpid())
     assert holder(HOST, os.getpid(), pid_start=start + 1, token="x").gone(60) == \
         f"process {os.getpid()} on this host has exited"  # the pid was reused
     assert holder(HOST, os.getpid(), pid_start=start, token="x").gone(60) == "this process released it"
     assert holder(HOST, os.getpid(), pid_start=None, token="x").gone(60) is None  # who knows which process
-    parent = holder(HOST, os.getppid(), pid_start=_process_start(os.getppid()))
+    parent = holder(HOST, os.getppid(), pid_start=process_start(os.getppid()))
     assert parent.gone(60) is None and holder(HOST, os.getppid(), age=61).gone(60) is not None
     with Lease(Location.of(memory), timeout=60) as live:  # this process's live lease
         assert live.holder.gone(60) is None
@@ -119,8 +119,8 @@ def test_a_holder_and_a_refusal_say_who_and_how_long(memory):
 
 def test_the_start_time_of_a_process():
     with open(f"/proc/{os.getpid()}/stat") as f:
-        assert _process_start(os.getpid()) == int(f.read().rsplit(")", 1)[1].split()[19])
-    assert _process_start(dead_pid()) is None
+        assert process_start(os.getpid()) == int(f.read().rsplit(")", 1)[1].split()[19])
+    assert process_start(dead_pid()) is None
 
 
 class Refused(OSError):
@@ -284,7 +284,7 @@ def test_a_local_lease_of_a_dead_holder_is_taken_over_and_a_live_ones_never(tmp_
         assert Holder.parse((tmp_path / "d.zarr" / LEASE_KEY).read_bytes()).token == lease.holder.token
     assert any(m.startswith(f"{loc}: took over the write lease of pid {pid} on {HOST} (since ")
                and m.endswith(f": process {pid} on this host has exited") for m in caplog.messages), caplog.messages
-    live = holder(HOST, os.getppid(), pid_start=_process_start(os.getppid()), token="live")
+    live = holder(HOST, os.getppid(), pid_start=process_start(os.getppid()), token="live")
     (tmp_path / "d.zarr" / LEASE_KEY).write_bytes(live.encode())  # its lock file deleted: the document rules
     with pytest.raises(LeaseHeld, match=f"pid {os.getppid()} on {HOST}"):
         Lease(loc, timeout=60).acquire()
@@ -573,7 +573,7 @@ def test_the_start_of_a_process_whose_name_holds_parentheses(tmp_path):
         with open(f"/proc/{child.pid}/stat") as f:
             stat = f.read()
         assert "(x) y (z)" in stat
-        assert _process_start(child.pid) == int(stat[stat.rindex(")") + 2:].split(" ")[19])
+        assert process_start(child.pid) == int(stat[stat.rindex(")") + 2:].split(" ")[19])
     finally:
         child.kill()
         child.wait()

@@ -577,9 +577,12 @@ class Committer:
             self.release()
 
     def abandon(self) -> None:
-        """Give up before anything was placed: remove the dataset if this writer created it, release."""
-        self._remove_if_created()
-        self.release()
+        """Give up before anything was placed: remove the dataset if this writer created it, release (even if
+        the removal was interrupted: a lease left held would keep its heartbeat running in this process)."""
+        try:
+            self._remove_if_created()
+        finally:
+            self.release()
 
     def _remove_if_created(self) -> None:
         """Remove the dataset this writer created, only while it provably holds the lease (renewed on the store

@@ -17,7 +17,6 @@ import logging
 import os
 from dataclasses import replace
 import shutil
-import tempfile
 import time
 from collections.abc import Sized
 from typing import Any, Iterable, Mapping
@@ -29,6 +28,7 @@ from tqdm.auto import tqdm
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit, start_fork_server
 from ..core._proc.shm import SharedBlock, check_room
 from ..core.keys import Key, Position, check_key, fingerprint
+from . import chunk_locks
 from .chunk_locks import ChunkLocks
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import Location
@@ -140,7 +140,7 @@ class DatasetWriter:
         self.schema = self.committer.schema
         try:
             # per-chunk locks, for chunks two segments share: outside the dataset, gone at close
-            self._lock_dir = tempfile.mkdtemp(prefix="zarrfeed-chunk-locks-")
+            self._lock_dir = chunk_locks.private_folder()
             self._sync = synchronizer or ChunkLocks(self._lock_dir)
             self._arrays = self.committer.arrays
             self._input: str | None = None  # the fingerprint of the input that keyless submits continue

@@ -12,6 +12,13 @@ with a log line. The document is the truth, the lock file only a hint: a documen
 this host with a fresh heartbeat is believed even if the lock file was deleted. A holder that finds its lease
 taken (or its document gone) stops writing, and never deletes anything: `confirm()` renews the lease on the
 store itself (on S3 conditional on its ETag) before a holder removes what it created.
+
+After a power loss or a kernel crash the holder is gone with its machine, so the lease needs no fsync to stay
+safe: the reboot drops the file lock, and the document, whatever the disk kept of it (the last one fsynced, an
+older one, or torn bytes), names a process that no longer runs (its pid is dead, or reused by a process with
+another start time) or is unreadable; either way the next writer takes it over at once (should a process
+after the reboot have the holder's pid and start tick, once its heartbeat is `timeout` old). What must
+survive, the dataset's own folder, is made durable when the lease is taken (`Store.make_root`).
 """
 from __future__ import annotations
 
@@ -107,7 +114,7 @@ def check_held(store: Any, token: str, location: Any) -> None:
                         "stopped before writing")
 
 
-def _process_start(pid: int) -> int | None:
+def process_start(pid: int) -> int | None:
     """The start time of process `pid` in clock ticks since boot (tells a reused pid apart), or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -133,7 +140,7 @@ class Holder:
     @classmethod
     def me(cls, timeout: float) -> "Holder":
         now = time.time()
-        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now, uuid.uuid4().hex,
+        return cls(socket.gethostname(), os.getpid(), process_start(os.getpid()), now, now, uuid.uuid4().hex,
                    timeout)
 
     @classmethod
@@ -155,7 +162,7 @@ class Holder:
         or `timeout` for a document that does not say), or None if it may live."""
         timeout = self.timeout if self.timeout is not None else timeout
         if self.host == socket.gethostname():
-            start = _process_start(self.pid)
+            start = process_start(self.pid)
             if self.pid == os.getpid() and start == self.pid_start and self.token not in _live_tokens:
                 # this process let it go (a release the store did not answer, or a renewal that landed late)
                 return "this process released it"
@@ -185,7 +192,7 @@ def _refuse(location: Location, holder: Holder | None, timeout: float, locked: b
                          f"{timeout:.0f} s without a heartbeat)")
     silent = holder is not None and time.time() - holder.heartbeat > timeout
     if silent and holder is not None and holder.host == socket.gethostname() \
-            and _process_start(holder.pid) == holder.pid_start:
+            and process_start(holder.pid) == holder.pid_start:
         return LeaseHeld(f"{location}: being written by {who}, which is alive but has not renewed its lease for "
                          f"longer than its {timeout:.0f} s timeout (stopped? `kill -CONT {holder.pid}` resumes it); "
                          "its lease is taken over only once that process exits: let it go on, or stop it")
