@@ -1,6 +1,7 @@
 """Sources for the Dask tests: importable on the cluster's worker processes (they share the test's sys.path)."""
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -60,4 +61,14 @@ class BadFirst:
         for i, ep in enumerate(small(seed)):
             if self.broken and seed == 0 and i == 0:
                 ep["frames"]["agent_index_interval"][4] = (10**6, 10**6 + 1)
+            yield ep
+
+
+class Exits:
+    """`small`, except that source 3 calls `sys.exit` after its first episode (a BaseException, not an Exception)."""
+
+    def __call__(self, seed: int):
+        for i, ep in enumerate(small(seed)):
+            if seed == 3 and i == 1:
+                sys.exit("no more logs")
             yield ep

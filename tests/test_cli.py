@@ -513,3 +513,19 @@ def test_sizes_are_never_printed_as_zero(small_dataset, tmp_path):
     r = zarrfeed("export", small_dataset(1, 3), tmp_path / "out", "--tables", "scenes", "-q")
     assert r.returncode == 0 and " 0 MB" not in r.stderr and re.search(r": \d+ B of records in .* \(\d", r.stderr), \
         r.stderr
+
+
+@pytest.mark.parametrize("flags, fsyncs", [([], True), (["--no-fsync"], False)])
+def test_ingest_fsyncs_its_commits_unless_told_not_to(tmp_path, monkeypatch, capsys, flags, fsyncs):
+    """Issue 37: commits are durable by default; `--no-fsync` (scratch data) writes the same dataset, syncing
+    nothing."""
+    from zarrfeed.cli import main
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    assert main(["ingest", str(tmp_path / "d.zarr"), "--synthetic", "2", "--workers", "0", "-q", *flags]) == 0
+    assert bool(synced) == fsyncs
+    from zarrfeed import Dataset
+
+    assert Dataset.open(tmp_path / "d.zarr").validate().ok

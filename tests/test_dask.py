@@ -170,6 +170,36 @@ def test_a_source_that_raises_ends_a_skip_mode_ingest_too(client, tmp_path):
         zdask.ingest(client, SOURCES, src.Broken(), tmp_path / "d.zarr", chunks=src.SMALL, on_error="skip")
 
 
+def test_a_source_that_exits_ends_the_ingest_there_instead_of_hanging(client, tmp_path):
+    """A `to_episodes` that raises a BaseException (here `sys.exit`) escaped the task, and the client waited for
+    it for ever (found by issue 37's crash pass); it is reported as any failing source is."""
+    with pytest.raises(zdask.IngestError, match=r"source 3 \(3\), episode 1: SystemExit: no more logs"):
+        zdask.ingest(client, SOURCES, src.Exits(), tmp_path / "d.zarr", chunks=src.SMALL)
+    assert Dataset.open(tmp_path / "d.zarr").rows["scenes"] == sum(len(list(src.small(s))) for s in range(3)) + 1
+
+
+def test_an_interrupted_ingest_leaves_no_task_holding_episodes_on_the_cluster(client, tmp_path):
+    """Ctrl-C in the client (KeyboardInterrupt) while sources load: every task the ingest submitted is cancelled,
+    so no worker keeps the sources' episodes in memory while the interrupt is held (as a notebook holds it
+    before the user resumes with the same client). Found by issue 37's crash pass: they stayed pinned."""
+    import _thread
+    import threading
+    import time
+
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as held:
+            zdask.ingest(client, list(range(40)), src.slow, tmp_path / "d.zarr", chunks=src.SMALL)
+    finally:
+        timer.cancel()
+    deadline = time.monotonic() + 20
+    while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert held.value is not None
+    assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
+
+
 def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path):
     path = tmp_path / "d.zarr"
     sources = list(range(16))

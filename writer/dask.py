@@ -27,9 +27,10 @@ so local, Dask and server ingests recognise each other's inputs. `dask[distribut
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -137,7 +138,8 @@ def _load(to_episodes: Callable[[Any], Iterable[Any]], source: Any, schema_doc: 
             kept.append(tables)
             counted.checked.append(fingerprint(tables))
             counted.rows.append({t: len(tables.get(t, ())) for t in schema.tables})
-    except Exception as exc:  # the user's code failed: the client reports it with the source and episode
+    except BaseException as exc:  # the user's code failed: the client reports it with the source and episode
+        # (BaseException too: a sys.exit() escaping a task kills the worker, or leaves the client waiting)
         counted.error = (i + 1, f"{type(exc).__name__}: {exc}".splitlines()[0])
     counted.seconds = time.perf_counter() - t0
     return kept, counted
@@ -194,7 +196,7 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
            path: Any, schema: Schema = L5KIT_SCHEMA, storage_options: Mapping[str, Any] | None = None,
            resume: bool = False, on_error: str = "raise", progress: bool = False, overwrite: bool = False,
            chunks: Mapping[str, int] | None = None, compressor: Any = None, commit_interval: float = 1.0,
-           mode: str = "w") -> IngestSummary:
+           mode: str = "w", durable: bool = True) -> IngestSummary:
     """Ingest `to_episodes(s)` for every `s` in `sources` on the Dask cluster of `client`, into `path`.
 
     `sources` are small picklable items (file names, URLs, seeds); `to_episodes` runs on the workers and must
@@ -205,7 +207,9 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
     dataset. A bad episode (with on_error="raise") or a source that raises ends the ingest there: everything
     before it is committed and `IngestError` names it (source, episode, table/field/row); fix it and resume.
     With on_error="skip", bad episodes are left out and listed in the summary. Resume loads every source
-    again (to know its episodes' positions) and writes only what is not committed.
+    again (to know its episodes' positions) and writes only what is not committed. `durable` as for
+    `DatasetWriter`: on a local disk every commit survives a power loss once `ingest` returns (or, if it
+    raises, the commits it reports); False for scratch data (commits survive a killed process only).
     """
     from distributed import as_completed
 
@@ -213,12 +217,14 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     sources = list(sources)
     t0 = time.perf_counter()
-    location = Location.of(path, storage_options)
+    location = replace(Location.of(path, storage_options), durable=durable)
     writer = Committer(location, schema, mode="a" if resume else mode, overwrite=overwrite, chunks=chunks,
                        compressor=compressor, commit_interval=commit_interval,
                        store_timeout=location.settings.bound(120.0))
     summary = IngestSummary(sources=len(sources))
     placer = _Placer(client, writer, resume, on_error, summary)
+    loads: dict[int, Any] = {}  # per source, its loaded episodes (a future), until written
+    running: dict[Any, Any] = {}  # key -> future, of the counts and writes not yet seen done
     try:
         loads = {i: client.submit(_load, to_episodes, s, placer.schema_doc, on_error, pure=False)
                  for i, s in enumerate(sources)}
@@ -228,11 +234,13 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
             c = client.submit(_counts, fut, pure=False)
             what[c.key] = ("counts", i)
             pending.add(c)
+            running[c.key] = c
         counted: dict[int, _Counted] = {}
         next_i = 0
         bar = _bar(progress, len(sources))
         for fut in pending:
             kind, i = what.pop(fut.key)
+            running.pop(fut.key)
             if kind == "counts":
                 if placer.failure is not None:
                     continue  # cancelled: the ingest ends at the failure
@@ -246,6 +254,7 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
                     else:
                         what[write.key] = ("write", next_i)
                         pending.add(write)
+                        running[write.key] = write
                     next_i += 1
                 if placer.failure is not None:
                     client.cancel([f for j, f in loads.items() if j >= next_i])
@@ -258,6 +267,10 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
         bar.close()
         writer.close()
     except BaseException as exc:
+        # no task of this ingest may keep the sources' episodes in the workers' memory while the exception is
+        # held (its traceback holds these futures: a notebook keeps it until the user goes on)
+        with contextlib.suppress(Exception):  # a client that lost its scheduler: the error to report is exc
+            client.cancel([*loads.values(), *running.values()])
         writer.fail(exc, remove=False)  # commits what is written; nothing if closed already
         raise
     summary.seconds = time.perf_counter() - t0

@@ -110,10 +110,10 @@ def count_arg(text: str) -> int:
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Help that shows each option's default, except where there is none to show."""
+    """Help that shows each option's default, except where there is none to show (a flag's is its absence)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+        if action.default is None or action.default is argparse.SUPPRESS or isinstance(action.default, bool):
             return action.help
         return super()._get_help_string(action)
 

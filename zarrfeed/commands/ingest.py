@@ -34,6 +34,8 @@ def add(command: Command) -> None:
                       "the workers write straight to the output, which they must reach")
     dask.add_argument("--dask-workers", type=count_arg, metavar="N", help="ingest on a Dask cluster of N worker "
                       "processes started on this machine")
+    p.add_argument("--no-fsync", dest="durable", action="store_false", help="do not fsync: for scratch data on "
+                   "a local disk; commits then survive a killed process but not a power loss (see the writing guide)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scheduler or args.dask_workers:
         return ingest_on_dask(args, out, schema, mode, episodes)
     with DatasetWriter(out, schema, workers=args.workers, mode=mode, chunks=parse_chunks(args.chunks),
-                       overwrite=args.overwrite, progress=show_progress(args)) as w:
+                       overwrite=args.overwrite, progress=show_progress(args), durable=args.durable) as w:
         try:
             summary = w.ingest(episodes, resume=args.resume)
         except KeyboardInterrupt:
@@ -114,7 +116,8 @@ def ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Schem
     try:
         summary = zdask.ingest(client, sources, read, out.url, schema, storage_options=out.storage_options,
                                resume=args.resume, mode=mode, overwrite=args.overwrite,
-                               chunks=parse_chunks(args.chunks), progress=show_progress(args))
+                               chunks=parse_chunks(args.chunks), progress=show_progress(args),
+                               durable=args.durable)
     finally:
         client.close()
         if cluster is not None:
