@@ -78,9 +78,10 @@ def run_variant(variant: str, scenes: int, out: Path) -> dict:
     steady, worker_kb = None, 0
     if variant.startswith("zarrfeed"):
         workers, durable = int(variant.split("-")[1]), not variant.endswith("-scratch")
-        with DatasetWriter(out, workers=workers, durable=durable) as w:
+        # durable=False only when asked: so zarrfeed-N runs under a revision before it too (compare_revisions.py)
+        with DatasetWriter(out, workers=workers, **({} if durable else {"durable": False})) as w:
             steady = w.ingest(episodes)["seconds"]  # first submit to last commit: no start-up or close
-            worker_kb = max((peak_rss_kb(pid) for pid in w.worker_pids), default=0)
+            worker_kb = max((peak_rss_kb(pid) for pid in getattr(w, "worker_pids", [])), default=0)
     elif variant in ("zarr-bulk", "concat+bulk"):
         if tables is None:  # what a user does: relocate and concatenate every episode, then one write
             tables = relocated_tables(episodes)
