@@ -16,6 +16,7 @@ Variants alternate within each repeat; medians of --repeat runs; ratios printed 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import resource
 import shutil
@@ -78,8 +79,9 @@ def run_variant(variant: str, scenes: int, out: Path) -> dict:
     steady, worker_kb = None, 0
     if variant.startswith("zarrfeed"):
         workers, durable = int(variant.split("-")[1]), not variant.endswith("-scratch")
-        # durable=False only when asked: so zarrfeed-N runs under a revision before it too (compare_revisions.py)
-        with DatasetWriter(out, workers=workers, **({} if durable else {"durable": False})) as w:
+        # a revision before issue 37 (compare_revisions.py) has no `durable`: it never fsynced, as durable=False
+        scratch = {"durable": False} if "durable" in inspect.signature(DatasetWriter).parameters else {}
+        with DatasetWriter(out, workers=workers, **({} if durable else scratch)) as w:
             steady = w.ingest(episodes)["seconds"]  # first submit to last commit: no start-up or close
             worker_kb = max((peak_rss_kb(pid) for pid in getattr(w, "worker_pids", [])), default=0)
     elif variant in ("zarr-bulk", "concat+bulk"):

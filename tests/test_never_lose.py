@@ -146,6 +146,62 @@ def test_overwrite_replaces_a_dataset(tmp_path, capsys):
     assert_holds(out, list(synthetic.episodes(1, seed=1)))
 
 
+class Killed(BaseException):
+    """The process died here (a BaseException: nothing in zarrfeed goes on after it)."""
+
+
+def test_an_overwrite_killed_while_it_clears_is_finished_by_overwriting_again(tmp_path, monkeypatch, capsys):
+    """Issue 37's adversarial pass: an overwrite killed after its clear had deleted `.zgroup` (entries went in
+    the directory's order) left a folder every option refused: `--overwrite` as "not a zarr dataset",
+    `--append`/`--resume` as "not a zarr group". The marks of a dataset now go last, so at whichever deletion
+    the writer dies, `--overwrite` again finishes the job."""
+    import shutil
+
+    out = tmp_path / "d.zarr"
+    assert main(["ingest", str(out), "--synthetic", "2", "--seed", "0", "--workers", "0", "-q"]) == 0
+    keep = tmp_path / "keep.zarr"
+    shutil.copytree(out, keep)
+    deletions = len([n for n in os.listdir(out) if not n.startswith((".zarrfeed", "zarrfeed.lease"))])
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+    for dies_at in range(deletions):
+        shutil.rmtree(out)
+        shutil.copytree(keep, out)
+        done = [0]
+
+        def counted(real):
+            def delete(path, *args, **kwargs):
+                if done[0] == dies_at:
+                    raise Killed
+                done[0] += 1
+                return real(path, *args, **kwargs)
+            return delete
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "unlink", counted(real_unlink))
+            m.setattr(shutil, "rmtree", counted(real_rmtree))
+            with pytest.raises(Killed):
+                DatasetWriter(out, workers=0, overwrite=True)
+        assert main(["ingest", str(out), "--synthetic", "1", "--seed", "1", "--workers", "0", "--overwrite",
+                     "-q"]) == 0, (dies_at, capsys.readouterr().err)
+        assert_holds(out, list(synthetic.episodes(1, seed=1)))
+
+
+def test_a_writer_killed_while_writing_its_first_manifest_leaves_nothing_in_the_way(tmp_path, capsys):
+    """Issue 37's adversarial pass: killed during the fsync of its first manifest's temporary file, a writer left
+    the lease's files and `zarrfeed.json.<uuid>.partial`; that file counted as data, so a new ingest, `--resume`
+    and `--overwrite` were all refused. Temporary files are leftovers, as the lease's are: a new ingest goes on
+    and removes them."""
+    out = tmp_path / "d.zarr"
+    out.mkdir()
+    (out / ".zarrfeed.lock").write_bytes(b"")
+    (out / "zarrfeed.lease").write_text(json.dumps({"host": "gone", "pid": 1, "pid_start": 1, "started": 0,
+                                                    "heartbeat": 0, "token": "t", "timeout": 1}))
+    (out / "zarrfeed.json.0123456789abcdef0123456789abcdef.partial").write_bytes(b'{"commit": 0, "comm')
+    assert main(["ingest", str(out), "--synthetic", "2", "--workers", "0", "-q"]) == 0, capsys.readouterr().err
+    assert_holds(out, list(synthetic.episodes(2)))
+    assert not [n for n in os.listdir(out) if n.endswith(".partial")]
+
+
 def test_resume_with_other_input_is_refused_before_anything_changes(tmp_path, capsys):
     """Item 5: `--resume --seed 5` after an interrupted `--seed 0` ingest mixed both inputs."""
     out = tmp_path / "d.zarr"

@@ -34,7 +34,8 @@ from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import FormatError, Location, bounded, within
-from ..core.stores import Store
+from ..core.manifest import MANIFEST_KEY
+from ..core.stores import PARTIAL, Store
 from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite
 from .commit import ChunkDigests, CommitTracker
@@ -95,7 +96,7 @@ class Committer:
             self._created = mode == "w" and not self._holds_data()
             self.store = store
             if mode == "w":
-                if overwrite:
+                if overwrite or (self._created and self._had_root):  # a dataset, or a killed writer's leftovers
                     self._clear()
                 self.schema, self._dataset_id = dataset_format.create(store, schema, chunks=dict(chunks or {}) or None,
                                                                       compressor=compressor)
@@ -127,10 +128,10 @@ class Committer:
 
     # ---------------------------------------------------------------- opening
     def _holds_data(self) -> bool:
-        """Whether anything but a lease's files is stored here (a writer that failed or was killed while it
-        started may leave only those behind: they are no dataset, and no reason to refuse a new one; the lease
-        decides whether their holder is gone)."""
-        return self.location.exists() and any(not _lease_file(name) for name in self.location.entries(16))
+        """Whether anything but a lease's files and temporary files is stored here (a writer that failed or was
+        killed while it started may leave only those behind: they are no dataset, and no reason to refuse a new
+        one; the lease decides whether their holder is gone)."""
+        return self.location.exists() and any(not _leftover(name) for name in self.location.entries(16))
 
     def _check_new(self, store: Store, overwrite: bool) -> None:
         """Mode "w": refuse, before anything changes, a location that holds something we may not replace."""
@@ -142,14 +143,16 @@ class Committer:
                               "ingest(..., resume=True)), or replace it (overwrite=True)",
                               cli=said + "append to it (--append), finish an interrupted ingest into it "
                               "(--resume), or replace it (--overwrite)")
-        if ".zgroup" not in store:
+        if not any(name in store for name in DATASET_MARKS):
             held = self.location.entries(4)
             raise FormatError(f"{self.location}: not a zarr dataset (it holds {', '.join(held)}"
                               f"{', ...' if len(held) == 4 else ''}); refusing to overwrite it")
 
     def _clear(self) -> None:
-        """Delete the dataset being overwritten (everything but the lease we hold)."""
-        self.location.clear(_lease_file)
+        """Delete the dataset being overwritten, or a killed writer's temporary files (everything but the lease
+        we hold). What marks the place as a dataset goes last: an overwrite killed while it clears leaves a
+        place that `overwrite=True` still recognises, and finishes."""
+        self.location.clear(_lease_file, last=DATASET_MARKS)
 
     def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
         """Open the dataset to append to, refusing (one line, before anything changes) one that does not match
@@ -609,6 +612,15 @@ class Committer:
         if self.closed:
             raise RuntimeError(f"the writer of {self.location} is closed"
                                + (f" after an error: {self.error}" if self.error else ""))
+
+
+DATASET_MARKS = (MANIFEST_KEY, ".zgroup")  # either says that a place holds a dataset (of zarrfeed, of zarr)
+
+
+def _leftover(name: str) -> bool:
+    """Whether `name` (at a dataset's root) is what a writer killed before its first commit may leave: the
+    lease's files, or a document it was writing (a temporary file)."""
+    return _lease_file(name) or name.endswith(PARTIAL)
 
 
 def _lease_file(name: str) -> bool:

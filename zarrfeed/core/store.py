@@ -16,7 +16,7 @@ import shutil
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from .stores import DirectoryStore, FsspecStore, Store, StoreUnreachable, ZipStore, reaching
 
@@ -401,13 +401,17 @@ class Location:
             self.clear()
 
     @reaching
-    def clear(self, keep: Callable[[str], bool] = lambda name: False) -> None:
+    def clear(self, keep: Callable[[str], bool] = lambda name: False, last: Sequence[str] = ()) -> None:
         """Delete every entry directly here (folders with their contents) except those whose name `keep`
-        accepts; the location itself stays."""
+        accepts; the location itself stays. The names `last` go last, in their order (what marks the place as
+        a dataset: a clear interrupted leaves it recognisable)."""
+        def order(name: str) -> int:
+            return last.index(name) + 1 if name in last else 0
+
         if self.is_local:
             if not self.path.is_dir():
                 return
-            for entry in os.scandir(self.path):
+            for entry in sorted(os.scandir(self.path), key=lambda e: order(e.name)):
                 if keep(entry.name):
                     continue
                 if entry.is_dir(follow_symlinks=False):
@@ -417,8 +421,8 @@ class Location:
             return
         fs, root = self.filesystem()
         doomed = [p for p in fs.ls(root, detail=False) if not keep(p.rstrip("/").rsplit("/", 1)[-1])]
-        if doomed:
-            fs.rm(doomed, recursive=True)
+        for step in sorted({order(p.rstrip("/").rsplit("/", 1)[-1]) for p in doomed}):
+            fs.rm([p for p in doomed if order(p.rstrip("/").rsplit("/", 1)[-1]) == step], recursive=True)
 
     def exists(self) -> bool:
         """Whether anything is stored here (a non-empty directory or key prefix)."""
