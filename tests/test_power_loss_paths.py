@@ -294,13 +294,13 @@ def test_every_committed_episode_of_the_dask_path_survives_a_power_loss(client, 
 
 def test_without_durability_the_dask_path_can_lose_committed_episodes(client, tmp_path):
     """The simulator tells the difference: a dataset holding the first sources (on disk before: durable), resumed
-    with all of them by an ingest given a `Location` with `durable=False`: some crash point loses what a commit
+    with all of them by an ingest with `durable=False`: some crash point loses what a commit
     published (so the test above could fail)."""
     def prepare(path) -> None:
         zdask.ingest(client, SOURCES[:FIRST_SOURCES], _small, path, chunks=D_CHUNKS)
 
     def not_durable(client, path, acked) -> None:
-        zdask.ingest(client, SOURCES, _small, Location(str(path), durable=False), resume=True, commit_interval=0)
+        zdask.ingest(client, SOURCES, _small, path, resume=True, commit_interval=0, durable=False)
 
     prepare(tmp_path / "count.zarr")
     disk = SimulatedDisk(tmp_path / "count.zarr")
