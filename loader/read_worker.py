@@ -1,4 +1,7 @@
-"""The reader worker of row batches: decodes chunks, writes windows' shuffled rows into the index, gathers.
+"""The reader workers' loop, one for every loader (`BatchWorker`: decode chunks, build batches, run the user's
+transform), and the row batches of `Loader` (`RowBatches`). Each kind of batch supplies only how it builds
+one (`BatchBuilder`: `RowBatches` here, `SampleBatches` for WindowLoader and the sample loaders), as PyTorch
+keeps one worker loop and varies the fetcher.
 
 Messages (`loader.messages`; all small, the worker computes the plan itself from the settings it was
 started with): `Decode` -> `Decoded` (the chunks, fetched together, concurrently from an object store, into
@@ -14,7 +17,7 @@ of it, and only its outputs are copied into the slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -29,7 +32,8 @@ from .fetch import ChunkFetcher, FetchOptions
 from .gather import gather
 from .host_cache import HostSegment
 from .layout import Layout
-from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherRows, IndexFilled, TransformFailed
+from .messages import (Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherRows, GatherWindows, IndexFilled,
+                       TransformFailed)
 from .plan import PlanConfig, WorkerPlans
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
@@ -83,87 +87,174 @@ class Source:
         return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None, ds.check)
 
 
-def chunk_decoder(source: Source, tables: list[str], shared: Shared) -> Callable[[Decode], tuple[int, ...]]:
-    """Handles `Decode`; returns the cache slots filled."""
-    store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
-    arrays = {t: dataset_format.open_table(store, t) for t in tables}  # object store each check is a request)
-    fetcher = ChunkFetcher(source.location, store, source.fetch)
-    cache, _ = shared.arrays()
-    digests, check = source.digests or {}, source.check
+class ChunkDecoder:
+    """Handles `Decode` for the `tables` of `source`: fetches the message's chunks (concurrently from an object
+    store), checks them, decodes each into its cache slot; returns the slots. `waiting` is told of the messages
+    waiting behind the current one, so that their chunks are fetched meanwhile."""
 
-    def keys_of(items: tuple[DecodeItem, ...] | list[DecodeItem]) -> tuple[list[str], list[tuple[int, str] | None]]:
+    def __init__(self, source: Source, tables: list[str], shared: Shared) -> None:
+        store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
+        self.arrays = {t: dataset_format.open_table(store, t) for t in tables}  # object store each is a request)
+        self.fetcher = ChunkFetcher(source.location, store, source.fetch)
+        self.shared, self.cache = shared, shared.arrays()[0]
+        self.digests, self.check = source.digests or {}, source.check
+
+    def _keys(self, items: Sequence[DecodeItem]) -> tuple[list[str], list[tuple[int, str] | None]]:
         """Chunk keys, and the size and digest recorded for each (None: not recorded, or not needed)."""
-        return ([arrays[i.table].chunk_key(i.chunk) for i in items],
-                [digests.get(i.table, {}).get(i.chunk) for i in items])
+        return ([self.arrays[i.table].chunk_key(i.chunk) for i in items],
+                [self.digests.get(i.table, {}).get(i.chunk) for i in items])
 
-    def decode(msg: Decode) -> tuple[int, ...]:
+    def __call__(self, msg: Decode) -> tuple[int, ...]:
         """Decode each chunk whose slot is still claimed for it (one that is not was decoded already, by a
         worker that died before it answered, or is claimed anew); the message's slots."""
-        keys, complete = keys_of(msg.items)
-        for item, key, raw, record in zip(msg.items, keys, fetcher.fetch(keys, complete), complete, strict=True):
-            array = arrays[item.table]
-            start = item.slot * shared.slot_bytes
-            with shared.chunks.writing(item.slot, item.token) as ours:  # a raise marks the slot failed
+        keys, complete = self._keys(msg.items)
+        for item, key, raw, record in zip(msg.items, keys, self.fetcher.fetch(keys, complete), complete,
+                                          strict=True):
+            array = self.arrays[item.table]
+            start = item.slot * self.shared.slot_bytes
+            with self.shared.chunks.writing(item.slot, item.token) as ours:  # a raise marks the slot failed
                 if ours:
-                    if check is not None and record is None:  # with a record, the fetcher checked it
-                        raw = check.check(array, item.chunk, key, raw)
-                    decode_chunk_into(array, key, raw, cache[start:start + array.chunks[0] * array.dtype.itemsize])
+                    if self.check is not None and record is None:  # with a record, the fetcher checked it
+                        raw = self.check.check(array, item.chunk, key, raw)
+                    decode_chunk_into(array, key, raw,
+                                      self.cache[start:start + array.chunks[0] * array.dtype.itemsize])
         return tuple(item.slot for item in msg.items)
 
-    def waiting(msgs: list) -> None:
+    def waiting(self, msgs: list) -> None:
         """Decode messages waiting behind the current one: start fetching their chunks now."""
         items = [item for m in msgs if isinstance(m, Decode) for item in m.items]
         if items:
-            fetcher.prefetch(*keys_of(items))
+            self.fetcher.prefetch(*self._keys(items))
 
-    decode.waiting = waiting  # type: ignore[attr-defined]  # the pool's optional hooks (see WorkerPool)
-    return decode
+
+class BatchBuilder(Protocol):
+    """How one kind of batch is built; the loop around it, the same for every loader, is `BatchWorker`'s."""
+
+    def start(self, msg: Any) -> Any:
+        """What the batches of the gather message `msg` are built from (its epoch's plan, ...)."""
+
+    def build(self, dst: Any, msg: Any, k: int, started: Any) -> dict[str, int] | None:
+        """Write batch `k` into `dst` (its ring slot, or the transform's scratch buffer); the rows of each
+        ragged column, for batches that have them."""
+
+    def views(self, scratch: np.ndarray, started: Any, k: int, counts: dict[str, int] | None) -> Any:
+        """Batch `k` as built in `scratch`: the columns the user's transform is given."""
+
+    def rows(self, started: Any, k: int) -> int:
+        """The rows of batch `k` (what the transform's outputs must have)."""
+
+
+class BatchWorker:
+    """A reader worker's message handler, for every loader: `Decode` fills cache slots (read-ahead, which any
+    other message goes before: a batch may be waiting on it); a gather message (`GatherRows`,
+    `GatherWindows`) builds its batches with `builder`, straight into their ring slots, or, with a
+    `transform`, into a private buffer whose columns the transform is given and whose outputs, checked against
+    `outputs`, go to the slots (`TransformFailed` names the batch if the user's code raises; the worker goes
+    on); any other message is `others`'."""
+
+    def __init__(self, wid: int, decode: ChunkDecoder, shared: Shared, builder: BatchBuilder,
+                 transform: Callable | None, outputs: Layout | None, scratch_bytes: int,
+                 others: Callable[[Any], Any] | None = None) -> None:
+        self.wid, self.decode, self.shared, self.builder = wid, decode, shared, builder
+        self.transform, self.outputs, self.others = transform, outputs, others
+        self.scratch = np.empty(scratch_bytes, np.uint8) if transform else None
+
+    def __call__(self, msg: Any) -> Any:
+        if isinstance(msg, Decode):
+            return Decoded(self.wid, self.decode(msg))
+        if not isinstance(msg, (GatherRows, GatherWindows)):
+            assert self.others is not None, f"no handler for {type(msg).__name__}"
+            return self.others(msg)
+        started = self.builder.start(msg)
+        counts: list[dict[str, int] | None] = []
+        for k in range(msg.first, msg.first + msg.count):
+            if self.transform is None:
+                counts.append(self.builder.build(self.shared.slot(k), msg, k, started))
+                continue
+            assert self.outputs is not None and self.scratch is not None  # made with the transform
+            built = self.builder.build(self.scratch, msg, k, started)
+            try:
+                rows = self.builder.rows(started, k)
+                out = self.transform(self.builder.views(self.scratch, started, k, built))
+                self.outputs.check(out, k, rows)
+            except Exception as exc:  # the user's code: report which batch, keep serving
+                return TransformFailed(self.wid, msg.first, k, RemoteError.capture(exc))
+            for name, view in self.outputs.views(self.shared.slot(k), rows).items():
+                view[...] = out[name]
+            counts.append(None)
+        return Gathered(self.wid, msg.first, msg.count, counts if any(c is not None for c in counts) else None)
+
+    def urgent(self, msg: object) -> bool:
+        """Everything but fetching and decoding chunks (read-ahead) goes first (see `WorkerPool`)."""
+        return not isinstance(msg, Decode)
+
+    def waiting(self, msgs: list) -> None:
+        """Messages waiting in the pipe (see `WorkerPool`): fetch their chunks meanwhile."""
+        self.decode.waiting(msgs)
+
+
+class RowBatches:
+    """`Loader`'s batches: rows of one table, gathered from the decoded chunks through the index that
+    `FillIndex` wrote (each window's shuffled rows, as cache rows), one column per field, in one pass."""
+
+    def __init__(self, shared: Shared, plans: WorkerPlans, records: Layout, itemsize: int) -> None:
+        self.shared, self.plans, self.records, self.itemsize = shared, plans, records, itemsize
+        self.cache, self.index = shared.arrays()
+        self.spec = records.gather_spec()
+
+    def start(self, msg: GatherRows) -> tuple[Any, list]:
+        plan = self.plans.get(msg.epoch, msg.spans).plan
+        return plan, plan.group_pieces(msg.first, msg.count)
+
+    def build(self, dst: Any, msg: GatherRows, k: int, started: tuple[Any, list]) -> None:
+        for _, first, w, pos, n in (piece for piece in started[1] if piece.batch == k - msg.first):
+            start = msg.regions[w] * self.shared.region_rows + pos
+            gather(self.cache, self.itemsize, self.index[start:start + n], dst, self.spec, first, self.itemsize)
+
+    def views(self, scratch: np.ndarray, started: tuple[Any, list], k: int, counts: dict[str, int] | None) -> Any:
+        return self.records.views(scratch, started[0].batch_rows(k))
+
+    def rows(self, started: tuple[Any, list], k: int) -> int:
+        return started[0].batch_rows(k)
+
+
+class SampleBatches:
+    """Batches of samples (WindowLoader's windows, the sample loaders' agents or ego frames), each built by
+    `one_batch(dst, plan, orders, k, slots)` from the epoch's plan and the cache slots of the chunks they read;
+    `layout` lays out their columns."""
+
+    def __init__(self, plans: WorkerPlans, layout: Layout,
+                 one_batch: Callable[[Any, Any, dict, int, dict], dict[str, int] | None]) -> None:
+        self.plans, self.layout, self.one_batch = plans, layout, one_batch
+
+    def start(self, msg: GatherWindows) -> Any:
+        return self.plans.get(msg.epoch, msg.spans)
+
+    def build(self, dst: Any, msg: GatherWindows, k: int, started: Any) -> dict[str, int] | None:
+        return self.one_batch(dst, started.plan, started.orders, k, msg.slots)
+
+    def views(self, scratch: np.ndarray, started: Any, k: int, counts: dict[str, int] | None) -> Any:
+        return self.layout.views(scratch, started.plan.batch_rows(k), counts)
+
+    def rows(self, started: Any, k: int) -> int:
+        return started.plan.batch_rows(k)
 
 
 def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConfig, itemsize: int,
           selection: list[np.ndarray] | None, records: Layout, outputs: Layout | None,
-          transform: Callable | None) -> Callable[[Decode | FillIndex | GatherRows], Any]:
+          transform: Callable | None) -> BatchWorker:
     """Open the dataset in this process (no zarr handle is inherited); return the message handler."""
-    decode = chunk_decoder(source, [table], shared)
-    cache, index = shared.arrays()
+    _, index = shared.arrays()
     chunk_rows = config.chunk_rows
-    spec = records.gather_spec()
-    scratch = np.empty(records.slot_bytes, np.uint8) if transform else None
     plans = WorkerPlans(config, selection)
 
-    def handle(msg: Decode | FillIndex | GatherRows) -> Any:
-        if isinstance(msg, Decode):
-            return Decoded(wid, decode(msg))
-        if isinstance(msg, FillIndex):  # the shuffled rows of the window, as cache rows: slot * chunk_rows + r
-            order = plans.get(msg.epoch).plan.window_order(msg.window, np.asarray(msg.slots, np.int64) * chunk_rows)
-            start = msg.region * shared.region_rows
-            index[start:start + len(order)] = order
-            return IndexFilled(wid, msg.window)
-        k0, count, regions = msg.first, msg.count, msg.regions
-        p = plans.get(msg.epoch, msg.spans).plan
-        pieces = p.group_pieces(k0, count)
-        for i in range(count):
-            k = k0 + i
-            dst = scratch if transform else shared.slot(k)
-            for _, first, w, pos, n in (piece for piece in pieces if piece.batch == i):
-                start = regions[w] * shared.region_rows + pos
-                gather(cache, itemsize, index[start:start + n], dst, spec, first, itemsize)
-            if transform:
-                assert outputs is not None and scratch is not None  # made with the transform
-                try:
-                    rows = p.batch_rows(k)
-                    out = transform(records.views(scratch, rows))
-                    outputs.check(out, k, rows)
-                except Exception as exc:  # the user's code: report which batch, keep serving
-                    return TransformFailed(wid, k0, k, RemoteError.capture(exc))
-                for name, view in outputs.views(shared.slot(k), rows).items():
-                    view[...] = out[name]
-        return Gathered(wid, k0, count)
+    def fill_index(msg: FillIndex) -> IndexFilled:
+        """The shuffled rows of the window, as cache rows (slot * chunk_rows + r), into its index region."""
+        order = plans.get(msg.epoch).plan.window_order(msg.window, np.asarray(msg.slots, np.int64) * chunk_rows)
+        start = msg.region * shared.region_rows
+        index[start:start + len(order)] = order
+        return IndexFilled(wid, msg.window)
 
-    handle.urgent, handle.waiting = urgent, decode.waiting  # type: ignore[attr-defined]
-    return handle
-
-
-def urgent(msg: object) -> bool:
-    """Everything but fetching and decoding chunks (read-ahead) goes first: a batch may be waiting on it."""
-    return not isinstance(msg, Decode)
+    return BatchWorker(wid, ChunkDecoder(source, [table], shared), shared,
+                       RowBatches(shared, plans, records, itemsize), transform, outputs, records.slot_bytes,
+                       others=fill_index)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core._proc.pool import RemoteError, preload_in_workers
+from ..core._proc.pool import preload_in_workers
 from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from . import agents_mask, read_worker
@@ -29,7 +29,6 @@ from .batches import Loader, fetch_options, open_dataset
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
-from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
 from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
 from .scheduler import WorkerOptions
@@ -121,13 +120,11 @@ def _columns(view: Callable[[str, int], np.ndarray], table: str, rows: tuple[int
 
 def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig,
           samples: MotionSamples, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
-          transform: Callable | None) -> Callable[[Decode | GatherWindows], Any]:
-    """The sample loaders' worker message handler (see `loader.read_worker` for decode)."""
+          transform: Callable | None) -> read_worker.BatchWorker:
+    """The sample loaders' worker message handler (see `loader.read_worker`)."""
     tables = ["frames"] if samples.ego else ["frames", "agents"]
-    decode = read_worker.chunk_decoder(source, tables, shared)
     cache, _ = shared.arrays()
     S = shared.slot_bytes
-    scratch = np.empty(layout.slot_bytes, np.uint8) if transform else None
     plans = WorkerPlans(config, samples.selection())
     contexts: OrderedDict[int, Context] = OrderedDict()
 
@@ -173,28 +170,9 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             for name, view in views.items():
                 view[at] = out[name]
 
-    def handle(msg: Decode | GatherWindows) -> Any:
-        if isinstance(msg, Decode):
-            return Decoded(wid, decode(msg))
-        got = plans.get(msg.epoch, msg.spans)
-        p, orders = got.plan, got.orders
-        for k in range(msg.first, msg.first + msg.count):
-            if not transform:
-                one_batch(shared.slot(k), p, orders, k, msg.slots)
-                continue
-            assert outputs is not None and scratch is not None  # made with the transform
-            one_batch(scratch, p, orders, k, msg.slots)
-            try:
-                out = transform(layout.views(scratch, p.batch_rows(k)))
-                outputs.check(out, k, p.batch_rows(k))
-            except Exception as exc:
-                return TransformFailed(wid, msg.first, k, RemoteError.capture(exc))
-            for name, view in outputs.views(shared.slot(k), p.batch_rows(k)).items():
-                view[...] = out[name]
-        return Gathered(wid, msg.first, msg.count, None)
-
-    handle.urgent, handle.waiting = read_worker.urgent, decode.waiting  # type: ignore[attr-defined]
-    return handle
+    return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, tables, shared), shared,
+                                   read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
+                                   layout.slot_bytes)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core._proc.pool import RemoteError, preload_in_workers
+from ..core._proc.pool import preload_in_workers
 from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from . import read_worker
@@ -33,7 +33,7 @@ from .fetch import FetchOptions
 from .gather import gather_runs
 from .host_cache import HostSegment
 from .layout import Layout
-from .messages import Decode, Decoded, Gathered, GatherWindows, TransformFailed
+from .messages import GatherWindows
 from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
 from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
@@ -143,15 +143,13 @@ def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
 
 def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig, samples: Samples,
           dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
-          transform: Callable | None) -> Callable[[Decode | GatherWindows], Any]:
-    """The WindowLoader worker's message handler (see `loader.read_worker` for decode)."""
-    decode = read_worker.chunk_decoder(source, list(TABLES), shared)
+          transform: Callable | None) -> read_worker.BatchWorker:
+    """The WindowLoader worker's message handler (see `loader.read_worker`)."""
     cache, _ = shared.arrays()
     S = shared.slot_bytes
     h, T = samples.history, samples.T
     specs = {t: _spec(layout, t, dtypes[t]) for t in TABLES}
     by_name = {c.name: c for c in layout.columns}
-    scratch = np.empty(layout.slot_bytes, np.uint8) if transform else None
     plans = WorkerPlans(config, samples.selection())
 
     def runs(table: str, lo: np.ndarray, hi: np.ndarray, slots: dict[int, int]) -> np.ndarray:
@@ -211,32 +209,9 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             counts.update({c.name: total for c in layout.columns if c.name.startswith(table + "/")})
         return counts
 
-    def handle(msg: Decode | GatherWindows) -> Any:
-        if isinstance(msg, Decode):
-            return Decoded(wid, decode(msg))
-        got = plans.get(msg.epoch, msg.spans)
-        p, orders = got.plan, got.orders
-        k0, count, slots = msg.first, msg.count, msg.slots
-        all_counts: list[dict[str, int] | None] = []
-        for k in range(k0, k0 + count):
-            if not transform:
-                all_counts.append(one_batch(shared.slot(k), p, orders, k, slots))
-                continue
-            assert outputs is not None and scratch is not None  # made with the transform
-            rows = one_batch(scratch, p, orders, k, slots)
-            views = layout.views(scratch, p.batch_rows(k), rows)
-            try:
-                out = transform(views)
-                outputs.check(out, k, p.batch_rows(k))
-            except Exception as exc:
-                return TransformFailed(wid, k0, k, RemoteError.capture(exc))
-            for name, view in outputs.views(shared.slot(k), p.batch_rows(k)).items():
-                view[...] = out[name]
-            all_counts.append(None)
-        return Gathered(wid, k0, count, all_counts)
-
-    handle.urgent, handle.waiting = read_worker.urgent, decode.waiting  # type: ignore[attr-defined]
-    return handle
+    return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, list(TABLES), shared), shared,
+                                   read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
+                                   layout.slot_bytes)
 
 
 class SampleGroups:

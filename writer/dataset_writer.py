@@ -26,7 +26,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit, start_fork_server
-from ..core._proc.shm import SharedBlock, check_room
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
 from .chunk_locks import ChunkLocks
@@ -38,19 +37,10 @@ from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer, key_order
 from .coordinator import Coordinator
 from .episode import check_episode, relocate
+from .segments import SegmentBuffers
 from .lease import TIMEOUT
 
 log = logging.getLogger("zarrfeed.writer")
-
-class _Segment:
-    __slots__ = ("id", "table", "start", "n", "capacity", "block", "worker", "sent")
-
-    def __init__(self, id: int, table: str, start: int, capacity: int, block: int) -> None:
-        self.id, self.table, self.start, self.capacity, self.block = id, table, start, capacity, block
-        self.n = 0
-        self.worker: int | None = None
-        self.sent = 0.0
-
 
 class DatasetWriter:
     """Writes episodes to the dataset at `path` (a directory or any fsspec URL, with `storage_options`) with
@@ -129,7 +119,7 @@ class DatasetWriter:
         self.on_error, self.progress, self.commit_interval = on_error, progress, commit_interval
         self.stall_timeout = stall_timeout
         self._closed = True
-        self._blocks: list[SharedBlock] = []
+        self._buffers: SegmentBuffers | None = None
         self._lock_dir: str | None = None
         self._pool: WorkerPool | None = None
         # the parent's own calls on an object store are bounded like the workers' (see store.bounded)
@@ -151,20 +141,13 @@ class DatasetWriter:
             if segment_bytes is None:
                 segment_bytes = self.location.settings.segment_bytes
             chunk_bytes = [t.chunk_rows * t.dtype.itemsize for t in self.schema.tables.values()]
-            self._block_bytes = max(segment_bytes, 2 * max(chunk_bytes))
-            n_blocks = len(self.schema.tables) + 2 * max(workers, 1)
-            check_room(n_blocks * self._block_bytes, f"the writer's {n_blocks} segment buffers")
-            self._blocks = [SharedBlock(self._block_bytes) for _ in range(n_blocks)]
-            self._block_bytes_view = [np.frombuffer(b.buf, np.uint8) for b in self._blocks]
-            self._free = list(range(n_blocks))[::-1]
-            self._open: dict[str, _Segment | None] = {t: None for t in self.schema.tables}
-            self._inflight: dict[int, _Segment] = {}
-            self._seg_ids = 0
+            self._buffers = SegmentBuffers(self.schema.tables, len(self.schema.tables) + 2 * max(workers, 1),
+                                           max(segment_bytes, 2 * max(chunk_bytes)))
             self._shared_chunks = 0
             if workers > 0:
                 dtypes = {n: t.dtype for n, t in self.schema.tables.items()}
                 self._pool = WorkerPool(workers, write_worker.setup,
-                                        (self.location, dtypes, self._sync, self._blocks, self.committer.fence),
+                                        (self.location, dtypes, self._sync, self._buffers.blocks, self.committer.fence),
                                         "writer worker", start_method)
             self._load = [0] * max(workers, 1)
         except BaseException:
@@ -355,7 +338,7 @@ class DatasetWriter:
         self._check_open()
         try:
             self._flush()
-            while self._inflight:
+            while self._segments.in_flight:
                 self._collect(timeout=0.1)
             self.committer.commit(force=True)
         except BaseException as exc:
@@ -399,50 +382,36 @@ class DatasetWriter:
                 pass
 
     # ---------------------------------------------------------------- segments
+    @property
+    def _segments(self) -> SegmentBuffers:
+        assert self._buffers is not None  # made when opened, until the memory is freed
+        return self._buffers
+
     def _append(self, table: str, offset: int, rows: np.ndarray) -> None:
-        seg = self._open[table]
-        if seg is not None and seg.start + seg.n != offset:  # a reservation that does not follow on
+        segments = self._segments
+        seg = segments.open_segment(table)
+        if seg is not None and seg.end != offset:  # a reservation that does not follow on
             self._dispatch(table)
-        if not len(rows):
-            return
-        src = np.ascontiguousarray(rows).view(np.uint8)
-        size = rows.dtype.itemsize
+        rows = np.ascontiguousarray(rows)
         done = 0
         while done < len(rows):
-            seg = self._open[table] or self._new_segment(table, offset + done)
-            take = min(seg.capacity - seg.n, len(rows) - done)
-            # bytes, not records: a uint8 copy runs at memcpy speed, a structured one ~30x slower
-            self._block_bytes_view[seg.block][seg.n * size:(seg.n + take) * size] = \
-                src[done * size:(done + take) * size]
-            seg.n += take
-            done += take
-            if seg.n == seg.capacity:
+            seg = segments.open_segment(table)
+            if seg is None:
+                while not segments.has_free_block():
+                    self._collect(timeout=0.1)
+                seg = segments.begin(table, offset + done)
+            done += segments.fill(seg, rows[done:])
+            if segments.is_full(seg):
                 self._dispatch(table)
 
-    def _new_segment(self, table: str, start: int) -> _Segment:
-        while not self._free:
-            self._collect(timeout=0.1)
-        c = self.schema.tables[table].chunk_rows
-        fits = self._block_bytes // self.schema.tables[table].dtype.itemsize
-        end = (start + fits) // c * c  # end on a chunk boundary: its chunks have no other writer
-        seg = _Segment(self._seg_ids, table, start, (end if end > start else start + fits) - start, self._free.pop())
-        self._seg_ids += 1
-        self._open[table] = seg
-        return seg
-
     def _dispatch(self, table: str) -> None:
-        seg, self._open[table] = self._open[table], None
+        seg = self._segments.end(table)
         if seg is None:
             return
-        if seg.n == 0:
-            self._free.append(seg.block)
-            return
-        end = seg.start + seg.n
         self.committer.check_lease()  # a writer that lost its lease, or was paused past it, writes nothing more
-        self.committer.grow(table, end)
-        self._inflight[seg.id] = seg
+        self.committer.grow(table, seg.end)
         if self._pool is None:
-            rows = np.frombuffer(self._blocks[seg.block].buf, self._arrays[table].dtype, count=seg.n)
+            rows = self._segments.rows(seg)
             writes = write_rows(self._arrays[table], seg.start, rows, self._sync, self.committer.check_lease)
             self._shared_chunks += sum(w.shared for w in writes)
             del rows
@@ -454,16 +423,15 @@ class DatasetWriter:
         self._pool.send(seg.worker, WriteSegment(seg.id, table, seg.start, seg.n, seg.block))
 
     def _flush(self) -> None:
-        for t in self._open:
+        for t in self.schema.tables:
             self._dispatch(t)
         self._last_flush = time.monotonic()
 
     def _done(self, seg_id: int, writes: list[ChunkWrite]) -> None:
-        seg = self._inflight.pop(seg_id)
+        seg = self._segments.stored(seg_id)
         if seg.worker is not None:
             self._load[seg.worker] -= 1
-        self._free.append(seg.block)
-        self.committer.stored(seg.table, seg.start, seg.start + seg.n, writes)
+        self.committer.stored(seg.table, seg.start, seg.end, writes)
 
     def _collect(self, timeout: float) -> None:
         """Take finished segments from the workers; commit when it is time. Raises `WorkerError`."""
@@ -471,8 +439,8 @@ class DatasetWriter:
             for reply in self._pool.poll(timeout):
                 if isinstance(reply, Failed):
                     self.committer.check_lease()  # stopped by the lease's fence: say that, not "worker failed"
-                    seg = self._inflight.get(reply.message.segment) if reply.message is not None else None
-                    where = f" writing {seg.table} rows [{seg.start}, {seg.start + seg.n})" if seg else ""
+                    seg = self._segments.in_flight.get(reply.message.segment) if reply.message is not None else None
+                    where = f" writing {seg.table} rows [{seg.start}, {seg.end})" if seg else ""
                     raise WorkerError(f"writer worker {reply.worker} failed{where}: {reply.error}", reply.error) \
                         from reply.error.exc
                 self._shared_chunks += sum(w.shared for w in reply.writes)
@@ -480,11 +448,12 @@ class DatasetWriter:
             if self._pool.dead():
                 raise WorkerError(self._lost(), cli=self._lost("Run the same command again with --resume to "
                                                                "finish."))
-            stalled = [seg for seg in self._inflight.values() if time.monotonic() - seg.sent > self.stall_timeout]
+            stalled = [seg for seg in self._segments.in_flight.values()
+                       if time.monotonic() - seg.sent > self.stall_timeout]
             if stalled:  # alive but stuck: a store that accepts connections and never answers
                 seg = stalled[0]
                 raise WorkerError(f"writer worker {seg.worker} has not finished writing {seg.table} rows "
-                                  f"[{seg.start}, {seg.start + seg.n}) in {self.stall_timeout:.0f} s: "
+                                  f"[{seg.start}, {seg.end}) in {self.stall_timeout:.0f} s: "
                                   f"{self.location} does not answer")
         self.committer.commit()
 
@@ -492,8 +461,8 @@ class DatasetWriter:
         """The message for a dead worker: who, and which episodes' rows it held; then `remedy`."""
         assert self._pool is not None  # only a pool's worker can be lost
         wid, pid, code = self._pool.dead()[0]
-        lost = sorted({k for seg in self._inflight.values() if seg.worker == wid
-                       for k in self.committer.episodes_touching(seg.table, seg.start, seg.start + seg.n)},
+        lost = sorted({k for seg in self._segments.in_flight.values() if seg.worker == wid
+                       for k in self.committer.episodes_touching(seg.table, seg.start, seg.end)},
                       key=key_order)
         what = f"episodes {lost[0]} to {lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "nothing"
         rows = ", ".join(f"{n:,} {t}" for t, n in self.committer.committed.items())
@@ -522,10 +491,9 @@ class DatasetWriter:
 
     def _free_memory(self) -> None:
         """Free the shared memory and the chunk locks."""
-        self._block_bytes_view = []
-        for b in self._blocks:
-            b.close()
-        self._blocks = []
+        if self._buffers is not None:
+            self._buffers.close()
+            self._buffers = None
         if self._lock_dir:
             shutil.rmtree(self._lock_dir, ignore_errors=True)
             self._lock_dir = None
