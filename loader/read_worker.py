@@ -166,11 +166,12 @@ class BatchWorker:
             assert self.others is not None, f"no handler for {type(msg).__name__}"
             return self.others(msg)
         started = self.builder.start(msg)
-        counts: list[dict[str, int] | None] = []
+        if self.transform is None:  # straight into the ring (the common case: one call per batch)
+            build, slot = self.builder.build, self.shared.slot
+            counts = [build(slot(k), msg, k, started) for k in range(msg.first, msg.first + msg.count)]
+            return Gathered(self.wid, msg.first, msg.count, counts if any(c is not None for c in counts) else None)
+        counts = []
         for k in range(msg.first, msg.first + msg.count):
-            if self.transform is None:
-                counts.append(self.builder.build(self.shared.slot(k), msg, k, started))
-                continue
             assert self.outputs is not None and self.scratch is not None  # made with the transform
             built = self.builder.build(self.scratch, msg, k, started)
             try:
@@ -203,13 +204,19 @@ class RowBatches:
         self.spec = records.gather_spec()
 
     def start(self, msg: GatherRows) -> tuple[Any, list]:
+        """The epoch's plan, and the pieces of each batch of the message (index ranges to gather)."""
         plan = self.plans.get(msg.epoch, msg.spans).plan
-        return plan, plan.group_pieces(msg.first, msg.count)
+        regions, region_rows = msg.regions, self.shared.region_rows
+        by_batch: list[list[tuple[int, int, int]]] = [[] for _ in range(msg.count)]
+        for piece in plan.group_pieces(msg.first, msg.count):
+            start = regions[piece.window] * region_rows + piece.position
+            by_batch[piece.batch].append((piece.row, start, start + piece.rows))
+        return plan, by_batch
 
     def build(self, dst: Any, msg: GatherRows, k: int, started: tuple[Any, list]) -> None:
-        for _, first, w, pos, n in (piece for piece in started[1] if piece.batch == k - msg.first):
-            start = msg.regions[w] * self.shared.region_rows + pos
-            gather(self.cache, self.itemsize, self.index[start:start + n], dst, self.spec, first, self.itemsize)
+        cache, index, spec, size = self.cache, self.index, self.spec, self.itemsize
+        for first, start, end in started[1][k - msg.first]:
+            gather(cache, size, index[start:end], dst, spec, first, size)
 
     def views(self, scratch: np.ndarray, started: tuple[Any, list], k: int, counts: dict[str, int] | None) -> Any:
         return self.records.views(scratch, started[0].batch_rows(k))
