@@ -144,26 +144,25 @@ def test_each_command_is_a_module_with_its_parser_and_run_side_by_side():
 
 
 def test_worker_modules_load_only_what_workers_use():
-    """A worker process imports its own module, not the whole side: `zarrfeed.writer` and `zarrfeed.loader` name
-    their exports lazily, so the fork server starts without pyarrow or the parent's classes (issue 37)."""
-    code = ("import sys, zarrfeed.writer.write_worker, zarrfeed.loader.read_worker; "
-            "print(sorted(m for m in ('pyarrow', 'zarrfeed.writer.dataset_writer', 'zarrfeed.loader.batches', "
-            "'zarrfeed.writer.parquet_ingest', 'zarrfeed.loader.arrow_bridge') if m in sys.modules))")
+    """A writer worker process imports its own module, not the whole side: `zarrfeed.writer` names its exports
+    lazily, so the fork server starts without pyarrow or the parent's classes (issue 37)."""
+    code = ("import sys, zarrfeed.writer.write_worker; "
+            "print(sorted(m for m in ('pyarrow', 'zarrfeed.writer.dataset_writer', 'zarrfeed.writer.parquet_ingest')"
+            " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
 
 def test_lazy_exports_are_all_there():
-    import zarrfeed.loader
     import zarrfeed.writer
 
-    for module in (zarrfeed.writer, zarrfeed.loader):
-        assert dir(module) == sorted(module.__all__)
-        for name in module.__all__:
-            assert getattr(module, name) is not None, name
-        with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-            module.nothing  # noqa: B018
+    module = zarrfeed.writer
+    assert dir(module) == sorted(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        module.nothing  # noqa: B018
     namespace: dict = {}
-    exec("from zarrfeed.writer import *; from zarrfeed.loader import *", namespace)
-    assert {"DatasetWriter", "synthetic", "Loader", "to_arrow"} <= set(namespace)
+    exec("from zarrfeed.writer import *", namespace)
+    assert {"DatasetWriter", "synthetic", "L5KIT_SCHEMA"} <= set(namespace)

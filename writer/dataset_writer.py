@@ -25,7 +25,7 @@ import numcodecs
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit, start_fork_server
+from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
 from .chunk_locks import ChunkLocks
@@ -112,8 +112,6 @@ class DatasetWriter:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if workers < 0:
             raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
-        if workers > 0:  # the fork server (the first pool of a process waits ~0.3 s for it) starts while we open
-            start_fork_server(start_method, write_worker.setup)
         self.location = replace(Location.of(path, storage_options), durable=durable)
         self.path = self.location.url
         self.on_error, self.progress, self.commit_interval = on_error, progress, commit_interval
