@@ -7,8 +7,9 @@ from .batches import Loader, LoaderError, LoaderStalledError
 from .dataset import Dataset, ValidationReport
 from .parquet_export import export_parquet
 from .sample_loaders import AgentSampleLoader, EgoSampleLoader
+from .sequences import SequenceLoader
 from .windows import WindowLoader
 
 __all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "Loader", "LoaderError",
-           "LoaderStalledError", "StoreUnreachable", "ValidationReport", "WindowLoader",
+           "LoaderStalledError", "SequenceLoader", "StoreUnreachable", "ValidationReport", "WindowLoader",
            "export_parquet", "from_arrow", "to_arrow"]

@@ -144,12 +144,12 @@ def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: l
     `join={"agents": "agent_index_interval"}` adds a column `agents` of type list<struct>: each row's child
     rows, following the interval field. `row_index="_row"` adds each row's global row number (for joining
     interval fields in SQL)."""
-    arr, n = ds[table], ds.rows[table]
+    dtype, n = ds.record_dtype(table), ds.row_count(table)
     joins = dict(join or {})
     for child, field in joins.items():
-        if child not in ds.tables or field not in arr.dtype.names:
+        if child not in ds.tables or field not in (dtype.names or ()):
             raise ValueError(f"join: no table {child!r} or no field {field!r} in table {table!r}")
-    base = arrow_schema(arr.dtype, fields)
+    base = arrow_schema(dtype, fields)
     extra = [pa.field(row_index, pa.int64(), nullable=False)] if row_index else []
     for child in joins:
         extra.append(pa.field(child, pa.list_(pa.struct(list(arrow_schema(ds[child].dtype)))), nullable=False))

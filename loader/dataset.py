@@ -10,16 +10,19 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..core import chunk_check, commits, dataset_format, log_reads
+from ..core import chunk_check, commits, dataset_format, log_reads, replay_buffer
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, read_coordinates, read_rows
 from ..core.dataset_format import FormatError
-from ..core.links import IntervalChecker, Violation, require_link
+from ..core.links import Violation, link_checker, require_link
 from ..core.schema import Schema, field_names
 from ..core.store import Location, bounded
 from ..core.zarr_array import Array, Group
 from .arrow_bridge import ArrowStream, table_batches
+
+
+STEPS = "steps"  # a replay buffer's step tables read together (see `read_rows`)
 
 
 @dataclass
@@ -138,6 +141,8 @@ class Dataset:
                   for name, table in schema.tables.items()}
         doc = commits.read_manifest(group.store, commit)
         rows = {name: (doc["committed"][name] if doc else arr.shape[0]) for name, arr in tables.items()}
+        if doc is None:  # a replay buffer's steps: those of its episodes
+            rows = replay_buffer.rows_by_ends(schema, tables, rows)
         for name, n in rows.items():
             if n > tables[name].shape[0]:
                 raise FormatError(f"table '{name}': {n} rows committed but the array holds {tables[name].shape[0]}")
@@ -185,8 +190,33 @@ class Dataset:
         return check.check if check is not None else None
 
     def read_rows(self, table: str, start: int, stop: int, fields: list[str] | None = None) -> np.ndarray:
-        """Rows [start, stop) of `table` (only `fields`, if given), each chunk checked (see `check`)."""
+        """Rows [start, stop) of `table` (only `fields`, if given), each chunk checked (see `check`). A replay
+        buffer's `steps` are the rows of every step table at once, one field per key."""
+        if table == STEPS and table not in self.tables and self.schema.step_tables():
+            names = field_names(self.record_dtype(STEPS), fields)
+            out = np.empty(max(stop - start, 0), self.record_dtype(STEPS)[names])
+            for name in names:
+                out[name] = read_rows(self.tables[name], start, stop, check=self._checker())[name]
+            return out
         return read_rows(self.tables[table], start, stop, fields, check=self._checker())
+
+    def record_dtype(self, table: str) -> np.dtype:
+        """The records of `table` (for a replay buffer's `steps`: one field per step table)."""
+        if table == STEPS and table not in self.tables and self.schema.step_tables():
+            return np.dtype([self.tables[t].dtype.descr[0] for t in self.schema.step_tables()])
+        if table not in self.tables:
+            raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.readable_tables())})")
+        return self.tables[table].dtype
+
+    def row_count(self, table: str) -> int:
+        """The rows of `table` a reader may read (`rows[table]`; a replay buffer's `steps`: its steps)."""
+        if table == STEPS and table not in self.tables and self.schema.step_tables():
+            return self.rows[self.schema.step_tables()[0]]
+        return self.rows[table]
+
+    def readable_tables(self) -> list[str]:
+        """The names `read_rows`, `to_arrow` and the loaders take: the tables, and `steps` in a replay buffer."""
+        return list(self.tables) + ([STEPS] if self.schema.step_tables() and STEPS not in self.tables else [])
 
     def read_coordinates(self, table: str, rows: np.ndarray) -> np.ndarray:
         """The records of `table` at `rows` (any order, repeats allowed), each chunk checked (see `check`)."""
@@ -255,7 +285,7 @@ class Dataset:
         chunk raises `FormatError` naming table and chunk key. `progress(rows)` is called after each chunk.
         """
         report = ValidationReport(not_read=dict(self.others))
-        checkers = {name: [IntervalChecker(link, self.rows[link.child], limit) for link in self.schema.links_from(name)]
+        checkers = {name: [link_checker(link, self.rows[link.child], limit) for link in self.schema.links_from(name)]
                     for name in self.tables}
 
         def add(v: Violation) -> None:
@@ -264,6 +294,8 @@ class Dataset:
                 report.violations.append(v)
 
         for v in self.commit_violations():
+            add(v)
+        for v in self.steps_past_the_episodes():
             add(v)
 
         check = self._checker() if self._check_error is None else None  # (a damaged log: reported above)
@@ -289,6 +321,22 @@ class Dataset:
                 report.count += checker.count
                 report.violations.extend(checker.violations[: max(0, limit - len(report.violations))])
         return report
+
+    def steps_past_the_episodes(self) -> list[Violation]:
+        """Steps stored past the last episode's end of a replay buffer without zarrfeed commits: an episode whose
+        steps were written but not its end (Diffusion Policy's writer writes `episode_ends` last). They are not
+        read; Diffusion Policy's `ReplayBuffer` refuses to open the buffer."""
+        if self.commit is not None:
+            return []
+        found = []
+        for name in self.schema.step_tables():
+            stored, rows = self.tables[name].shape[0], self.rows[name]
+            if stored > rows:
+                found.append(Violation(name, None, rows, f"{self.tables[name].path} holds {stored - rows:,} steps "
+                                       f"past the last episode's end ({rows:,}): an episode written without its "
+                                       "end (a writer stopped before it wrote episode_ends); they are not read, and "
+                                       "Diffusion Policy's ReplayBuffer will not open the buffer"))
+        return found
 
     def commit_violations(self) -> list[Violation]:
         """What is wrong with the latest commit's records, each naming its file: a commit log segment that is

@@ -26,6 +26,7 @@ from ..core._proc.pool import RemoteError, preload_in_workers
 from ..core._proc.shm import SharedBlock, check_room
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import decode_chunk_into
+from ..core.schema import Table
 from ..core.store import Location
 from .chunk_cache import ProcessChunks
 from .fetch import ChunkFetcher, FetchOptions
@@ -80,11 +81,21 @@ class Source:
     fetch: FetchOptions
     digests: dict[str, dict[int, tuple[int, str]]] | None = None
     check: ChunkCheck | None = None
+    tables: dict[str, Table] | None = None  # the schema's, for tables whose arrays are not at their names
 
     @classmethod
     def of(cls, ds, fetch: FetchOptions) -> "Source":
         cached = fetch.cache_dir is not None and ds.location.settings.remote
-        return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None, ds.check)
+        at_paths = {n: t for n, t in ds.schema.tables.items() if t.path}
+        return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None, ds.check,
+                   at_paths or None)
+
+    def open_table(self, store: Any, name: str) -> Any:
+        """The array of table `name` in `store` (where the schema puts it)."""
+        table = (self.tables or {}).get(name)
+        if table is None:
+            return dataset_format.open_table(store, name)
+        return dataset_format.open_table(store, name, dtype=table.dtype, path=table.path)
 
 
 class ChunkDecoder:
@@ -94,7 +105,7 @@ class ChunkDecoder:
 
     def __init__(self, source: Source, tables: list[str], shared: Shared) -> None:
         store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
-        self.arrays = {t: dataset_format.open_table(store, t) for t in tables}  # object store each is a request)
+        self.arrays = {t: source.open_table(store, t) for t in tables}  # object store each is a request)
         self.fetcher = ChunkFetcher(source.location, store, source.fetch)
         self.shared, self.cache = shared, shared.arrays()[0]
         self.digests, self.check = source.digests or {}, source.check

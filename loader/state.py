@@ -38,6 +38,8 @@ def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
     return "sha256:" + h.hexdigest()
 
 
+_DERIVED = frozenset({"table_rows", "chunk_rows", "samples"})  # settings that follow from the options
+
 @dataclass(frozen=True)
 class LoaderState:
     """Batch `batch` of epoch `epoch` is the next one; the rest says which batches those are."""
@@ -103,7 +105,9 @@ class LoaderState:
         if self.commit_tag and here.commit_tag and self.commit_tag != here.commit_tag:
             raise ValueError(f"loader state was made on another copy of this dataset: its commit {self.commit} holds "
                              "other rows than this one's")
-        for key in sorted(set(self.settings) | set(here.settings)):
+        # what follows from the options (rows per plan "chunk", samples) is compared last: the option named is
+        # the one the user changed
+        for key in sorted(set(self.settings) | set(here.settings), key=lambda k: (k in _DERIVED, k)):
             if not ranks and key in ("rank", "world_size"):
                 continue
             a, b = self.settings.get(key), here.settings.get(key)

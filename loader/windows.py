@@ -35,6 +35,7 @@ from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherWindows
 from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
+from .sample_groups import GroupedSamples
 from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
 from .state import LoaderState
@@ -45,7 +46,7 @@ TABLES = ("frames", "agents", "traffic_light_faces")
 LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light_faces_index_interval"}
 
 
-class Samples:
+class Samples(GroupedSamples):
     """The valid samples of a dataset, grouped by agents chunk, and what each group reads."""
 
     def __init__(self, ds: Dataset, history: int, future: int, rows: np.ndarray | None = None,
@@ -76,12 +77,8 @@ class Samples:
             ivs = {table: frames[field] for table, field in LINKS.items()}
             first, last = self.lo, self.hi - 1
             self.max_rows = {table: int((iv[last, 1] - iv[first, 0]).max()) for table, iv in ivs.items()}
-            key = ivs["agents"][self.t, 0] // self.chunk_rows["agents"]
-            cuts = np.flatnonzero(np.diff(key)) + 1
-            self.group_start = np.concatenate([[0], cuts])
-            ends = np.concatenate([cuts, [len(self.t)]])
-            tf, tl = self.lo[self.group_start], self.hi[ends - 1] - 1
-            self.reads: list[list[tuple[str, int]]] = []
+            super().__init__(ivs["agents"][self.t, 0] // self.chunk_rows["agents"])
+            tf, tl = self.lo[self.group_start], self.hi[self.group_end - 1] - 1
             for a, b in zip(tf.tolist(), tl.tolist(), strict=True):
                 cf = self.chunk_rows["frames"]
                 need = [("frames", c) for c in range(a // cf, b // cf + 1)]
@@ -90,31 +87,12 @@ class Samples:
                     need += [(table, c) for c in range(lo // self.chunk_rows[table],
                                                        (hi - 1) // self.chunk_rows[table] + 1)] if hi > lo else []
                 self.reads.append(need)
-            self.sizes = ends - self.group_start
         else:
             self.max_rows = {table: 0 for table in LINKS}
-            self.group_start = self.sizes = np.zeros(0, np.int64)
-            self.reads = []
-        self.group_rows = int(self.sizes.max(initial=1))
+            super().__init__(np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.t)
-
-    def selection(self) -> list[np.ndarray]:
-        """The plan's view: group g is a 'chunk' of `group_rows` rows whose first `sizes[g]` are samples."""
-        return [np.arange(n) for n in self.sizes.tolist()]
-
-    def sample_ids(self, plan: EpochPlan, pieces: list[tuple[int, int, int]],
-                   orders: dict[int, np.ndarray]) -> np.ndarray:
-        """Sample indices of plan pieces (window, first, count), in batch order."""
-        out = []
-        for w, pos, n in pieces:
-            if w not in orders:
-                orders[w] = plan.window_order(w)
-            local = orders[w][pos:pos + n]
-            groups = plan.windows[w][local // self.group_rows]
-            out.append(self.group_start[groups] + local % self.group_rows)
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def _window_layout(ds: Dataset, samples: Samples, batch_size: int) -> Layout:

@@ -56,6 +56,41 @@ def real_scene() -> Path:
     return REAL_SCENE
 
 
+DP_BUFFER = REAL_SCENE.parent / "dp_replay_small.zarr"
+DP_SAMPLES = REAL_SCENE.parent / "dp_samples_s16_b1_a7.npz"
+
+
+@pytest.fixture(scope="session")
+def dp_buffer() -> Path:
+    """Diffusion Policy's replay buffer in ../shared/data, written by its own `ReplayBuffer.add_episode`
+    (read-only); skipped outside CI when absent, required under CI."""
+    for path in (DP_BUFFER, DP_SAMPLES):
+        if not path.exists():
+            if os.environ.get("CI"):
+                pytest.fail(f"Diffusion Policy's data is missing at {path} (required under CI)")
+            pytest.skip(f"Diffusion Policy's data is not at {path}")
+    return DP_BUFFER
+
+
+@pytest.fixture(scope="session")
+def dp_samples(dp_buffer):
+    """What Diffusion Policy's own `SequenceSampler` returned on `dp_buffer` (see ../shared/data/README.md)."""
+    import numpy as np
+
+    with np.load(DP_SAMPLES) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.fixture
+def dp_copy(dp_buffer, tmp_path) -> Path:
+    """A writable copy of Diffusion Policy's replay buffer, for tests that change it."""
+    out = tmp_path / "buffer.zarr"
+    shutil.copytree(dp_buffer, out)
+    for p in [out, *out.rglob("*")]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    return out
+
+
 @pytest.fixture
 def real_copy(real_scene, tmp_path) -> Path:
     """A writable copy of the real scene, for tests that break it."""

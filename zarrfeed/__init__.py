@@ -19,6 +19,7 @@ _NAMES = {
     "zarrfeed.writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
                "FormatError", "StoreUnreachable", "synthetic"],
     "zarrfeed.loader": ["Dataset", "Loader", "LoaderError", "LoaderStalledError", "WindowLoader", "AgentSampleLoader",
+               "SequenceLoader",
                "EgoSampleLoader", "ValidationReport", "export_parquet",
                "from_arrow", "to_arrow"],
     "zarrfeed.core._proc.pool": ["WorkerError"],

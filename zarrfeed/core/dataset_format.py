@@ -23,6 +23,8 @@ from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
 from .store import FormatError, Location, missing_credentials
 from .stores import MemoryStore, Store, connection_failure, unreachable
 from .zarr_array import Array, Group
+from .record_view import RecordArray
+from .replay_buffer import is_replay_buffer, open_replay_buffer
 from .zarr_meta import ArrayMeta, MetaError, consolidated
 
 __all__ = ["FormatError", "Location", "create", "detect_schema", "open_group", "open_store", "open_table"]
@@ -85,11 +87,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def open_table(store: Store, name: str, mode: str = "r", dtype: np.dtype | None = None,
-               written: dict[str, Any] | None = None) -> Array:
+               written: dict[str, Any] | None = None, path: str = "") -> Array:
     """One table's array (of records of `dtype`, if given); a broken `.zarray` becomes a `FormatError` naming the
     table and the file: each field zarrfeed relies on is checked (see `array_meta`), since zarr reads a
     negative chunk size as no chunks. `written`: the schema that zarrfeed wrote it with (its manifest's, as
-    JSON), whose compressor, and no filters, the `.zarray` must name."""
+    JSON), whose compressor, and no filters, the `.zarray` must name. `path`: where the table's array is,
+    if not at its name: an array of any shape, read as records of one field (`core.record_view`)."""
+    if path:
+        return _open_steps(store, name, path, mode, dtype, written)
     key = f"{name}/.zarray"
     try:
         meta: Any = json.loads(bytes(store[key]))
@@ -125,6 +130,27 @@ def open_table(store: Store, name: str, mode: str = "r", dtype: np.dtype | None 
         if why is None:
             return arr
     raise FormatError(f"table '{name}': {key}: {why}; the array's metadata is damaged (restore it from a copy)")
+
+
+def _open_steps(store: Store, name: str, path: str, mode: str, dtype: np.dtype | None,
+                written: dict[str, Any] | None) -> Array:
+    """The table `name` whose array is at `path`, of any shape, as records of one field (the field of `dtype`,
+    else the table's name)."""
+    key = f"{path}/.zarray"
+    try:
+        array = Array.open(store, path, read_only=mode == "r")
+    except MetaError as exc:
+        raise FormatError(f"table '{name}': cannot open its array ({exc})") from None
+    field = dtype.names[0] if dtype is not None and dtype.names else name
+    records = RecordArray.of(array, field)
+    diff = dtype_difference(records.dtype, dtype) if dtype is not None else None
+    if diff:
+        raise FormatError(f"table '{name}': wrong dtype, {key}: it {diff}")
+    why = array_meta.written_problem(array.meta.to_json(), written.get("compressor")) if written else None
+    if why is not None:
+        raise FormatError(f"table '{name}': {key}: {why}; the array's metadata was changed, and its chunks would "
+                          "decode to other rows (restore it from a copy)")
+    return records
 
 
 def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None,
@@ -207,8 +233,10 @@ def open_tables(group: Group, mode: str = "r") -> tuple[Schema, dict[str, Array]
     which readers and writers leave alone. Only the tables are opened and checked: an array of the schema
     that is broken refuses the dataset; one that is not in the schema (a user's mask, another tool's data)
     does not."""
-    names = sorted(group.array_keys())
     doc = read_manifest(group.store)
+    if doc is None and is_replay_buffer(group):
+        return open_replay_buffer(group, read_only=mode == "r")
+    names = sorted(group.array_keys())
     if doc is not None:
         wanted: dict[str, Table] | None = Schema.from_json(doc["schema"]).tables
     elif {"scenes", "frames", "agents"} & set(names) or "format_version" in group.attrs:
@@ -216,7 +244,12 @@ def open_tables(group: Group, mode: str = "r") -> tuple[Schema, dict[str, Array]
     else:
         wanted = None  # no schema to go by: every array of structured records is a table
     arrays, others = {}, {}
+    at_paths = {n: t for n, t in (wanted or {}).items() if t.path}
+    for name, table in at_paths.items():
+        arrays[name] = open_table(group.store, name, mode, table.dtype, doc["schema"] if doc else None, table.path)
     for name in names:
+        if name in at_paths:
+            continue
         if wanted is not None and name not in wanted:
             others[name] = _describe(group.store, name)
             continue

@@ -1,4 +1,5 @@
-"""Checks that a link's `[start, end)` intervals tile its child table: in bounds, ordered, contiguous, complete.
+"""Checks that a link's `[start, end)` intervals (or cumulative ends) tile its child table: in bounds, ordered,
+contiguous, complete.
 
 These are L5Kit's semantics: parent row i owns child rows [start_i, end_i), the first interval starts at 0,
 each starts where the previous one ends, and the last ends at the child's row count. The same checker serves
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schema import Link
+from .schema import ENDS, Link
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,39 @@ class IntervalChecker:
         return self.violations
 
 
+class EndsChecker(IntervalChecker):
+    """The same rules for an "ends" link (Diffusion Policy's `episode_ends`): each parent row's end, cumulative;
+    row i owns the child rows from the end before it to its own. Ends must increase (an episode has steps) and
+    stay within the child's rows; the last must be the child's row count."""
+
+    def feed(self, intervals: np.ndarray) -> None:
+        """Check the next `len(intervals)` parent rows' ends."""
+        ends = np.asarray(intervals, np.int64).reshape(-1)
+        if not len(ends):
+            return
+        before = np.concatenate([[self._prev_end], ends[:-1]])
+        child = self.link.child
+        for i in np.flatnonzero((ends <= before) | (ends > self.n_child)):
+            end, prev, row = int(ends[i]), int(before[i]), self._rows + int(i)
+            if end > self.n_child:
+                self._add(row, f"end {end} is past the rows of {child}, [0, {self.n_child})")
+            elif end == prev:
+                self._add(row, f"end {end} is the end before it: the row owns no rows of {child} (an empty "
+                               "episode)")
+            else:
+                self._add(row, f"end {end} is before the end before it, {prev} (ends must increase)")
+        self._rows += len(ends)
+        self._prev_end = int(ends[-1])
+
+
+def link_checker(link: Link, n_child: int, limit: int = 20) -> IntervalChecker:
+    """The checker of one link, by its kind."""
+    return (EndsChecker if link.kind == ENDS else IntervalChecker)(link, n_child, limit)
+
+
 def check_link(link: Link, intervals: np.ndarray, n_child: int, limit: int = 20) -> tuple[list[Violation], int]:
     """All violations of one link held in memory: (the first `limit`, total count)."""
-    checker = IntervalChecker(link, n_child, limit)
+    checker = link_checker(link, n_child, limit)
     checker.feed(intervals)
     return checker.finish(), checker.count
 

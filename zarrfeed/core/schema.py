@@ -67,11 +67,19 @@ def default_compressor() -> numcodecs.abc.Codec:
 
 @dataclass(frozen=True)
 class Table:
-    """One 1-D array of structured records, stored in chunks of `chunk_rows` rows."""
+    """One 1-D array of structured records, stored in chunks of `chunk_rows` rows, in the folder `path` of the
+    dataset's group (default: its name). A table at a path of its own may be an N-dimensional array read as
+    records of one field (a replay buffer's `data/img`; see `core.record_view`)."""
 
     name: str
     dtype: np.dtype
     chunk_rows: int
+    path: str = ""
+
+    @property
+    def array_path(self) -> str:
+        """Where the table's array is in the group."""
+        return self.path or self.name
 
 
 def _parent_field(key: str) -> tuple[str, str]:
@@ -85,16 +93,25 @@ def _parent_field(key: str) -> tuple[str, str]:
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 
 
+INTERVALS, ENDS = "intervals", "ends"
+
+
 @dataclass(frozen=True)
 class Link:
-    """`parent.field` holds `[start, end)` row intervals into table `child`."""
+    """`parent.field` holds, for each parent row, its rows of table `child`: as `[start, end)` intervals
+    (`kind` "intervals", L5Kit's), or as the end alone, cumulative, each row starting where the one before
+    ends (`kind` "ends", Diffusion Policy's `episode_ends`)."""
 
     parent: str
     field: str
     child: str
+    kind: str = INTERVALS
 
     def __str__(self) -> str:
         return f"{self.parent}.{self.field} -> {self.child}"
+
+    def to_json(self) -> list[str]:
+        return [self.parent, self.field, self.child] + ([self.kind] if self.kind != INTERVALS else [])
 
 
 class Schema:
@@ -133,6 +150,8 @@ class Schema:
             if not _TABLE_NAME.fullmatch(t.name):
                 raise ValueError(f"table {t.name!r}: a table's name is its folder in the store: letters, digits, _ "
                                  "and - only, not starting with - (no /, . or ..)")
+            if t.path and not all(_TABLE_NAME.fullmatch(p) for p in t.path.split("/")):
+                raise ValueError(f"table {t.name!r}: path {t.path!r} is not a path of plain folder names")
             if t.dtype.names is None:
                 raise ValueError(f"table '{t.name}': dtype {t.dtype} is not a structured dtype")
             if t.chunk_rows < 1:
@@ -145,8 +164,12 @@ class Schema:
             if link.field not in (dtype.names or ()):
                 raise ValueError(f"link {link}: table '{link.parent}' has no field '{link.field}'")
             sub = dtype[link.field]
-            if sub.shape != (2,) or sub.base.kind not in "iu":
+            if link.kind not in (INTERVALS, ENDS):
+                raise ValueError(f"link {link}: kind {link.kind!r} is not {INTERVALS!r} or {ENDS!r}")
+            if link.kind == INTERVALS and (sub.shape != (2,) or sub.base.kind not in "iu"):
                 raise ValueError(f"link {link}: field must be an integer (2,) interval, got {sub.base}{sub.shape}")
+            if link.kind == ENDS and (sub.shape != () or sub.base.kind not in "iu"):
+                raise ValueError(f"link {link}: field must be an integer end per row, got {sub.base}{sub.shape}")
             if link.child in parents:
                 raise ValueError(f"link {link}: table '{link.child}' already has parent link {parents[link.child]}")
             if order.index(link.parent) >= order.index(link.child):
@@ -156,6 +179,11 @@ class Schema:
     def links_from(self, table: str) -> list[Link]:
         """Links whose parent is `table`."""
         return [link for link in self.links if link.parent == table]
+
+    def step_tables(self) -> list[str]:
+        """The tables whose rows are an episode's steps by an "ends" link (a replay buffer's `data/<key>`
+        arrays), in schema order: they share their row count and are read together as the `steps`."""
+        return [t for t in self.tables if any(x.child == t and x.kind == ENDS for x in self.links)]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Schema) and self.to_json() == other.to_json()
@@ -167,8 +195,9 @@ class Schema:
         """A JSON-able description, stored in each dataset's manifest."""
         return {
             "name": self.name,
-            "tables": {t.name: {"dtype": t.dtype.descr, "chunk_rows": t.chunk_rows} for t in self.tables.values()},
-            "links": [[link.parent, link.field, link.child] for link in self.links],
+            "tables": {t.name: {"dtype": t.dtype.descr, "chunk_rows": t.chunk_rows,
+                                **({"path": t.path} if t.path else {})} for t in self.tables.values()},
+            "links": [link.to_json() for link in self.links],
             "attrs": dict(self.attrs),
             "compressor": self.compressor.get_config(),
         }
@@ -177,7 +206,8 @@ class Schema:
     def from_json(cls, doc: Mapping[str, Any]) -> "Schema":
         """The schema `to_json` described (as a dataset's manifest or a Parquet export's metadata holds it)."""
         return cls(
-            tables={name: (dtype_from_descr(t["dtype"]), t["chunk_rows"]) for name, t in doc["tables"].items()},
+            tables={name: Table(name, dtype_from_descr(t["dtype"]), int(t["chunk_rows"]), t.get("path", ""))
+                    for name, t in doc["tables"].items()},
             links=tuple(Link(*link) for link in doc["links"]),
             attrs=doc.get("attrs", {}),
             compressor=numcodecs.get_codec(doc["compressor"]),

@@ -221,7 +221,10 @@ class Array:
 
     def encode_chunk(self, chunk: np.ndarray) -> bytes:
         """One full chunk encoded as zarr does: the filters in order, then the compressor."""
-        data: Any = np.ascontiguousarray(chunk, self.dtype)
+        return self.encode_values(np.ascontiguousarray(chunk, self.dtype))
+
+    def encode_values(self, data: Any) -> bytes:
+        """A chunk's values (C-contiguous, of the array's own dtype and chunk shape) encoded as zarr does."""
         for f in self.filters or []:
             data = f.encode(data)
         return bytes(self.compressor.encode(data)) if self.compressor else bytes(np.asarray(data).tobytes())

@@ -338,7 +338,14 @@ class WorkerPool:
             target=_serve, name=f"{self.name}-{wid}", daemon=True,
             args=(wid, theirs, os.getpid(), self._threads, self._setup, self._args))
         with sigint_held(tracker=self._ctx.get_start_method() != "fork"):  # ours, once the worker started
-            self.procs[wid].start()
+            try:
+                self.procs[wid].start()
+            except BrokenPipeError:  # it exited before it had read what it is started with (a large `args`):
+                self.procs[wid] = None  # under "forkserver", the user's script run again and exiting (see
+                self.kill()  # `_leave_if_rerunning_the_script`) is what does that
+                err = WorkerError(f"{self.name} {wid} exited while it was being started{self._start_hint()}")
+                _one_line_if_uncaught(err)
+                raise err from None
         theirs.close()
         self._poller = None  # register the new pipe and sentinel at the next receive
 

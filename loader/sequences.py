@@ -1,0 +1,290 @@
+"""`SequenceLoader`: Diffusion Policy's training samples, read from the replay buffer where it lies.
+
+A sample is a window of `sequence_length` consecutive steps of one episode, as Diffusion Policy's
+`SequenceSampler` makes them: for an episode of L steps, windows start at every step from `-pad_before` to
+`L - sequence_length + pad_after` (both pads clamped to `sequence_length - 1`, as it does), and the steps of a
+window that lie before the episode's first step or after its last repeat that first or last step. Samples are
+numbered in that order, episode after episode (`sample`, DP's index into `SequenceSampler.indices`), and an
+unshuffled loader yields them in it. What DP does not give, LeRobot does: `is_pad`, which steps are padding.
+
+Samples are grouped by the chunk of the first key their first step lies in; the epoch plan shuffles groups
+as it shuffles chunks (windows of `shuffle_window` groups) and the samples within each window. The chunks a
+window reads, of every key, are decoded once into the shared cache (an image chunk once, not once per
+sample), and each batch is gathered from there: one pass per key over the batch's steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core._proc.pool import preload_in_workers
+from ..core.chunk_check import ChunkCheck
+from ..core.replay_buffer import END, EPISODES
+from ..core.schema import field_names
+from ..core.store import FormatError, Location
+from . import read_worker
+from .batches import Loader, fetch_options, open_dataset
+from .dataset import Dataset
+from .fetch import FetchOptions
+from .gather import gather
+from .layout import Layout
+from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans
+from .sample_groups import GroupedSamples
+from .scheduler import WorkerOptions
+from .source import plan_settings
+from .windows import SampleGroups
+
+preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
+
+
+def sequence_starts(ends: np.ndarray, episodes: np.ndarray, sequence_length: int, pad_before: int,
+                    pad_after: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every sample of the `episodes` (indices, in order) as (episode, start step within the episode, which
+    is negative for a window padded before), in Diffusion Policy's order. Pads are clamped to
+    `sequence_length - 1` as its `create_indices` does; an episode without steps has no samples."""
+    S = sequence_length
+    before, after = min(max(pad_before, 0), S - 1), min(max(pad_after, 0), S - 1)
+    first = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    length = (np.asarray(ends, np.int64) - first)[episodes]
+    counts = np.where(length > 0, np.maximum(length - S + after + before + 1, 0), 0)
+    episode = np.repeat(np.asarray(episodes, np.int64), counts)
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return episode, within - before
+
+
+class Sequences(GroupedSamples):
+    """The samples of a replay buffer (see the module's docstring), grouped by the chunk of `keys[0]` their
+    first step lies in, and what each group reads."""
+
+    def __init__(self, ds: Dataset, keys: list[str], sequence_length: int, pad_before: int, pad_after: int,
+                 episodes: np.ndarray | None) -> None:
+        if sequence_length < 1:
+            raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
+        self.keys, self.S = keys, int(sequence_length)
+        self.pad_before, self.pad_after = int(pad_before), int(pad_after)
+        n = ds.rows[EPISODES]
+        ends = ds.read_rows(EPISODES, 0, n)[END].astype(np.int64)
+        ds.require_link(EPISODES, END, ends)  # one line naming the episode, not an IndexError below
+        self.first = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        self.length = ends - self.first
+        self.episodes = _episodes(episodes, n)
+        self.episode, self.start = sequence_starts(ends, self.episodes, self.S, pad_before, pad_after)
+        lo = self.first[self.episode] + np.maximum(self.start, 0)  # the steps each sample reads: [lo, hi)
+        hi = self.first[self.episode] + np.minimum(self.start + self.S, self.length[self.episode])
+        self.chunk_rows = {k: ds[k].chunks[0] for k in keys}
+        super().__init__(lo // self.chunk_rows[keys[0]])
+        for a, b in zip(lo[self.group_start].tolist(), (hi[self.group_end - 1] - 1).tolist(), strict=True):
+            self.reads.append([(k, c) for k in keys for c in range(a // self.chunk_rows[k],
+                                                                   b // self.chunk_rows[k] + 1)])
+
+    def __len__(self) -> int:
+        return len(self.episode)
+
+    def steps(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For samples `ids`: the step each of their `S` positions reads, (n, S) global step rows, and whether
+        it is padding (a repeat of the episode's first or last step)."""
+        at = self.start[ids, None] + np.arange(self.S)  # within the episode
+        length = self.length[self.episode[ids], None]
+        return self.first[self.episode[ids], None] + np.clip(at, 0, length - 1), (at < 0) | (at >= length)
+
+    def indices(self) -> np.ndarray:
+        """Every sample as Diffusion Policy's `SequenceSampler.indices` holds it: (buffer_start, buffer_end,
+        sample_start, sample_end), the steps read and where they go in the window."""
+        first, length = self.first[self.episode], self.length[self.episode]
+        lo = np.maximum(self.start, 0)
+        hi = np.minimum(self.start + self.S, length)
+        return np.stack([first + lo, first + hi, lo - self.start, self.S - (self.start + self.S - hi)], axis=1)
+
+
+def _episodes(episodes: np.ndarray | None, n: int) -> np.ndarray:
+    """The episodes to sample, as indices in order, from None (all), a boolean mask over the episodes
+    (Diffusion Policy's `episode_mask`) or an index array."""
+    if episodes is None:
+        return np.arange(n, dtype=np.int64)
+    sel = np.asarray(episodes)
+    if sel.dtype == bool:
+        if sel.shape != (n,):
+            raise ValueError(f"episodes: a mask of {sel.shape[0] if sel.ndim == 1 else sel.shape} values, but the "
+                             f"buffer has {n} episodes")
+        return np.flatnonzero(sel).astype(np.int64)
+    if sel.size == 0:
+        return np.zeros(0, np.int64)
+    if sel.ndim != 1 or sel.dtype.kind not in "iu":
+        raise ValueError(f"episodes: expected a boolean mask or an array of episode indices, got {sel.dtype} "
+                         f"{sel.shape}")
+    if sel.min() < 0 or sel.max() >= n:
+        raise ValueError(f"episodes: index {int(sel.min() if sel.min() < 0 else sel.max())} is not an episode of "
+                         f"the buffer's {n}")
+    return np.unique(sel.astype(np.int64))
+
+
+def _layout(ds: Dataset, seqs: Sequences, batch_size: int) -> Layout:
+    cols: list[tuple] = [("sample", np.dtype(np.int64), (), -1), ("episode", np.dtype(np.int64), (), -1),
+                         ("is_pad", np.dtype(bool), (seqs.S,), -1)]
+    for key in seqs.keys:
+        sub = ds[key].dtype[key]
+        cols.append((key, sub.base, (seqs.S, *sub.shape), 0))
+    return Layout(cols, batch_size)
+
+
+def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig, seqs: Sequences,
+          dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
+          transform: Callable | None) -> read_worker.BatchWorker:
+    """The SequenceLoader worker's message handler (see `loader.read_worker`)."""
+    cache, _ = shared.arrays()
+    S = shared.slot_bytes
+    by_name = {c.name: c for c in layout.columns}
+    plans = WorkerPlans(config, seqs.selection())
+    specs = {k: np.array([0, dtypes[k].itemsize, by_name[k].base], np.int64) for k in seqs.keys}
+
+    def one_batch(dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
+        ids = seqs.sample_ids(p, p.segments(k), orders)
+        b = len(ids)
+        np.frombuffer(dst, np.int64, count=b, offset=by_name["sample"].base)[:] = ids
+        np.frombuffer(dst, np.int64, count=b, offset=by_name["episode"].base)[:] = seqs.episode[ids]
+        rows, pad = seqs.steps(ids)
+        np.frombuffer(dst, bool, count=b * seqs.S, offset=by_name["is_pad"].base)[:] = pad.reshape(-1)
+        rows = rows.reshape(-1)
+        for key in seqs.keys:
+            c, size = seqs.chunk_rows[key], dtypes[key].itemsize
+            chunk = rows // c
+            resident = np.array(sorted(slots[key].items()), np.int64).reshape(-1, 2)
+            slot = resident[np.searchsorted(resident[:, 0], chunk), 1]
+            gather(cache, size, slot * S + (rows - chunk * c) * size, dst, specs[key], 0, 1)
+
+    return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, list(seqs.keys), shared), shared,
+                                   read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
+                                   layout.slot_bytes)
+
+
+@dataclass
+class SequenceSource(SampleGroups):
+    """Batches of sequence samples (see `SequenceLoader`), gathered from the cached chunks of their keys: the
+    plan's 'chunks' are groups of samples, one per chunk of the first key."""
+
+    dataset: Dataset
+    samples: Sequences
+    config: PlanConfig
+    selection: list[np.ndarray] | None
+    layout: Layout
+    reader: read_worker.Source
+    fetch: FetchOptions
+    kind: str = "SequenceLoader"
+    table: str = EPISODES
+    uses_index: bool = False
+    rows_column: str | None = "sample"
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self.samples.keys)
+
+    @property
+    def dtypes(self) -> dict[str, np.dtype]:
+        return {k: self.dataset[k].dtype for k in self.tables}
+
+    @property
+    def chunk_bytes(self) -> int:
+        return max(self.dataset[k].chunks[0] * self.dataset[k].dtype.itemsize for k in self.tables)
+
+    def rows_touched(self) -> int:
+        return self.config.batch_size * self.samples.S * len(self.tables)
+
+    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
+               transform: Callable | None) -> tuple[Callable, tuple]:
+        return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)
+
+    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
+        """A picklable call that makes batch k with a one-process SequenceLoader over the same samples."""
+        c, s = self.config, self.samples
+        options = dict(sequence_length=s.S, pad_before=s.pad_before, pad_after=s.pad_after, keys=s.keys,
+                       episodes=s.episodes, batch_size=c.batch_size, shuffle=c.shuffle, seed=c.seed,
+                       shuffle_window=c.shuffle_window, drop_last=c.drop_last, rank=c.rank,
+                       world_size=c.world_size, cache_dir=self.fetch.cache_dir,
+                       cache_dir_bytes=self.fetch.cache_bytes)
+        return functools.partial(_sequence_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
+                                 options, plan.epoch, k)
+
+    def settings(self) -> dict[str, Any]:
+        s = self.samples
+        return {**plan_settings(self.table, self.config), "sequence_length": s.S, "pad_before": s.pad_before,
+                "pad_after": s.pad_after, "keys": list(s.keys), "samples": len(s)}
+
+    def selection_parts(self) -> list[np.ndarray]:
+        return [self.samples.episodes]  # the episodes sampled, exactly
+
+
+class SequenceLoader(Loader):
+    """Batches of Diffusion Policy's training samples from a replay buffer (`data/<key>` arrays and
+    `meta/episode_ends`), read where it lies: every window of `sequence_length` steps its `SequenceSampler`
+    makes with the same `pad_before`, `pad_after`, keys and episode mask, equal to its samples value for value,
+    with no `copy_from_path` into memory first.
+
+    A batch holds `sample` (B,) int64 (the sample's index in DP's order: `SequenceSampler.indices[sample]`),
+    `episode` (B,) int64, `is_pad` (B, S) bool (True where the step repeats the episode's first or last step
+    as padding) and, for each key, `<key>` (B, S, ...) of the key's dtype. Options as `Loader` (except
+    `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does not take), all keyword-only
+    but the first three; `shuffle_window` counts groups of samples, one per chunk of the first key.
+
+    Args:
+        sequence_length: Steps per sample (DP's `horizon`).
+        pad_before: Windows may start up to this many steps before an episode's first step (DP:
+            `n_obs_steps - 1`); clamped to `sequence_length - 1` as DP does.
+        pad_after: Windows may end up to this many steps after its last (DP: `n_action_steps - 1`).
+        keys: The data keys to read (default all, in the buffer's order).
+        episodes: The episodes to sample: a boolean mask over the episodes (DP's `episode_mask`, e.g.
+            `~val_mask`) or an index array (default all).
+        batch_size: Samples per batch (default 64, as DP's image configs).
+    """
+
+    def __init__(self, dataset_or_path: Dataset | str | os.PathLike, sequence_length: int = 16,
+                 pad_before: int = 0, pad_after: int = 0, *, keys: list[str] | str | None = None,
+                 episodes: np.ndarray | None = None, batch_size: int = 64, shuffle: bool = True, seed: int = 0,
+                 shuffle_window: int = 8, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
+                 rank: int = 0, world_size: int = 1,
+                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
+                 stall_timeout: float | None = None, storage_options: dict[str, Any] | None = None,
+                 commit: int | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_dir_bytes: int = 8 << 30, check_views: bool | None = None, cache_bytes: int | None = None,
+                 cache: str = "host", verify_chunks: bool = True) -> None:
+        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
+        steps = ds.schema.step_tables()
+        if EPISODES not in ds.tables or not steps:
+            raise FormatError(f"{ds.location}: SequenceLoader reads a replay buffer (data/<key> arrays and "
+                              f"meta/episode_ends); this is a {ds.schema.name} dataset")
+        names = field_names(np.dtype([(k, np.uint8) for k in steps]), keys, "keys")
+        seqs = Sequences(ds, names, sequence_length, pad_before, pad_after, episodes)
+        self.samples, self.sequence_length = seqs, seqs.S
+        g = seqs.group_rows
+        selection = seqs.selection()
+        config = PlanConfig.of(len(selection) * g, g, PlanSettings(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
+            world_size=world_size, drop_last=drop_last))
+        fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
+        source = SequenceSource(ds, seqs, config, selection, _layout(ds, seqs, batch_size),
+                                read_worker.Source.of(ds, fetch), fetch)
+        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
+                                restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
+        self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
+                    cache_bytes=cache_bytes, cache=cache)
+
+    def indices(self) -> np.ndarray:
+        """Every sample's (buffer_start, buffer_end, sample_start, sample_end), as `SequenceSampler.indices`
+        holds them, in sample order."""
+        return self.samples.indices()
+
+
+def _sequence_batch(location: Location, commit: int | None, check: ChunkCheck | None, options: dict, epoch: int,
+                    k: int) -> dict:
+    """Batch k of `epoch` of a SequenceLoader with `options`, made in this process and copied out of its ring."""
+    loader = SequenceLoader(Dataset.reopen(location, commit, check), num_workers=0, copy=True, **options)
+    loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
+    try:
+        return next(iter(loader))
+    finally:
+        loader.close()

@@ -1,0 +1,140 @@
+"""Issue 40, part 1: Diffusion Policy's replay buffers open as they are: a steps table per `data/<key>` array,
+episodes from `meta/episode_ends`; `info`, `validate` and the Arrow bridge work on them, nothing is copied."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+from zarrfeed.loader import Dataset, from_arrow
+
+KEYS = ["action", "img", "keypoint", "n_contacts", "state"]
+
+
+def zarrfeed(*args):
+    return subprocess.run([sys.executable, "-m", "zarrfeed", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_replay_buffer_opens_as_it_is(dp_buffer, dp_samples):
+    ds = Dataset.open(dp_buffer)
+    assert ds.schema.name == "replay_buffer" and list(ds.tables) == ["episodes", *KEYS]
+    assert ds.schema.step_tables() == KEYS
+    assert ds.rows == {"episodes": 40, **{k: 5913 for k in KEYS}}
+    assert ds.others == {}
+    z = zarr.open_group(str(dp_buffer), mode="r")
+    ends = ds.read_rows("episodes", 0, 40)["end"]
+    assert (ends == z["meta/episode_ends"][:]).all() and (ends == dp_samples["episode_ends"]).all()
+    for key in KEYS:
+        assert ds[key].dtype[key].shape == z[f"data/{key}"].shape[1:]
+        got = ds.read_rows(key, 0, 5913)[key]
+        assert got.dtype == z[f"data/{key}"].dtype and (got == z[f"data/{key}"][:]).all(), key
+        some = np.array([0, 249, 250, 251, 4000, 5912])
+        assert (ds.read_coordinates(key, some)[key] == z[f"data/{key}"][:][some]).all(), key
+    # the steps: every key at once, one field each, any rows
+    steps = ds.read_rows("steps", 240, 260)
+    assert steps.dtype.names == tuple(KEYS)
+    for key in KEYS:
+        assert (steps[key] == z[f"data/{key}"][240:260]).all()
+
+
+def test_info_and_validate_describe_a_replay_buffer(dp_buffer):
+    out = zarrfeed("info", dp_buffer)
+    assert out.returncode == 0, out.stderr
+    assert "(replay_buffer)" in out.stdout and "img |u1(12, 12, 3)" in out.stdout and "5,913" in out.stdout
+    doc = json.loads(zarrfeed("info", dp_buffer, "--json").stdout)
+    assert doc["episodes"]["rows"] == 40 and doc["img"]["chunk_rows"] == 250
+    out = zarrfeed("validate", dp_buffer)
+    assert out.returncode == 0 and "valid (40 episodes, 5,913 action" in out.stdout, out.stdout + out.stderr
+
+
+def _resize_data(path, extra: int) -> None:
+    z = zarr.open_group(str(path), mode="r+")
+    for key in KEYS:
+        a = z[f"data/{key}"]
+        a.resize((a.shape[0] + extra, *a.shape[1:]))
+
+
+def test_steps_past_the_last_episode_are_not_read_and_validate_says_so(dp_copy):
+    """Diffusion Policy's writer resizes the data arrays and writes them, then `episode_ends`: a writer stopped in
+    between leaves steps that belong to no episode, and its `ReplayBuffer` refuses to open the buffer."""
+    _resize_data(dp_copy, 7)
+    ds = Dataset.open(dp_copy)
+    assert ds.rows["img"] == 5913 and ds.to_arrow("steps").num_rows == 5913
+    report = ds.validate()
+    assert report.count == len(KEYS)
+    assert str(report.violations[1]).startswith("img row 5913: data/img holds 7 steps past the last episode's end")
+    out = zarrfeed("validate", dp_copy)
+    assert out.returncode == 1 and "7 steps past the last episode's end" in out.stdout
+
+
+def test_broken_episode_ends_are_violations_naming_the_episode(dp_copy):
+    z = zarr.open_group(str(dp_copy), mode="r+")
+    ends = z["meta/episode_ends"][:]
+    ends[3], ends[5] = ends[2], ends[4] - 1
+    z["meta/episode_ends"][:] = ends
+    report = Dataset.open(dp_copy).validate()
+    found = [str(v) for v in report.violations]
+    assert found == [f"episodes.end row 3: end {ends[2]} is the end before it: the row owns no rows of action "
+                     "(an empty episode)",
+                     f"episodes.end row 5: end {ends[4] - 1} is before the end before it, {ends[4]} (ends must "
+                     "increase)"] + found[2:]
+    assert report.count == 2 * len(KEYS)  # each step table's link says so
+
+
+def test_ends_past_the_stored_steps_refuse_in_one_line(dp_copy):
+    z = zarr.open_group(str(dp_copy), mode="r+")
+    ends = z["meta/episode_ends"][:]
+    ends[-1] += 100
+    z["meta/episode_ends"][:] = ends
+    out = zarrfeed("info", dp_copy)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "zarrfeed: error: table 'action': meta/episode_ends says the episodes end at step 6,013, but data/action "
+        "holds 5,913 steps; the data is incomplete")
+
+
+def test_the_arrow_bridge_exports_the_steps(dp_buffer):
+    ds = Dataset.open(dp_buffer)
+    table = ds.to_arrow("steps")
+    assert table.column_names == KEYS and table.num_rows == 5913
+    z = zarr.open_group(str(dp_buffer), mode="r")
+    records = from_arrow(table)  # back to records, every field its shape and dtype
+    for key in KEYS:
+        assert (records[key] == z[f"data/{key}"][:]).all(), key
+    two = ds.to_arrow("steps", fields=["state", "action"])
+    assert two.column_names == ["state", "action"]
+    assert (from_arrow(two)["action"] == z["data/action"][:]).all()
+
+
+@pytest.mark.parametrize("separator", [".", "/"])
+def test_either_dimension_separator_and_other_chunks_per_key(tmp_path, separator):
+    """A replay buffer written by zarr with `/` chunk keys (`0/0/0/0`), and keys chunked differently."""
+    path = tmp_path / "b.zarr"
+    root = zarr.open_group(str(path), mode="w", zarr_format=2)
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (97, 4, 4, 3), dtype=np.uint8)
+    action = rng.normal(size=(97, 2)).astype(np.float32)
+    data, meta = root.create_group("data"), root.create_group("meta")
+    enc = {"name": "v2", "separator": separator}
+    data.create_array("img", shape=img.shape, chunks=(10, 4, 4, 3), dtype=img.dtype, chunk_key_encoding=enc)[:] = img
+    data.create_array("action", shape=action.shape, chunks=(33, 2), dtype=action.dtype,
+                      chunk_key_encoding=enc)[:] = action
+    meta.create_array("episode_ends", shape=(3,), chunks=(3,), dtype=np.int64)[:] = [30, 60, 97]
+    if separator == "/":
+        assert (path / "data" / "img" / "9" / "0" / "0" / "0").is_file()
+    ds = Dataset.open(path)
+    assert ds.rows == {"episodes": 3, "action": 97, "img": 97}
+    assert (ds.read_rows("img", 5, 97)["img"] == img[5:]).all()
+    assert (ds.read_rows("steps", 0, 97)["action"] == action).all()
+    assert ds.validate().ok
+
+
+def test_not_a_replay_buffer_is_one_line(dp_copy):
+    z = zarr.open_group(str(dp_copy), mode="r+")
+    del z["meta/episode_ends"]
+    z["meta"].create_array("episode_ends", shape=(40, 2), dtype=np.int64)
+    out = zarrfeed("info", dp_copy)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "zarrfeed: error: meta/episode_ends: a 2-D array of int64, not the 1-D integer array of episode ends of a "
+        "replay buffer")
