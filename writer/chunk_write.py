@@ -51,7 +51,7 @@ def write_rows(array: Array, start: int, rows: np.ndarray, synchronizer: Any,
     keyed = {array.chunk_key(i): data for i, data in whole.items()}
     guard()
     array.store.put_chunks(keyed)  # on an object store one concurrent request per chunk, not one after another
-    out.extend(ChunkWrite(array.path, i, len(data), digest(data)) for i, data in whole.items())
+    out.extend(ChunkWrite(array.table, i, len(data), digest(data)) for i, data in whole.items())
     if last_whole < end:
         out.append(_merge(array, synchronizer, last_whole // c, 0, rows[last_whole - start:], guard))
     return out
@@ -77,5 +77,5 @@ def _merge(array: Array, synchronizer: Any, index: int, offset: int, rows: np.nd
         data = array.encode_chunk(buf.view(array.dtype))
         guard()
         store.put_chunks({key: data})
-    return ChunkWrite(array.path, index, len(data), digest(data), digest(before) if before is not None else None,
+    return ChunkWrite(array.table, index, len(data), digest(data), digest(before) if before is not None else None,
                       shared=True)

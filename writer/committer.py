@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import numcodecs
 import numpy as np
 
-from ..core import dataset_format
+from ..core import dataset_format, replay_buffer
 
 from ..core import manifest
 
@@ -56,7 +56,7 @@ class Committer:
     `store_timeout` bounds each metadata call on an object store (None: unbounded); commits are published at
     most every `commit_interval` seconds unless forced."""
 
-    def __init__(self, location: Location, schema: Schema = L5KIT_SCHEMA, *, mode: str = "w",
+    def __init__(self, location: Location, schema: Schema | None = None, *, mode: str = "w",
                  overwrite: bool = False, chunks: Mapping[str, int] | None = None,
                  compressor: numcodecs.abc.Codec | None = None, coordinator: Coordinator | None = None,
                  lease_timeout: float = TIMEOUT, store_timeout: float | None = None,
@@ -98,7 +98,8 @@ class Committer:
             if mode == "w":
                 if overwrite or (self._created and self._had_root):  # a dataset, or a killed writer's leftovers
                     self._clear()
-                self.schema, self._dataset_id = dataset_format.create(store, schema, chunks=dict(chunks or {}) or None,
+                self.schema, self._dataset_id = dataset_format.create(store, schema or L5KIT_SCHEMA,
+                                                                      chunks=dict(chunks or {}) or None,
                                                                       compressor=compressor)
                 committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
                 self._log = CommitLog()
@@ -106,7 +107,7 @@ class Committer:
             else:
                 self.schema, committed = self._open_existing(schema)
             # the tables were checked (or just made): open them directly, without zarr's checks for a group
-            self.arrays = {t: Array.open(store, t) for t in self.schema.tables}
+            self.arrays = {n: dataset_format.table_array(store, t) for n, t in self.schema.tables.items()}
             for t, n in committed.items():  # rows past the committed count were never committed: drop them
                 if self.arrays[t].shape[0] != n:
                     self.arrays[t].resize(n)
@@ -154,15 +155,17 @@ class Committer:
         place that `overwrite=True` still recognises, and finishes."""
         self.location.clear(_lease_file, last=DATASET_MARKS)
 
-    def _open_existing(self, schema: Schema) -> tuple[Schema, dict[str, int]]:
+    def _open_existing(self, schema: Schema | None) -> tuple[Schema, dict[str, int]]:
         """Open the dataset to append to, refusing (one line, before anything changes) one that does not match
-        `schema`, one whose commits or log are damaged, and one whose links do not hold: rows appended onto
-        it would be placed after rows that are not there, or under numbers of commits made before."""
+        `schema` (None: the dataset's own), one whose commits or log are damaged, and one whose links do not
+        hold: rows appended onto it would be placed after rows that are not there, or under numbers of commits
+        made before."""
         interrupted = dataset_format.interrupted_create(self.store)
         if interrupted is not None:  # nothing was committed: nothing is lost by finishing the create
             dataset_format.create_documents(self.store, interrupted)
         group = dataset_format.open_group(self.location, mode="a")
         found, arrays, _ = dataset_format.open_tables(group)  # other arrays are left as they are
+        schema = schema or found
         for name, table in schema.tables.items():
             if name not in found.tables or found.tables[name].dtype != table.dtype:
                 raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")
@@ -172,13 +175,14 @@ class Committer:
         self._log = CommitLog()
         if doc is None:  # written by another tool: its shapes are its rows
             for name, arr in arrays.items():
-                why = dataset_format.codecs_problem(name, arr, found.compressor)
+                why = dataset_format.codecs_problem(name, arr, found.codec_of(name))
                 if why:
                     raise FormatError(f"{self.location}: {why}; zarrfeed appends to a dataset whose tables share "
                                       "one compressor and have no filters (what its manifest records for every "
                                       "table): copy it first, re-encoded with zarrfeed's compressor, with "
                                       f"`zarrfeed ingest NEW --from {self.location}`, then append to the copy")
             committed = {n: arrays[n].shape[0] if n in arrays else 0 for n in found.tables}
+            committed = replay_buffer.rows_by_ends(found, arrays, committed)  # a replay buffer's: its episodes'
         else:
             committed = {name: doc["committed"][name] for name in found.tables}  # every table's (read_manifest checks)
             for name, n in committed.items():  # checked before anything changes, as a reader refuses it
@@ -202,7 +206,7 @@ class Committer:
             self._every_chunk = bool(doc.get(manifest.EVERY_CHUNK))
         for name, table in found.tables.items():
             if name not in arrays:  # e.g. an L5Kit dataset without traffic_light_faces
-                dataset_format.create_table(group, table, found.compressor)
+                dataset_format.create_table(group, table, found.codec_of(name))
         if doc is None:
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, manifest.new_dataset_id()
             return found, committed
@@ -402,8 +406,9 @@ class Committer:
 
     # ---------------------------------------------------------------- rows stored
     def grow(self, table: str, end: int) -> None:
-        """Make the array at least `end` rows long, in large steps (each is a metadata write)."""
-        if end > self._length[table]:
+        """Make the array at least `end` rows long, in large steps (each is a metadata write); a replay buffer's
+        arrays are made as long as each commit instead (see `_lengths_as_committed`)."""
+        if end > self._length[table] and not self.schema.tables[table].path:
             self._lease.check()
             step = self.location.settings.growth_chunks
             n = self._length[table] = max(end, 2 * self._length[table], step * self.arrays[table].chunks[0])
@@ -469,7 +474,8 @@ class Committer:
             self._attempted = self._commit_no + 1
             # the names of the chunks the commit records first (their bytes are durable already: put_chunks),
             # then the documents that name them
-            self._bounded(lambda: self.store.sync_names(self.schema.tables), "syncing the chunks' names")
+            self._bounded(lambda: self.store.sync_names(t.array_path for t in self.schema.tables.values()),
+                          "syncing the chunks' names")
             self._bounded(lambda: commits.write_manifest(self.store, doc, objects, retry=retry),
                           f"publishing commit {self._commit_no + 1}")
         except BaseException:
@@ -485,6 +491,18 @@ class Committer:
         self._published = state
         if doomed:  # merged into the new segment; the manifest that listed them is replaced
             within(FAIL_SECONDS, lambda: self.store.delete(doomed))
+        self._lengths_as_committed(committed)
+
+    def _lengths_as_committed(self, committed: Mapping[str, int]) -> None:
+        """A replay buffer's arrays are as long as its committed steps and episodes after every commit, as
+        Diffusion Policy's readers require (its `ReplayBuffer` asserts every data array is `episode_ends[-1]`
+        long): the data arrays first, `episode_ends` last, each a metadata write. A writer killed among these
+        writes leaves a buffer that zarrfeed reads by its manifest and the next writer sets right; Diffusion
+        Policy's own reader refuses it until then. Other datasets' arrays grow ahead (see `grow`)."""
+        for t in reversed(list(self.schema.tables)):
+            if self.schema.tables[t].path and self._length[t] != committed[t]:
+                n = self._length[t] = committed[t]
+                self._bounded(lambda: dataset_format.set_length(self.arrays[t], n), f"setting the length of {t}")
 
     def _committed_tails(self, committed: Mapping[str, int], sealed: Mapping[str, Mapping[int, object]]
                          ) -> dict[str, tuple[int, str]]:

@@ -35,10 +35,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..core import dataset_format
 from ..core.keys import Position, fingerprint
-from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.schema import L5KIT_SCHEMA, Schema, Table
 from ..core.store import Location
-from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer
 from .episode import check_episode, relocate_all
@@ -152,13 +152,14 @@ def _counts(loaded: tuple[list, _Counted]) -> _Counted:
 _open: dict[tuple, tuple[dict, _ChunkLocks]] = {}  # per worker process: (location, dataset id) -> its tables
 
 
-def _tables(location: Location, dataset_id: str, names: Sequence[str]) -> tuple[dict, _ChunkLocks]:
+def _tables(location: Location, dataset_id: str, tables: Sequence[Table]) -> tuple[dict, _ChunkLocks]:
     """The dataset's tables, opened once per worker process, and the cluster-wide locks of its chunks."""
     key = (location.url, repr(sorted(location.storage_options.items())), dataset_id)
     if key not in _open:
         store = location.store("w")
         _open.clear()  # one dataset at a time per worker process is the common case: keep memory flat
-        _open[key] = ({t: Array.open(store, t) for t in names}, _ChunkLocks(f"zarrfeed/{dataset_id}"))
+        _open[key] = ({t.name: dataset_format.table_array(store, t) for t in tables},
+                      _ChunkLocks(f"zarrfeed/{dataset_id}"))
     return _open[key]
 
 
@@ -175,7 +176,7 @@ def _write(loaded: tuple[list, _Counted], which: list[int], expected: list[str],
         raise RuntimeError("to_episodes gave other episodes when Dask ran it again (after a worker was lost); "
                            "it must be deterministic")
     schema = Schema.from_json(schema_doc)
-    arrays, locks = _tables(location, dataset_id, list(schema.tables))
+    arrays, locks = _tables(location, dataset_id, list(schema.tables.values()))
     out = relocate_all(chosen, schema, starts)
     store = next(iter(arrays.values())).store
     checked = [-1.0]

@@ -29,7 +29,7 @@ from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
 from .chunk_locks import ChunkLocks
-from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.schema import Schema
 from ..core.store import Location
 from . import write_worker
 from .write_worker import WriteSegment
@@ -56,7 +56,8 @@ class DatasetWriter:
     Args:
         path: Where the dataset is: a local directory, any fsspec URL (`s3://bucket/prefix`), or a `Location`.
         schema: The tables (record dtypes, chunk rows), links, attrs and compressor of a new dataset (default
-            L5Kit's). With mode "a" its tables' dtypes and its links must be the dataset's, else `FormatError`.
+            L5Kit's; a replay buffer's: `replay_buffer_schema`). With mode "a" (default: the dataset's own) its
+            tables' dtypes and its links must be the dataset's, else `FormatError`.
         workers: Writer processes that compress and store segments (default 2); 0 writes in this process. More
             compress more in parallel (on an object store: more PUTs at once); each adds two segment buffers.
         mode: "w" (default) creates a new dataset; "a" appends to an existing one, first dropping rows that
@@ -101,7 +102,7 @@ class DatasetWriter:
             Object stores: a PUT is durable when it returns, either way.
     """
 
-    def __init__(self, path: str | os.PathLike | Location, schema: Schema = L5KIT_SCHEMA, *, workers: int = 2,
+    def __init__(self, path: str | os.PathLike | Location, schema: Schema | None = None, *, workers: int = 2,
                  mode: str = "w", compressor: numcodecs.abc.Codec | None = None,
                  chunks: Mapping[str, int] | None = None, on_error: str = "raise", progress: bool = False,
                  overwrite: bool = False, commit_interval: float = 1.0, segment_bytes: int | None = None,
@@ -143,9 +144,9 @@ class DatasetWriter:
                                            max(segment_bytes, 2 * max(chunk_bytes)))
             self._shared_chunks = 0
             if workers > 0:
-                dtypes = {n: t.dtype for n, t in self.schema.tables.items()}
                 self._pool = WorkerPool(workers, write_worker.setup,
-                                        (self.location, dtypes, self._sync, self._buffers.blocks, self.committer.fence),
+                                        (self.location, self.schema.tables, self._sync, self._buffers.blocks,
+                                         self.committer.fence),
                                         "writer worker", start_method)
             self._load = [0] * max(workers, 1)
         except BaseException:

@@ -9,15 +9,19 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.links import check_link
-from ..core.schema import Schema, dtype_difference
+from ..core.replay_buffer import EPISODES, steps_episode
+from ..core.schema import Link, Schema, dtype_difference
 
 Episode = Mapping[str, np.ndarray]
 
 
 def check_episode(episode: Any, schema: Schema) -> dict[str, np.ndarray]:
-    """The episode's tables if they fit `schema`; else `ValueError` naming table, field and row."""
+    """The episode's tables if they fit `schema`; else `ValueError` naming table, field and row. An episode of a
+    replay buffer may also come as Diffusion Policy's `add_episode` takes it: key -> array of its steps."""
     if not isinstance(episode, Mapping):
         raise ValueError(f"expected a dict of table name -> structured ndarray, got {type(episode).__name__}")
+    if schema.step_tables() and EPISODES not in episode:
+        episode = steps_episode(schema, episode)
     missing = [n for n in schema.tables if n not in episode]
     extra = [n for n in episode if n not in schema.tables]
     if missing:
@@ -47,13 +51,19 @@ def rows_of(episode: Episode) -> dict[str, int]:
     return {name: len(arr) for name, arr in episode.items()}
 
 
+def _moved(schema: Schema) -> list[Link]:
+    """The links whose field moves with its child's rows, one per field: an "ends" field names the rows of
+    every step table, which move together, so it moves once."""
+    return list({(link.parent, link.field): link for link in reversed(schema.links)}.values())[::-1]
+
+
 def relocate(episode: Episode, schema: Schema, offsets: Mapping[str, int]) -> dict[str, np.ndarray]:
     """A copy of the episode whose interval fields point at global rows (child table's offset added).
 
     Only parent tables are copied; child-only tables (agents, faces) are passed through untouched.
     """
     out = dict(episode)
-    for link in schema.links:
+    for link in _moved(schema):
         if out[link.parent] is episode[link.parent]:
             out[link.parent] = episode[link.parent].copy()
         out[link.parent][link.field] += offsets[link.child]
@@ -69,7 +79,7 @@ def relocate_all(episodes: Sequence[Episode], schema: Schema, starts: Mapping[st
     for tables in episodes:
         for t, arr in tables.items():
             out[t][at[t]:at[t] + len(arr)] = arr
-        for link in schema.links:
+        for link in _moved(schema):
             part = out[link.parent][at[link.parent]:at[link.parent] + len(tables.get(link.parent, ()))]
             part[link.field] += starts[link.child] + at[link.child]
         for t, arr in tables.items():

@@ -8,6 +8,8 @@ import numpy as np
 
 from ..core._proc.pool import preload_in_workers
 from ..core._proc.shm import SharedBlock
+from ..core import dataset_format
+from ..core.schema import Table
 from ..core.store import Location
 from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite, write_rows
@@ -36,7 +38,7 @@ class SegmentWritten:
     writes: list[ChunkWrite]
 
 
-def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronizer: Any,
+def setup(wid: int, location: Location, tables: dict[str, Table], synchronizer: Any,
           blocks: list[SharedBlock], fence: Fence) -> Callable[[WriteSegment], SegmentWritten]:
     """Open the store in this process (no zarr handle is inherited; tables at first use); return the handler
     of `WriteSegment` messages. Every chunk write first checks the writer's lease `fence` (a writer paused
@@ -50,8 +52,8 @@ def setup(wid: int, location: Location, dtypes: dict[str, np.dtype], synchronize
             # opened at first use, not at start: on an object store the first request also builds the client
             # (a fraction of a second), which then overlaps the parent's filling of the next segment. The
             # parent made or checked the table: open it directly (zarr's checks are two more requests).
-            arrays[table] = Array.open(store, table)
-        rows = np.frombuffer(blocks[msg.block].buf, dtypes[table], count=msg.rows)
+            arrays[table] = dataset_format.table_array(store, tables[table])
+        rows = np.frombuffer(blocks[msg.block].buf, tables[table].dtype, count=msg.rows)
         return SegmentWritten(wid, msg.segment, write_rows(arrays[table], msg.start, rows, synchronizer,
                                                            lambda: fence.check(location)))
 

@@ -84,7 +84,7 @@ class ChunkCheck:
     def check(self, array: Array, index: int, key: str, raw: bytes | None) -> bytes | None:
         """The bytes to decode for chunk `index` of `array` (stored under `key`), read as `raw` (None: missing,
         which the decoder refuses); `ChunkError` if they are not the chunk the reader's commit holds."""
-        table = array.path
+        table = array.table
         record = self.records.get(table, {}).get(index)
         if raw is None:
             self._same_dataset(array.store, key)  # a dataset put in its place says so, not "missing"
@@ -106,7 +106,7 @@ class ChunkCheck:
     def _rows_check(self, array: Array, index: int, key: str, raw: bytes) -> None:
         """`ChunkError` unless the rows of the last chunk `raw` below the reader's count are those its commit
         recorded (a decode more, of one chunk per table): another dataset's (said so), or changed."""
-        table, c = array.path, self.chunk_rows[array.path]
+        table, c = array.table, self.chunk_rows[array.table]
         rows = self.opened.rows[table] - index * c
         got = rows_digest(array, key, raw, rows)
         if got == self.tails[table]:

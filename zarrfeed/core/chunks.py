@@ -132,15 +132,15 @@ def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray
     copy when the array has a Blosc compressor and no filters. Tables are read below their committed rows only,
     where every chunk was written: a missing one (`raw` None) raises `ChunkError`, never reads as zeros."""
     if raw is None:
-        name = array.path or "table"
+        name = array.table or "table"
         c = array.chunks[0]
-        index = int(key.rsplit("/", 1)[-1]) if key.rsplit("/", 1)[-1].isdigit() else -1
-        rows = f" (rows {index * c:,}-{(index + 1) * c:,})" if index >= 0 else ""
+        found = array.meta.chunk_index(key[len(array.path) + 1:]) if key.startswith(array.path + "/") else None
+        rows = f" (rows {found * c:,}-{(found + 1) * c:,})" if found is not None else ""
         raise ChunkError(f"table '{name}': chunk '{key}'{rows} is missing, below the committed rows; the dataset "
                          "is incomplete (zarrfeed validate lists every missing chunk)")
     try:
         array.decode_into(raw, out)
     except Exception as exc:
-        name = array.path or "table"
+        name = array.table or "table"
         raise ChunkError(f"table '{name}': chunk '{key}' cannot be decoded ({type(exc).__name__}: {exc}); "
                          "the file is truncated or corrupt") from None

@@ -123,7 +123,7 @@ def open_table(store: Store, name: str, mode: str = "r", dtype: np.dtype | None 
             return arr
         why = array_meta.fill_problem(meta, arr.dtype) or array_meta.codec_problem(meta, arr.dtype)
         if why is None and written is not None:
-            why = array_meta.written_problem(meta, written.get("compressor"))
+            why = array_meta.written_problem(meta, written_codec(written, name))
             if why is not None:
                 raise FormatError(f"table '{name}': {key}: {why}; the array's metadata was changed, and its chunks "
                                   "would decode to other rows (restore it from a copy)")
@@ -142,11 +142,11 @@ def _open_steps(store: Store, name: str, path: str, mode: str, dtype: np.dtype |
     except MetaError as exc:
         raise FormatError(f"table '{name}': cannot open its array ({exc})") from None
     field = dtype.names[0] if dtype is not None and dtype.names else name
-    records = RecordArray.of(array, field)
+    records = RecordArray.of(array, field, name)
     diff = dtype_difference(records.dtype, dtype) if dtype is not None else None
     if diff:
         raise FormatError(f"table '{name}': wrong dtype, {key}: it {diff}")
-    why = array_meta.written_problem(array.meta.to_json(), written.get("compressor")) if written else None
+    why = array_meta.written_problem(array.meta.to_json(), written_codec(written, name)) if written else None
     if why is not None:
         raise FormatError(f"table '{name}': {key}: {why}; the array's metadata was changed, and its chunks would "
                           "decode to other rows (restore it from a copy)")
@@ -163,7 +163,7 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
     if ".zgroup" in store or MANIFEST_KEY in store:  # e.g. made by another writer since the caller looked
         raise FormatError("already holds a dataset; append to it or overwrite it")
     schema = Schema(
-        tables={n: (t.dtype, (chunks or {}).get(n, t.chunk_rows)) for n, t in schema.tables.items()},
+        tables={n: Table(n, t.dtype, (chunks or {}).get(n, t.chunk_rows), t.path) for n, t in schema.tables.items()},
         links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
     )
     dataset_id = new_dataset_id()
@@ -199,16 +199,33 @@ def _documents(schema: Schema) -> dict[str, bytes]:
     """The documents of `create_documents`, made in memory: key -> bytes."""
     made = MemoryStore()
     group = Group.create(made, attrs=schema.attrs)
+    folders = {t.path.rsplit("/", 1)[0] for t in schema.tables.values() if "/" in t.path}
+    for folder in sorted(folders):  # a replay buffer's `data` and `meta` groups
+        Group.create(made, folder)
     for t in schema.tables.values():
-        create_table(group, t, schema.compressor)
+        create_table(group, t, schema.codec_of(t.name))
     return made.data
 
 
 def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | None) -> Array:
     """An empty table's array in `group`: 0 rows, the table's chunk rows and dtype, filled with zero bytes
-    (the documents zarr 2 wrote, byte for byte)."""
+    (the documents zarr 2 wrote, byte for byte). A table at a path of its own (a replay buffer's) is the
+    array of its one field: (0, *its shape), of its base dtype, filled with 0, as Diffusion Policy makes them."""
+    if table.path:
+        (field, (sub, _)), = table.dtype.fields.items()  # type: ignore[union-attr]  # one field (Schema checks)
+        meta = ArrayMeta.new((0, *sub.shape), table.chunk_rows, sub.base, compressor, fill_value=0)
+        return RecordArray.of(group.create_array(table.path, meta), field, table.name)
     return group.create_array(table.name, ArrayMeta.new((0,), table.chunk_rows, table.dtype, compressor,
                                                         fill_value=np.zeros(1, table.dtype)[0]))
+
+
+def table_array(store: Store, table: Table, read_only: bool = False) -> Array:
+    """The array of `table` in `store`, opened directly (the dataset was checked, or just made): at its path,
+    as records of its one field, for a table at a path of its own."""
+    array = Array.open(store, table.array_path, read_only)
+    if table.path:
+        return RecordArray.of(array, table.dtype.names[0], table.name)  # type: ignore[index]
+    return array
 
 
 def consolidate(store: Store) -> None:
@@ -223,7 +240,7 @@ def set_length(array: Array, rows: int) -> None:
     cleanly has committed everything it wrote). The rest of the document is kept as it was read."""
     key = f"{array.path}/.zarray"
     meta = json.loads(bytes(array.store[key]))
-    meta["shape"] = [int(rows)]
+    meta["shape"] = [int(rows), *meta["shape"][1:]]
     array.store.put(key, json.dumps(meta, indent=4, sort_keys=True).encode())
     array.meta = array.meta.resized(rows)
 
@@ -312,7 +329,13 @@ def shared_compressor(arrays: dict[str, Array]) -> numcodecs.abc.Codec | None:
     return next(iter(arrays.values())).compressor
 
 
-def codecs_problem(name: str, array: Array, compressor: numcodecs.abc.Codec) -> str | None:
+def written_codec(written: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The compressor a dataset's manifest (its schema, as JSON: `written`) records for table `name`."""
+    table = written.get("tables", {}).get(name, {})
+    return table["compressor"] if "compressor" in table else written.get("compressor")
+
+
+def codecs_problem(name: str, array: Array, compressor: numcodecs.abc.Codec | None) -> str | None:
     """Why rows cannot be appended to the table `name` of a dataset another tool wrote, whose manifest will record
     `compressor` and no filters for every table (a reader refuses a table whose codecs differ from its manifest's:
     `array_meta.written_problem`), or None."""
@@ -320,9 +343,10 @@ def codecs_problem(name: str, array: Array, compressor: numcodecs.abc.Codec) -> 
               "filters": [f.get_config() for f in array.filters or []]}
     if config["filters"]:
         return f"table '{name}' has filters {config['filters']}"
-    if config["compressor"] != compressor.get_config():
+    want = compressor.get_config() if compressor is not None else None
+    if config["compressor"] != want:
         return (f"table '{name}' is compressed with {config['compressor']}, another table with "
-                f"{compressor.get_config()}" if config["compressor"] else f"table '{name}' has no compressor")
+                f"{want}" if config["compressor"] else f"table '{name}' has no compressor")
     return None
 
 

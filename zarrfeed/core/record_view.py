@@ -30,14 +30,19 @@ def step_dtype(field: str, meta: ArrayMeta) -> np.dtype:
 class RecordArray(Array):
     """The array at `path`, as a 1-D table of one-field records (see the module's docstring)."""
 
-    def __init__(self, store: Store, path: str, meta: ArrayMeta, field: str, read_only: bool = False) -> None:
+    def __init__(self, store: Store, path: str, meta: ArrayMeta, field: str, read_only: bool = False,
+                 table: str | None = None) -> None:
         super().__init__(store, path, meta, read_only)
-        self.field = field
+        self.field, self._table = field, table or field
 
     @classmethod
-    def of(cls, array: Array, field: str) -> "RecordArray":
-        """`array` as a table whose records have the one field `field`."""
-        return cls(array.store, array.path, array.meta, field, array.read_only)
+    def of(cls, array: Array, field: str, table: str | None = None) -> "RecordArray":
+        """`array` as the table `table` (default: named as the field) whose records have the one field `field`."""
+        return cls(array.store, array.path, array.meta, field, array.read_only, table)
+
+    @property
+    def table(self) -> str:
+        return self._table
 
     def __repr__(self) -> str:
         return f"<zarrfeed RecordArray '{self.path}' {self.meta.shape} {self.meta.dtype} as {self.dtype}>"

@@ -15,6 +15,11 @@ reads the episodes and `validate` says what is past them).
 """
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+from typing import Any, Mapping
+
+import numcodecs
 import numpy as np
 
 from .record_view import RecordArray, step_dtype
@@ -46,7 +51,7 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
         raise FormatError(f"{EPISODE_ENDS}: a {len(ends.shape)}-D array of {ends.dtype}, not the 1-D integer "
                           "array of episode ends of a replay buffer")
     tables = {EPISODES: Table(EPISODES, step_dtype(END, ends.meta), ends.chunks[0], EPISODE_ENDS)}
-    arrays: dict[str, Array] = {EPISODES: RecordArray.of(ends, END)}
+    arrays: dict[str, Array] = {EPISODES: RecordArray.of(ends, END, EPISODES)}
     others: dict[str, str] = {}
     data = Group(store, DATA, read_only)
     for key in sorted(data.array_keys()):
@@ -71,9 +76,13 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
         if name != "episode_ends":
             others[f"{META}/{name}"] = "metadata of the replay buffer's own"
     links = tuple(Link(EPISODES, END, key, ENDS) for key in tables if key != EPISODES)
+    shared = _shared_compressor(arrays)
+    for name, array in arrays.items():  # a table compressed otherwise records its own (DP's episode_ends: none)
+        config = array.compressor.get_config() if array.compressor else None
+        if shared is None or config != shared.get_config():
+            tables[name] = replace(tables[name], compressor=config)
     try:
-        schema = Schema(tables, links, attrs=dict(group.attrs), compressor=_shared_compressor(arrays),
-                        name="replay_buffer")
+        schema = Schema(tables, links, attrs=dict(group.attrs), compressor=shared, name="replay_buffer")
     except ValueError as exc:
         raise FormatError(f"{group.store}: {exc}") from None
     return schema, arrays, others
@@ -121,4 +130,75 @@ def rows_by_ends(schema: Schema, arrays: dict[str, Array], rows: dict[str, int])
                               f"{last:,}, but {arrays[link.child].path} holds {have:,} steps; the data is "
                               "incomplete")
         out[link.child] = max(last, 0)
+    return out
+
+
+def replay_buffer_schema(keys: Mapping[str, tuple[Any, tuple[int, ...]]],
+                         chunk_rows: int | Mapping[str, int] | None = None,
+                         compressor: numcodecs.abc.Codec | None = None) -> Schema:
+    """The schema of a new replay buffer in Diffusion Policy's layout: `keys` maps each data key to the dtype
+    and the shape of one step (`{"img": (np.uint8, (96, 96, 3)), "action": (np.float32, (2,))}`).
+
+    `chunk_rows`: steps per chunk, for all keys or per key; by default as Diffusion Policy's
+    `get_optimal_chunks` sizes them, about 2 MB a chunk (73 steps of 96x96x3 images). `compressor`: by
+    default Diffusion Policy's, Blosc lz4 without shuffle."""
+    tables: dict[str, Table] = {EPISODES: Table(EPISODES, np.dtype([(END, np.int64)]), EPISODE_CHUNK, EPISODE_ENDS)}
+    for key, (dtype, shape) in keys.items():
+        base, shape = np.dtype(dtype), tuple(int(n) for n in shape)
+        if key == EPISODES:
+            raise ValueError(f"key {key!r}: zarrfeed names the episodes table so; name the key otherwise")
+        if isinstance(chunk_rows, Mapping):
+            rows = int(chunk_rows.get(key, 0)) or _default_chunk_rows(base, shape)
+        else:
+            rows = int(chunk_rows) if chunk_rows else _default_chunk_rows(base, shape)
+        tables[key] = Table(key, np.dtype([(key, base, shape)] if shape else [(key, base)]), rows, f"{DATA}/{key}")
+    links = tuple(Link(EPISODES, END, key, ENDS) for key in tables if key != EPISODES)
+    return Schema(tables, links, compressor=compressor or numcodecs.Blosc(cname="lz4", clevel=5,
+                                                                          shuffle=numcodecs.Blosc.NOSHUFFLE),
+                  name="replay_buffer")
+
+
+EPISODE_CHUNK = 10_000  # episode ends per chunk (80 KB)
+_TARGET_CHUNK_BYTES = 2_000_000  # Diffusion Policy's `get_optimal_chunks` target
+
+
+def _default_chunk_rows(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    """Steps per chunk of about 2 MB, as Diffusion Policy sizes them (it also caps them at its first episode's
+    length, which a schema made before any episode cannot know)."""
+    return max(1, math.ceil(_TARGET_CHUNK_BYTES / (dtype.itemsize * math.prod(shape))))
+
+
+def steps_episode(schema: Schema, data: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """One episode given as Diffusion Policy's `add_episode` takes it, a dict of key -> array of its steps
+    (T, ...), as the records of the replay buffer's tables: each key's steps as one-field records (no copy for
+    a C-contiguous array of the key's dtype) and the episode's row, whose end is its T. `ValueError` naming the
+    key for a missing or unknown key, another step shape or dtype, or arrays of different lengths."""
+    steps = schema.step_tables()
+    missing = [k for k in steps if k not in data]
+    extra = [k for k in data if k not in steps]
+    if missing or extra:
+        which = f"key '{missing[0]}': missing from the episode" if missing else \
+            f"key '{extra[0]}': not a key of this replay buffer (keys: {', '.join(steps)})"
+        raise ValueError(which)
+    out: dict[str, np.ndarray] = {}
+    length = None
+    for key in steps:
+        want = schema.tables[key].dtype
+        sub = want[key]
+        value = data[key]
+        if not isinstance(value, np.ndarray):
+            raise ValueError(f"key '{key}': expected a numpy array of steps, got {type(value).__name__}")
+        if value.shape[1:] != sub.shape or value.ndim < 1:
+            raise ValueError(f"key '{key}': steps of shape {value.shape[1:]}, expected {sub.shape} (an array of "
+                             f"shape (T, {', '.join(map(str, sub.shape))}))")
+        if value.dtype != sub.base:
+            raise ValueError(f"key '{key}': dtype {value.dtype}, expected {sub.base}")
+        if length is not None and len(value) != length:
+            raise ValueError(f"key '{key}': {len(value)} steps, but '{steps[0]}' has {length} (every key holds one "
+                             "value per step)")
+        length = len(value)
+        raw = np.ascontiguousarray(value).view(np.uint8)  # the steps' bytes, one record each: no copy
+        out[key] = raw.reshape(len(value), want.itemsize).view(want).reshape(-1) if len(value) else \
+            np.zeros(0, want)
+    out[EPISODES] = np.array([(length or 0,)], schema.tables[EPISODES].dtype)
     return out

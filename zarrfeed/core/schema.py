@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numcodecs
@@ -65,6 +65,9 @@ def default_compressor() -> numcodecs.abc.Codec:
     return numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
 
 
+SCHEMA_CODEC = "schema"  # a table compressed with its schema's compressor
+
+
 @dataclass(frozen=True)
 class Table:
     """One 1-D array of structured records, stored in chunks of `chunk_rows` rows, in the folder `path` of the
@@ -75,6 +78,9 @@ class Table:
     dtype: np.dtype
     chunk_rows: int
     path: str = ""
+    # its compressor's config (None: none), where it is not the schema's (a replay buffer Diffusion Policy wrote
+    # stores `episode_ends` uncompressed)
+    compressor: Any = field(default=SCHEMA_CODEC, hash=False)
 
     @property
     def array_path(self) -> str:
@@ -180,6 +186,13 @@ class Schema:
         """Links whose parent is `table`."""
         return [link for link in self.links if link.parent == table]
 
+    def codec_of(self, table: str) -> numcodecs.abc.Codec | None:
+        """The compressor of `table`: the schema's, unless the table records its own (None: uncompressed)."""
+        config = self.tables[table].compressor
+        if config == SCHEMA_CODEC:
+            return self.compressor
+        return numcodecs.get_codec(dict(config)) if config else None
+
     def step_tables(self) -> list[str]:
         """The tables whose rows are an episode's steps by an "ends" link (a replay buffer's `data/<key>`
         arrays), in schema order: they share their row count and are read together as the `steps`."""
@@ -196,7 +209,9 @@ class Schema:
         return {
             "name": self.name,
             "tables": {t.name: {"dtype": t.dtype.descr, "chunk_rows": t.chunk_rows,
-                                **({"path": t.path} if t.path else {})} for t in self.tables.values()},
+                                **({"path": t.path} if t.path else {}),
+                                **({"compressor": t.compressor} if t.compressor != SCHEMA_CODEC else {})}
+                       for t in self.tables.values()},
             "links": [link.to_json() for link in self.links],
             "attrs": dict(self.attrs),
             "compressor": self.compressor.get_config(),
@@ -206,7 +221,8 @@ class Schema:
     def from_json(cls, doc: Mapping[str, Any]) -> "Schema":
         """The schema `to_json` described (as a dataset's manifest or a Parquet export's metadata holds it)."""
         return cls(
-            tables={name: Table(name, dtype_from_descr(t["dtype"]), int(t["chunk_rows"]), t.get("path", ""))
+            tables={name: Table(name, dtype_from_descr(t["dtype"]), int(t["chunk_rows"]), t.get("path", ""),
+                                t.get("compressor", SCHEMA_CODEC))
                     for name, t in doc["tables"].items()},
             links=tuple(Link(*link) for link in doc["links"]),
             attrs=doc.get("attrs", {}),

@@ -133,6 +133,12 @@ class Array:
         return "/" + self.path
 
     @property
+    def table(self) -> str:
+        """The name of the dataset's table this array holds (its path, unless read as another's records: see
+        `core.record_view`), as commits, digests and messages name it."""
+        return self.path
+
+    @property
     def chunk_store(self) -> Store:
         return self.store
 
