@@ -72,3 +72,14 @@ class Exits:
             if seed == 3 and i == 1:
                 sys.exit("no more logs")
             yield ep
+
+
+def robot(seed: int):
+    """Two or three episodes of a replay buffer per source (Diffusion Policy's `add_episode` dicts), the same
+    each time."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [{"img": rng.integers(0, 256, (t, 8, 8, 3), dtype=np.uint8),
+             "action": rng.normal(size=(t, 2)).astype(np.float32)}
+            for t in rng.integers(1, 30, 2 + seed % 2).tolist()]

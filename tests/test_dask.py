@@ -322,3 +322,21 @@ def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp
         assert result["writes"] and len(chunks()) == len(result["writes"])
     finally:
         committer.fail(None)
+
+
+def test_cluster_ingest_of_a_replay_buffer_is_chunk_for_chunk_a_local_ingest(client, tmp_path):
+    """Issue 40: episodes of a replay buffer (Diffusion Policy's dicts) ingested on the cluster land as a local
+    writer puts them, in Diffusion Policy's layout."""
+    import zarr
+    from zarrfeed.writer import replay_buffer_schema
+
+    schema = replay_buffer_schema({"img": (np.uint8, (8, 8, 3)), "action": (np.float32, (2,))}, chunk_rows=20)
+    local, remote = tmp_path / "local.zarr", tmp_path / "remote.zarr"
+    with DatasetWriter(local, schema, workers=2) as w:
+        w.ingest(chain.from_iterable(src.robot(s) for s in SOURCES))
+    summary = zdask.ingest(client, SOURCES, src.robot, remote, schema=schema)
+    assert summary.rows["episodes"] == sum(len(src.robot(s)) for s in SOURCES)
+    assert_same(stored(remote), stored(local))
+    assert_recorded_as_local(remote, local)
+    root = zarr.open_group(str(remote), mode="r")
+    assert root["data/img"].shape[0] == root["meta/episode_ends"][-1]  # what Diffusion Policy's reader checks

@@ -533,3 +533,33 @@ def test_a_sync_answered_by_an_instance_that_accepted_only_some_sends_the_others
                 proc.kill()
                 proc.wait()
     assert_holds(Dataset.open(target), FIRST + [ep2, ep1])  # ep1 sent again after B took ep2
+
+
+def test_a_replay_buffer_is_ingested_exactly_once_through_the_server(tmp_path):
+    """Issue 40: a robot's episodes as Diffusion Policy's dicts (key -> steps), through `zarrfeed serve`'s
+    ingestion: keys and retries as for any dataset, Diffusion Policy's layout on disk, a bad episode one line
+    naming its key; and the same episodes are one input whichever path wrote them."""
+    import numpy as np
+    import zarr
+    from zarrfeed.writer import DatasetWriter, replay_buffer_schema
+
+    rng = np.random.default_rng(5)
+    robot = [{"img": rng.integers(0, 256, (t, 8, 8, 3), dtype=np.uint8),
+              "action": rng.normal(size=(t, 2)).astype(np.float32)} for t in (3, 9, 1, 14)]
+    path = tmp_path / "buffer.zarr"
+    schema = replay_buffer_schema({"img": (np.uint8, (8, 8, 3)), "action": (np.float32, (2,))}, chunk_rows=8)
+    with DatasetWriter(path, schema, workers=0) as w:
+        w.submit(robot[0], key="a")
+    with serve(path) as server, RemoteWriter(server.url) as w:
+        assert not w.submit(robot[0], key="a")  # committed: passed over
+        assert w.submit(robot[1], key="b") and w.submit(robot[2], key="c")
+        with pytest.raises(ValueError, match="key 'action': 2 steps, but 'img' has 3"):
+            w.submit({"img": robot[0]["img"], "action": robot[1]["action"][:2]}, key="d")
+        w.ingest([robot[3]])
+        w.sync()
+    root = zarr.open_group(str(path), mode="r")
+    assert (root["meta/episode_ends"][:] == np.cumsum([3, 9, 1, 14])).all()
+    assert (root["data/img"][:] == np.concatenate([r["img"] for r in robot])).all()
+    with DatasetWriter(path, mode="a", workers=0) as w:  # the input the server wrote is the local writer's too
+        with pytest.raises(ValueError, match="this input was ingested before"):
+            w.ingest([robot[3]])

@@ -476,6 +476,7 @@ class Committer:
             # then the documents that name them
             self._bounded(lambda: self.store.sync_names(t.array_path for t in self.schema.tables.values()),
                           "syncing the chunks' names")
+            self._lengths_as_committed(committed)
             self._bounded(lambda: commits.write_manifest(self.store, doc, objects, retry=retry),
                           f"publishing commit {self._commit_no + 1}")
         except BaseException:
@@ -491,14 +492,17 @@ class Committer:
         self._published = state
         if doomed:  # merged into the new segment; the manifest that listed them is replaced
             within(FAIL_SECONDS, lambda: self.store.delete(doomed))
-        self._lengths_as_committed(committed)
 
     def _lengths_as_committed(self, committed: Mapping[str, int]) -> None:
-        """A replay buffer's arrays are as long as its committed steps and episodes after every commit, as
-        Diffusion Policy's readers require (its `ReplayBuffer` asserts every data array is `episode_ends[-1]`
-        long): the data arrays first, `episode_ends` last, each a metadata write. A writer killed among these
-        writes leaves a buffer that zarrfeed reads by its manifest and the next writer sets right; Diffusion
-        Policy's own reader refuses it until then. Other datasets' arrays grow ahead (see `grow`)."""
+        """A replay buffer's arrays are made as long as the steps and episodes a commit is about to publish,
+        just before its manifest, as Diffusion Policy's readers require (its `ReplayBuffer` asserts every data
+        array is `episode_ends[-1]` long): the data arrays first, `episode_ends` last, each a metadata write,
+        and every row below is stored already. Before the manifest, so that zarrfeed's readers never find more
+        rows committed than an array holds. A writer killed among these writes leaves a buffer that zarrfeed
+        reads by its last manifest and the next writer sets right (Diffusion Policy's reader refuses it until
+        then); one killed after them, before its manifest, a buffer whose arrays hold the commit that did not
+        publish: Diffusion Policy reads it whole, zarrfeed without it, and the next writer drops it (`resume`
+        writes its episodes again). Other datasets' arrays grow ahead (see `grow`)."""
         for t in reversed(list(self.schema.tables)):
             if self.schema.tables[t].path and self._length[t] != committed[t]:
                 n = self._length[t] = committed[t]

@@ -41,7 +41,7 @@ from ..core.schema import L5KIT_SCHEMA, Schema, Table
 from ..core.store import Location
 from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer
-from .episode import check_episode, relocate_all
+from .episode import as_tables, check_episode, relocate_all
 from .lease import check_held
 
 log = logging.getLogger("zarrfeed")
@@ -124,7 +124,7 @@ def _load(to_episodes: Callable[[Any], Iterable[Any]], source: Any, schema_doc: 
     i = -1
     try:
         for i, episode in enumerate(to_episodes(source)):
-            counted.fingerprints.append(fingerprint(episode))
+            counted.fingerprints.append(fingerprint(as_tables(episode, schema)))
             try:
                 tables = check_episode(episode, schema)
             except ValueError as exc:

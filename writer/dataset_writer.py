@@ -36,7 +36,7 @@ from .write_worker import WriteSegment
 from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer, key_order
 from .coordinator import Coordinator
-from .episode import check_episode, relocate
+from .episode import as_tables, check_episode, relocate
 from .segments import SegmentBuffers
 from .lease import TIMEOUT
 
@@ -239,7 +239,7 @@ class DatasetWriter:
         """Place and start writing the episode under `key` (`checked`: its tables, if checked already)."""
         if self.committer.is_known(key):
             return False
-        digest = fingerprint(episode)
+        digest = fingerprint(as_tables(episode, self.schema))
         self.committer.check_resubmitted(key, digest)
         tables = checked
         if tables is None:
@@ -322,7 +322,8 @@ class DatasetWriter:
 
     def _begin_input(self, first: Any, resume: bool) -> None:
         """Start an input whose first episode is `first` (see `begin_input`)."""
-        self.begin_input(fingerprint(first), resume, "its first episode has fingerprint", "episodes")
+        self.begin_input(fingerprint(as_tables(first, self.schema)), resume, "its first episode has fingerprint",
+                         "episodes")
 
     def begin_input(self, input_id: str, resume: bool, what: str = "its fingerprint is", unit: str = "parts"
                     ) -> None:

@@ -15,6 +15,19 @@ from ..core.schema import Link, Schema, dtype_difference
 Episode = Mapping[str, np.ndarray]
 
 
+def as_tables(episode: Any, schema: Schema) -> Any:
+    """The episode as its tables: a replay buffer's episode given as Diffusion Policy's `add_episode` takes it
+    (key -> steps) converted (`steps_episode`); anything else, or one that cannot be converted (`check_episode`
+    says why), as given. What fingerprints are taken of, so that an episode is the same episode whichever
+    form it came in and whichever path wrote it (a local writer, Dask, the server)."""
+    if isinstance(episode, Mapping) and schema.step_tables() and EPISODES not in episode:
+        try:
+            return steps_episode(schema, episode)
+        except ValueError:
+            return episode
+    return episode
+
+
 def check_episode(episode: Any, schema: Schema) -> dict[str, np.ndarray]:
     """The episode's tables if they fit `schema`; else `ValueError` naming table, field and row. An episode of a
     replay buffer may also come as Diffusion Policy's `add_episode` takes it: key -> array of its steps."""

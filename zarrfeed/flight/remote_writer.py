@@ -32,6 +32,7 @@ import pyarrow.flight as flight
 import xxhash
 
 from ..core.keys import Key, Position, check_key, fingerprint
+from ..core.replay_buffer import EPISODES, steps_episode
 from ..core.schema import Schema, dtype_from_descr
 from ..writer.episode import check_episode
 from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
@@ -145,6 +146,7 @@ class RemoteWriter:
         `DatasetWriter.submit`: it takes its position once the server answers, so after a ConnectionError the
         same episode submitted again lands there once (another is refused until it is). Bad input raises
         ValueError naming table, field and row; the writer stays usable."""
+        episode = self._as_tables(episode)
         if key is None:
             return self._submit_next(episode)
         key = check_key(key)
@@ -209,6 +211,7 @@ class RemoteWriter:
         writing: Mapping[str, np.ndarray] | None = None  # the episode on its way out, if a write fails
         try:
             for i, episode in enumerate(episodes):
+                episode = self._as_tables(episode)
                 if it is not None:
                     given = next(it, None)
                     if given is None:  # the ones sent before are acknowledged first, then one line
@@ -252,6 +255,14 @@ class RemoteWriter:
         if self._input is not None:
             self._interrupted.discard(self._input)
         return written
+
+    def _as_tables(self, episode: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """A replay buffer's episode given as Diffusion Policy's dict (key -> steps) as its tables, as the
+        server takes it (`ValueError` naming the key if it cannot be); any other episode as it is."""
+        schema = self._dataset_schema
+        if schema is not None and schema.step_tables() and EPISODES not in episode:
+            return steps_episode(schema, episode)
+        return episode
 
     def _begin_input(self, first: Mapping[str, np.ndarray], resume: bool) -> None:
         """The server records the input whose first episode is `first` (refusing a repeat without resume). An
