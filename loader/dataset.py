@@ -218,6 +218,12 @@ class Dataset:
         """The names `read_rows`, `to_arrow` and the loaders take: the tables, and `steps` in a replay buffer."""
         return list(self.tables) + ([STEPS] if self.schema.step_tables() and STEPS not in self.tables else [])
 
+    def tables_of(self, table: str) -> list[str]:
+        """The tables whose arrays `table` is read from: itself, or a replay buffer's step tables for `steps`."""
+        if table == STEPS and table not in self.tables and self.schema.step_tables():
+            return self.schema.step_tables()
+        return [table]
+
     def read_coordinates(self, table: str, rows: np.ndarray) -> np.ndarray:
         """The records of `table` at `rows` (any order, repeats allowed), each chunk checked (see `check`)."""
         return read_coordinates(self.tables[table], rows, check=self._checker())

@@ -24,9 +24,9 @@ __all__ = ["export_parquet"]
 
 
 def _pieces(ds: Dataset, table: str, file_rows: int) -> list[tuple[int, int]]:
-    c = ds[table].chunks[0]
+    c = ds[ds.tables_of(table)[0]].chunks[0]
     step = max(c, file_rows // c * c)  # files end on chunk boundaries: each chunk is decoded once
-    n = ds.rows[table]
+    n = ds.row_count(table)
     return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
 
 
@@ -49,7 +49,7 @@ def _write_piece(location: Location, commit: int | None, check: ChunkCheck | Non
         fs, root = out.filesystem()
         pq.write_table(data, f"{root}/{name}", row_group_size=row_group_rows, compression=compression,
                        filesystem=fs)
-    return (b - a) * ds[table].dtype.itemsize
+    return (b - a) * ds.record_dtype(table).itemsize
 
 
 def _piece_task(args: tuple) -> int:
@@ -72,7 +72,8 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
         dataset: An open `Dataset`, or a path or URL to open (its latest commit; an open one's commit is kept).
         out_dir: The folder (or fsspec URL, or `Location`) to write to; not a `.zip`. Each exported table's
             existing `part-*.parquet` files there are removed first, and if the export fails, what it wrote.
-        tables: The tables to export (default all).
+        tables: The tables to export (default all; of a replay buffer, `episodes` and `steps`: every key's
+            steps in one table, a column per key).
         row_group_rows: Rows per Parquet row group (default 100,000): smaller groups let readers skip more,
             larger ones compress better.
         compression: The Parquet codec, as pyarrow names it ("zstd" (default), "snappy", "gzip", "lz4",
@@ -88,10 +89,10 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     if workers < 0:
         raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
     ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset, storage_options=storage_options)
-    names = list(ds.tables) if tables is None else list(tables)
-    unknown = [t for t in names if t not in ds.tables]
+    names = default_tables(ds) if tables is None else list(tables)
+    unknown = [t for t in names if t not in ds.readable_tables()]
     if unknown:
-        raise ValueError(f"tables: no table {unknown[0]!r} (tables: {', '.join(ds.tables)})")
+        raise ValueError(f"tables: no table {unknown[0]!r} (tables: {', '.join(ds.readable_tables())})")
     out = Location.of(out_dir, storage_options)
     if out.settings.read_only:
         raise ValueError(f"{out}: Parquet goes to a folder or a URL, not a .zip file")
@@ -106,11 +107,11 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
         for i, (a, b) in enumerate(_pieces(ds, t, file_rows)):
             meta = schema_metadata({"schema": ds.schema.to_json(), "attrs": dict(ds.group.attrs), "table": t,
                                     "first_row": a})
-            check = ds.check.part(t, a, b) if ds.check is not None else None  # its chunks' records only
+            check = ds.check.part(ds.tables_of(t), a, b) if ds.check is not None else None  # its chunks' only
             tasks.append((ds.location, ds.commit, check, t, a, b, out, f"{t}/part-{i:05d}.parquet", row_group_rows,
                           compression, meta, row_index))
     t0 = time.perf_counter()
-    total = sum((b - a) * ds[t].dtype.itemsize for _, _, _, t, a, b, *_ in tasks)
+    total = sum((b - a) * ds.record_dtype(t).itemsize for _, _, _, t, a, b, *_ in tasks)
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
             if client is not None:
@@ -133,4 +134,10 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
         if not existed:
             fs.rm(root, recursive=True)
         raise
-    return {"rows": {t: ds.rows[t] for t in names}, "bytes": total, "seconds": time.perf_counter() - t0}
+    return {"rows": {t: ds.row_count(t) for t in names}, "bytes": total, "seconds": time.perf_counter() - t0}
+
+
+def default_tables(ds: Dataset) -> list[str]:
+    """What an export takes by default: every table; of a replay buffer, its episodes and its steps."""
+    steps = ds.schema.step_tables()
+    return [t for t in ds.tables if t not in steps] + (["steps"] if steps else [])

@@ -138,3 +138,23 @@ def test_not_a_replay_buffer_is_one_line(dp_copy):
     assert out.returncode == 2 and out.stderr.strip() == (
         "zarrfeed: error: meta/episode_ends: a 2-D array of int64, not the 1-D integer array of episode ends of a "
         "replay buffer")
+
+
+def test_export_writes_the_episodes_and_the_steps(dp_buffer, tmp_path):
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    out = zarrfeed("export", dp_buffer, tmp_path / "pq", "-q")
+    assert out.returncode == 0, out.stderr
+    assert "exported 40 episodes, 5,913 steps" in out.stderr
+    steps = pq.read_table(tmp_path / "pq" / "steps")
+    assert steps.num_rows == 5913 and steps.column_names == [*KEYS, "_row"]
+    z = zarr.open_group(str(dp_buffer), mode="r")
+    assert (from_arrow(steps.sort_by("_row"))["img"] == z["data/img"][:]).all()
+    assert (from_arrow(pq.read_table(tmp_path / "pq" / "episodes"))["end"] == z["meta/episode_ends"][:]).all()
+    out = zarrfeed("export", dp_buffer, tmp_path / "s.arrows", "--format", "arrow")
+    assert out.returncode == 0 and "5,913 rows of steps" in out.stderr, out.stderr
+    with ipc.open_stream(tmp_path / "s.arrows") as reader:
+        assert (from_arrow(reader.read_all())["state"] == z["data/state"][:]).all()
+    out = zarrfeed("export", dp_buffer, tmp_path / "x", "--tables", "stepz")
+    assert out.returncode == 2 and "no table 'stepz'" in out.stderr and "n_contacts, state, steps)" in out.stderr

@@ -15,7 +15,8 @@ def add(command: Command) -> None:
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("out", help="output folder (parquet), or file or - for stdout (arrow)")
     p.add_argument("--format", choices=["parquet", "arrow"], default="parquet", help="output format")
-    p.add_argument("--tables", metavar="T1,T2", help="tables to export (default: all; arrow: agents)")
+    p.add_argument("--tables", metavar="T1,T2", help="tables to export (default: all; of a replay buffer, "
+                   "episodes and steps; arrow: agents, or steps)")
     p.add_argument("--workers", type=count_arg, default=2, help="writer processes for Parquet (0: this one)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -33,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
                          "redirect it to a file (> agents.arrows) or pipe it to a reader")
     with open_dataset(args) as ds:
         for t in tables or []:
-            if t not in ds.tables:
-                raise ValueError(f"--tables: no table {t!r} in {args.path} (tables: {', '.join(ds.tables)})")
+            if t not in ds.readable_tables():
+                raise ValueError(f"--tables: no table {t!r} in {args.path} (tables: "
+                                 f"{', '.join(ds.readable_tables())})")
         if args.format == "parquet":
             r = export_parquet(ds, args.out, tables, workers=args.workers, progress=show_progress(args),
                                storage_options=store_options(args))
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if tables and len(tables) != 1:
             raise ValueError("--format arrow writes one table as one stream; name one with --tables")
-        table = tables[0] if tables else "agents"
+        table = tables[0] if tables else ("steps" if ds.schema.step_tables() else "agents")
         stream = ds.to_batches(table)
         n = write_ipc_stream(stream, sys.stdout.buffer if args.out == "-" else args.out)
         print(f"wrote {n:,} rows of {table} as an Arrow IPC stream to {args.out}", file=sys.stderr)

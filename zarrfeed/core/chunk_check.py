@@ -67,14 +67,18 @@ class ChunkCheck:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_later": {}}  # what one process learnt is rechecked by another
 
-    def part(self, table: str, start: int, stop: int) -> "ChunkCheck":
-        """This check with the records of rows [start, stop) of `table` only: what a task that reads them needs
-        (a dataset's records pickled into each of thousands of tasks would cost more than the rows)."""
-        c = self.chunk_rows[table]
-        first, last = start // c, (stop - 1) // c
-        mine = {i: r for i, r in self.records.get(table, {}).items() if first <= i <= last}
-        return ChunkCheck(self.where, self.opened, {table: mine}, self.chunk_rows,
-                          {t: d for t, d in self.tails.items() if t == table})
+    def part(self, table: str | list[str], start: int, stop: int) -> "ChunkCheck":
+        """This check with the records of rows [start, stop) of `table` (or of each of several tables) only:
+        what a task that reads them needs (a dataset's records pickled into each of thousands of tasks would
+        cost more than the rows)."""
+        tables = [table] if isinstance(table, str) else table
+        mine = {}
+        for t in tables:
+            c = self.chunk_rows[t]
+            first, last = start // c, (stop - 1) // c
+            mine[t] = {i: r for i, r in self.records.get(t, {}).items() if first <= i <= last}
+        return ChunkCheck(self.where, self.opened, mine, self.chunk_rows,
+                          {t: d for t, d in self.tails.items() if t in tables})
 
     def tail(self, table: str, index: int) -> bool:
         """Whether chunk `index` of `table` is the last one and partly filled in the reader's rows."""
