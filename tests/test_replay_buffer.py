@@ -158,3 +158,26 @@ def test_export_writes_the_episodes_and_the_steps(dp_buffer, tmp_path):
         assert (from_arrow(reader.read_all())["state"] == z["data/state"][:]).all()
     out = zarrfeed("export", dp_buffer, tmp_path / "x", "--tables", "stepz")
     assert out.returncode == 2 and "no table 'stepz'" in out.stderr and "n_contacts, state, steps)" in out.stderr
+
+
+def test_ingest_from_a_replay_buffer_copies_it_episode_by_episode(dp_buffer, tmp_path):
+    """`zarrfeed ingest NEW --from BUFFER` (re-chunking, re-compressing) split a replay buffer into episodes as
+    interval links: an IndexError traceback. Each episode is the steps from the end before it to its own."""
+    out = tmp_path / "copy.zarr"
+    r = zarrfeed("ingest", out, "--from", dp_buffer, "--chunks", "img=100", "-q")
+    assert r.returncode == 0, r.stderr
+    a, b = zarr.open_group(str(out), mode="r"), zarr.open_group(str(dp_buffer), mode="r")
+    assert (a["meta/episode_ends"][:] == b["meta/episode_ends"][:]).all()
+    for key in KEYS:
+        assert (a[f"data/{key}"][:] == b[f"data/{key}"][:]).all(), key
+    assert a["data/img"].chunks == (100, 12, 12, 3) and a["data/state"].chunks == (250, 5)
+    assert a["meta/episode_ends"].metadata.compressor is None  # as the source stores it
+    r = zarrfeed("ingest", out, "--from", dp_buffer, "--append", "-q")  # the same input again: refused
+    assert r.returncode == 2 and "ingested before" in r.stderr
+
+
+def test_load_reads_a_replay_buffers_steps(dp_buffer):
+    r = zarrfeed("load", dp_buffer, "-q")
+    assert r.returncode == 0 and "loaded 5,913 rows of action" in r.stdout, r.stdout + r.stderr
+    r = zarrfeed("load", dp_buffer, "-q", "--table", "img", "--batch-size", "64", "--workers", "0")
+    assert r.returncode == 0 and "loaded 5,913 rows of img in 93 shuffled batches" in r.stdout, r.stderr

@@ -10,10 +10,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core import chunk_check, commits, dataset_format
+from ..core import chunk_check, commits, dataset_format, replay_buffer
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import read_rows
-from ..core.schema import Schema
+from ..core.schema import ENDS, Schema
 from ..core.zarr_array import Array
 
 
@@ -44,8 +44,12 @@ class Episodes:
         """Episodes `start` to `stop` (excluded)."""
         # Read the root rows once; children are sliced per episode.
         root = self._rows(self.root, start, min(stop, len(self)))
+        ends = {link.field for link in self.schema.links_from(self.root) if link.kind == ENDS}
+        before = self._rows(self.root, start - 1, start) if start > 0 and ends else None
+        previous = {f: int(before[f][0]) if before is not None else 0 for f in ends}  # where row `start` begins
         for i in range(len(root)):
-            yield self._episode(root[i:i + 1])
+            yield self._episode(root[i:i + 1], dict(previous))
+            previous = {f: int(root[i][f]) for f in ends}
 
     def _rows(self, table: str, start: int, stop: int) -> np.ndarray:
         array = self.tables[table]
@@ -53,17 +57,28 @@ class Episodes:
             return read_rows(array, start, stop, check=self.check.check if self.check else None)
         return array[start:stop] if stop > start else np.zeros(0, self.schema.tables[table].dtype)
 
-    def _episode(self, root_rows: np.ndarray) -> dict[str, np.ndarray]:
+    def _episode(self, root_rows: np.ndarray, previous: dict[str, int]) -> dict[str, np.ndarray]:
+        """The episode of `root_rows`, its links made local; `previous`: for each "ends" field of the root, the
+        end before its row (where its rows begin)."""
         out = {self.root: root_rows.copy()}
         todo = [self.root]
         while todo:
             parent = todo.pop(0)
+            shifted: dict[str, int] = {}
             for link in self.schema.links_from(parent):
-                iv = out[parent][link.field]
-                start, end = (int(iv[0, 0]), int(iv[-1, 1])) if len(iv) else (0, 0)
+                values = out[parent][link.field]
+                if link.kind == ENDS:  # cumulative ends: this row's steps begin where the row before ended
+                    if parent != self.root:
+                        raise dataset_format.FormatError(f"link {link}: splitting into episodes follows an ends "
+                                                         "link from the root table only")
+                    start, end = previous[link.field], int(values[-1])
+                else:
+                    start, end = (int(values[0, 0]), int(values[-1, 1])) if len(values) else (0, 0)
                 out[link.child] = self._rows(link.child, start, end)
-                out[parent][link.field] -= start
+                shifted[link.field] = start  # an ends field names several children: shifted once
                 todo.append(link.child)
+            for name, start in shifted.items():
+                out[parent][name] -= start
         return {t: out[t] for t in self.schema.tables}
 
 
@@ -77,6 +92,8 @@ class DatasetSource(Episodes):
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
         doc = commits.read_manifest(group.store)
         rows = {n: doc["committed"].get(n, 0) if doc else a.shape[0] for n, a in tables.items()}
+        if doc is None:  # a replay buffer's steps: those of its episodes
+            rows = replay_buffer.rows_by_ends(schema, tables, rows)
         # every chunk read is checked as every reader checks it (a copy must not carry on a changed chunk as
         # valid data), each table's last chunk by its committed rows while a writer appending meanwhile rewrites it
         check = chunk_check.read(group.store, str(location), doc, rows, {n: a.chunks[0] for n, a in tables.items()})

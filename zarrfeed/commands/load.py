@@ -15,7 +15,7 @@ def add(command: Command) -> None:
     """Its parser, made by `command` (see `build_parser`)."""
     p = command("load", "iterate shuffled batches of a table with loader workers (a speed check)")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
-    p.add_argument("--table", default="agents", help="table to load")
+    p.add_argument("--table", help="table to load (default: agents; of a replay buffer, its first data key)")
     p.add_argument("--batch-size", type=int, default=4096, help="rows per batch")
     p.add_argument("--workers", type=count_arg, default=2, help="loader processes (0: load in this process)")
     p.add_argument("--epochs", type=count_arg, default=1, help="epochs to iterate")
@@ -46,6 +46,9 @@ def load_epochs(ds: Dataset, table: str, batch_size: int, workers: int, epochs: 
 
 def run(args: argparse.Namespace) -> int:
     with open_dataset(args) as ds:
+        if args.table is None:
+            steps = ds.schema.step_tables()
+            args.table = "agents" if "agents" in ds.tables or not steps else steps[0]
         if args.table not in ds.tables:
             raise ValueError(f"table {args.table!r} is not in {args.path} (tables: {', '.join(ds.tables)})")
         r = load_epochs(ds, args.table, args.batch_size, args.workers, args.epochs, show_progress(args))

@@ -19,7 +19,7 @@ import numpy as np
 from . import array_meta
 from .commits import read_manifest, write_manifest
 from .manifest import DIGEST, EVERY_CHUNK, MANIFEST_KEY, TAILS, new_dataset_id, new_manifest
-from .schema import L5KIT_SCHEMA, Schema, Table, dtype_difference
+from .schema import L5KIT_SCHEMA, SCHEMA_CODEC, Schema, Table, dtype_difference
 from .store import FormatError, Location, missing_credentials
 from .stores import MemoryStore, Store, connection_failure, unreachable
 from .zarr_array import Array, Group
@@ -163,7 +163,9 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
     if ".zgroup" in store or MANIFEST_KEY in store:  # e.g. made by another writer since the caller looked
         raise FormatError("already holds a dataset; append to it or overwrite it")
     schema = Schema(
-        tables={n: Table(n, t.dtype, (chunks or {}).get(n, t.chunk_rows), t.path) for n, t in schema.tables.items()},
+        tables={n: Table(n, t.dtype, (chunks or {}).get(n, t.chunk_rows), t.path,  # a compressor asked for: all
+                         SCHEMA_CODEC if compressor is not None else t.compressor)  # tables', else as the schema's
+                for n, t in schema.tables.items()},
         links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
     )
     dataset_id = new_dataset_id()
