@@ -68,16 +68,14 @@ class IdleLoaders:
             self._items.append((time.monotonic(), key, loader))
             keep = len(self._items) - self.limit
             gone, self._items = self._items[:keep], self._items[keep:]
-        for _, _, old in gone:
-            old.close()
+        _close_all([loader for _, _, loader in gone])
 
     def drop_others(self, dataset_id: str | None) -> None:
         """Close the loaders kept of another dataset than `dataset_id` (one put in its place since)."""
         with self._lock:
             gone = [item for item in self._items if item[2].dataset.dataset_id != dataset_id]
             self._items = [item for item in self._items if item[2].dataset.dataset_id == dataset_id]
-        for _, _, loader in gone:
-            loader.close()
+        _close_all([loader for _, _, loader in gone])
 
     def expire(self, everything: bool = False) -> None:
         """Close the loaders kept longer than `seconds` (all of them with `everything`)."""
@@ -85,8 +83,22 @@ class IdleLoaders:
         with self._lock:
             gone = [item for item in self._items if item[0] <= cut]
             self._items = [item for item in self._items if item[0] > cut]
-        for _, _, loader in gone:
+        _close_all([loader for _, _, loader in gone])
+
+
+def _close_all(loaders: list[Loader]) -> None:
+    """Close `loaders` at once, each in a thread of its own: each waits for its workers to exit (a tenth of a
+    second and more under load), and a server that stops closes all it kept (8 by default), within its 2 s."""
+    if len(loaders) < 2:
+        for loader in loaders:
             loader.close()
+        return
+    threads = [threading.Thread(target=loader.close, name="zarrfeed: closing a kept loader", daemon=True)
+               for loader in loaders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 class Feeding:

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 import dataclasses
 from dataclasses import dataclass, field
@@ -203,13 +204,14 @@ class FeedServer(flight.FlightServerBase):
 
     def stop(self, grace: float = 1.5) -> Stopped:
         """Stop serving: open streams end with "server shutting down" at their next batch, uploads are
-        refused, everything accepted is committed and the leases released, then the server waits up to
-        `grace` seconds for calls to end. Calls still open then (a client that stopped reading, a producer that
-        sends nothing) are left to the process's exit: `Stopped.calls_left` says so."""
+        refused, everything accepted is committed and the leases released, then the server waits for calls to
+        end until `grace` seconds after the stop began. Calls still open then (a client that stopped reading,
+        a producer that sends nothing) are left to the process's exit: `Stopped.calls_left` says so."""
+        began = time.monotonic()
         committed, failed = self.close_writer()
         done = threading.Thread(target=self.shutdown, name="zarrfeed-shutdown", daemon=True)
         done.start()
-        done.join(grace)
+        done.join(max(0.1, grace - (time.monotonic() - began)))
         return Stopped(committed, calls_left=done.is_alive(), failed=failed)
 
     def close_writer(self) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
