@@ -34,11 +34,19 @@ class GroupedSamples:
                    orders: dict[int, np.ndarray]) -> np.ndarray:
         """Sample indices of plan pieces (window, first, count), in batch order (`orders` caches each window's
         shuffled order)."""
-        out = []
+        return self.sample_groups(plan, pieces, orders)[0]
+
+    def sample_groups(self, plan: EpochPlan, pieces: list[tuple[int, int, int]],
+                      orders: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """`sample_ids`, and the group of each."""
+        ids, groups = [], []
         for w, pos, n in pieces:
             if w not in orders:
                 orders[w] = plan.window_order(w)
             local = orders[w][pos:pos + n]
-            groups = plan.windows[w][local // self.group_rows]
-            out.append(self.group_start[groups] + local % self.group_rows)
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+            g = plan.windows[w][local // self.group_rows]
+            ids.append(self.group_start[g] + local % self.group_rows)
+            groups.append(g)
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(ids), np.concatenate(groups)

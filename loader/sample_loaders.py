@@ -31,6 +31,7 @@ from .fetch import FetchOptions
 from .layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
 from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
+from .sample_groups import GroupedSamples
 from .scheduler import WorkerOptions
 from .windows import SampleGroups
 from .source import plan_settings
@@ -40,7 +41,7 @@ log = logging.getLogger("zarrfeed.loader")
 _CONTEXTS = 64  # groups whose Context a worker keeps (about 1-3 MB each)
 
 
-class MotionSamples:
+class MotionSamples(GroupedSamples):
     """The samples of an agent or ego loader: each one's row (agent row, or frame for the ego), frame t and
     scene, grouped by the chunk of their row, and the frames and agents each group reads."""
 
@@ -63,44 +64,21 @@ class MotionSamples:
         self.scene_hi = scenes[self.scene, 1] if len(self.t) else np.zeros(0, np.int64)
         lo, hi = np.maximum(self.t - h, self.scene_lo), np.minimum(self.t + f + 1, self.scene_hi)  # frames [lo, hi)
         key = self.items // self.chunk_rows["frames" if ego else "agents"]
-        cuts = np.flatnonzero(np.diff(key)) + 1
-        self.group_start = np.concatenate([[0], cuts]).astype(np.int64) if len(key) else np.zeros(0, np.int64)
-        ends = np.concatenate([cuts, [len(key)]]).astype(np.int64) if len(key) else np.zeros(0, np.int64)
-        self.sizes = ends - self.group_start
+        super().__init__(key)
+        ends = self.group_end
         self.frame_spans = np.stack([lo[self.group_start], hi[ends - 1]], axis=1) if len(key) else \
             np.zeros((0, 2), np.int64)
         self.agent_spans = np.stack([iv[self.frame_spans[:, 0], 0], iv[self.frame_spans[:, 1] - 1, 1]], axis=1) \
             if len(key) else np.zeros((0, 2), np.int64)
-        self.reads: list[list[tuple[str, int]]] = []
         for (f0, f1), (a0, a1) in zip(self.frame_spans.tolist(), self.agent_spans.tolist(), strict=True):
             cf, ca = self.chunk_rows["frames"], self.chunk_rows["agents"]
             need = [("frames", c) for c in range(f0 // cf, (f1 - 1) // cf + 1)]
             if not ego and a1 > a0:
                 need += [("agents", c) for c in range(a0 // ca, (a1 - 1) // ca + 1)]
             self.reads.append(need)
-        self.group_rows = int(self.sizes.max(initial=1))
 
     def __len__(self) -> int:
         return len(self.items)
-
-    def selection(self) -> list[np.ndarray]:
-        """The plan's view: group g is a 'chunk' of `group_rows` rows whose first `sizes[g]` are samples."""
-        return [np.arange(n) for n in self.sizes.tolist()]
-
-    def sample_ids(self, plan: EpochPlan, pieces: list[tuple[int, int, int]],
-                   orders: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Sample indices of plan pieces (window, first, count), in batch order, and the group of each."""
-        ids, groups = [], []
-        for w, pos, n in pieces:
-            if w not in orders:
-                orders[w] = plan.window_order(w)
-            local = orders[w][pos:pos + n]
-            g = plan.windows[w][local // self.group_rows]
-            ids.append(self.group_start[g] + local % self.group_rows)
-            groups.append(g)
-        if not ids:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(ids), np.concatenate(groups)
 
 
 def _columns(view: Callable[[str, int], np.ndarray], table: str, rows: tuple[int, int], chunk_rows: int,
@@ -155,7 +133,7 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
         return ctx
 
     def one_batch(dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
-        ids, groups = samples.sample_ids(p, p.segments(k), orders)
+        ids, groups = samples.sample_groups(p, p.segments(k), orders)
         views = layout.views(dst, len(ids))
         for g in np.unique(groups).tolist():
             at = np.flatnonzero(groups == g)
@@ -195,14 +173,6 @@ class MotionSource(SampleGroups):
     @property
     def tables(self) -> list[str]:
         return ["frames"] if self.samples.ego else ["frames", "agents"]
-
-    @property
-    def dtypes(self) -> dict[str, np.dtype]:
-        return {t: self.dataset[t].dtype for t in self.tables}
-
-    @property
-    def chunk_bytes(self) -> int:
-        return max(self.dataset[t].chunks[0] * self.dataset[t].dtype.itemsize for t in self.tables)
 
     def rows_touched(self) -> int:
         return self.config.batch_size * self.samples.steps.T * (1 if self.samples.ego else 8)

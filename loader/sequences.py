@@ -183,14 +183,6 @@ class SequenceSource(SampleGroups):
     def tables(self) -> list[str]:
         return list(self.samples.keys)
 
-    @property
-    def dtypes(self) -> dict[str, np.dtype]:
-        return {k: self.dataset[k].dtype for k in self.tables}
-
-    @property
-    def chunk_bytes(self) -> int:
-        return max(self.dataset[k].chunks[0] * self.dataset[k].dtype.itemsize for k in self.tables)
-
     def rows_touched(self) -> int:
         return self.config.batch_size * self.samples.S * len(self.tables)
 

@@ -193,11 +193,23 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
 
 
 class SampleGroups:
-    """What the sources of sample groups share (`WindowSource`, `sample_loaders.MotionSource`): each plan
-    'chunk' is a group of samples that reads `samples.reads[group]`; workers gather straight from the cached
-    chunks (no index regions). `tables`: the tables its workers read (a window's three by default)."""
+    """What the sources of sample groups share (`WindowSource`, `sample_loaders.MotionSource`,
+    `sequences.SequenceSource`): each plan 'chunk' is a group of samples that reads `samples.reads[group]`;
+    workers gather straight from the cached chunks (no index regions). `tables`: the tables its workers read
+    (a window's three by default)."""
 
     samples: Any
+    dataset: Dataset
+
+    @property
+    def dtypes(self) -> dict[str, np.dtype]:
+        """The records of each table read."""
+        return {t: self.dataset[t].dtype for t in self.tables}
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one cache slot: the largest chunk of the tables read."""
+        return max(self.dataset[t].chunks[0] * self.dataset[t].dtype.itemsize for t in self.tables)
 
     @property
     def tables(self) -> list[str]:
@@ -236,14 +248,6 @@ class WindowSource(SampleGroups):
     table: str = "frames"
     uses_index: bool = False
     rows_column: str | None = "frame_row"
-
-    @property
-    def dtypes(self) -> dict[str, np.dtype]:
-        return {t: self.dataset[t].dtype for t in TABLES}
-
-    @property
-    def chunk_bytes(self) -> int:
-        return max(self.dataset[t].chunks[0] * self.dataset[t].dtype.itemsize for t in TABLES)
 
     def rows_touched(self) -> int:
         return self.config.batch_size * max(self.samples.T + self.samples.max_rows["agents"], 1)

@@ -214,7 +214,8 @@ def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | N
     (the documents zarr 2 wrote, byte for byte). A table at a path of its own (a replay buffer's) is the
     array of its one field: (0, *its shape), of its base dtype, filled with 0, as Diffusion Policy makes them."""
     if table.path:
-        (field, (sub, _)), = table.dtype.fields.items()  # type: ignore[union-attr]  # one field (Schema checks)
+        field = table.dtype.names[0]  # type: ignore[index]  # a record dtype of one field (see `record_view`)
+        sub = table.dtype[field]
         meta = ArrayMeta.new((0, *sub.shape), table.chunk_rows, sub.base, compressor, fill_value=0)
         return RecordArray.of(group.create_array(table.path, meta), field, table.name)
     return group.create_array(table.name, ArrayMeta.new((0,), table.chunk_rows, table.dtype, compressor,
