@@ -81,24 +81,24 @@ def dp_samples(dp_buffer):
         return {k: data[k] for k in data.files}
 
 
-@pytest.fixture
-def dp_copy(dp_buffer, tmp_path) -> Path:
-    """A writable copy of Diffusion Policy's replay buffer, for tests that change it."""
-    out = tmp_path / "buffer.zarr"
-    shutil.copytree(dp_buffer, out)
+def writable_copy(source: Path, out: Path) -> Path:
+    """A copy of the read-only `source` at `out` that tests may change."""
+    shutil.copytree(source, out)
     for p in [out, *out.rglob("*")]:
         p.chmod(p.stat().st_mode | stat.S_IWUSR)
     return out
+
+
+@pytest.fixture
+def dp_copy(dp_buffer, tmp_path) -> Path:
+    """A writable copy of Diffusion Policy's replay buffer, for tests that change it."""
+    return writable_copy(dp_buffer, tmp_path / "buffer.zarr")
 
 
 @pytest.fixture
 def real_copy(real_scene, tmp_path) -> Path:
     """A writable copy of the real scene, for tests that break it."""
-    out = tmp_path / "scene.zarr"
-    shutil.copytree(real_scene, out)
-    for p in [out, *out.rglob("*")]:
-        p.chmod(p.stat().st_mode | stat.S_IWUSR)
-    return out
+    return writable_copy(real_scene, tmp_path / "scene.zarr")
 
 
 @pytest.fixture

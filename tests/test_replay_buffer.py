@@ -1,20 +1,14 @@
 """Issue 40, part 1: Diffusion Policy's replay buffers open as they are: a steps table per `data/<key>` array,
 episodes from `meta/episode_ends`; `info`, `validate` and the Arrow bridge work on them, nothing is copied."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import zarr
+from test_cli import zarrfeed
 from zarrfeed.loader import Dataset, from_arrow
 
 KEYS = ["action", "img", "keypoint", "n_contacts", "state"]
-
-
-def zarrfeed(*args):
-    return subprocess.run([sys.executable, "-m", "zarrfeed", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_a_replay_buffer_opens_as_it_is(dp_buffer, dp_samples):
