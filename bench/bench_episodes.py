@@ -32,7 +32,7 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 import zarr
-from common import machine, print_ratios, write_json, add_json_option
+from common import add_json_option, machine, print_ratios, write_json
 from zarrfeed import SequenceLoader
 
 S, BEFORE, AFTER, BATCH = 16, 1, 7, 64
@@ -151,6 +151,18 @@ def zarrfeed_epochs(path: Path) -> dict:
         return {"ttfb": ttfb, "epoch1": first, "epoch2": (time.perf_counter() - t1, n2)}
 
 
+def copy_bound(sample_bytes: int) -> float:
+    """Samples per second one process reaches copying each sample's bytes once (what a batch of samples costs at
+    the least: both sides here copy every sample into its batch once), from a 64 MB buffer."""
+    src = np.ones(64 << 20, np.uint8)
+    dst = np.ones_like(src)  # touched: no page faults in the timing
+    np.copyto(dst, src)
+    t = time.perf_counter()
+    for _ in range(5):
+        np.copyto(dst, src)
+    return 5 * len(src) / (time.perf_counter() - t) / sample_bytes
+
+
 def check_equal(path: Path, arrays: dict, indices: np.ndarray) -> None:
     """The sampler here and zarrfeed's give the same samples (the first 500, unshuffled), before any timing."""
     with SequenceLoader(path, S, BEFORE, AFTER, batch_size=500, shuffle=False, num_workers=0) as loader:
@@ -211,13 +223,16 @@ def main() -> None:
         print(f"buffer: {args.episodes} episodes, {steps:,} steps, images {args.image}x{args.image}x3, "
               f"img chunks of {root['data']['img'].chunks[0]} steps; {len(indices):,} samples of {S} steps "
               f"({sample_mb:.2f} MB each); written in {wrote:.1f} s; median of {args.repeat} runs\n")
+        rate["copy bound, 1 process"] = copy_bound(int(sample_mb * 1e6))
         for k, v in rate.items():
             print(f"{k:<22}{v:>12,.0f} samples/s{v * sample_mb:>10,.0f} MB/s")
         print(f"\nzarrfeed's first batch: {statistics.median(ttfb):.3f} s; DP's copy_from_path: "
               f"{statistics.median(copies):.2f} s before its first sample")
         rate["copy_from_path"] = 1 / statistics.median(copies)
         rate["zarrfeed first batch"] = 1 / statistics.median(ttfb)
-        print_ratios(rate, [("zarrfeed epoch 2", "(z) DP from zarr", 100),
+        print_ratios(rate, [("zarrfeed epoch 2", "copy bound, 1 process", None),
+                            ("(z) DP from zarr", "copy bound, 1 process", None),
+                            ("zarrfeed epoch 2", "(z) DP from zarr", 100),
                             ("zarrfeed epoch 1", "(z) DP from zarr", None),
                             ("zarrfeed epoch 2", "(m) DP in memory", 0.5),
                             ("zarrfeed epoch 1", "(m) DP in memory", None),

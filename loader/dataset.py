@@ -329,19 +329,28 @@ class Dataset:
         return report
 
     def steps_past_the_episodes(self) -> list[Violation]:
-        """Steps stored past the last episode's end of a replay buffer without zarrfeed commits: an episode whose
-        steps were written but not its end (Diffusion Policy's writer writes `episode_ends` last). They are not
-        read; Diffusion Policy's `ReplayBuffer` refuses to open the buffer."""
-        if self.commit is not None:
-            return []
+        """What makes a replay buffer one that Diffusion Policy's `ReplayBuffer` will not open (it requires every
+        data array to be `episode_ends[-1]` steps long): without zarrfeed commits, steps stored past the last
+        episode's end (its writer stopped after writing an episode's steps, before its end), which are not
+        read; with them, arrays whose lengths are not the last commit's (a writer stopped while it set them),
+        which the next writer sets right."""
         found = []
-        for name in self.schema.step_tables():
+        for name in self.schema.step_tables() if self.schema.step_tables() else []:
             stored, rows = self.tables[name].shape[0], self.rows[name]
-            if stored > rows:
+            if self.commit is None and stored > rows:
                 found.append(Violation(name, None, rows, f"{self.tables[name].path} holds {stored - rows:,} steps "
                                        f"past the last episode's end ({rows:,}): an episode written without its "
                                        "end (a writer stopped before it wrote episode_ends); they are not read, and "
                                        "Diffusion Policy's ReplayBuffer will not open the buffer"))
+        if self.commit is not None and self.schema.step_tables():
+            odd = [t for t in self.tables if self.tables[t].shape[0] != self.rows[t]]
+            if odd:
+                t = odd[0]
+                found.append(Violation(t, None, None, f"{self.tables[t].path} is {self.tables[t].shape[0]:,} long, "
+                                       f"but commit {self.commit} has {self.rows[t]:,} (a writer stopped while it "
+                                       "set the arrays' lengths, or one is writing now): Diffusion Policy's "
+                                       "ReplayBuffer will not open the buffer until a writer opens it "
+                                       "(DatasetWriter(path, mode='a').close() sets them)"))
         return found
 
     def commit_violations(self) -> list[Violation]:
@@ -501,7 +510,7 @@ class ChunkReader:
         """The committed records of the chunk that starts at row `start`; None if it is missing."""
         arr = self.array
         key = self.dataset.chunk_key(self.table, start)
-        if key not in arr.chunk_store:
+        if not arr.missing_is_fill and key not in arr.chunk_store:  # (another tool's may leave out a fill chunk)
             return None
         stop = min(start + arr.chunks[0], self.dataset.rows[self.table])
         try:

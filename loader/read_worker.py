@@ -95,7 +95,9 @@ class Source:
         table = (self.tables or {}).get(name)
         if table is None:
             return dataset_format.open_table(store, name)
-        return dataset_format.open_table(store, name, dtype=table.dtype, path=table.path)
+        array = dataset_format.open_table(store, name, dtype=table.dtype, path=table.path)
+        array.missing_is_fill = table.missing_is_fill
+        return array
 
 
 class ChunkDecoder:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -63,10 +64,16 @@ class Sequences(GroupedSamples):
 
     def __init__(self, ds: Dataset, keys: list[str], sequence_length: int, pad_before: int, pad_after: int,
                  episodes: np.ndarray | None) -> None:
+        sequence_length, pad_before, pad_after = (_whole(v, name) for v, name in (
+            (sequence_length, "sequence_length"), (pad_before, "pad_before"), (pad_after, "pad_after")))
         if sequence_length < 1:
             raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
-        self.keys, self.S = keys, int(sequence_length)
-        self.pad_before, self.pad_after = int(pad_before), int(pad_after)
+        taken = sorted(set(keys) & set(COLUMNS))
+        if taken:
+            raise ValueError(f"keys: data key {taken[0]!r} has the name of a column SequenceLoader adds "
+                             f"({', '.join(COLUMNS)}); leave it out with keys=, or rename it in the buffer")
+        self.keys, self.S = keys, sequence_length
+        self.pad_before, self.pad_after = pad_before, pad_after
         n = ds.rows[EPISODES]
         ends = ds.read_rows(EPISODES, 0, n)[END].astype(np.int64)
         ds.require_link(EPISODES, END, ends)  # one line naming the episode, not an IndexError below
@@ -101,6 +108,17 @@ class Sequences(GroupedSamples):
         return np.stack([first + lo, first + hi, lo - self.start, self.S - (self.start + self.S - hi)], axis=1)
 
 
+COLUMNS = ("sample", "episode", "is_pad")  # what a batch holds besides the keys
+
+
+def _whole(value: object, name: str) -> int:
+    """`value` as an int (a numpy integer too); ValueError naming `name` for anything else (4.5, "4")."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
+
+
 def _episodes(episodes: np.ndarray | None, n: int) -> np.ndarray:
     """The episodes to sample, as indices in order, from None (all), a boolean mask over the episodes
     (Diffusion Policy's `episode_mask`) or an index array."""
@@ -120,7 +138,11 @@ def _episodes(episodes: np.ndarray | None, n: int) -> np.ndarray:
     if sel.min() < 0 or sel.max() >= n:
         raise ValueError(f"episodes: index {int(sel.min() if sel.min() < 0 else sel.max())} is not an episode of "
                          f"the buffer's {n}")
-    return np.unique(sel.astype(np.int64))
+    unique, counts = np.unique(sel.astype(np.int64), return_counts=True)
+    if (counts > 1).any():  # (a 0/1 mask given as integers reads as indices repeated: a mask is boolean)
+        raise ValueError(f"episodes: episode {int(unique[counts > 1][0])} is named {int(counts.max())} times; give "
+                         "each episode once, or a boolean mask over the episodes")
+    return unique
 
 
 def _layout(ds: Dataset, seqs: Sequences, batch_size: int) -> Layout:

@@ -39,6 +39,7 @@ def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
 
 
 _DERIVED = frozenset({"table_rows", "chunk_rows", "samples"})  # settings that follow from the options
+_SELECTED_BY = {"SequenceLoader": "episodes"}  # the option that selects what a loader reads (default rows=)
 
 @dataclass(frozen=True)
 class LoaderState:
@@ -105,16 +106,22 @@ class LoaderState:
         if self.commit_tag and here.commit_tag and self.commit_tag != here.commit_tag:
             raise ValueError(f"loader state was made on another copy of this dataset: its commit {self.commit} holds "
                              "other rows than this one's")
-        # what follows from the options (rows per plan "chunk", samples) is compared last: the option named is
-        # the one the user changed
-        for key in sorted(set(self.settings) | set(here.settings), key=lambda k: (k in _DERIVED, k)):
+        # what follows from the options (rows per plan "chunk", samples) is compared last, after the selection:
+        # the option named is the one the user changed
+        keys = sorted(set(self.settings) | set(here.settings))
+        for key in [k for k in keys if k not in _DERIVED]:
             if not ranks and key in ("rank", "world_size"):
                 continue
             a, b = self.settings.get(key), here.settings.get(key)
             if a != b:
                 raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}")
         if self.selection != here.selection:
-            raise ValueError("loader state was made with another row selection (rows=); pass the same rows")
+            option = _SELECTED_BY.get(self.kind, "rows")
+            raise ValueError(f"loader state was made with another selection ({option}=); pass the same {option}")
+        for key in [k for k in keys if k in _DERIVED]:
+            a, b = self.settings.get(key), here.settings.get(key)
+            if a != b:
+                raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}")
         if self.order != here.order and self.batch != 0:  # at an epoch's start no row has been seen: any order
             raise ValueError(f"loader state was saved mid-epoch (batch {self.batch} of epoch {self.epoch}) with "
                              f"epoch order {self.order!r} ({ORDER_NAMES.get(self.order, 'unknown')}); this zarrfeed "

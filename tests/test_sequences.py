@@ -131,3 +131,32 @@ def test_a_dataset_in_hand_and_its_steps(dp_buffer):
         batch = next(iter(loader))
     steps = ds.read_rows("steps", 0, 4)
     assert (batch["state"] == np.stack([steps["state"][0:2], steps["state"][1:3], steps["state"][2:4]])).all()
+
+
+def test_options_that_are_not_what_they_look_like_are_refused(dp_buffer, tmp_path):
+    """Adversarial pass: sequence_length=4.5 ran as 4, a float pad raised numpy's TypeError, a 0/1 mask given
+    as integers sampled episodes 0 and 1 (indices, repeated), a data key named as a column the loader adds
+    replaced that column, and a state of another mask was refused naming chunk_rows."""
+    with pytest.raises(ValueError, match="sequence_length must be a whole number, got 4.5"):
+        SequenceLoader(dp_buffer, 4.5)
+    with pytest.raises(ValueError, match="pad_before must be a whole number, got 1.0"):
+        SequenceLoader(dp_buffer, 4, 1.0)
+    with pytest.raises(ValueError, match="episodes: episode 0 is named 20 times; give each episode once, or a "
+                                         "boolean mask"):
+        SequenceLoader(dp_buffer, 4, episodes=np.arange(40) % 2)
+    with SequenceLoader(dp_buffer, 4, episodes=np.arange(40) >= 3, num_workers=0) as loader:
+        state = loader.state_dict()
+    with SequenceLoader(dp_buffer, 4, episodes=np.arange(40) >= 2, num_workers=0) as other:
+        with pytest.raises(ValueError, match=r"another selection \(episodes=\); pass the same episodes"):
+            other.load_state_dict(state)
+    import zarr
+
+    path = tmp_path / "b.zarr"
+    root = zarr.open_group(str(path), mode="w", zarr_format=2)
+    for key in ("action", "is_pad"):
+        root.create_array(f"data/{key}", shape=(6, 2), chunks=(6, 2), dtype="f4")[:] = 1
+    root.create_array("meta/episode_ends", shape=(1,), chunks=(1,), dtype="i8")[:] = [6]
+    with pytest.raises(ValueError, match="keys: data key 'is_pad' has the name of a column SequenceLoader adds"):
+        SequenceLoader(path, 2)
+    with SequenceLoader(path, 2, keys=["action"], num_workers=0) as loader:  # left out: read
+        assert len(loader.indices()) == 5

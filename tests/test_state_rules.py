@@ -75,7 +75,7 @@ def test_a_state_resumes_only_the_loader_it_was_made_for():
     assert str(err.value) == ("loader state was made on another copy of this dataset: its commit 3 holds other "
                               "rows than this one's")
     assert refused(LoaderState.from_dict(state(selection="sha256:00"))) == (
-        "loader state was made with another row selection (rows=); pass the same rows")
+        "loader state was made with another selection (rows=); pass the same rows")
 
 
 @pytest.mark.parametrize("order, batch, refused", [(0, 0, False), (0, 1, True), (7, 2, True), (1, 5, False)])

@@ -503,10 +503,11 @@ class Committer:
         then); one killed after them, before its manifest, a buffer whose arrays hold the commit that did not
         publish: Diffusion Policy reads it whole, zarrfeed without it, and the next writer drops it (`resume`
         writes its episodes again). Other datasets' arrays grow ahead (see `grow`)."""
-        for t in reversed(list(self.schema.tables)):
-            if self.schema.tables[t].path and self._length[t] != committed[t]:
-                n = self._length[t] = committed[t]
-                self._bounded(lambda: dataset_format.set_length(self.arrays[t], n), f"setting the length of {t}")
+        changed = {t: committed[t] for t in reversed(list(self.schema.tables))
+                   if self.schema.tables[t].path and self._length[t] != committed[t]}
+        if changed:  # all documents at once: on a local disk written aside, then renamed one after the other
+            self._bounded(lambda: dataset_format.set_lengths(self.arrays, changed), "setting the arrays' lengths")
+            self._length.update(changed)
 
     def _committed_tails(self, committed: Mapping[str, int], sealed: Mapping[str, Mapping[int, object]]
                          ) -> dict[str, tuple[int, str]]:

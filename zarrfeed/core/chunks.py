@@ -131,6 +131,9 @@ def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray
     """Decode the stored bytes `raw` of chunk `key` into `out` (bytes of one full chunk), with no intermediate
     copy when the array has a Blosc compressor and no filters. Tables are read below their committed rows only,
     where every chunk was written: a missing one (`raw` None) raises `ChunkError`, never reads as zeros."""
+    if raw is None and array.missing_is_fill:
+        out[:] = array.decode_chunk(None).reshape(-1).view(np.uint8)
+        return
     if raw is None:
         name = array.table or "table"
         c = array.chunks[0]

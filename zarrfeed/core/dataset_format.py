@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 import numcodecs
 import numpy as np
@@ -165,6 +165,7 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
     schema = Schema(
         tables={n: Table(n, t.dtype, (chunks or {}).get(n, t.chunk_rows), t.path,  # a compressor asked for: all
                          SCHEMA_CODEC if compressor is not None else t.compressor)  # tables', else as the schema's
+                # (a new dataset stores every chunk: `missing_is_fill` is left out)
                 for n, t in schema.tables.items()},
         links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
     )
@@ -216,7 +217,8 @@ def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | N
     if table.path:
         field = table.dtype.names[0]  # type: ignore[index]  # a record dtype of one field (see `record_view`)
         sub = table.dtype[field]
-        meta = ArrayMeta.new((0, *sub.shape), table.chunk_rows, sub.base, compressor, fill_value=0)
+        fill = 0 if sub.base.kind in "biufc" else None  # (zarr reads no number as a string's fill value)
+        meta = ArrayMeta.new((0, *sub.shape), table.chunk_rows, sub.base, compressor, fill_value=fill)
         return RecordArray.of(group.create_array(table.path, meta), field, table.name)
     return group.create_array(table.name, ArrayMeta.new((0,), table.chunk_rows, table.dtype, compressor,
                                                         fill_value=np.zeros(1, table.dtype)[0]))
@@ -226,6 +228,7 @@ def table_array(store: Store, table: Table, read_only: bool = False) -> Array:
     """The array of `table` in `store`, opened directly (the dataset was checked, or just made): at its path,
     as records of its one field, for a table at a path of its own."""
     array = Array.open(store, table.array_path, read_only)
+    array.missing_is_fill = table.missing_is_fill
     if table.path:
         return RecordArray.of(array, table.dtype.names[0], table.name)  # type: ignore[index]
     return array
@@ -235,6 +238,24 @@ def consolidate(store: Store) -> None:
     """Write `.zmetadata`, every metadata document in one, as zarr 2's `consolidate_metadata` does (its parts
     read concurrently on an object store)."""
     store.put(".zmetadata", consolidated(Group(store).consolidated_docs()))
+
+
+def set_lengths(arrays: Mapping[str, Array], rows: Mapping[str, int]) -> None:
+    """`set_length` for several arrays of one store at once, their documents stored together (one request each
+    on an object store, concurrently; on a local disk written aside, then renamed one after the other, in the
+    order of `rows`)."""
+    docs, metas = {}, {}
+    for name, n in rows.items():
+        array = arrays[name]
+        key = f"{array.path}/.zarray"
+        meta = json.loads(bytes(array.store[key]))
+        meta["shape"] = [int(n), *meta["shape"][1:]]
+        docs[key] = json.dumps(meta, indent=4, sort_keys=True).encode()
+        metas[name] = array.meta.resized(n)
+    if docs:
+        next(iter(arrays.values())).store.put_many(docs)
+    for name, meta in metas.items():
+        arrays[name].meta = meta
 
 
 def set_length(array: Array, rows: int) -> None:
@@ -267,6 +288,7 @@ def open_tables(group: Group, mode: str = "r") -> tuple[Schema, dict[str, Array]
     at_paths = {n: t for n, t in (wanted or {}).items() if t.path}
     for name, table in at_paths.items():
         arrays[name] = open_table(group.store, name, mode, table.dtype, doc["schema"] if doc else None, table.path)
+        arrays[name].missing_is_fill = table.missing_is_fill
     for name in names:
         if name in at_paths:
             continue

@@ -80,8 +80,9 @@ class IntervalChecker:
 
 class EndsChecker(IntervalChecker):
     """The same rules for an "ends" link (Diffusion Policy's `episode_ends`): each parent row's end, cumulative;
-    row i owns the child rows from the end before it to its own. Ends must increase (an episode has steps) and
-    stay within the child's rows; the last must be the child's row count."""
+    row i owns the child rows from the end before it to its own. Ends never decrease (an episode of no steps,
+    which Diffusion Policy's `add_episode` accepts, owns none) and stay within the child's rows; the last must
+    be the child's row count."""
 
     def feed(self, intervals: np.ndarray) -> None:
         """Check the next `len(intervals)` parent rows' ends."""
@@ -90,15 +91,12 @@ class EndsChecker(IntervalChecker):
             return
         before = np.concatenate([[self._prev_end], ends[:-1]])
         child = self.link.child
-        for i in np.flatnonzero((ends <= before) | (ends > self.n_child)):
+        for i in np.flatnonzero((ends < before) | (ends > self.n_child)):
             end, prev, row = int(ends[i]), int(before[i]), self._rows + int(i)
             if end > self.n_child:
                 self._add(row, f"end {end} is past the rows of {child}, [0, {self.n_child})")
-            elif end == prev:
-                self._add(row, f"end {end} is the end before it: the row owns no rows of {child} (an empty "
-                               "episode)")
             else:
-                self._add(row, f"end {end} is before the end before it, {prev} (ends must increase)")
+                self._add(row, f"end {end} is before the end before it, {prev} (ends never decrease)")
         self._rows += len(ends)
         self._prev_end = int(ends[-1])
 

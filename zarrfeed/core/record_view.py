@@ -38,7 +38,9 @@ class RecordArray(Array):
     @classmethod
     def of(cls, array: Array, field: str, table: str | None = None) -> "RecordArray":
         """`array` as the table `table` (default: named as the field) whose records have the one field `field`."""
-        return cls(array.store, array.path, array.meta, field, array.read_only, table)
+        out = cls(array.store, array.path, array.meta, field, array.read_only, table)
+        out.missing_is_fill = array.missing_is_fill
+        return out
 
     @property
     def table(self) -> str:

@@ -34,10 +34,15 @@ DATA, META = "data", "meta"
 EPISODE_ENDS = f"{META}/episode_ends"
 
 
+STEPS = "steps"  # what readers call every key's steps read together
+RESERVED = (EPISODES, STEPS)  # names a data key cannot have
+
+
 def is_replay_buffer(group: Group) -> bool:
-    """Whether `group` is laid out as a replay buffer: `meta/episode_ends` is an array, `data` a group."""
+    """Whether `group` is laid out as a replay buffer: a `data` group and a `meta` group (whose
+    `episode_ends` must be an array: `open_replay_buffer` says so)."""
     store = group.store
-    return f"{EPISODE_ENDS}/.zarray" in store and f"{DATA}/.zgroup" in store
+    return f"{DATA}/.zgroup" in store and f"{META}/.zgroup" in store
 
 
 def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, dict[str, Array], dict[str, str]]:
@@ -46,6 +51,9 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
     buffer's: an `episode_ends` that is not a 1-D integer array, a data array not chunked along time only, a
     key that is not a plain name."""
     store = group.store
+    if f"{EPISODE_ENDS}/.zarray" not in store:
+        raise FormatError(f"{EPISODE_ENDS}: missing (a group with data/ and meta/ is a replay buffer, whose "
+                          "episodes it names)")
     ends = _open(store, EPISODE_ENDS, read_only)
     if len(ends.shape) != 1 or ends.dtype.kind not in "iu":
         raise FormatError(f"{EPISODE_ENDS}: a {len(ends.shape)}-D array of {ends.dtype}, not the 1-D integer "
@@ -56,14 +64,14 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
     data = Group(store, DATA, read_only)
     for key in sorted(data.array_keys()):
         path = f"{DATA}/{key}"
-        if key == EPISODES:
-            raise FormatError(f"{path}: a data key named '{EPISODES}', which zarrfeed names the episodes table; "
-                              "rename the key to read this replay buffer")
-        try:
-            array = _open(store, path, read_only)
-        except FormatError as exc:
-            others[path] = str(exc).split(": ", 1)[-1]
+        if key in RESERVED:
+            raise FormatError(f"{path}: a data key named '{key}', a name zarrfeed gives the buffer's "
+                              f"{'episodes table' if key == EPISODES else 'keys read together'}; rename the key to "
+                              "read this replay buffer")
+        if _python_objects(store, path):
+            others[path] = "an array of Python objects, not steps"
             continue
+        array = _open(store, path, read_only)  # a damaged or unreadable one refuses the buffer, in one line
         if not array.shape:
             others[path] = "a 0-D array, not steps"
             continue
@@ -72,6 +80,8 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
         except ValueError as exc:  # a key that is not a plain name
             raise FormatError(f"{path}: {exc}") from None
         arrays[key] = RecordArray.of(array, key)
+    for array in arrays.values():  # another tool wrote it: a chunk left out is all fill, as zarr reads it
+        array.missing_is_fill = True
     for name in Group(store, META).array_keys():
         if name != "episode_ends":
             others[f"{META}/{name}"] = "metadata of the replay buffer's own"
@@ -81,11 +91,22 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
         config = array.compressor.get_config() if array.compressor else None
         if shared is None or config != shared.get_config():
             tables[name] = replace(tables[name], compressor=config)
+        tables[name] = replace(tables[name], missing_is_fill=True)
     try:
         schema = Schema(tables, links, attrs=dict(group.attrs), compressor=shared, name="replay_buffer")
     except ValueError as exc:
         raise FormatError(f"{group.store}: {exc}") from None
     return schema, arrays, others
+
+
+def _python_objects(store: Store, path: str) -> bool:
+    """Whether the array at `path` holds Python objects (zarr's `|O` dtype), which are not steps."""
+    import json
+
+    try:
+        return json.loads(bytes(store[f"{path}/.zarray"])).get("dtype") == "|O"
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return False
 
 
 def _open(store: Store, path: str, read_only: bool) -> Array:
@@ -145,8 +166,12 @@ def replay_buffer_schema(keys: Mapping[str, tuple[Any, tuple[int, ...]]],
     tables: dict[str, Table] = {EPISODES: Table(EPISODES, np.dtype([(END, np.int64)]), EPISODE_CHUNK, EPISODE_ENDS)}
     for key, (dtype, shape) in keys.items():
         base, shape = np.dtype(dtype), tuple(int(n) for n in shape)
-        if key == EPISODES:
-            raise ValueError(f"key {key!r}: zarrfeed names the episodes table so; name the key otherwise")
+        if key in RESERVED:
+            raise ValueError(f"key {key!r}: a name zarrfeed gives the buffer's "
+                             f"{'episodes table' if key == EPISODES else 'keys read together'}; name the key "
+                             "otherwise")
+        if any(n < 1 for n in shape):
+            raise ValueError(f"key {key!r}: a step of shape {shape} holds nothing")
         if isinstance(chunk_rows, Mapping):
             rows = int(chunk_rows.get(key, 0)) or _default_chunk_rows(base, shape)
         else:

@@ -81,6 +81,9 @@ class Table:
     # its compressor's config (None: none), where it is not the schema's (a replay buffer Diffusion Policy wrote
     # stores `episode_ends` uncompressed)
     compressor: Any = field(default=SCHEMA_CODEC, hash=False)
+    # a chunk not stored reads as the fill value, as zarr reads it: an array another tool wrote (zarr 3 stores no
+    # chunk that is all fill), recorded in the manifest once zarrfeed appends to it (its own chunks are all stored)
+    missing_is_fill: bool = field(default=False, compare=False)
 
     @property
     def array_path(self) -> str:
@@ -210,7 +213,8 @@ class Schema:
             "name": self.name,
             "tables": {t.name: {"dtype": t.dtype.descr, "chunk_rows": t.chunk_rows,
                                 **({"path": t.path} if t.path else {}),
-                                **({"compressor": t.compressor} if t.compressor != SCHEMA_CODEC else {})}
+                                **({"compressor": t.compressor} if t.compressor != SCHEMA_CODEC else {}),
+                                **({"missing_is_fill": True} if t.missing_is_fill else {})}
                        for t in self.tables.values()},
             "links": [link.to_json() for link in self.links],
             "attrs": dict(self.attrs),
@@ -222,7 +226,7 @@ class Schema:
         """The schema `to_json` described (as a dataset's manifest or a Parquet export's metadata holds it)."""
         return cls(
             tables={name: Table(name, dtype_from_descr(t["dtype"]), int(t["chunk_rows"]), t.get("path", ""),
-                                t.get("compressor", SCHEMA_CODEC))
+                                t.get("compressor", SCHEMA_CODEC), bool(t.get("missing_is_fill", False)))
                     for name, t in doc["tables"].items()},
             links=tuple(Link(*link) for link in doc["links"]),
             attrs=doc.get("attrs", {}),

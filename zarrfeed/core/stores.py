@@ -222,18 +222,23 @@ class DirectoryStore(Store):
         self._sync({self.file(p) if p else self.path for p in prefixes})
 
     def _put(self, values: Mapping[str, bytes]) -> set[str]:
-        """Write `values`, each to a temporary file (fsynced when durable) renamed over its key; the folders
-        whose names changed."""
+        """Write `values`, each to a temporary file (fsynced when durable), then rename them over their keys, in
+        order, one after the other: documents that must change together (a replay buffer's lengths, see
+        `Committer`) are seen apart only for the few renames; the folders whose names changed."""
         self._writable()
         changed: set[str] = set()
-        for key, value in values.items():
-            path = self.file(key)
-            self._folder(path, changed)
-            temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
-            try:
+        written: list[tuple[str, str]] = []
+        try:
+            for key, value in values.items():
+                path = self.file(key)
+                self._folder(path, changed)
+                temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
+                written.append((temporary, path))
                 self.files.write(temporary, value, sync=self.durable)
+            for temporary, path in written:
                 self.files.replace(temporary, path)
-            finally:
+        finally:
+            for temporary, _ in written:
                 if os.path.exists(temporary):
                     self.files.unlink(temporary)
         return changed

@@ -85,6 +85,10 @@ class Array:
 
     def __init__(self, store: Store, path: str, meta: ArrayMeta, read_only: bool = False) -> None:
         self.store, self.path, self.meta, self.read_only = store, path, meta, read_only
+        # whether a chunk that is not stored reads as the fill value, as zarr reads it: for arrays that another
+        # tool wrote, which may leave out a chunk that is all fill (zarr 3 does by default); zarrfeed's own
+        # readers otherwise refuse it (below the committed rows a missing chunk is a lost one)
+        self.missing_is_fill = False
 
     @classmethod
     def open(cls, store: Store, path: str, read_only: bool = False) -> "Array":
