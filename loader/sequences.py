@@ -96,8 +96,10 @@ class Sequences(GroupedSamples):
         """For samples `ids`: the step each of their `S` positions reads, (n, S) global step rows, and whether
         it is padding (a repeat of the episode's first or last step)."""
         at = self.start[ids, None] + np.arange(self.S)  # within the episode
-        length = self.length[self.episode[ids], None]
-        return self.first[self.episode[ids], None] + np.clip(at, 0, length - 1), (at < 0) | (at >= length)
+        episode = self.episode[ids]
+        last = self.length[episode, None] - 1
+        pad = (at < 0) | (at > last)
+        return self.first[episode, None] + np.minimum(np.maximum(at, 0), last), pad
 
     def indices(self) -> np.ndarray:
         """Every sample as Diffusion Policy's `SequenceSampler.indices` holds it: (buffer_start, buffer_end,
@@ -164,6 +166,20 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     plans = WorkerPlans(config, seqs.selection())
     specs = {k: np.array([0, dtypes[k].itemsize, by_name[k].base], np.int64) for k in seqs.keys}
 
+    bases: dict[str, tuple[dict, int, np.ndarray]] = {}  # per key, of the current message's slots
+
+    def chunk_bases(key: str, slots: dict[int, int]) -> tuple[int, np.ndarray]:
+        """Where each resident chunk of `key` starts in the cache, by chunk index from the first resident one:
+        made once per message (a message's batches read the same slots)."""
+        made = bases.get(key)
+        if made is None or made[0] is not slots:
+            first = min(slots)  # (a chunk not resident, which the plan never asks for, is far outside the
+            at = np.full(max(slots) - first + 1, -(1 << 62), np.int64)  # cache: the gather refuses it)
+            for chunk, slot in slots.items():
+                at[chunk - first] = slot * S
+            made = bases[key] = (slots, first, at)
+        return made[1], made[2]
+
     def one_batch(dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
         ids = seqs.sample_ids(p, p.segments(k), orders)
         b = len(ids)
@@ -172,12 +188,15 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
         rows, pad = seqs.steps(ids)
         np.frombuffer(dst, bool, count=b * seqs.S, offset=by_name["is_pad"].base)[:] = pad.reshape(-1)
         rows = rows.reshape(-1)
+        split: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # chunk rows -> (chunk, row within it)
         for key in seqs.keys:
             c, size = seqs.chunk_rows[key], dtypes[key].itemsize
-            chunk = rows // c
-            resident = np.array(sorted(slots[key].items()), np.int64).reshape(-1, 2)
-            slot = resident[np.searchsorted(resident[:, 0], chunk), 1]
-            gather(cache, size, slot * S + (rows - chunk * c) * size, dst, specs[key], 0, 1)
+            if c not in split:
+                chunk = rows // c
+                split[c] = (chunk, rows - chunk * c)
+            chunk, within = split[c]
+            first, at = chunk_bases(key, slots[key])
+            gather(cache, size, at[chunk - first] + within * size, dst, specs[key], 0, 1)
 
     return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, list(seqs.keys), shared), shared,
                                    read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
