@@ -32,7 +32,7 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 import zarr
-from common import add_json_option, machine, print_ratios, write_json
+from common import add_json_option, copy_bytes_per_s, machine, print_ratios, write_json
 from zarrfeed import SequenceLoader
 
 S, BEFORE, AFTER, BATCH = 16, 1, 7, 64
@@ -153,14 +153,8 @@ def zarrfeed_epochs(path: Path) -> dict:
 
 def copy_bound(sample_bytes: int) -> float:
     """Samples per second one process reaches copying each sample's bytes once (what a batch of samples costs at
-    the least: both sides here copy every sample into its batch once), from a 64 MB buffer."""
-    src = np.ones(64 << 20, np.uint8)
-    dst = np.ones_like(src)  # touched: no page faults in the timing
-    np.copyto(dst, src)
-    t = time.perf_counter()
-    for _ in range(5):
-        np.copyto(dst, src)
-    return 5 * len(src) / (time.perf_counter() - t) / sample_bytes
+    the least: both sides here copy every sample into its batch once)."""
+    return copy_bytes_per_s() / sample_bytes
 
 
 def check_equal(path: Path, arrays: dict, indices: np.ndarray) -> None:

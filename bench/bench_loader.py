@@ -34,8 +34,8 @@ from pathlib import Path
 import multiprocess as mp
 import numpy as np
 import zarr
-from common import (add_json_option, add_plot_option, check_plot_option, parser, plot_panels, print_ratios,
-                    smaller_than_documented, synthetic_dataset, write_json)
+from common import (add_json_option, add_plot_option, check_plot_option, copy_bytes_per_s, parser, plot_panels,
+                    print_ratios, smaller_than_documented, synthetic_dataset, write_json)
 from zarrfeed.loader import Dataset, Loader, WindowLoader
 
 
@@ -135,13 +135,7 @@ def windows_l5kit(path: Path, n: int) -> tuple[float, int, int]:
 
 
 def memcpy_rows_per_s(itemsize: int) -> float:
-    src = np.ones(64 << 20, np.uint8)
-    dst = np.ones_like(src)  # touched: no page faults in the timing
-    np.copyto(dst, src)
-    t = time.perf_counter()
-    for _ in range(5):
-        np.copyto(dst, src)
-    return 5 * len(src) / (time.perf_counter() - t) / itemsize
+    return copy_bytes_per_s() / itemsize
 
 
 def main() -> None:

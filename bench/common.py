@@ -54,6 +54,21 @@ def print_ratios(speed: dict[str, float], pairs: list[tuple[str, str, float | No
         print(f"  {a} / {b}: {shown}x{goal}")
 
 
+def copy_bytes_per_s() -> float:
+    """Bytes per second one process copies from one 64 MB buffer to another (the bound of any gather)."""
+    import time
+
+    import numpy as np
+
+    src = np.ones(64 << 20, np.uint8)
+    dst = np.ones_like(src)  # touched: no page faults in the timing
+    np.copyto(dst, src)
+    t = time.perf_counter()
+    for _ in range(5):
+        np.copyto(dst, src)
+    return 5 * len(src) / (time.perf_counter() - t)
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) used so far by process `pid` and every process below it, counting the
     children each has reaped (a stream's loader workers, reaped by the fork server) through cutime/cstime."""
