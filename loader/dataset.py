@@ -343,13 +343,19 @@ class Dataset:
                                        "end (a writer stopped before it wrote episode_ends); they are not read, and "
                                        "Diffusion Policy's ReplayBuffer will not open the buffer"))
         if self.commit is not None and self.schema.step_tables():
-            odd = [t for t in self.tables if self.tables[t].shape[0] != self.rows[t]]
+            # what Diffusion Policy's reader sees: episode_ends as long as its shape says, every data array as
+            # long as its last value (arrays longer than the commit's, all alike, hold a commit that did not
+            # publish, which it reads whole and the next writer drops)
+            ends = self.tables["episodes"]
+            e = ends.shape[0]
+            last = int(read_rows(ends, e - 1, e)[ends.dtype.names[0]][0]) if e else 0
+            odd = [t for t in self.schema.step_tables() if self.tables[t].shape[0] != last]
             if odd:
                 t = odd[0]
                 found.append(Violation(t, None, None, f"{self.tables[t].path} is {self.tables[t].shape[0]:,} long, "
-                                       f"but commit {self.commit} has {self.rows[t]:,} (a writer stopped while it "
-                                       "set the arrays' lengths, or one is writing now): Diffusion Policy's "
-                                       "ReplayBuffer will not open the buffer until a writer opens it "
+                                       f"but {ends.path} ends at {last:,} (a writer stopped while it set the "
+                                       "arrays' lengths, or one is writing now): Diffusion Policy's ReplayBuffer "
+                                       "will not open the buffer until a writer opens it "
                                        "(DatasetWriter(path, mode='a').close() sets them)"))
         return found
 

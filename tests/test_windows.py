@@ -197,7 +197,8 @@ def test_window_state_refuses_other_windows(scenes):
     assert state["kind"] == "WindowLoader"
     with pytest.raises(ValueError, match="loader state has future=4; this loader has future=5"):
         WindowLoader(scenes, history=3, future=5, batch_size=25, num_workers=0).load_state_dict(state)
-    with pytest.raises(ValueError, match=r"loader state (has samples=|has chunk_rows=|was made with another row)"):
+    with pytest.raises(ValueError,
+                       match=r"loader state (has samples=|has chunk_rows=|was made with another selection)"):
         WindowLoader(scenes, history=3, future=4, batch_size=25, num_workers=0,
                      rows=np.arange(0, 400, 2)).load_state_dict(state)
 
