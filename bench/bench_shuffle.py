@@ -7,7 +7,8 @@ On a synthetic L5Kit dataset stored scene after scene (as L5Kit's is), the agent
           zarrfeed's epoch order with shuffle_window 8 (the default), 32 and the whole table (from the loader's
               plan: the rows of every batch, without loading them)
           a uniform permutation of the epoch (what torch's RandomSampler gives)
-          MosaicML Streaming's default shuffle (py1e, one node, shards of 500,000 samples), if it is installed
+          MosaicML Streaming's default shuffle (py1e, blocks of 4 M samples, one node, shards of 500,000
+              samples), if it is installed
               (pip install mosaicml-streaming)
   cost    cached-epoch rows/s of each shuffle_window with 2 workers, in the same run, and their ratio to the
           default's
@@ -59,7 +60,8 @@ def streaming_order(n: int) -> np.ndarray | None:
     except ImportError:
         return None
     shards = [500_000] * (n // 500_000) + ([n % 500_000] if n % 500_000 else [])
-    return np.asarray(get_shuffle("py1e", np.array(shards), 1, 9176, 0))
+    # StreamingDataset's default shuffle block: 4,000,000 samples divided by the canonical nodes
+    return np.asarray(get_shuffle("py1e", np.array(shards), 1, 9176, 0, block_size=4_000_000))
 
 
 def cached_rows_per_s(ds: Dataset, batch: int, window: int) -> tuple[float, int]:
@@ -74,6 +76,7 @@ def cached_rows_per_s(ds: Dataset, batch: int, window: int) -> tuple[float, int]
 
 def main() -> None:
     p = parser(__doc__)
+    p.add_argument("--mixing-only", action="store_true", help="only how mixed the batches are (no timing)")
     args = p.parse_args()
     with synthetic_dataset(args.scenes) as path:
         ds = Dataset.open(path)
@@ -98,6 +101,8 @@ def main() -> None:
                       f"{m['chunks min']:>5}")
             if theirs is None:
                 print("  (MosaicML Streaming is not installed: pip install mosaicml-streaming)")
+        if args.mixing_only:
+            return
         runs: dict[str, list[tuple[float, int]]] = {}
         for rep in range(args.repeat):
             items = list(windows.items())
