@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..core import chunk_check, commits, dataset_format, log_reads, replay_buffer
+from ..core import chunk_check, commits, dataset_format, log_reads
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, read_coordinates, read_rows
@@ -140,9 +140,7 @@ class Dataset:
         tables = {name: arrays[name] if name in arrays else dataset_format.empty_table(table)
                   for name, table in schema.tables.items()}
         doc = commits.read_manifest(group.store, commit)
-        rows = {name: (doc["committed"][name] if doc else arr.shape[0]) for name, arr in tables.items()}
-        if doc is None:  # a replay buffer's steps: those of its episodes
-            rows = replay_buffer.rows_by_ends(schema, tables, rows)
+        rows = dataset_format.readable_rows(schema, tables, doc)
         for name, n in rows.items():
             if n > tables[name].shape[0]:
                 raise FormatError(f"table '{name}': {n} rows committed but the array holds {tables[name].shape[0]}")
@@ -189,12 +187,17 @@ class Dataset:
         check = self.check
         return check.check if check is not None else None
 
+    def _steps(self, table: str) -> list[str] | None:
+        """The step tables `table` names, if it is a replay buffer's `steps` (every key read together)."""
+        steps = self.schema.step_tables()
+        return steps if table == STEPS and steps and table not in self.tables else None
+
     def read_rows(self, table: str, start: int, stop: int, fields: list[str] | None = None) -> np.ndarray:
         """Rows [start, stop) of `table` (only `fields`, if given), each chunk checked (see `check`). A replay
         buffer's `steps` are the rows of every step table at once, one field per key."""
-        if table == STEPS and table not in self.tables and self.schema.step_tables():
-            names = field_names(self.record_dtype(STEPS), fields)
-            out = np.empty(max(stop - start, 0), self.record_dtype(STEPS)[names])
+        if self._steps(table):
+            names = field_names(self.record_dtype(table), fields)
+            out = np.empty(max(stop - start, 0), self.record_dtype(table)[names])
             for name in names:
                 out[name] = read_rows(self.tables[name], start, stop, check=self._checker())[name]
             return out
@@ -202,27 +205,24 @@ class Dataset:
 
     def record_dtype(self, table: str) -> np.dtype:
         """The records of `table` (for a replay buffer's `steps`: one field per step table)."""
-        if table == STEPS and table not in self.tables and self.schema.step_tables():
-            return np.dtype([self.tables[t].dtype.descr[0] for t in self.schema.step_tables()])
+        steps = self._steps(table)
+        if steps:
+            return np.dtype([self.tables[t].dtype.descr[0] for t in steps])
         if table not in self.tables:
             raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.readable_tables())})")
         return self.tables[table].dtype
 
     def row_count(self, table: str) -> int:
         """The rows of `table` a reader may read (`rows[table]`; a replay buffer's `steps`: its steps)."""
-        if table == STEPS and table not in self.tables and self.schema.step_tables():
-            return self.rows[self.schema.step_tables()[0]]
-        return self.rows[table]
+        return self.rows[self.tables_of(table)[0]]
 
     def readable_tables(self) -> list[str]:
         """The names `read_rows`, `to_arrow` and the loaders take: the tables, and `steps` in a replay buffer."""
-        return list(self.tables) + ([STEPS] if self.schema.step_tables() and STEPS not in self.tables else [])
+        return list(self.tables) + ([STEPS] if self._steps(STEPS) else [])
 
     def tables_of(self, table: str) -> list[str]:
         """The tables whose arrays `table` is read from: itself, or a replay buffer's step tables for `steps`."""
-        if table == STEPS and table not in self.tables and self.schema.step_tables():
-            return self.schema.step_tables()
-        return [table]
+        return self._steps(table) or [table]
 
     def read_coordinates(self, table: str, rows: np.ndarray) -> np.ndarray:
         """The records of `table` at `rows` (any order, repeats allowed), each chunk checked (see `check`)."""

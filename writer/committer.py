@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import numcodecs
 import numpy as np
 
-from ..core import dataset_format, replay_buffer
+from ..core import dataset_format
 
 from ..core import manifest
 
@@ -181,8 +181,8 @@ class Committer:
                                       "one compressor and have no filters (what its manifest records for every "
                                       "table): copy it first, re-encoded with zarrfeed's compressor, with "
                                       f"`zarrfeed ingest NEW --from {self.location}`, then append to the copy")
-            committed = {n: arrays[n].shape[0] if n in arrays else 0 for n in found.tables}
-            committed = replay_buffer.rows_by_ends(found, arrays, committed)  # a replay buffer's: its episodes'
+            committed = dataset_format.readable_rows(found, arrays, None)
+            committed.update({n: 0 for n in found.tables if n not in arrays})  # (made below)
         else:
             committed = {name: doc["committed"][name] for name in found.tables}  # every table's (read_manifest checks)
             for name, n in committed.items():  # checked before anything changes, as a reader refuses it

@@ -15,15 +15,18 @@ from ..core.schema import Link, Schema, dtype_difference
 Episode = Mapping[str, np.ndarray]
 
 
-def as_tables(episode: Any, schema: Schema) -> Any:
+def as_tables(episode: Any, schema: Schema, strict: bool = False) -> Any:
     """The episode as its tables: a replay buffer's episode given as Diffusion Policy's `add_episode` takes it
-    (key -> steps) converted (`steps_episode`); anything else, or one that cannot be converted (`check_episode`
-    says why), as given. What fingerprints are taken of, so that an episode is the same episode whichever
-    form it came in and whichever path wrote it (a local writer, Dask, the server)."""
+    (key -> steps) converted (`steps_episode`); anything else as given, and one that cannot be converted as
+    given too (`check_episode` says why), or with `strict` a ValueError naming the key. What fingerprints are
+    taken of, so that an episode is the same episode whichever form it came in and whichever path wrote it (a
+    local writer, Dask, the server)."""
     if isinstance(episode, Mapping) and schema.step_tables() and EPISODES not in episode:
         try:
             return steps_episode(schema, episode)
         except ValueError:
+            if strict:
+                raise
             return episode
     return episode
 

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core import chunk_check, commits, dataset_format, replay_buffer
+from ..core import chunk_check, commits, dataset_format
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import read_rows
 from ..core.schema import ENDS, Schema
@@ -91,9 +91,7 @@ class DatasetSource(Episodes):
         schema, arrays, _ = dataset_format.open_tables(group)  # other arrays are not episodes' (not copied)
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
         doc = commits.read_manifest(group.store)
-        rows = {n: doc["committed"].get(n, 0) if doc else a.shape[0] for n, a in tables.items()}
-        if doc is None:  # a replay buffer's steps: those of its episodes
-            rows = replay_buffer.rows_by_ends(schema, tables, rows)
+        rows = dataset_format.readable_rows(schema, tables, doc)
         # every chunk read is checked as every reader checks it (a copy must not carry on a changed chunk as
         # valid data), each table's last chunk by its committed rows while a writer appending meanwhile rewrites it
         check = chunk_check.read(group.store, str(location), doc, rows, {n: a.chunks[0] for n, a in tables.items()})

@@ -24,7 +24,7 @@ from .store import FormatError, Location, missing_credentials
 from .stores import MemoryStore, Store, connection_failure, unreachable
 from .zarr_array import Array, Group
 from .record_view import RecordArray
-from .replay_buffer import is_replay_buffer, open_replay_buffer
+from .replay_buffer import is_replay_buffer, open_replay_buffer, rows_by_ends
 from .zarr_meta import ArrayMeta, MetaError, consolidated
 
 __all__ = ["FormatError", "Location", "create", "detect_schema", "open_group", "open_store", "open_table"]
@@ -262,11 +262,16 @@ def set_length(array: Array, rows: int) -> None:
     """Set a table's length in its metadata alone (`Array.resize` also deletes every chunk past a shorter end,
     one request each on an object store); call this only when no chunk lies past `rows` (a writer that closes
     cleanly has committed everything it wrote). The rest of the document is kept as it was read."""
-    key = f"{array.path}/.zarray"
-    meta = json.loads(bytes(array.store[key]))
-    meta["shape"] = [int(rows), *meta["shape"][1:]]
-    array.store.put(key, json.dumps(meta, indent=4, sort_keys=True).encode())
-    array.meta = array.meta.resized(rows)
+    set_lengths({array.table: array}, {array.table: rows})
+
+
+def readable_rows(schema: Schema, tables: Mapping[str, Array], doc: Mapping[str, Any] | None) -> dict[str, int]:
+    """The rows of each table that readers read: those its manifest `doc` commits, or without one (another tool
+    wrote the dataset) each array's length, a replay buffer's steps those of its episodes
+    (`replay_buffer.rows_by_ends`)."""
+    if doc is not None:
+        return {n: doc["committed"].get(n, 0) for n in tables}
+    return rows_by_ends(schema, tables, {n: a.shape[0] for n, a in tables.items()})
 
 
 def open_tables(group: Group, mode: str = "r") -> tuple[Schema, dict[str, Array], dict[str, str]]:

@@ -132,7 +132,7 @@ def episode_bounds(ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
-def rows_by_ends(schema: Schema, arrays: dict[str, Array], rows: dict[str, int]) -> dict[str, int]:
+def rows_by_ends(schema: Schema, arrays: Mapping[str, Array], rows: Mapping[str, int]) -> dict[str, int]:
     """The rows a reader may read of a dataset without a manifest, `rows` being each array's length: a table
     that an "ends" link points into holds the steps of the parent's rows, up to the last end (steps past it
     belong to no episode: a writer stopped before it wrote the end). `FormatError` if an array holds fewer

@@ -32,9 +32,8 @@ import pyarrow.flight as flight
 import xxhash
 
 from ..core.keys import Key, Position, check_key, fingerprint
-from ..core.replay_buffer import EPISODES, steps_episode
 from ..core.schema import Schema, dtype_from_descr
-from ..writer.episode import check_episode
+from ..writer.episode import as_tables, check_episode
 from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
 from .protocol import (call_options, connect, encode_episode, episode_schema, episodes_descriptor, server_message,
                        unreachable)
@@ -259,10 +258,9 @@ class RemoteWriter:
     def _as_tables(self, episode: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         """A replay buffer's episode given as Diffusion Policy's dict (key -> steps) as its tables, as the
         server takes it (`ValueError` naming the key if it cannot be); any other episode as it is."""
-        schema = self._dataset_schema
-        if schema is not None and schema.step_tables() and EPISODES not in episode:
-            return steps_episode(schema, episode)
-        return episode
+        if self._dataset_schema is None:  # a server before 0.3 does not say its schema
+            return episode
+        return as_tables(episode, self._dataset_schema, strict=True)
 
     def _begin_input(self, first: Mapping[str, np.ndarray], resume: bool) -> None:
         """The server records the input whose first episode is `first` (refusing a repeat without resume). An
