@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import dataclasses
+import logging
 import os
 import sys
 import weakref
@@ -22,13 +23,17 @@ from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout, TransformOutputError, transform_name
-from .plan import EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk
+from .order import ORDERS, VERSION as ORDER
+from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk, \
+    window_chunks
 from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing, WorkerOptions
 from .source import BatchSource, RowSource
 from .state import LoaderState, selection_digest
 
 __all__ = ["Loader", "LoaderError", "LoaderStalledError"]
 ROW_ID = "_row"  # the column of `row_ids=True`
+
+log = logging.getLogger("zarrfeed.loader")
 
 
 def fetch_options(ds: Dataset, cache_dir: str | os.PathLike | None, cache_dir_bytes: int) -> FetchOptions:
@@ -56,6 +61,18 @@ def open_dataset(dataset_or_path: Dataset | str | os.PathLike, storage_options: 
     unchecked = copy_module.copy(dataset_or_path)
     unchecked.verify_chunks = False
     return unchecked
+
+
+def default_window(source: BatchSource, shuffle_bytes: int) -> int:
+    """The window `shuffle_bytes` gives this source (see `plan.window_chunks`): what an epoch reads, from the
+    dataset and the options alone."""
+    c = source.config
+    everything = EpochPlan(dataclasses.replace(c, shuffle=False, shuffle_window=max(1, -(-c.n_rows // c.chunk_rows))),
+                           0, source.selection)
+    if not everything.windows:
+        return window_chunks(shuffle_bytes, 0, 0)
+    reads = {key for key in source.chunks_of(everything, 0)}
+    return window_chunks(shuffle_bytes, len(everything.windows[0]), len(reads) * source.chunk_bytes)
 
 
 class Loader:
@@ -90,8 +107,14 @@ class Loader:
             less to gather and copy. An unknown or repeated field is refused.
         shuffle: Shuffle the rows (default); False reads the selected rows in table order.
         seed: The integer that, with the epoch, decides the shuffled order (the same on every machine).
-        shuffle_window: Chunks (in a random order) whose rows are shuffled together (default 8). More mixes rows
-            from further apart, at the cost of more decoded chunks held at once.
+        shuffle_window: Chunks (in a random order) whose rows are shuffled together. Default: the whole table
+            when its decoded chunks fit `shuffle_bytes`, else as many chunks as fit; batches then hold every
+            chunk of the window in proportion (the loading guide says exactly what the order is).
+        shuffle_bytes: Decoded bytes of chunks the default window holds (default 1 GiB): more mixes rows from
+            further apart, at the cost of memory and of decoding more before the first batch. The window it
+            gives depends on the dataset and the options only, never on this machine.
+        order: The epoch order's algorithm (default 2); 1 resumes a run saved before 2026-11-27 in its order
+            (a state saved then is resumed in it without asking).
         num_workers: Reader processes that decode chunks and gather batches (default 2; 0: in this process).
             The batches and their order do not depend on it.
         prefetch: Batches made ahead of the one being used, at least (default 4); more smooths out slow
@@ -146,7 +169,7 @@ class Loader:
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, table: str = "agents", *,
                  batch_size: int = 256, fields: list[str] | str | None = None, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int = 8, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
+                 shuffle_window: int | None = None, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
@@ -155,7 +178,8 @@ class Loader:
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
                  cache_bytes: int | None = None, casting: str | None = None,
-                 cache: str = "host", row_ids: bool = False, verify_chunks: bool = True) -> None:
+                 cache: str = "host", row_ids: bool = False, verify_chunks: bool = True,
+                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES, order: int = ORDER) -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
@@ -165,7 +189,7 @@ class Loader:
         selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
         config = PlanConfig.of(ds.rows[table], array.chunks[0], PlanSettings(
             batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last))
+            world_size=world_size, drop_last=drop_last, order=order))
         records = Layout.of_records(array.dtype, fields, batch_size)
         unknown = sorted(set(dtypes or ()) - {c.name for c in records.columns})
         if unknown:
@@ -178,14 +202,19 @@ class Loader:
                                 restart_workers=restart_workers, stall_timeout=stall_timeout,
                                 transform=_Cast.around(transform, dtypes))
         self._start(source, workers, fetch=fetch, copy=copy, output=output, check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache)
+                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
         if row_ids and ROW_ID in {c.name for c in records.columns}:
             raise ValueError(f"row_ids: the table has a field named {ROW_ID!r} already")
         self.row_ids = bool(row_ids)
 
     def _start(self, source: BatchSource, workers: WorkerOptions, *, fetch: FetchOptions, copy: bool, output: str,
-               check_views: bool | None, cache_bytes: int | None, cache: str = "host") -> None:
-        """What every loader keeps: its batch source, the options, where iteration is."""
+               check_views: bool | None, cache_bytes: int | None, cache: str = "host",
+               shuffle_window: int | None = None, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
+        """What every loader keeps: its batch source, the options, where iteration is; the window left to
+        `shuffle_bytes` resolved from what an epoch reads."""
+        self._window_given = shuffle_window is not None
+        if shuffle_window is None:
+            source.config = dataclasses.replace(source.config, shuffle_window=default_window(source, shuffle_bytes))
         if cache_bytes is not None and cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0 (0: no cache across epochs), got {cache_bytes}")
         if cache not in ("host", "process", "off"):
@@ -281,7 +310,7 @@ class Loader:
         spans = self._spans[1] if self._spans is not None and self._spans[0] == self.epoch else None
         return LoaderState(kind=self.source.kind, dataset_id=self.dataset.dataset_id, commit=self.dataset.commit,
                            settings=self.source.settings(), selection=self._digest, epoch=self.epoch,
-                           batch=self._position, commit_tag=self.dataset.commit_tag,
+                           batch=self._position, commit_tag=self.dataset.commit_tag, order=self.source.config.order,
                            spans=[list(sp) for sp in spans] if spans is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
@@ -298,10 +327,12 @@ class Loader:
             if not state:
                 raise ValueError("load_state_dict([]): no loader states given (the states of every rank of the "
                                  "run, or one state)")
+            self._adopt_order(LoaderState.from_dict(state[0]))
             self._reshard([LoaderState.from_dict(s) for s in state])
             self._loaded = list(state)
             return
         saved = LoaderState.from_dict(state)
+        self._adopt_order(saved)
         c = self.source.config
         if saved.settings.get("world_size") != c.world_size:  # a run on another number of ranks
             self._reshard([saved])
@@ -313,6 +344,20 @@ class Loader:
         saved.check_position(len(self.plan(saved.epoch)) if saved.epoch >= 0 else 0)
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
         self._loaded = state
+
+    def _adopt_order(self, saved: LoaderState) -> None:
+        """A state saved in another order this zarrfeed makes (order 1, before 2026-11-27) goes on in that
+        order, and in its window unless this loader was given one: a run keeps its order when resumed."""
+        c = self.source.config
+        if saved.order == c.order or saved.order not in ORDERS:
+            return
+        window = saved.settings.get("shuffle_window")
+        if not self._window_given and isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+            c = dataclasses.replace(c, shuffle_window=window)
+        self.source.config = dataclasses.replace(c, order=saved.order)
+        self._plan = None
+        log.info("zarrfeed: resuming a run saved in epoch order %d (shuffle_window=%d): its order is kept",
+                 saved.order, self.source.config.shuffle_window)
 
     def _reshard(self, states: list[LoaderState]) -> None:
         """Resume from the states of all N ranks of a run on this run's rank of M (see load_state_dict)."""

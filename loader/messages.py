@@ -34,16 +34,18 @@ class Decode:
 @dataclass(frozen=True, slots=True)
 class FillIndex:
     """Write window `window`'s shuffled rows for `epoch`, as cache rows, into index region `region`; `slots`
-    holds the cache slot of each chunk of the window, in the window's order."""
+    holds the cache slot of each chunk of the window, in the window's order. `part`: the blocks to write
+    (`EpochPlan.index_parts`; (0, 0): the whole window)."""
 
     epoch: int
     window: int
     region: int
     slots: tuple[int, ...]
+    part: tuple[int, int] = (0, 0)
 
     @property
     def key(self) -> tuple:
-        return ("index", self.window)
+        return ("index", self.window, self.part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +98,11 @@ class Decoded:
 class IndexFilled:
     worker: int
     window: int
+    part: tuple[int, int] = (0, 0)
 
     @property
     def key(self) -> tuple:
-        return ("index", self.window)
+        return ("index", self.window, self.part)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,12 +19,35 @@ between neighbours at n = 16); 6 rounds fixed the first but cost 17.5 ns per ele
 window's order before. Fisher-Yates is exactly uniform given its generator and takes 2.5 ns per element
 (numpy's shuffle: 11; the C shuffle this replaces: 10).
 
-The version of this algorithm is `VERSION`; loader states and remote tickets carry it. The C extension
-`loader._order` (built at install) computes it; where it is missing, Python integers give the same numbers,
-at about 800 ns per element (tests/test_order.py holds both to stored golden orders).
+Order 2 (stratified, the default since 2026-11-27) orders a window's rows so that every stretch of the
+epoch holds each chunk's rows in proportion to its size, as a uniform shuffle only does on average, and
+costs no pass over the whole window (a window may be the whole table: issue 38). For a window of chunks
+j = 0..m-1 (in the chunk order) with s_j rows each, S in all:
+
+- the window is cut into T = ceil(S / BLOCK_ROWS) blocks; block t takes from chunk j its rows numbered
+  v = floor(t * s_j / T) .. floor((t + 1) * s_j / T) - 1, so each block holds every chunk in proportion;
+- chunk j's row numbered v is row (a_j * v + b_j) mod s_j of the chunk: a_j coprime to s_j (a bijection), so
+  the rows a block takes are spread over the whole chunk, a different set every epoch. `strata` draws b_j and
+  a_j for each chunk in turn from the stream of key(seed, epoch, STRATA + window): b_j = (next * s_j) >> 64,
+  then candidates a_j = 1 + ((next * (s_j - 1)) >> 64), up to 64 of them, taking the first coprime to s_j
+  whose multiples k * a_j (k = 1..8) all stay s_j / 32 or more from a multiple of s_j (else the first coprime
+  one, else 1; chunks of fewer than 64 rows skip the spacing test);
+- the block's rows (chunk 0's first) are then shuffled by Fisher-Yates as above with
+  key(seed, epoch, BLOCKS + window * 2**32 + t).
+
+A batch is a stretch of a block or two: with the whole table in one window, a batch of 4,096 rows from 100
+chunks holds rows of all 100 (a uniform shuffle: 100 on average, fewer at times), and its rows are read from
+the decoded chunks directly (no permuted copy). Each block's order is made on its own (a few ns a row, in
+L2-sized pieces), so workers fill a window's index in parallel and random access needs one block.
+
+The version of the algorithm is `VERSION`; loader states and remote tickets carry it and both orders stay
+available (`ORDERS`: a state saved with order 1 resumes in order 1). The C extension `loader._order` (built
+at install) computes them; where it is missing, Python and numpy give the same numbers, slower
+(tests/test_order.py holds both to stored golden orders).
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -34,9 +57,13 @@ try:
 except ImportError:
     _order = None
 
-VERSION = 1  # 0: the orders of numpy's Generator (zarrfeed before this module)
+VERSION = 2  # the order new loaders use; 1: one Fisher-Yates shuffle per window; 0: numpy's Generator
+ORDERS = (1, 2)  # the orders this zarrfeed makes (a state or ticket of order 0 cannot be resumed mid-epoch)
 TAG = 0x7A61_7266_6565_6431  # "zarfeed1"
 CHUNKS = (1 << 64) - 1  # the stream of the chunk order (windows are 0, 1, ...)
+STRATA = 1 << 62  # order 2: STRATA + window is the stream of its chunks' multipliers and offsets
+BLOCKS = 1 << 63  # order 2: BLOCKS + window * 2**32 + block is the stream of a block's shuffle
+BLOCK_ROWS = 32768  # order 2: a window's rows are cut into blocks of about this many (512 KiB of int64: L2)
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -94,3 +121,81 @@ def inverse(order: np.ndarray) -> np.ndarray:
     where = np.empty(len(order), np.int64)
     where[order] = np.arange(len(order))  # stored as int64 whatever arange gives
     return where
+
+
+def _spread(a: int, s: int) -> bool:
+    return s < 64 or all(min((k * a) % s, s - (k * a) % s) * 32 >= s for k in range(1, 9))
+
+
+def strata(sizes: np.ndarray, seed: int, epoch: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Order 2: each chunk's multiplier a_j and offset b_j (see the module docstring), for chunks of `sizes` rows
+    (int64, in the window's chunk order)."""
+    sizes = np.ascontiguousarray(sizes, np.int64)
+    mults, offsets = np.zeros(len(sizes), np.int64), np.zeros(len(sizes), np.int64)
+    k = key(seed, epoch, STRATA + integer(window, "window", (1 << 31) - 1))
+    if _order is not None:
+        _order.strata(sizes, mults, offsets, k)
+        return mults, offsets
+    state = k
+
+    def draw() -> int:
+        nonlocal state
+        state = (state + _GOLDEN) & _M64
+        return _mix(state)
+
+    for j, n in enumerate(sizes.tolist()):
+        if n <= 1:
+            continue
+        offsets[j] = (draw() * n) >> 64
+        first = pick = 0
+        for _ in range(64):
+            c = 1 + ((draw() * (n - 1)) >> 64)
+            if math.gcd(c, n) != 1:
+                continue
+            first = first or c
+            if _spread(c, n):
+                pick = c
+                break
+        mults[j] = pick or first or 1
+    return mults, offsets
+
+
+def block_count(total: int) -> int:
+    """Order 2: blocks of a window of `total` rows."""
+    return max(1, -(-int(total) // BLOCK_ROWS))
+
+
+def block_starts(sizes: np.ndarray, blocks: int) -> np.ndarray:
+    """Order 2: where each block starts in the window's order (blocks + 1 positions, the last = its rows)."""
+    sizes = np.asarray(sizes, np.int64)
+    t = np.arange(blocks + 1, dtype=np.int64)
+    # sum over chunks of floor(t * s_j / blocks), in pieces of chunks so the table stays small
+    out = np.zeros(blocks + 1, np.int64)
+    for i in range(0, len(sizes), 4096):
+        out += (t[:, None] * sizes[None, i:i + 4096] // blocks).sum(axis=1)
+    return out
+
+
+def fill_block(out: np.ndarray, bases: np.ndarray, sizes: np.ndarray, mults: np.ndarray, offsets: np.ndarray,
+               block: int, blocks: int, seed: int, epoch: int, window: int) -> np.ndarray:
+    """Order 2: block `block` of `blocks` of a window into `out` (exactly its length, int64): chunk j's rows as
+    bases[j] + row, shuffled (see the module docstring)."""
+    if out.dtype != np.int64 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise TypeError("order: fill_block takes a writeable C-contiguous 1-D int64 array")
+    if blocks >= 1 << 32:
+        raise ValueError(f"order: a window of {blocks} blocks is more than order 2 numbers")
+    k = key(seed, epoch, BLOCKS + (integer(window, "window", (1 << 31) - 1) << 32) + block)
+    arrays = [np.ascontiguousarray(a, np.int64) for a in (bases, sizes, mults, offsets)]
+    if _order is not None:
+        _order.fill_block(out, *arrays, block, blocks, k)
+        return out
+    bases, sizes, mults, offsets = arrays
+    lo, hi = block * sizes // blocks, (block + 1) * sizes // blocks
+    count = hi - lo
+    if int(count.sum()) != len(out):
+        raise ValueError("order: fill_block's buffers do not match the block")
+    chunk = np.repeat(np.arange(len(sizes)), count)
+    v = lo[chunk] + np.arange(len(out)) - np.repeat(np.cumsum(count) - count, count)
+    s = sizes[chunk]
+    out[:] = bases[chunk] + (mults[chunk] * v + offsets[chunk]) % np.maximum(s, 1)
+    return shuffle(out, seed, epoch, BLOCKS + (window << 32) + block)

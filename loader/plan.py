@@ -1,7 +1,10 @@
 """The epoch plan: which rows form which batch, from (seed, epoch, rank) alone.
 
 Chunks are put in a random order (the same for every rank), grouped into windows of `shuffle_window`
-chunks, and the rows of each window are shuffled. Concatenated, the windows give the epoch's row sequence.
+chunks, and the rows of each window are shuffled: in order 2 (the default) stratified, in blocks that each
+hold every chunk of the window in proportion, in order 1 (states saved before 2026-11-27) by one Fisher-Yates
+shuffle of the window (`order.py` specifies both). Concatenated, the windows give the epoch's row sequence.
+A loader's default window is the whole table when its decoded chunks fit `shuffle_bytes` (`window_chunks`).
 Rank r takes the r-th of `world_size` equal, contiguous parts of it, so it reads only about 1/world_size of
 the chunks; parts are made equal by repeating rows from the start of the sequence (or, with `drop_last`, by
 dropping the tail). Each part is cut into batches of `batch_size`. Everything here is a pure function of
@@ -21,7 +24,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .order import CHUNKS, inverse, permutation, shuffle, integer
+from .order import CHUNKS, ORDERS, VERSION, block_count, block_starts, fill_block, integer, inverse, permutation, \
+    shuffle, strata
+
+DEFAULT_SHUFFLE_BYTES = 1 << 30  # a loader's default window: the whole table up to 1 GiB of decoded chunks
 
 
 class Piece(NamedTuple):
@@ -38,19 +44,23 @@ class Piece(NamedTuple):
 @dataclass(frozen=True)
 class PlanSettings:
     """What decides an epoch's batches besides the table: what a loader is asked for (a remote ticket carries
-    these)."""
+    these). `shuffle_window` None: as many chunks as `shuffle_bytes` of decoded chunks hold (`window_chunks`)."""
 
     batch_size: int = 256
     shuffle: bool = True
     seed: int = 0
-    shuffle_window: int = 8
+    shuffle_window: int | None = None
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
+    order: int = VERSION  # the order's algorithm (order.py): 2, or 1 for a run saved before it
+    shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES
 
 
 @dataclass(frozen=True)
 class PlanConfig:
+    """A plan's settings for one table: `shuffle_window` resolved to a number of plan chunks."""
+
     n_rows: int                # committed rows of the table
     chunk_rows: int
     batch_size: int
@@ -60,15 +70,15 @@ class PlanConfig:
     rank: int = 0
     world_size: int = 1
     drop_last: bool = False
+    order: int = VERSION
 
     @classmethod
     def of(cls, n_rows: int, chunk_rows: int, settings: PlanSettings) -> "PlanConfig":
-        """The plan of a table of `n_rows` rows in chunks of `chunk_rows`, with these settings."""
-        return cls(n_rows=n_rows, chunk_rows=chunk_rows, **dataclasses.asdict(settings))
-
-    @property
-    def settings(self) -> PlanSettings:
-        return PlanSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PlanSettings)})
+        """The plan of a table of `n_rows` rows in chunks of `chunk_rows`, with these settings (a window left
+        to `shuffle_bytes` is 1 chunk here: the loader resolves it once it knows what an epoch reads)."""
+        given = {k: v for k, v in dataclasses.asdict(settings).items() if k != "shuffle_bytes"}
+        given["shuffle_window"] = given["shuffle_window"] or 1
+        return cls(n_rows=n_rows, chunk_rows=chunk_rows, **given)
 
     def __post_init__(self) -> None:
         # numpy integers are taken as Python ints (the order's arithmetic needs them), anything else refused
@@ -79,6 +89,21 @@ class PlanConfig:
             raise ValueError(f"shuffle_window must be >= 1, got {self.shuffle_window}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+        if self.order not in ORDERS:
+            raise ValueError(f"epoch order {self.order!r}: this zarrfeed orders epochs with orders {ORDERS}")
+
+
+def window_chunks(shuffle_bytes: int, chunks: int, epoch_bytes: int) -> int:
+    """The window (in plan chunks) that `shuffle_bytes` gives an epoch reading `chunks` chunks, `epoch_bytes`
+    decoded: all of them when they fit, else as many as fit (at least one). A function of the dataset and the
+    options only, never of this machine's memory, so that every rank and a resumed run make the same order."""
+    if isinstance(shuffle_bytes, bool) or not isinstance(shuffle_bytes, int) or shuffle_bytes < 1:
+        raise ValueError(f"shuffle_bytes must be a positive number of bytes, got {shuffle_bytes!r}")
+    if chunks <= 0:
+        return 1
+    if epoch_bytes <= shuffle_bytes:
+        return chunks
+    return max(1, min(chunks, shuffle_bytes * chunks // max(epoch_bytes, 1)))
 
 
 def selected_rows_per_chunk(n_rows: int, chunk_rows: int, rows: np.ndarray | None) -> list[np.ndarray] | None:
@@ -141,6 +166,7 @@ class EpochPlan:
         self._span_starts = list(itertools.accumulate([0] + [z - a for a, z in self.spans]))
         self._sizes = sizes
         self._orders: dict[int, np.ndarray] = {}  # the last windows' rows in order (for batch_row_ids)
+        self._strata_of: dict[int, tuple] = {}  # order 2: the last windows' strata (see _strata)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -208,11 +234,77 @@ class EpochPlan:
         """The windows batches k0..k0+count-1 read, in the order they read them."""
         return list(dict.fromkeys(p.window for p in self.group_pieces(k0, count)))
 
+    def _stratified(self, w: int) -> bool:
+        return self.config.shuffle and self.config.order == 2
+
+    def _strata(self, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
+        """Order 2, window w: its chunks' rows, multipliers and offsets, its blocks and where they start."""
+        if w not in self._strata_of:
+            if len(self._strata_of) >= 2:
+                del self._strata_of[next(iter(self._strata_of))]
+            sizes = self._sizes[self.windows[w]].astype(np.int64)
+            mults, offsets = strata(sizes, self.config.seed, self.epoch, w)
+            blocks = block_count(int(sizes.sum()))
+            self._strata_of[w] = (sizes, mults, offsets, blocks, block_starts(sizes, blocks))
+        return self._strata_of[w]
+
+    def index_parts(self, w: int, rows: int = 262144) -> list[tuple[int, int]]:
+        """Window w's order cut into parts of about `rows` rows that can be made apart (order 2: ranges of
+        blocks, so that workers fill a window's index together), as (first block, end block); one part
+        (0, 0) when the order is made in one piece."""
+        if not self._stratified(w):
+            return [(0, 0)]
+        blocks = self._strata(w)[3]
+        step = max(1, rows // 32768)
+        return [(t, min(t + step, blocks)) for t in range(0, blocks, step)]
+
+    def part_positions(self, w: int, part: tuple[int, int]) -> tuple[int, int]:
+        """The positions of window w's order that part `part` (see `index_parts`) makes."""
+        if part == (0, 0):
+            return 0, self._window_rows(w)
+        starts = self._strata(w)[4]
+        return int(starts[part[0]]), int(starts[part[1]])
+
+    def fill_order(self, out: np.ndarray, w: int, chunk_base: np.ndarray | None = None,
+                   part: tuple[int, int] = (0, 0)) -> None:
+        """Part `part` (see `index_parts`) of window w's order into `out`, which holds the whole window's
+        order: positions [start, end) of the part only (order 2), or all of it."""
+        if not self._stratified(w) or part == (0, 0):
+            out[:self._window_rows(w)] = self.window_order(w, chunk_base)
+            return
+        bases, lookup = self._bases(w, chunk_base)
+        sizes, mults, offsets, blocks, starts = self._strata(w)
+        c = self.config
+        for t in range(*part):
+            block = out[starts[t]:starts[t + 1]]
+            fill_block(block, bases, sizes, mults, offsets, t, blocks, c.seed, self.epoch, w)
+            if lookup is not None:
+                block[:] = lookup[block]
+
+    def _window_rows(self, w: int) -> int:
+        return int(self.window_starts[w + 1] - self.window_starts[w])
+
+    def _bases(self, w: int, chunk_base: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Each chunk's first address and, with a selection, the address of every selected row (the blocks
+        then number rows within the window)."""
+        c, chunks = self.config.chunk_rows, self.windows[w]
+        base = np.arange(len(chunks), dtype=np.int64) * c if chunk_base is None else np.asarray(chunk_base, np.int64)
+        if self.selection is None:
+            return base, None
+        sizes = self._sizes[chunks]
+        lookup = np.concatenate([base[j] + self.selection[ch] for j, ch in enumerate(chunks)]).astype(np.int64)
+        return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64), lookup
+
     def window_order(self, w: int, chunk_base: np.ndarray | None = None) -> np.ndarray:
         """Window w's rows in their shuffled order, as row r of the window's j-th chunk -> chunk_base[j] + r
         (default chunk_base[j] = j * chunk_rows: the window's chunks laid end to end). The order of rows does
         not depend on chunk_base, so a reader can ask for its own addresses directly."""
         c, chunks = self.config.chunk_rows, self.windows[w]
+        if self._stratified(w):
+            out = np.empty(self._window_rows(w), np.int64)
+            blocks = self._strata(w)[3]
+            self.fill_order(out, w, chunk_base, (0, blocks))
+            return out
         base = np.arange(len(chunks)) * c if chunk_base is None else np.asarray(chunk_base)
         contiguous = (np.diff(base) == c).all() and (self._sizes[chunks[:-1]] == c).all()
         n = int(self._sizes[chunks].sum())
@@ -225,6 +317,37 @@ class EpochPlan:
                 parts.append(base[j] + mine)
             rows = np.concatenate(parts).astype(np.int64, copy=False)
         return shuffle(rows, self.config.seed, self.epoch, w) if self.config.shuffle else rows
+
+    def _local_at(self, w: int, q: int) -> int:
+        """The window-local row (chunks laid end to end, selected rows only) at position q of window w."""
+        if not self.config.shuffle:
+            return q
+        if not self._stratified(w):
+            return int(permutation(self._window_rows(w), self.config.seed, self.epoch, w)[q])
+        sizes, mults, offsets, blocks, starts = self._strata(w)
+        t = int(np.searchsorted(starts, q, side="right")) - 1
+        block = np.empty(int(starts[t + 1] - starts[t]), np.int64)
+        bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        fill_block(block, bases, sizes, mults, offsets, t, blocks, self.config.seed, self.epoch, w)
+        return int(block[q - starts[t]])
+
+    def _position_in(self, w: int, j: int, r: int) -> int:
+        """Where row r of window w's j-th chunk (selected rows numbered) comes in the window's order."""
+        sizes = self._sizes[self.windows[w]]
+        local = int(sizes[:j].sum()) + r
+        if not self.config.shuffle:
+            return local
+        if not self._stratified(w):
+            return int(inverse(permutation(int(sizes.sum()), self.config.seed, self.epoch, w))[local])
+        sizes, mults, offsets, blocks, starts = self._strata(w)
+        s = int(sizes[j])
+        a, b = int(mults[j]), int(offsets[j])
+        v = ((r - b) * pow(a, -1, s)) % s if s > 1 else 0  # the inverse of r = (a * v + b) mod s
+        t = ((v + 1) * blocks + s - 1) // s - 1  # the block whose share of chunk j holds v
+        block = np.empty(int(starts[t + 1] - starts[t]), np.int64)
+        bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        fill_block(block, bases, sizes, mults, offsets, t, blocks, self.config.seed, self.epoch, w)
+        return int(starts[t]) + int(np.flatnonzero(block == local)[0])
 
     def batch_row_ids(self, k: int) -> np.ndarray:
         """The table rows that batch k holds, in its order (int64): each window's order is made once, when a
@@ -240,15 +363,14 @@ class EpochPlan:
 
     def row_at(self, position: int) -> int:
         """The row (of the table) at `position` in the epoch's sequence, computed on its own: only the order of
-        the window it falls in is made (resuming or re-splitting an epoch needs no replay)."""
+        the window (order 2: the block) it falls in is made (resuming or re-splitting an epoch needs no
+        replay)."""
         if not 0 <= position < self.total:
             raise IndexError(f"position {position} outside an epoch of {self.total} rows")
         w = bisect.bisect_right(self._starts, position) - 1
-        q = position - self._starts[w]
+        q = self._local_at(w, position - self._starts[w])
         chunks = self.windows[w]
         sizes = self._sizes[chunks]
-        if self.config.shuffle:
-            q = int(permutation(int(sizes.sum()), self.config.seed, self.epoch, w)[q])
         j = int(np.searchsorted(np.cumsum(sizes), q, side="right"))
         r = q - int(sizes[:j].sum())
         ch = int(chunks[j])
@@ -256,7 +378,7 @@ class EpochPlan:
 
     def position_of(self, row: int) -> int:
         """Where `row` comes in the epoch's sequence (its first place, for a rank's repeated tail), from its
-        window's order alone; ValueError if the epoch does not read it."""
+        window's (order 2: its block's) order alone; ValueError if the epoch does not read it."""
         ch, r = divmod(int(row), self.config.chunk_rows)
         if self.selection is not None:
             sel = self.selection[ch] if 0 <= ch < len(self.selection) else np.zeros(0, np.int64)
@@ -268,11 +390,7 @@ class EpochPlan:
         if not where or not 0 <= r < self._sizes[ch]:
             raise ValueError(f"row {row} is not in this epoch")
         w, j = where[0]
-        sizes = self._sizes[self.windows[w]]
-        q = int(sizes[:j].sum()) + r
-        if self.config.shuffle:
-            q = int(inverse(permutation(int(sizes.sum()), self.config.seed, self.epoch, w))[q])
-        return self._starts[w] + q
+        return self._starts[w] + self._position_in(w, j, r)
 
     def window_batches(self) -> dict[int, tuple[int, int]]:
         """For each window this rank reads: (first batch, last batch) reading it, in order of first batch."""

@@ -269,11 +269,12 @@ def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConf
     plans = WorkerPlans(config, selection)
 
     def fill_index(msg: FillIndex) -> IndexFilled:
-        """The shuffled rows of the window, as cache rows (slot * chunk_rows + r), into its index region."""
-        order = plans.get(msg.epoch).plan.window_order(msg.window, np.asarray(msg.slots, np.int64) * chunk_rows)
+        """The shuffled rows of the window (or its part), as cache rows (slot * chunk_rows + r), into its index
+        region, made in place."""
         start = msg.region * shared.region_rows
-        index[start:start + len(order)] = order
-        return IndexFilled(wid, msg.window)
+        plans.get(msg.epoch).plan.fill_order(index[start:start + shared.region_rows], msg.window,
+                                             np.asarray(msg.slots, np.int64) * chunk_rows, msg.part)
+        return IndexFilled(wid, msg.window, msg.part)
 
     return BatchWorker(wid, ChunkDecoder(source, [table], shared), shared,
                        RowBatches(shared, plans, records, itemsize), transform, outputs, records.slot_bytes,

@@ -30,7 +30,9 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
-from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
+from .order import VERSION as ORDER
+from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, WorkerPlans, \
+    selected_rows_per_chunk
 from .sample_groups import GroupedSamples
 from .scheduler import WorkerOptions
 from .windows import SampleGroups
@@ -185,7 +187,7 @@ class MotionSource(SampleGroups):
         """A picklable call that makes batch k with a one-process loader over the same samples."""
         c = self.config
         options = dict(self.options, batch_size=c.batch_size, shuffle=c.shuffle, seed=c.seed,
-                       shuffle_window=c.shuffle_window, drop_last=c.drop_last, rank=c.rank,
+                       shuffle_window=c.shuffle_window, order=c.order, drop_last=c.drop_last, rank=c.rank,
                        world_size=c.world_size, rows=self.samples.items, cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
         return functools.partial(_sample_batch, self.kind, self.dataset.location, self.dataset.commit,
@@ -212,11 +214,12 @@ class _SampleLoader(Loader):
     """What both sample loaders share: the samples, the source, the options."""
 
     def _begin(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray, options: dict[str, Any], *,
-               batch_size: int, shuffle: bool, seed: int, shuffle_window: int, num_workers: int, prefetch: int,
+               batch_size: int, shuffle: bool, seed: int, shuffle_window: int | None, num_workers: int, prefetch: int,
                drop_last: bool, rank: int, world_size: int, transform: Callable | None, copy: bool,
                start_method: str | None, restart_workers: bool, stall_timeout: float | None,
                cache_dir: str | os.PathLike | None,
-               cache_dir_bytes: int, check_views: bool | None, cache_bytes: int | None, cache: str) -> None:
+               cache_dir_bytes: int, check_views: bool | None, cache_bytes: int | None, cache: str,
+               shuffle_bytes: int, order: int) -> None:
         samples = MotionSamples(ds, steps, ego, items, options.get("threshold", 0.5))
         self.samples, self.steps = samples, steps
         self.history, self.future = steps.history, steps.future
@@ -224,7 +227,7 @@ class _SampleLoader(Loader):
         selection = samples.selection()
         config = PlanConfig.of(len(selection) * g, g, PlanSettings(
             batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last))
+            world_size=world_size, drop_last=drop_last, order=order))
         fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
         kind = type(self).__name__
         source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
@@ -232,7 +235,7 @@ class _SampleLoader(Loader):
         workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
                                 restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache)
+                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
 
 
 def _l5kit_dataset(ds: Dataset, who: str) -> None:
@@ -276,14 +279,17 @@ class AgentSampleLoader(_SampleLoader):
         min_future: Valid future frames a sampled agent needs in the mask (default 1); not used with `rows=`.
         num_workers: As `Loader`'s; also the processes that compute the agents mask when none is stored.
         batch_size: Samples per batch (default 32).
-        shuffle_window: Groups of samples, one per agents chunk, whose samples are shuffled together (default 4).
+        shuffle_window: Groups of samples (one per agents chunk) whose samples are shuffled together. Default: all of
+            them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
+        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
+        order: The epoch order's algorithm (default 2; see `Loader`).
         rows: The agent rows to sample instead of the mask's, as an index array or a boolean mask over agents.
         verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
                  step_time: float = 0.1, threshold: float = 0.5, min_history: int = 10, min_future: int = 1,
-                 batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int = 4,
+                 batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int | None = None,
                  num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
@@ -292,7 +298,7 @@ class AgentSampleLoader(_SampleLoader):
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
-                 verify_chunks: bool = True) -> None:
+                 verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES, order: int = ORDER) -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         _l5kit_dataset(ds, "AgentSampleLoader")
         steps = Steps(history, future, step_time)
@@ -311,7 +317,8 @@ class AgentSampleLoader(_SampleLoader):
                     rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
                     restart_workers=restart_workers, stall_timeout=stall_timeout, cache_dir=cache_dir,
                     cache_dir_bytes=cache_dir_bytes,
-                    check_views=check_views, cache_bytes=cache_bytes, cache=cache)
+                    check_views=check_views, cache_bytes=cache_bytes, cache=cache, shuffle_bytes=shuffle_bytes,
+                    order=order)
 
 
 class EgoSampleLoader(_SampleLoader):
@@ -328,14 +335,17 @@ class EgoSampleLoader(_SampleLoader):
         future: Future frames of each sample (L5Kit's `future_num_frames`, default 50).
         step_time: Seconds between two frames (default 0.1), which velocities are divided by.
         batch_size: Samples per batch (default 32).
-        shuffle_window: Groups of samples, one per frames chunk, whose samples are shuffled together (default 4).
+        shuffle_window: Groups of samples (one per frames chunk) whose samples are shuffled together. Default: all of
+            them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
+        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
+        order: The epoch order's algorithm (default 2; see `Loader`).
         rows: The frames to sample, as an index array or a boolean mask over frames (default: every frame).
         verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
                  step_time: float = 0.1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int = 4, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
+                 shuffle_window: int | None = None, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
@@ -343,7 +353,7 @@ class EgoSampleLoader(_SampleLoader):
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
-                 verify_chunks: bool = True) -> None:
+                 verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES, order: int = ORDER) -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         _l5kit_dataset(ds, "EgoSampleLoader")
         steps = Steps(history, future, step_time)
@@ -356,7 +366,8 @@ class EgoSampleLoader(_SampleLoader):
                     rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
                     restart_workers=restart_workers, stall_timeout=stall_timeout, cache_dir=cache_dir,
                     cache_dir_bytes=cache_dir_bytes,
-                    check_views=check_views, cache_bytes=cache_bytes, cache=cache)
+                    check_views=check_views, cache_bytes=cache_bytes, cache=cache, shuffle_bytes=shuffle_bytes,
+                    order=order)
 
 
 _KINDS: dict[str, type[_SampleLoader]] = {"AgentSampleLoader": AgentSampleLoader, "EgoSampleLoader": EgoSampleLoader}

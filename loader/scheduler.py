@@ -139,7 +139,8 @@ class Sizing:
             most_chunks, most_windows = max(most_chunks, chunks), max(most_windows, windows)
         # room to read ahead: the next windows can be decoded before the oldest one is freed
         extra = 1 + self.read_ahead()
-        regions = most_windows + extra if self.source.uses_index else 0
+        # (never more regions than the epoch has windows: a whole-table window needs one)
+        regions = min(most_windows + extra, len(plan.windows)) if self.source.uses_index else 0
         return most_chunks + extra * biggest, regions
 
     def cache_size(self, plan: EpochPlan) -> tuple[int, int]:
@@ -275,7 +276,8 @@ class Epoch:
         run.chunks_decoded = 0
         self.regions: dict[int, int] = {}  # window -> index region
         self.free_regions = list(range(run.regions))[::-1]
-        self.pending: dict[int, int] = {}  # window -> messages (decodes, index) not yet answered
+        self.pending: dict[int, int] = {}  # window -> decodes not yet answered
+        self.unfilled: dict[int, dict[tuple[int, int], tuple[int, int]]] = {}  # window -> part -> its positions
         self.waiting: dict[int, list[int]] = {}  # cache slot -> windows waiting for its decode
         self.foreign: dict[int, float] = {}  # slot another process decodes -> when this epoch began to wait
         self.k_next = self.k_issue = self.oldest = first
@@ -333,10 +335,12 @@ class Epoch:
                 self.waiting.setdefault(pin.slot, []).append(w)
         slots = [pin.slot for pin in pins]
         self._decode(new)
-        if wants_region:
+        if wants_region:  # the window's order, in parts that the workers make at once
             self.regions[w] = region = self.free_regions.pop()
-            self.pending[w] += 1
-            self._send(FillIndex(self.plan.epoch, w, region, tuple(slots)))
+            self.unfilled[w] = {}
+            for part in self.plan.index_parts(w):
+                self.unfilled[w][part] = self.plan.part_positions(w, part)
+                self._send(FillIndex(self.plan.epoch, w, region, tuple(slots), part))
         return True
 
     def _decode(self, items: list[DecodeItem]) -> None:
@@ -392,7 +396,8 @@ class Epoch:
             if count < g and self.k_issue + count < self.plan.num_batches and self.k_issue > self.k_next:
                 break  # wait for room for a whole group, unless the consumer is waiting for this one
             windows = self.plan.group_windows(self.k_issue, count)
-            if not all(self._make_resident(w) for w in windows) or any(self.pending[w] for w in windows):
+            if not all(self._make_resident(w) for w in windows) or any(self.pending[w] for w in windows) \
+                    or not self._filled(self.k_issue, count):
                 break
             self._send(self.source.gather_message(self.plan, self.k_issue, count, windows, self))
             self.k_issue += count
@@ -402,6 +407,15 @@ class Epoch:
                 if not self._make_resident(w):
                     break
                 ahead -= 1
+
+    def _filled(self, first: int, count: int) -> bool:
+        """Whether the index holds the positions that batches [first, first + count) read (a window's parts
+        are filled by several workers at once; batches go as soon as theirs are there)."""
+        if not any(self.unfilled.get(w) for w in self.plan.group_windows(first, count)):
+            return True
+        return not any(lo < p.position + p.rows and p.position < hi
+                       for p in self.plan.group_pieces(first, count)
+                       for lo, hi in self.unfilled.get(p.window, {}).values())
 
     def _moved(self) -> None:
         self.stall.moved(self._waiting_for)
@@ -457,7 +471,7 @@ class Epoch:
                     if self.cache.decoded(slot):
                         self._ready(slot)
             elif isinstance(reply, IndexFilled):
-                self.pending[reply.window] -= 1
+                self.unfilled[reply.window].pop(reply.part, None)
             elif isinstance(reply, Gathered):
                 self.done[reply.first:reply.first + reply.count] = True
                 for i, counts in enumerate(reply.counts or ()):  # rows of the ragged columns of each batch

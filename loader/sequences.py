@@ -34,7 +34,8 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .gather import gather
 from .layout import Layout
-from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans
+from .order import VERSION as ORDER
+from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, WorkerPlans
 from .sample_groups import GroupedSamples
 from .scheduler import WorkerOptions
 from .source import plan_settings
@@ -236,7 +237,7 @@ class SequenceSource(SampleGroups):
         c, s = self.config, self.samples
         options = dict(sequence_length=s.S, pad_before=s.pad_before, pad_after=s.pad_after, keys=s.keys,
                        episodes=s.episodes, batch_size=c.batch_size, shuffle=c.shuffle, seed=c.seed,
-                       shuffle_window=c.shuffle_window, drop_last=c.drop_last, rank=c.rank,
+                       shuffle_window=c.shuffle_window, order=c.order, drop_last=c.drop_last, rank=c.rank,
                        world_size=c.world_size, cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
         return functools.partial(_sequence_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
@@ -272,19 +273,24 @@ class SequenceLoader(Loader):
         episodes: The episodes to sample: a boolean mask over the episodes (DP's `episode_mask`, e.g.
             `~val_mask`) or an index array (default all).
         batch_size: Samples per batch (default 64, as DP's image configs).
+        shuffle_window: Groups of samples (one per chunk of the first key) whose samples are shuffled together.
+            Default: all of them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
+        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
+        order: The epoch order's algorithm (default 2; see `Loader`).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, sequence_length: int = 16,
                  pad_before: int = 0, pad_after: int = 0, *, keys: list[str] | str | None = None,
                  episodes: np.ndarray | None = None, batch_size: int = 64, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int = 8, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
+                 shuffle_window: int | None = None, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
                  copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
                  stall_timeout: float | None = None, storage_options: dict[str, Any] | None = None,
                  commit: int | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_dir_bytes: int = 8 << 30, check_views: bool | None = None, cache_bytes: int | None = None,
-                 cache: str = "host", verify_chunks: bool = True) -> None:
+                 cache: str = "host", verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES,
+                 order: int = ORDER) -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         steps = ds.schema.step_tables()
         if EPISODES not in ds.tables or not steps:
@@ -297,14 +303,14 @@ class SequenceLoader(Loader):
         selection = seqs.selection()
         config = PlanConfig.of(len(selection) * g, g, PlanSettings(
             batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last))
+            world_size=world_size, drop_last=drop_last, order=order))
         fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
         source = SequenceSource(ds, seqs, config, selection, _layout(ds, seqs, batch_size),
                                 read_worker.Source.of(ds, fetch), fetch)
         workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
                                 restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache)
+                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
 
     def indices(self) -> np.ndarray:
         """Every sample's (buffer_start, buffer_end, sample_start, sample_end), as `SequenceSampler.indices`

@@ -34,7 +34,8 @@ from .gather import gather_runs
 from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherWindows
-from .plan import EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
+from .order import VERSION as ORDER
+from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
 from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
@@ -261,7 +262,8 @@ class WindowSource(SampleGroups):
         c = self.config
         options = dict(history=self.samples.history, future=self.samples.future,
                        whole_windows=self.samples.whole_windows, batch_size=c.batch_size,
-                       shuffle=c.shuffle, seed=c.seed, shuffle_window=c.shuffle_window, drop_last=c.drop_last,
+                       shuffle=c.shuffle, seed=c.seed, shuffle_window=c.shuffle_window, order=c.order,
+                       drop_last=c.drop_last,
                        rank=c.rank, world_size=c.world_size, rows=self.samples.t, cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
         return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
@@ -302,7 +304,10 @@ class WindowLoader(Loader):
         whole_windows: Sample only the frames whose whole window lies inside their scene (no absent frames);
             default: every frame of every scene.
         batch_size: Samples (frames t) per batch (default 32).
-        shuffle_window: Groups of samples, one per agents chunk, whose samples are shuffled together (default 4).
+        shuffle_window: Groups of samples (one per agents chunk) whose samples are shuffled together. Default: all of
+            them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
+        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
+        order: The epoch order's algorithm (default 2; see `Loader`).
         rows: The frames to sample, as an index array or a boolean mask over the frames table (default all;
             with `whole_windows`, those of them whose window is whole).
         verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
@@ -310,7 +315,7 @@ class WindowLoader(Loader):
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
                  whole_windows: bool = False, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int = 4,
+                 shuffle_window: int | None = None,
                  num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
                  world_size: int = 1, rows: np.ndarray | None = None,
                  transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
@@ -319,7 +324,8 @@ class WindowLoader(Loader):
                  storage_options: dict[str, Any] | None = None, commit: int | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
                  check_views: bool | None = None, cache_bytes: int | None = None,
-                 cache: str = "host", verify_chunks: bool = True) -> None:
+                 cache: str = "host", verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES,
+                 order: int = ORDER) -> None:
         ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
@@ -330,14 +336,14 @@ class WindowLoader(Loader):
         selection = samples.selection()
         config = PlanConfig.of(len(selection) * g, g, PlanSettings(
             batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last))
+            world_size=world_size, drop_last=drop_last, order=order))
         fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
                               read_worker.Source.of(ds, fetch), fetch)
         workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
                                 restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
         self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache)
+                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
 
 
     def load_state_dict(self, state: Any) -> None:

@@ -15,7 +15,7 @@ import pyarrow.flight as flight
 from ..core.arrow_records import arrow_schema, from_arrow, records_to_arrow
 from ..core.keys import Key, check_key, key_from_json, key_to_json
 from ..core.schema import dtype_from_descr
-from ..loader.order import VERSION as ORDER
+from ..loader.order import ORDERS, VERSION as ORDER
 from ..loader.plan import PlanSettings
 
 
@@ -82,6 +82,7 @@ class Ticket:
         plan = doc.pop("plan", {})
         if not isinstance(plan, dict):
             raise ValueError("ticket: plan must be an object of the plan's settings")
+        plan.setdefault("order", doc["order"])  # a client from before order 2 names it once, outside the plan
         try:
             ticket = cls(**doc, plan=PlanSettings(**plan))
         except TypeError as exc:
@@ -95,7 +96,6 @@ class Ticket:
         p = self.plan
         for name, value, lo, hi in (("plan.batch_size", p.batch_size, 1, MAX_BATCH_ROWS),
                                     ("plan.seed", p.seed, 0, 2**64 - 1),
-                                    ("plan.shuffle_window", p.shuffle_window, 1, 1 << 20),
                                     ("plan.world_size", p.world_size, 1, 1 << 20),
                                     ("plan.rank", p.rank, 0, p.world_size - 1 if _integer(p.world_size) else 0),
                                     ("epoch", self.epoch, 0, 2**31 - 1), ("batch", self.batch, 0, 2**63 - 1),
@@ -104,15 +104,22 @@ class Ticket:
                                     ("min_future", self.min_future, 0, 1 << 16)):
             if not _integer(value) or not lo <= value <= hi:
                 raise ValueError(f"ticket: {name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if p.shuffle_window is not None and (not _integer(p.shuffle_window) or not 1 <= p.shuffle_window <= 1 << 20):
+            raise ValueError(f"ticket: plan.shuffle_window must be an integer in [1, {1 << 20}] or null (the "
+                             f"loader's default), got {p.shuffle_window!r}")
+        if not _integer(p.shuffle_bytes) or not 1 <= p.shuffle_bytes <= 1 << 50:
+            raise ValueError(f"ticket: plan.shuffle_bytes must be an integer in [1, {1 << 50}], "
+                             f"got {p.shuffle_bytes!r}")
         if self.commit is not None and (not _integer(self.commit) or self.commit < 0):
             raise ValueError(f"ticket: commit must be a commit number (an integer >= 0) or null, got {self.commit!r}")
         for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last), ("row_ids", self.row_ids),
                             ("whole_windows", self.whole_windows)):
             if not isinstance(value, bool):
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
-        if not _integer(self.order) or self.order != ORDER:
-            raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with order {ORDER} "
-                             "(a client and server of different zarrfeed releases: upgrade the older one)")
+        if not _integer(self.order) or self.order not in ORDERS or p.order != self.order:
+            raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with orders "
+                             f"{', '.join(map(str, ORDERS))} (a client and server of different zarrfeed releases: "
+                             "upgrade the older one)")
         if self.row_ids and self.kind != "batches":
             raise ValueError("ticket: row_ids is for batches of rows (a window's row is its frame_row)")
         if self.kind not in KINDS:

@@ -215,7 +215,7 @@ class RemoteLoader(_RemoteFeed):
         batch_size: As `Loader`'s (default 256).
         seed: As `Loader`'s.
         shuffle: As `Loader`'s.
-        shuffle_window: As `Loader`'s; None: `Loader`'s default (8).
+        shuffle_window: As `Loader`'s; None: `Loader`'s default (the whole table up to 1 GiB decoded).
         rank: As `Loader`'s.
         world_size: As `Loader`'s.
         fields: As `Loader`'s.
@@ -257,7 +257,7 @@ class RemoteLoader(_RemoteFeed):
             self.dtype = np.dtype(self.dtype.descr + [(ROW_ID, "<i8")])
         self.transform = transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=8 if shuffle_window is None else shuffle_window, drop_last=drop_last)
+                            shuffle_window=shuffle_window, drop_last=drop_last)
         self._ticket = Ticket(table, plan, list(fields) if fields else None, self.commit, transform=transform,
                               transform_args=_json_args(transform_args), dataset=dataset, row_ids=bool(row_ids))
         self._plan(0)  # the server checks the arguments (and the transform's name) now
@@ -281,7 +281,7 @@ class RemoteWindowLoader(_RemoteFeed):
         future: As `WindowLoader`'s: frames after t in each window (default 50).
         whole_windows: As `WindowLoader`'s: only frames whose whole window lies inside their scene.
         batch_size: Samples per batch (default 32).
-        shuffle_window: As `WindowLoader`'s; None: its default (4).
+        shuffle_window: As `WindowLoader`'s; None: its default (all groups up to 1 GiB decoded).
     """
 
     def __init__(self, url: str, history: int = 10, future: int = 50, *, batch_size: int = 32, shuffle: bool = True,
@@ -294,7 +294,7 @@ class RemoteWindowLoader(_RemoteFeed):
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
+                            shuffle_window=shuffle_window, drop_last=drop_last)
         self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
                               whole_windows=bool(whole_windows))
@@ -319,7 +319,7 @@ class _RemoteSamples(_RemoteFeed):
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=4 if shuffle_window is None else shuffle_window, drop_last=drop_last)
+                            shuffle_window=shuffle_window, drop_last=drop_last)
         self._ticket = Ticket(self.TABLE, plan, None, self.commit, kind=self.KIND, history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
                               step_time=step_time, **selection)
@@ -343,7 +343,7 @@ class RemoteAgentSampleLoader(_RemoteSamples):
         min_history: As `AgentSampleLoader`'s: valid past frames a sampled agent needs (default 10).
         min_future: As `AgentSampleLoader`'s: valid future frames a sampled agent needs (default 1).
         batch_size: Samples per batch (default 32).
-        shuffle_window: As `AgentSampleLoader`'s; None: its default (4).
+        shuffle_window: As `AgentSampleLoader`'s; None: its default (all groups up to 1 GiB decoded).
     """
 
     KIND, TABLE = "agents", "agents"
@@ -374,7 +374,7 @@ class RemoteEgoSampleLoader(_RemoteSamples):
         future: As `EgoSampleLoader`'s: future frames of each sample (default 50).
         step_time: As `EgoSampleLoader`'s: seconds between two frames (default 0.1).
         batch_size: Samples per batch (default 32).
-        shuffle_window: As `EgoSampleLoader`'s; None: its default (4).
+        shuffle_window: As `EgoSampleLoader`'s; None: its default (all groups up to 1 GiB decoded).
     """
 
     KIND, TABLE = "ego", "frames"

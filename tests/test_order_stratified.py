@@ -1,0 +1,171 @@
+"""Order 2 (issue 38): batches as mixed as a true shuffle whenever the table fits the loader's shuffle_bytes.
+The order is specified (loader/order.py) and held to stored golden blocks, the same in C and Python, a
+permutation of every epoch's rows with random access per block; a loader's default window is the whole table
+up to shuffle_bytes (a function of the dataset and options, recorded in its state); a state saved in order 1
+goes on in order 1."""
+import hashlib
+import statistics
+
+import numpy as np
+import pytest
+
+import zarrfeed.loader.order as order_module
+from zarrfeed.loader import Loader, SequenceLoader, WindowLoader
+from zarrfeed.loader.order import block_count, block_starts, fill_block, strata
+from zarrfeed.loader.plan import EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
+
+SIZES = [[20802] * 100, [1, 2, 3, 5, 63, 64, 65, 100, 7, 4099], [0, 5, 0, 3000], [20802] * 99 + [17], [1]]
+
+
+def blocks_of(sizes, seed=3, epoch=1, window=2):
+    sizes = np.array(sizes, np.int64)
+    n = block_count(int(sizes.sum()))
+    starts = block_starts(sizes, n)
+    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    mults, offsets = strata(sizes, seed, epoch, window)
+    out = []
+    for t in range(n):
+        block = np.empty(int(starts[t + 1] - starts[t]), np.int64)
+        fill_block(block, bases, sizes, mults, offsets, t, n, seed, epoch, window)
+        out.append(block)
+    return mults, offsets, out
+
+
+def test_golden_blocks():
+    """Stored order-2 blocks: a change of the algorithm fails here (states and tickets carry order 2)."""
+    mults, offsets, blocks = blocks_of([20802] * 100)
+    assert mults[:4].tolist() == GOLDEN_MULTS and offsets[:4].tolist() == GOLDEN_OFFSETS
+    assert len(blocks) == 64 and blocks[0][:6].tolist() == GOLDEN_FIRST
+    digest = hashlib.sha256(np.concatenate(blocks).astype("<i8").tobytes()).hexdigest()
+    assert digest == GOLDEN_DIGEST
+
+
+GOLDEN_MULTS = [8579, 18709, 18629, 8779]
+GOLDEN_OFFSETS = [5898, 2929, 15553, 7582]
+GOLDEN_FIRST = [2038297, 655163, 435743, 1627841, 534230, 1719247]
+GOLDEN_DIGEST = "2415091c5c540ab7c9286437f7b5e42e629bc1e296e965097fd2e629ecf36a84"
+
+
+@pytest.mark.parametrize("sizes", SIZES, ids=range(len(SIZES)))
+def test_c_and_python_give_the_same_blocks_and_every_row_once(sizes, monkeypatch):
+    if order_module._order is None:
+        pytest.skip("the C extension is not built here")
+    c = blocks_of(sizes)
+    monkeypatch.setattr(order_module, "_order", None)  # the fallback without a compiler
+    py = blocks_of(sizes)
+    assert np.array_equal(c[0], py[0]) and np.array_equal(c[1], py[1])
+    assert all(np.array_equal(a, b) for a, b in zip(c[2], py[2], strict=True))
+    rows = np.concatenate(c[2])
+    assert np.array_equal(np.sort(rows), np.arange(sum(sizes)))
+
+
+def test_multipliers_spread_the_rows_a_block_takes():
+    """Each chunk's multiplier is coprime to its rows (a bijection) and its first multiples stay away from a
+    multiple of the chunk's rows, so a block's share of a chunk is spread over it, not a few runs."""
+    sizes = np.array([20802, 4096, 65, 97, 1000, 99991], np.int64)
+    for epoch in range(20):
+        mults, offsets = strata(sizes, 0, epoch, 0)
+        for a, b, s in zip(mults.tolist(), offsets.tolist(), sizes.tolist(), strict=True):
+            assert np.gcd(a, s) == 1 and 0 <= b < s
+            assert all(min(k * a % s, s - k * a % s) * 32 >= s for k in range(1, 9))
+
+
+def plan(n_rows, chunk_rows, batch, window, selection=None, **kw):
+    config = PlanConfig(n_rows=n_rows, chunk_rows=chunk_rows, batch_size=batch, shuffle_window=window, **kw)
+    return EpochPlan(config, kw.pop("epoch", 1), selection)
+
+
+@pytest.mark.parametrize("selected", [False, True])
+@pytest.mark.parametrize("window", [3, 40])
+def test_every_row_once_and_random_access_by_block(selected, window):
+    rng = np.random.default_rng(4)
+    n, c = 100_003, 2999
+    selection = selected_rows_per_chunk(n, c, rng.random(n) < 0.4) if selected else None
+    p = plan(n, c, 777, window, selection, seed=9)
+    rows = np.concatenate([p.batch_row_ids(k) for k in range(len(p))])
+    expect = (np.sort(np.concatenate([i * c + s for i, s in enumerate(selection)])) if selected
+              else np.arange(n))
+    assert np.array_equal(np.sort(rows), expect)
+    for pos in rng.integers(0, len(rows), 40).tolist() + [0, len(rows) - 1, 32767, 32768]:
+        assert p.row_at(pos) == rows[pos]
+        assert p.position_of(int(rows[pos])) == pos
+
+
+def test_ranks_share_the_stratified_sequence():
+    """Ranks take equal contiguous parts of one sequence, as in order 1: together every row once."""
+    parts = [plan(50_000, 1000, 256, 50, rank=r, world_size=3, drop_last=True) for r in range(3)]
+    rows = np.concatenate([np.concatenate([p.batch_row_ids(k) for k in range(len(p))]) for p in parts])
+    assert len(np.unique(rows)) == len(rows) and len(rows) == 3 * (50_000 // 3 // 256) * 256
+
+
+def distinct_chunks(order, batch, chunk_rows):
+    full = len(order) // batch * batch
+    return [len(np.unique(r // chunk_rows)) for r in order[:full].reshape(-1, batch)]
+
+
+@pytest.mark.parametrize("batch", [4096, 256])
+def test_batches_mix_chunks_at_least_as_a_uniform_permutation(batch):
+    """100 chunks of 20,802 rows (an L5Kit scene each), the whole table one window: every batch holds at least
+    as many distinct chunks as a uniform permutation's batches do (median and least); order 1's default window
+    of 8 chunks held 16 at most (a batch that spans two windows)."""
+    n, c = 100 * 20802, 20802
+    p = plan(n, c, batch, 100)
+    ours = distinct_chunks(np.concatenate([p.batch_row_ids(k) for k in range(len(p))]), batch, c)
+    uniform = distinct_chunks(np.random.default_rng(0).permutation(n), batch, c)
+    assert statistics.median(ours) >= statistics.median(uniform) and min(ours) >= min(uniform)
+    if batch == 4096:
+        assert min(ours) == 100
+    old = plan(n, c, batch, 8, order=1)
+    assert max(distinct_chunks(np.concatenate([old.batch_row_ids(k) for k in range(len(old))]), batch, c)) <= 16
+
+
+def test_window_chunks_from_the_dataset_and_options_alone():
+    assert window_chunks(1 << 30, 100, 241 << 20) == 100  # the whole table fits
+    assert window_chunks(100 << 20, 100, 200 << 20) == 50
+    assert window_chunks(1, 100, 200 << 20) == 1
+    with pytest.raises(ValueError, match="shuffle_bytes must be a positive number of bytes, got 0"):
+        window_chunks(0, 1, 1)
+
+
+def test_loaders_default_window_is_the_whole_table_and_mixes_every_chunk(small_dataset):
+    """The loaders' default (fails with the fixed window of 8 chunks before): the whole table is one window and
+    a batch holds rows of every chunk; a smaller shuffle_bytes gives a window of what fits, recorded in the
+    state, the same on any machine."""
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    with Loader(path, "agents", batch_size=512, num_workers=0) as loader:
+        n, chunks = loader.dataset.rows["agents"], loader.dataset["agents"].chunks[0]
+        assert loader.plan().config.shuffle_window == -(-n // chunks) and len(loader.plan().windows) == 1
+        assert loader.state().settings["shuffle_window"] == -(-n // chunks) and loader.state().order == 2
+        rows = [b["_row"] for b in Loader(path, "agents", batch_size=512, num_workers=0, row_ids=True)]
+        full = [r for r in rows if len(r) == 512]
+        assert all(len(np.unique(r // chunks)) >= min(-(-n // chunks), 25) for r in full)
+    with Loader(path, "agents", batch_size=512, num_workers=0, shuffle_bytes=4 * 500 * 116) as small:
+        assert small.plan().config.shuffle_window == 4
+    with WindowLoader(path, 2, 3, batch_size=16, num_workers=0) as windows:
+        assert len(windows.plan().windows) == 1
+
+
+def test_sequence_loader_default_window_is_every_group(dp_buffer):
+    with SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0) as loader:
+        assert len(loader.plan().windows) == 1
+
+
+def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
+    """A run saved before order 2 (order 1, shuffle_window 8 by default then) resumes mid-epoch with today's
+    defaults in its own order and window: the same batches the old run would have read next."""
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    args = dict(batch_size=300, num_workers=0, seed=4, row_ids=True)
+    with Loader(path, "agents", shuffle_window=8, order=1, **args) as old:
+        it = iter(old)
+        for _ in range(3):
+            next(it)
+        state = old.state_dict()
+        rest = [b["_row"].copy() for b in it]
+    assert state["order"] == 1 and state["settings"]["shuffle_window"] == 8
+    with Loader(path, "agents", **args) as new:
+        new.load_state_dict(state)
+        assert new.state().order == 1
+        assert all(np.array_equal(a, b["_row"]) for a, b in zip(rest, new, strict=True))
+    with Loader(path, "agents", shuffle_window=5, **args) as given:  # a window given is not overridden
+        with pytest.raises(ValueError, match="shuffle_window=8; this loader has shuffle_window=5"):
+            given.load_state_dict(state)
