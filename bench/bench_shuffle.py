@@ -4,16 +4,17 @@
 
 On a synthetic L5Kit dataset stored scene after scene (as L5Kit's is), the agents table, batches of 4,096 and 256:
   mixing  distinct scenes and distinct chunks per batch (median and minimum over an epoch) of
-          zarrfeed's epoch order with shuffle_window 8 (the default), 32 and the whole table (from the loader's
-              plan: the rows of every batch, without loading them)
+          zarrfeed's default epoch order (order 2: stratified blocks, the whole table one window when it fits
+              shuffle_bytes), the default with shuffle_bytes a tenth and a hundredth of the table's decoded
+              bytes (a table 10x and 100x the budget), and order 1 (before 2026-11-27) with shuffle_window 8
+              (its default), 32 and the whole table (from the loader's plan: every batch's rows, unloaded)
           a uniform permutation of the epoch (what torch's RandomSampler gives)
           MosaicML Streaming's default shuffle (py1e, blocks of 4 M samples, one node, shards of 500,000
               samples), if it is installed
               (pip install mosaicml-streaming)
-  cost    cached-epoch rows/s of each shuffle_window with 2 workers, in the same run, and their ratio to the
-          default's
+  cost    cached-epoch rows/s of each with 2 workers, in the same run, and their ratio to order 1's window 8
 Issue 38's targets: as mixed as the uniform permutation whenever the epoch fits the loader's memory, at >= 0.9x
-the default's cached throughput. Medians of --repeat for speeds.
+order 1's window 8 (the old default) cached throughput. Medians of --repeat for speeds.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def mixing(order: np.ndarray, batch: int, scene: np.ndarray, chunk_rows: int) ->
             "chunks median": statistics.median(chunks), "chunks min": min(chunks)}
 
 
-def zarrfeed_order(ds: Dataset, batch: int, window: int) -> np.ndarray:
-    with Loader(ds, "agents", batch_size=batch, shuffle_window=window, num_workers=0, seed=0) as loader:
+def zarrfeed_order(ds: Dataset, batch: int, options: dict) -> np.ndarray:
+    with Loader(ds, "agents", batch_size=batch, num_workers=0, seed=0, **options) as loader:
         plan = loader.plan(0)
         return np.concatenate([plan.batch_row_ids(k) for k in range(len(loader))])
 
@@ -64,9 +65,9 @@ def streaming_order(n: int) -> np.ndarray | None:
     return np.asarray(get_shuffle("py1e", np.array(shards), 1, 9176, 0, block_size=4_000_000))
 
 
-def cached_rows_per_s(ds: Dataset, batch: int, window: int) -> tuple[float, int]:
+def cached_rows_per_s(ds: Dataset, batch: int, options: dict) -> tuple[float, int]:
     """(seconds, rows) of the second epoch (the first decoded every chunk into the cache)."""
-    with Loader(ds, "agents", batch_size=batch, shuffle_window=window, num_workers=2, seed=0) as loader:
+    with Loader(ds, "agents", batch_size=batch, num_workers=2, seed=0, **options) as loader:
         for _ in loader:
             pass
         t = time.perf_counter()
@@ -82,7 +83,12 @@ def main() -> None:
         ds = Dataset.open(path)
         n, c = ds.rows["agents"], ds["agents"].chunks[0]
         whole = -(-n // c)
-        windows = {"window 8": 8, "window 32": 32, f"whole table ({whole})": whole}
+        table_bytes = whole * c * ds["agents"].dtype.itemsize
+        base = "order 1, window 8"
+        windows = {"default (order 2)": {}, "default, table 10x budget": {"shuffle_bytes": table_bytes // 10},
+                   "default, table 100x budget": {"shuffle_bytes": table_bytes // 100},
+                   base: {"shuffle_window": 8, "order": 1}, "order 1, window 32": {"shuffle_window": 32, "order": 1},
+                   f"order 1, whole table ({whole})": {"shuffle_window": whole, "order": 1}}
         scene = scene_of_rows(ds)
         print(machine())
         print(f"agents: {n:,} rows in {ds.rows['scenes']} scenes, stored scene after scene, chunks of {c:,} "
@@ -113,12 +119,12 @@ def main() -> None:
         print(f"\ncached epoch, 2 workers, median of {args.repeat}:")
         for k, v in rate.items():
             print(f"  {k:<36}{v / 1e6:>8.2f} M rows/s")
-        print("\nratios to the default window (speed, higher is faster):")
+        print(f"\nratios to {base} (speed, higher is faster):")
         for batch in BATCHES:
-            base = rate[f"window 8, batch {batch}"]
             for name in windows:
-                if name != "window 8":
-                    print(f"  {name}, batch {batch} / window 8: {rate[f'{name}, batch {batch}'] / base:.3f}x")
+                if name != base:
+                    print(f"  {name}, batch {batch} / {base}: "
+                          f"{rate[f'{name}, batch {batch}'] / rate[f'{base}, batch {batch}']:.3f}x")
 
 
 if __name__ == "__main__":

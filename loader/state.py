@@ -18,7 +18,8 @@ from .order import VERSION as ORDER
 
 VERSION = 1
 NAME = "zarrfeed.LoaderState"
-ORDER_NAMES = {0: "numpy's Generator, zarrfeed before 2026-11", 1: "zarrfeed's Fisher-Yates with SplitMix64"}
+ORDER_NAMES = {0: "numpy's Generator, zarrfeed before 2026-11", 1: "zarrfeed's Fisher-Yates with SplitMix64",
+               2: "stratified blocks, zarrfeed since 2026-11-27"}
 
 
 def _kind_names(kinds: type | tuple[type, ...]) -> str:
@@ -38,7 +39,8 @@ def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
     return "sha256:" + h.hexdigest()
 
 
-_DERIVED = frozenset({"table_rows", "chunk_rows", "samples"})  # settings that follow from the options
+# settings that follow from the options (and, by default, the window: from shuffle_bytes and what is read)
+_DERIVED = frozenset({"table_rows", "chunk_rows", "samples", "shuffle_window"})
 _SELECTED_BY = {"SequenceLoader": "episodes"}  # the option that selects what a loader reads (default rows=)
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 97, 128, 1000, 1023, 102
 
 
 def test_golden_orders():
-    """Stored orders: a change of the algorithm (or of numpy, or of a compiler) fails here."""
-    assert VERSION == 1
+    """Stored orders: a change of the algorithm (or of numpy, or of a compiler) fails here. (Order 2, the
+    default, shuffles its blocks with this permutation: tests/test_order_stratified.py.)"""
+    assert VERSION == 2
     assert permutation(10, 0, 0, 0).tolist() == [0, 6, 9, 3, 1, 4, 8, 2, 5, 7]
     assert permutation(17, 42, 3, 5).tolist() == [11, 8, 7, 16, 0, 3, 2, 6, 13, 5, 9, 12, 15, 4, 1, 14, 10]
     assert permutation(12, 7, 1, CHUNKS).tolist() == [7, 2, 0, 3, 6, 10, 1, 11, 8, 5, 9, 4]
@@ -148,9 +149,13 @@ def test_a_ticket_of_another_order_is_refused():
     from zarrfeed.flight.protocol import Ticket
     from zarrfeed.loader.plan import PlanSettings
 
-    raw = Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 1', b'"order": 0')
-    with pytest.raises(ValueError, match="ticket: epoch order 0; this server orders epochs with order 1"):
+    raw = Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 2', b'"order": 0')
+    with pytest.raises(ValueError, match="ticket: epoch order 0; this server orders epochs with orders 1, 2"):
         Ticket.decode(raw)
+    # a client of order 1 (before order 2: no order in its plan) is served in its order
+    old = Ticket("agents", PlanSettings(10, shuffle_window=8)).to_json().replace(b', "order": 2', b"")
+    old = old.replace(b'"batch": 0', b'"order": 1, "batch": 0')
+    assert Ticket.decode(old).plan.order == 1
 
 
 @pytest.mark.parametrize("python", [False, True])
@@ -190,8 +195,8 @@ def test_a_ticket_without_an_order_is_an_old_clients_and_refused():
     from zarrfeed.flight.protocol import Ticket
     from zarrfeed.loader.plan import PlanSettings
 
-    for raw in (Ticket("agents", PlanSettings(10), batch=5).to_json().replace(b', "order": 1', b""),
-                Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 1', b'"order": true')):
+    for raw in (Ticket("agents", PlanSettings(10), batch=5).to_json().replace(b', "order": 2', b""),
+                Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 2', b'"order": true')):
         with pytest.raises(ValueError, match="ticket: epoch order"):
             Ticket.decode(raw)
     Ticket.decode(Ticket("agents", PlanSettings(10, seed=2**63 + 5)).to_json())  # every seed a local loader takes
