@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, cast
 import numpy as np
 
 from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, start_fork_server
-from ..core._proc.shm import available_memory
+from ..core._proc.shm import ShmSpaceError, available_memory
 from . import read_worker, view_check
 from .arrow_bridge import to_arrow
 from .dataset import Dataset
@@ -213,6 +213,7 @@ class Loader:
         """What every loader keeps: its batch source, the options, where iteration is; the window left to
         `shuffle_bytes` resolved from what an epoch reads."""
         self._window_given = shuffle_window is not None
+        self._shuffle_bytes = shuffle_bytes
         if shuffle_window is None:
             source.config = dataclasses.replace(source.config, shuffle_window=default_window(source, shuffle_bytes))
         if cache_bytes is not None and cache_bytes < 0:
@@ -419,6 +420,7 @@ class Loader:
         if self._run is not None and not self._run.fits(plan):
             self.close()  # this epoch's windows need a larger cache than the last one's: start anew
         if self._run is None:
+            self._check_window_room(plan)
             outputs = self._output_layout(plan, first) if self.transform else None
             self._run = Run(self.source, self.sizing, outputs, plan)
             self._finalizer.detach()
@@ -450,6 +452,19 @@ class Loader:
             # parent gone)
             if not finished and not sys.is_finalizing():
                 self.close()
+
+    def _check_window_room(self, plan: EpochPlan) -> None:
+        """One line naming the option when this machine cannot hold the decoded chunks of a window at once: the
+        window follows from the dataset and the options (so that every machine makes the same order), never
+        shrunk to fit, so the user chooses a smaller one."""
+        chunks = max((len(self.source.chunks_of(plan, w)) for w in range(len(plan.windows))), default=0)
+        need, free = chunks * self.source.chunk_bytes, available_memory()
+        if need > free:
+            option = (f"shuffle_window={self.source.config.shuffle_window}" if self._window_given else
+                      f"shuffle_bytes={self._shuffle_bytes}")
+            raise ShmSpaceError(f"a shuffle window of {chunks} chunks needs {need / 2**20:.0f} MiB of decoded chunks "
+                                f"in memory at once, but this machine has {free / 2**20:.0f} MiB available: pass a "
+                                f"smaller {option.split('=')[0]} than {option} (the batch order changes with it)")
 
     def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
         """The ring slots' layout for the transform's output, from one run of it on batch k. It runs in a

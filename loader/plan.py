@@ -93,17 +93,21 @@ class PlanConfig:
             raise ValueError(f"epoch order {self.order!r}: this zarrfeed orders epochs with orders {ORDERS}")
 
 
+MIN_WINDOW = 8  # chunks a default window holds at least (order 1's default window)
+
+
 def window_chunks(shuffle_bytes: int, chunks: int, epoch_bytes: int) -> int:
     """The window (in plan chunks) that `shuffle_bytes` gives an epoch reading `chunks` chunks, `epoch_bytes`
-    decoded: all of them when they fit, else as many as fit (at least one). A function of the dataset and the
-    options only, never of this machine's memory, so that every rank and a resumed run make the same order."""
+    decoded: all of them when they fit, else as many as fit, and never fewer than `MIN_WINDOW` (a smaller
+    budget would mix batches less than zarrfeed always did). A function of the dataset and the options only,
+    never of this machine's memory, so that every rank and a resumed run make the same order."""
     if isinstance(shuffle_bytes, bool) or not isinstance(shuffle_bytes, int) or shuffle_bytes < 1:
         raise ValueError(f"shuffle_bytes must be a positive number of bytes, got {shuffle_bytes!r}")
     if chunks <= 0:
         return 1
     if epoch_bytes <= shuffle_bytes:
         return chunks
-    return max(1, min(chunks, shuffle_bytes * chunks // max(epoch_bytes, 1)))
+    return min(chunks, max(MIN_WINDOW, shuffle_bytes * chunks // max(epoch_bytes, 1)))
 
 
 def selected_rows_per_chunk(n_rows: int, chunk_rows: int, rows: np.ndarray | None) -> list[np.ndarray] | None:

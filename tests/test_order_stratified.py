@@ -122,7 +122,8 @@ def test_batches_mix_chunks_at_least_as_a_uniform_permutation(batch):
 def test_window_chunks_from_the_dataset_and_options_alone():
     assert window_chunks(1 << 30, 100, 241 << 20) == 100  # the whole table fits
     assert window_chunks(100 << 20, 100, 200 << 20) == 50
-    assert window_chunks(1, 100, 200 << 20) == 1
+    assert window_chunks(1, 100, 200 << 20) == 8  # never fewer chunks than order 1's default window
+    assert window_chunks(1, 3, 200 << 20) == 3
     with pytest.raises(ValueError, match="shuffle_bytes must be a positive number of bytes, got 0"):
         window_chunks(0, 1, 1)
 
@@ -139,8 +140,8 @@ def test_loaders_default_window_is_the_whole_table_and_mixes_every_chunk(small_d
         rows = [b["_row"] for b in Loader(path, "agents", batch_size=512, num_workers=0, row_ids=True)]
         full = [r for r in rows if len(r) == 512]
         assert all(len(np.unique(r // chunks)) >= min(-(-n // chunks), 25) for r in full)
-    with Loader(path, "agents", batch_size=512, num_workers=0, shuffle_bytes=4 * 500 * 116) as small:
-        assert small.plan().config.shuffle_window == 4
+    with Loader(path, "agents", batch_size=512, num_workers=0, shuffle_bytes=10 * 500 * 116) as small:
+        assert small.plan().config.shuffle_window == 10
     with WindowLoader(path, 2, 3, batch_size=16, num_workers=0) as windows:
         assert len(windows.plan().windows) == 1
 
@@ -169,3 +170,18 @@ def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
     with Loader(path, "agents", shuffle_window=5, **args) as given:  # a window given is not overridden
         with pytest.raises(ValueError, match="shuffle_window=8; this loader has shuffle_window=5"):
             given.load_state_dict(state)
+
+
+@pytest.mark.parametrize("given", [{}, {"shuffle_window": 20}])
+def test_a_window_this_machine_cannot_hold_is_one_line_naming_the_option(small_dataset, monkeypatch, given):
+    """The window is not shrunk to fit a machine (another machine would make another order): the loader says
+    what it needs and which option makes it smaller, before any worker starts."""
+    import zarrfeed.loader.batches as batches
+
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    monkeypatch.setattr(batches, "available_memory", lambda: 100_000)
+    option = "shuffle_window=20" if given else f"shuffle_bytes={1 << 30}"
+    with Loader(path, "agents", batch_size=512, num_workers=2, **given) as loader:
+        with pytest.raises(MemoryError, match=rf"MiB available: pass a smaller {option.split('=')[0]} than {option}"):
+            next(iter(loader))
+        assert loader.worker_pids == []

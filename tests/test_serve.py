@@ -124,7 +124,8 @@ def equal_batches(remote, local):
 @pytest.mark.parametrize("args", [dict(batch_size=500, seed=1),
                                   dict(batch_size=333, seed=2, shuffle_window=2, fields=["centroid", "track_id"]),
                                   dict(batch_size=1000, shuffle=False, drop_last=True),
-                                  dict(batch_size=256, seed=4, rank=1, world_size=3)])
+                                  dict(batch_size=256, seed=4, rank=1, world_size=3),
+                                  dict(batch_size=300, seed=3, shuffle_bytes=1)])  # the window's floor, 8 chunks
 def test_remote_batches_are_the_local_loaders(server, data, args):
     with RemoteLoader(server.url, "agents", **args) as remote, \
             Loader(data, "agents", num_workers=0, copy=True, **args) as local:

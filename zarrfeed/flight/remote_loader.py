@@ -25,7 +25,7 @@ from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
 from ..core.schema import field_names
-from ..loader.plan import PlanSettings
+from ..loader.plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
 from ..loader.state import LoaderState
 from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
 from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
@@ -215,7 +215,8 @@ class RemoteLoader(_RemoteFeed):
         batch_size: As `Loader`'s (default 256).
         seed: As `Loader`'s.
         shuffle: As `Loader`'s.
-        shuffle_window: As `Loader`'s; None: `Loader`'s default (the whole table up to 1 GiB decoded).
+        shuffle_window: As `Loader`'s; None: `Loader`'s default (the whole table up to `shuffle_bytes` decoded).
+        shuffle_bytes: As `Loader`'s (default 1 GiB): the decoded bytes the default window holds.
         rank: As `Loader`'s.
         world_size: As `Loader`'s.
         fields: As `Loader`'s.
@@ -243,7 +244,8 @@ class RemoteLoader(_RemoteFeed):
                  output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
-                 row_ids: bool = False, stall_timeout: float = STALL_TIMEOUT) -> None:
+                 row_ids: bool = False, stall_timeout: float = STALL_TIMEOUT,
+                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         tables = self.info["tables"]
         if table not in tables:
@@ -257,7 +259,7 @@ class RemoteLoader(_RemoteFeed):
             self.dtype = np.dtype(self.dtype.descr + [(ROW_ID, "<i8")])
         self.transform = transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=shuffle_window, drop_last=drop_last)
+                            shuffle_window=shuffle_window, drop_last=drop_last, shuffle_bytes=shuffle_bytes)
         self._ticket = Ticket(table, plan, list(fields) if fields else None, self.commit, transform=transform,
                               transform_args=_json_args(transform_args), dataset=dataset, row_ids=bool(row_ids))
         self._plan(0)  # the server checks the arguments (and the transform's name) now
@@ -290,11 +292,12 @@ class RemoteWindowLoader(_RemoteFeed):
                  transform: str | None = None, transform_args: dict[str, Any] | None = None,
                  tls_root_certs: bytes | None = None, timeout: float = 30.0,
                  reconnect_timeout: float = 60.0, dataset: str | None = None, whole_windows: bool = False,
-                 stall_timeout: float = STALL_TIMEOUT) -> None:
+                 stall_timeout: float = STALL_TIMEOUT,
+                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=shuffle_window, drop_last=drop_last)
+                            shuffle_window=shuffle_window, drop_last=drop_last, shuffle_bytes=shuffle_bytes)
         self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
                               whole_windows=bool(whole_windows))
@@ -315,11 +318,12 @@ class _RemoteSamples(_RemoteFeed):
                batch_size: int, shuffle: bool, seed: int, shuffle_window: int | None, rank: int, world_size: int,
                drop_last: bool, token: str | None, output: str, transform: str | None,
                transform_args: dict[str, Any] | None, tls_root_certs: bytes | None, timeout: float,
-               reconnect_timeout: float, dataset: str | None, stall_timeout: float) -> None:
+               reconnect_timeout: float, dataset: str | None, stall_timeout: float,
+               shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
         super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
         self.history, self.future, self.transform = history, future, transform
         plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=shuffle_window, drop_last=drop_last)
+                            shuffle_window=shuffle_window, drop_last=drop_last, shuffle_bytes=shuffle_bytes)
         self._ticket = Ticket(self.TABLE, plan, None, self.commit, kind=self.KIND, history=history, future=future,
                               transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
                               step_time=step_time, **selection)
@@ -355,11 +359,13 @@ class RemoteAgentSampleLoader(_RemoteSamples):
                  token: str | None = None, output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
-                 stall_timeout: float = STALL_TIMEOUT) -> None:
+                 stall_timeout: float = STALL_TIMEOUT,
+                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
         self._start(url, history, future, step_time,
                     dict(threshold=threshold, min_history=min_history, min_future=min_future), batch_size,
                     shuffle, seed, shuffle_window, rank, world_size, drop_last, token, output, transform,
-                    transform_args, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
+                    transform_args, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout,
+                    shuffle_bytes=shuffle_bytes)
 
 
 class RemoteEgoSampleLoader(_RemoteSamples):
@@ -385,7 +391,8 @@ class RemoteEgoSampleLoader(_RemoteSamples):
                  token: str | None = None, output: str = "numpy", transform: str | None = None,
                  transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
                  timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
-                 stall_timeout: float = STALL_TIMEOUT) -> None:
+                 stall_timeout: float = STALL_TIMEOUT,
+                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
         self._start(url, history, future, step_time, {}, batch_size, shuffle, seed, shuffle_window, rank,
                     world_size, drop_last, token, output, transform, transform_args, tls_root_certs, timeout,
-                    reconnect_timeout, dataset, stall_timeout)
+                    reconnect_timeout, dataset, stall_timeout, shuffle_bytes=shuffle_bytes)
