@@ -187,7 +187,9 @@ def main() -> None:
             s, samples, agents = windows_l5kit(path, 300)
             runs.setdefault("(l) L5Kit windows", []).append((s, samples))
         rate = {k: statistics.median(r / s for s, r in v) for k, v in runs.items()}
-        write_json(args.json, rate)
+        # first batches as a speed (per second, higher is faster), as every figure of --json is
+        firsts = {f"first batches/s {b}": 1 / statistics.median(v) for b, v in ttfb.items() if v}
+        write_json(args.json, {**rate, **firsts})
         if args.check_only:
             print(f"agents: {n:,} rows; {args.repeat} repeats, checked and unchecked alternating which goes first")
             for epoch, ratios in paired.items():

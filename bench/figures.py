@@ -1,0 +1,140 @@
+"""The one place every measured figure the docs quote lives: docs/figures.json. A figure is quoted in a page as
+its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment shows in neither
+GitHub nor the site); tests/test_figures.py fails when a quoted number is not the recorded one, when a marker
+names no figure, or when a figure is quoted nowhere, so that the pages cannot drift apart.
+
+    python bench/bench_loader.py --repeat 3 --json run.json   # any bench script with --json
+    python bench/figures.py record bench_loader.py run.json   # its figures into docs/figures.json
+    python bench/figures.py set first_batch.rows "0.07-0.10"  # a figure no script computes alone
+    python bench/figures.py sync                              # every marked number in the docs rewritten
+    python bench/figures.py check                             # what the test checks
+
+A figure computed by a script names it (`script`), the speed it is (`speed`, a key of that script's --json
+output), optionally the speed it is divided by (`over`), a `scale` and a `format`; `record` stores the value
+with the date and machine of the run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "docs" / "figures.json"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+MARKER = re.compile(r"([0-9][0-9.,\-]*)<!--fig:([A-Za-z0-9_.\-]+)-->")
+
+
+def load() -> dict[str, dict]:
+    return json.loads(FIGURES.read_text())
+
+
+def save(figures: dict[str, dict]) -> None:
+    FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown CPU")
+    return cpu
+
+
+def computed(figure: dict, speeds: dict[str, float]) -> str:
+    """The figure's value from a script's --json speeds."""
+    value = speeds[figure["speed"]]
+    if "over" in figure:
+        value /= speeds[figure["over"]]
+    if figure.get("invert"):
+        value = 1 / value
+    return figure.get("format", "{:.2f}").format(value * figure.get("scale", 1))
+
+
+def record(script: str, run: Path) -> list[str]:
+    """Every figure of `script` from its --json output `run`; the names changed."""
+    speeds, figures = json.loads(run.read_text()), load()
+    stamp = {"date": datetime.date.today().isoformat(), "machine": machine()}
+    changed = []
+    for name, figure in figures.items():
+        if figure.get("script") == script:
+            figure.update(value=computed(figure, speeds), **stamp)
+            changed.append(name)
+    save(figures)
+    return changed
+
+
+def quotes() -> list[tuple[Path, int, str, str]]:
+    """Every marked number in the pages: (page, line, number, figure)."""
+    out = []
+    for page in PAGES:
+        for i, line in enumerate(page.read_text().splitlines(), 1):
+            out += [(page, i, m.group(1), m.group(2)) for m in MARKER.finditer(line)]
+    return out
+
+
+def check() -> list[str]:
+    """What disagrees: a quoted number that is not its figure's, a marker of no figure, a figure quoted nowhere."""
+    figures, problems, used = load(), [], set()
+    for page, line, number, name in quotes():
+        used.add(name)
+        if name not in figures:
+            problems.append(f"{page.relative_to(ROOT)}:{line}: no figure {name!r} in docs/figures.json")
+        elif number != figures[name]["value"]:
+            problems.append(f"{page.relative_to(ROOT)}:{line}: {name} is quoted as {number}, recorded as "
+                            f"{figures[name]['value']} (python bench/figures.py sync)")
+    problems += [f"figure {name!r} is quoted in no page" for name in sorted(set(figures) - used)]
+    return problems
+
+
+def sync() -> int:
+    """Rewrite every marked number in the pages to its recorded value; the count of numbers changed."""
+    figures, changed = load(), 0
+    for page in PAGES:
+        text = page.read_text()
+
+        def put(m: re.Match) -> str:
+            nonlocal changed
+            value = figures.get(m.group(2), {}).get("value", m.group(1))
+            changed += value != m.group(1)
+            return f"{value}<!--fig:{m.group(2)}-->"
+
+        new = MARKER.sub(put, text)
+        if new != text:
+            page.write_text(new)
+    return changed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("record", help="a bench script's figures from its --json output")
+    r.add_argument("script")
+    r.add_argument("run", type=Path)
+    s = sub.add_parser("set", help="one figure's value, by hand")
+    s.add_argument("name")
+    s.add_argument("value")
+    sub.add_parser("sync", help="rewrite every marked number in the docs")
+    sub.add_parser("check", help="what the test checks")
+    args = ap.parse_args()
+    if args.command == "record":
+        print("recorded:", ", ".join(record(args.script, args.run)) or "nothing (no figure of that script)")
+    elif args.command == "set":
+        figures = load()
+        if args.name not in figures:
+            print(f"no figure {args.name!r} (figures: {', '.join(sorted(figures))})", file=sys.stderr)
+            return 2
+        figures[args.name].update(value=args.value, date=datetime.date.today().isoformat(), machine=machine())
+        save(figures)
+    elif args.command == "sync":
+        print(f"{sync()} numbers rewritten")
+    problems = check()
+    for p in problems:
+        print(p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
