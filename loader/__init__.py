@@ -5,11 +5,12 @@ from ..core.stores import StoreUnreachable
 from .arrow_bridge import to_arrow
 from .batches import Loader, LoaderError, LoaderStalledError
 from .dataset import Dataset, ValidationReport
+from .options import LoaderOptions
 from .parquet_export import export_parquet
 from .sample_loaders import AgentSampleLoader, EgoSampleLoader
 from .sequences import SequenceLoader
 from .windows import WindowLoader
 
 __all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "Loader", "LoaderError",
-           "LoaderStalledError", "SequenceLoader", "StoreUnreachable", "ValidationReport", "WindowLoader",
-           "export_parquet", "from_arrow", "to_arrow"]
+           "LoaderOptions", "LoaderStalledError", "SequenceLoader", "StoreUnreachable", "ValidationReport",
+           "WindowLoader", "export_parquet", "from_arrow", "to_arrow"]

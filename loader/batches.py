@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import weakref
-from typing import Any, Callable, Iterator, cast
+from typing import Any, Callable, Iterator, Unpack, cast
 
 import numpy as np
 
@@ -23,9 +23,9 @@ from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout, TransformOutputError, transform_name
-from .order import ORDERS, VERSION as ORDER
-from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, selected_rows_per_chunk, \
-    window_chunks
+from .options import LoaderOptions, Options
+from .order import ORDERS
+from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
 from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing, WorkerOptions
 from .source import BatchSource, RowSource
 from .state import LoaderState, selection_digest
@@ -98,6 +98,8 @@ class Loader:
     keyword-only. Iterating continues where the previous iteration stopped; after a complete epoch the epoch
     advances.
 
+    Every loader takes the options of `LoaderOptions` (listed below), keyword-only.
+
     Args:
         dataset_or_path: An open `Dataset`, or a directory, `.zip` file or fsspec URL to open (with
             `storage_options` and `commit`, which are ignored when a `Dataset` is given).
@@ -105,117 +107,52 @@ class Loader:
         batch_size: Rows per batch (default 256); the last batch of an epoch may be shorter (see `drop_last`).
         fields: The fields to load, in this order (default all; one name loads one field); fewer fields mean
             less to gather and copy. An unknown or repeated field is refused.
-        shuffle: Shuffle the rows (default); False reads the selected rows in table order.
-        seed: The integer that, with the epoch, decides the shuffled order (the same on every machine).
-        shuffle_window: Chunks (in a random order) whose rows are shuffled together. Default: the whole table
-            when its decoded chunks fit `shuffle_bytes`, else as many chunks as fit; batches then hold every
-            chunk of the window in proportion (the loading guide says exactly what the order is).
-        shuffle_bytes: Decoded bytes of chunks the default window holds (default 1 GiB): more mixes rows from
-            further apart, at the cost of memory and of decoding more before the first batch. The window it
-            gives depends on the dataset and the options only, never on this machine.
-        order: The epoch order's algorithm (default 2); 1 resumes a run saved before 2026-11-27 in its order
-            (a state saved then is resumed in it without asking).
-        num_workers: Reader processes that decode chunks and gather batches (default 2; 0: in this process).
-            The batches and their order do not depend on it.
-        prefetch: Batches made ahead of the one being used, at least (default 4); more smooths out slow
-            chunks, at the cost of shared memory.
-        drop_last: Drop the rows that do not fill a last batch and, with several ranks, the tail that does
-            not divide equally among them. Default: the last batch is short, and ranks' shares are made equal
-            by repeating rows from the start of the epoch.
-        rank: This process's rank, in [0, world_size): it reads the rank-th of `world_size` equal parts of each
-            epoch (mostly different chunks), the same order on every rank.
-        world_size: The number of ranks sharing each epoch (default 1). `use_ranks` (or `to_torch`) can set
-            both from `torch.distributed` instead.
         rows: The committed rows to read, as an index array (no repeats; read in plan order, not the given
             order) or a boolean mask with one entry per committed row. Default: all of them.
-        transform: A function run in the workers on each batch (after `dtypes`), taking and returning a dict of
-            numpy arrays whose first axis is the batch's rows; its output shapes per row must not change. It
-            runs once first, in a process of its own, to size the batch slots.
-        copy: Yield batches that own their arrays (one copy each). Default: views into shared memory, valid
-            until the next batch is requested.
-        start_method: How worker processes start ("fork", "spawn" or "forkserver"); default "forkserver" where
-            the platform has it. "fork" starts faster, but a child of a process with threads may deadlock.
-        restart_workers: Start a new worker in place of one that dies, and have it make that worker's
-            batches again. Default: raise `LoaderError`.
-        stall_timeout: Seconds a batch may wait on a process that is stopped (SIGSTOP, a debugger, a frozen
-            cgroup): this loader's worker, or another process holding the host cache it needs; then it raises
-            `LoaderStalledError` naming the pids. Default (None): it waits as long as they are stopped (a
-            stopped process goes on where it was once it gets SIGCONT), and after 10 s the log says which
-            process it waits for and what to do. A running process, however slow, is never timed out.
         output: "numpy" (default): dicts of arrays; "arrow": pyarrow RecordBatches over the same memory.
-        storage_options: fsspec options for a URL (credentials, `endpoint_url`, ...).
-        commit: The commit number to read (default: the latest when opened); pin one so that every rank
-            reads the same rows while a writer appends.
-        cache_dir: A local folder keeping fetched chunk objects of a dataset on an object store across epochs
-            and runs (nothing is kept for a local dataset); default: none.
-        cache_dir_bytes: The bound of `cache_dir`, in bytes (default 8 GiB); least recently used go first.
-        dtypes: Fields converted in the workers (`{"centroid": "float32"}`); only fields of the batches.
+        dtypes: Fields converted in the workers (`{"centroid": "float32"}`, before `transform`); only fields of
+            the batches.
         casting: Which `dtypes` conversions are allowed: numpy's rule ("no", "equiv", "safe", "same_kind",
             "unsafe"). Default (None): "safe" casts, and a float to a narrower float.
-        check_views: Make a view used after the next batch fault loudly (a debug mode; no effect with
-            `copy=True`). Default (None): the environment variable ZARRFEED_CHECK_VIEWS decides.
-        cache_bytes: Bytes of decoded chunks kept across epochs (default: a quarter of the memory available;
-            0: none, every epoch decodes again). With `cache="host"` it sizes the host's cache if this loader
-            makes it.
-        cache: Where decoded chunks are kept: "host" (default), one cache shared by every loader of this
-            dataset commit on this machine; "process", this loader's own; "off", none.
         row_ids: Add a column `_row` (int64): each row's index in the table, to join batches with labels kept
             elsewhere or to check that every row was read once.
-        verify_chunks: Check every chunk read against the size and digest its commit recorded, before it is
-            decoded (default; about 10 us per chunk against ~400 us to decode it). False reads unchecked
-            (also when the `Dataset` given was opened with `verify_chunks=False`): a chunk changed on disk, or
-            another dataset put in this one's place, is then read as this dataset's rows, with no error.
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, table: str = "agents", *,
-                 batch_size: int = 256, fields: list[str] | str | None = None, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int | None = None, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
-                 rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
-                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
-                 stall_timeout: float | None = None,
-                 output: str = "numpy", storage_options: dict[str, Any] | None = None, commit: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 dtypes: dict[str, Any] | None = None, check_views: bool | None = None,
-                 cache_bytes: int | None = None, casting: str | None = None,
-                 cache: str = "host", row_ids: bool = False, verify_chunks: bool = True,
-                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES, order: int = ORDER) -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
+                 batch_size: int = 256, fields: list[str] | str | None = None, rows: np.ndarray | None = None,
+                 output: str = "numpy", dtypes: dict[str, Any] | None = None, casting: str | None = None,
+                 row_ids: bool = False, **options: Unpack[LoaderOptions]) -> None:
+        o = Options.of(options, "Loader")
+        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         if table not in ds.tables:
             raise ValueError(f"table {table!r} is not in the dataset (tables: {', '.join(ds.tables)})")
         array = ds[table]
         selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
-        config = PlanConfig.of(ds.rows[table], array.chunks[0], PlanSettings(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last, order=order))
+        config = PlanConfig.of(ds.rows[table], array.chunks[0], o.plan(batch_size))
         records = Layout.of_records(array.dtype, fields, batch_size)
         unknown = sorted(set(dtypes or ()) - {c.name for c in records.columns})
         if unknown:
             raise ValueError(f"dtypes: no field {unknown[0]!r} in this loader's batches "
                              f"(fields: {', '.join(c.name for c in records.columns)})")
         _Cast.check({c.name: c.dtype for c in records.columns}, dtypes or {}, casting)
-        fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
+        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
         source = RowSource(ds, table, config, selection, records, read_worker.Source.of(ds, fetch))
-        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
-                                restart_workers=restart_workers, stall_timeout=stall_timeout,
-                                transform=_Cast.around(transform, dtypes))
-        self._start(source, workers, fetch=fetch, copy=copy, output=output, check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
+        self._start(source, o, o.workers(_Cast.around(o.transform, dtypes)), fetch=fetch, output=output)
         if row_ids and ROW_ID in {c.name for c in records.columns}:
             raise ValueError(f"row_ids: the table has a field named {ROW_ID!r} already")
         self.row_ids = bool(row_ids)
 
-    def _start(self, source: BatchSource, workers: WorkerOptions, *, fetch: FetchOptions, copy: bool, output: str,
-               check_views: bool | None, cache_bytes: int | None, cache: str = "host",
-               shuffle_window: int | None = None, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
+    def _start(self, source: BatchSource, o: Options, workers: WorkerOptions, *, fetch: FetchOptions,
+               output: str = "numpy") -> None:
         """What every loader keeps: its batch source, the options, where iteration is; the window left to
         `shuffle_bytes` resolved from what an epoch reads."""
-        self._window_given = shuffle_window is not None
-        self._shuffle_bytes = shuffle_bytes
-        if shuffle_window is None:
-            source.config = dataclasses.replace(source.config, shuffle_window=default_window(source, shuffle_bytes))
+        self._window_given = o.shuffle_window is not None
+        self._shuffle_bytes = o.shuffle_bytes
+        if o.shuffle_window is None:
+            source.config = dataclasses.replace(source.config, shuffle_window=default_window(source, o.shuffle_bytes))
+        copy, check_views, cache_bytes, cache = o.copy, o.check_views, o.cache_bytes, o.cache
         if cache_bytes is not None and cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0 (0: no cache across epochs), got {cache_bytes}")
         if cache not in ("host", "process", "off"):

@@ -17,7 +17,7 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
 import numpy as np
 
@@ -30,11 +30,9 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
-from .order import VERSION as ORDER
-from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, WorkerPlans, \
-    selected_rows_per_chunk
+from .options import LoaderOptions, Options
+from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
-from .scheduler import WorkerOptions
 from .windows import SampleGroups
 from .source import plan_settings
 
@@ -213,29 +211,19 @@ def _layout(ego: bool, steps: Steps, batch_size: int) -> Layout:
 class _SampleLoader(Loader):
     """What both sample loaders share: the samples, the source, the options."""
 
-    def _begin(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray, options: dict[str, Any], *,
-               batch_size: int, shuffle: bool, seed: int, shuffle_window: int | None, num_workers: int, prefetch: int,
-               drop_last: bool, rank: int, world_size: int, transform: Callable | None, copy: bool,
-               start_method: str | None, restart_workers: bool, stall_timeout: float | None,
-               cache_dir: str | os.PathLike | None,
-               cache_dir_bytes: int, check_views: bool | None, cache_bytes: int | None, cache: str,
-               shuffle_bytes: int, order: int) -> None:
+    def _begin(self, ds: Dataset, steps: Steps, ego: bool, items: np.ndarray, options: dict[str, Any],
+               batch_size: int, o: Options) -> None:
         samples = MotionSamples(ds, steps, ego, items, options.get("threshold", 0.5))
         self.samples, self.steps = samples, steps
         self.history, self.future = steps.history, steps.future
         g = samples.group_rows
         selection = samples.selection()
-        config = PlanConfig.of(len(selection) * g, g, PlanSettings(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last, order=order))
-        fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
+        config = PlanConfig.of(len(selection) * g, g, o.plan(batch_size))
+        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
         kind = type(self).__name__
         source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
                               read_worker.Source.of(ds, fetch), fetch, kind, "frames" if ego else "agents", options)
-        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
-                                restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
-        self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
+        self._start(source, o, o.workers(o.transform), fetch=fetch)
 
 
 def _l5kit_dataset(ds: Dataset, who: str) -> None:
@@ -265,10 +253,11 @@ class AgentSampleLoader(_SampleLoader):
     `agents_mask/<threshold>` when it belongs to this dataset commit (`zarrfeed mask DATASET`), else computed
     now (said in the log). `rows=` samples other agent rows (an index array or a boolean mask over agents).
 
-    Options as `Loader` (except `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does
-    not take), plus:
+    It takes every loader's options (`LoaderOptions`, listed below); `shuffle_window` counts groups of
+    samples, one per agents chunk, and `num_workers` also computes the agents mask when none is stored.
 
     Args:
+        dataset_or_path: An open `Dataset`, or a directory, `.zip` file or fsspec URL to open (as `Loader`'s).
         history: Past frames of each sample (L5Kit's `history_num_frames`, default 10).
         future: Future frames of each sample (L5Kit's `future_num_frames`, default 50).
         step_time: Seconds between two frames (default 0.1), which velocities are divided by.
@@ -277,29 +266,15 @@ class AgentSampleLoader(_SampleLoader):
             with `rows=`).
         min_history: Valid past frames a sampled agent needs in the mask (default 10); not used with `rows=`.
         min_future: Valid future frames a sampled agent needs in the mask (default 1); not used with `rows=`.
-        num_workers: As `Loader`'s; also the processes that compute the agents mask when none is stored.
         batch_size: Samples per batch (default 32).
-        shuffle_window: Groups of samples (one per agents chunk) whose samples are shuffled together. Default: all of
-            them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
-        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
-        order: The epoch order's algorithm (default 2; see `Loader`).
         rows: The agent rows to sample instead of the mask's, as an index array or a boolean mask over agents.
-        verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
                  step_time: float = 0.1, threshold: float = 0.5, min_history: int = 10, min_future: int = 1,
-                 batch_size: int = 32, shuffle: bool = True, seed: int = 0, shuffle_window: int | None = None,
-                 num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
-                 world_size: int = 1, rows: np.ndarray | None = None,
-                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
-                 stall_timeout: float | None = None,
-                 storage_options: dict[str, Any] | None = None, commit: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
-                 verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES, order: int = ORDER) -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
+                 batch_size: int = 32, rows: np.ndarray | None = None, **options: Unpack[LoaderOptions]) -> None:
+        o = Options.of(options, "AgentSampleLoader")
+        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
         _l5kit_dataset(ds, "AgentSampleLoader")
         steps = Steps(history, future, step_time)
         items = _selected(ds.rows["agents"], rows, "agents")
@@ -308,17 +283,11 @@ class AgentSampleLoader(_SampleLoader):
             if mask is None:
                 log.info("zarrfeed: computing L5Kit's agents mask at threshold %s (%s); `zarrfeed mask` stores it",
                          threshold, why)
-                mask = agents_mask.compute(ds, threshold, workers=num_workers)
+                mask = agents_mask.compute(ds, threshold, workers=o.num_workers)
             items = agents_mask.selected_rows(mask, min_history, min_future)
         self.threshold = threshold
-        options = dict(history=history, future=future, step_time=step_time, threshold=threshold)
-        self._begin(ds, steps, False, items, options, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                    shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch, drop_last=drop_last,
-                    rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
-                    restart_workers=restart_workers, stall_timeout=stall_timeout, cache_dir=cache_dir,
-                    cache_dir_bytes=cache_dir_bytes,
-                    check_views=check_views, cache_bytes=cache_bytes, cache=cache, shuffle_bytes=shuffle_bytes,
-                    order=order)
+        self._begin(ds, steps, False, items, dict(history=history, future=future, step_time=step_time,
+                                                  threshold=threshold), batch_size, o)
 
 
 class EgoSampleLoader(_SampleLoader):
@@ -327,47 +296,30 @@ class EgoSampleLoader(_SampleLoader):
     fields as `AgentSampleLoader` (`track_id` and `agent_row` -1; `extent` float64, as L5Kit gives it). The ego's
     yaw comes from the frame's rotation matrix, as in L5Kit.
 
-    Options as `Loader` (except `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does
-    not take), plus:
+    It takes every loader's options (`LoaderOptions`, listed below); `shuffle_window` counts groups of
+    samples, one per frames chunk.
 
     Args:
+        dataset_or_path: An open `Dataset`, or a directory, `.zip` file or fsspec URL to open (as `Loader`'s).
         history: Past frames of each sample (L5Kit's `history_num_frames`, default 10).
         future: Future frames of each sample (L5Kit's `future_num_frames`, default 50).
         step_time: Seconds between two frames (default 0.1), which velocities are divided by.
         batch_size: Samples per batch (default 32).
-        shuffle_window: Groups of samples (one per frames chunk) whose samples are shuffled together. Default: all of
-            them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
-        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
-        order: The epoch order's algorithm (default 2; see `Loader`).
         rows: The frames to sample, as an index array or a boolean mask over frames (default: every frame).
-        verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
-                 step_time: float = 0.1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int | None = None, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
-                 rank: int = 0, world_size: int = 1, rows: np.ndarray | None = None,
-                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
-                 stall_timeout: float | None = None,
-                 storage_options: dict[str, Any] | None = None, commit: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 check_views: bool | None = None, cache_bytes: int | None = None, cache: str = "host",
-                 verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES, order: int = ORDER) -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
+                 step_time: float = 0.1, batch_size: int = 32, rows: np.ndarray | None = None,
+                 **options: Unpack[LoaderOptions]) -> None:
+        o = Options.of(options, "EgoSampleLoader")
+        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
         _l5kit_dataset(ds, "EgoSampleLoader")
         steps = Steps(history, future, step_time)
         items = _selected(ds.rows["frames"], rows, "frames")
         if items is None:
             items = np.arange(ds.rows["frames"], dtype=np.int64)
-        options = dict(history=history, future=future, step_time=step_time)
-        self._begin(ds, steps, True, items, options, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                    shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch, drop_last=drop_last,
-                    rank=rank, world_size=world_size, transform=transform, copy=copy, start_method=start_method,
-                    restart_workers=restart_workers, stall_timeout=stall_timeout, cache_dir=cache_dir,
-                    cache_dir_bytes=cache_dir_bytes,
-                    check_views=check_views, cache_bytes=cache_bytes, cache=cache, shuffle_bytes=shuffle_bytes,
-                    order=order)
+        self._begin(ds, steps, True, items, dict(history=history, future=future, step_time=step_time), batch_size,
+                    o)
 
 
 _KINDS: dict[str, type[_SampleLoader]] = {"AgentSampleLoader": AgentSampleLoader, "EgoSampleLoader": EgoSampleLoader}

@@ -19,7 +19,7 @@ import functools
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
 import numpy as np
 
@@ -34,10 +34,9 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .gather import gather
 from .layout import Layout
-from .order import VERSION as ORDER
-from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, WorkerPlans
+from .options import LoaderOptions, Options
+from .plan import EpochPlan, PlanConfig, WorkerPlans
 from .sample_groups import GroupedSamples
-from .scheduler import WorkerOptions
 from .source import plan_settings
 from .windows import SampleGroups
 
@@ -260,11 +259,13 @@ class SequenceLoader(Loader):
 
     A batch holds `sample` (B,) int64 (the sample's index in DP's order: `SequenceSampler.indices[sample]`),
     `episode` (B,) int64, `is_pad` (B, S) bool (True where the step repeats the episode's first or last step
-    as padding) and, for each key, `<key>` (B, S, ...) of the key's dtype. Options as `Loader` (except
-    `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does not take), all keyword-only
-    but the first three; `shuffle_window` counts groups of samples, one per chunk of the first key.
+    as padding) and, for each key, `<key>` (B, S, ...) of the key's dtype.
+
+    It takes every loader's options (`LoaderOptions`, listed below); `shuffle_window` counts groups of
+    samples, one per chunk of the first key.
 
     Args:
+        dataset_or_path: An open `Dataset`, or a directory, `.zip` file or fsspec URL to open (as `Loader`'s).
         sequence_length: Steps per sample (DP's `horizon`).
         pad_before: Windows may start up to this many steps before an episode's first step (DP:
             `n_obs_steps - 1`); clamped to `sequence_length - 1` as DP does.
@@ -273,25 +274,14 @@ class SequenceLoader(Loader):
         episodes: The episodes to sample: a boolean mask over the episodes (DP's `episode_mask`, e.g.
             `~val_mask`) or an index array (default all).
         batch_size: Samples per batch (default 64, as DP's image configs).
-        shuffle_window: Groups of samples (one per chunk of the first key) whose samples are shuffled together.
-            Default: all of them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
-        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
-        order: The epoch order's algorithm (default 2; see `Loader`).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, sequence_length: int = 16,
                  pad_before: int = 0, pad_after: int = 0, *, keys: list[str] | str | None = None,
-                 episodes: np.ndarray | None = None, batch_size: int = 64, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int | None = None, num_workers: int = 2, prefetch: int = 4, drop_last: bool = False,
-                 rank: int = 0, world_size: int = 1,
-                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
-                 stall_timeout: float | None = None, storage_options: dict[str, Any] | None = None,
-                 commit: int | None = None, cache_dir: str | os.PathLike | None = None,
-                 cache_dir_bytes: int = 8 << 30, check_views: bool | None = None, cache_bytes: int | None = None,
-                 cache: str = "host", verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES,
-                 order: int = ORDER) -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
+                 episodes: np.ndarray | None = None, batch_size: int = 64,
+                 **options: Unpack[LoaderOptions]) -> None:
+        o = Options.of(options, "SequenceLoader")
+        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
         steps = ds.schema.step_tables()
         if EPISODES not in ds.tables or not steps:
             raise FormatError(f"{ds.location}: SequenceLoader reads a replay buffer (data/<key> arrays and "
@@ -301,16 +291,11 @@ class SequenceLoader(Loader):
         self.samples, self.sequence_length = seqs, seqs.S
         g = seqs.group_rows
         selection = seqs.selection()
-        config = PlanConfig.of(len(selection) * g, g, PlanSettings(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last, order=order))
-        fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
+        config = PlanConfig.of(len(selection) * g, g, o.plan(batch_size))
+        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
         source = SequenceSource(ds, seqs, config, selection, _layout(ds, seqs, batch_size),
                                 read_worker.Source.of(ds, fetch), fetch)
-        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
-                                restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
-        self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
+        self._start(source, o, o.workers(o.transform), fetch=fetch)
 
     def indices(self) -> np.ndarray:
         """Every sample's (buffer_start, buffer_end, sample_start, sample_end), as `SequenceSampler.indices`

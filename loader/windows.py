@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
 import numpy as np
 
@@ -34,10 +34,9 @@ from .gather import gather_runs
 from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherWindows
-from .order import VERSION as ORDER
-from .plan import DEFAULT_SHUFFLE_BYTES, EpochPlan, PlanConfig, PlanSettings, WorkerPlans, selected_rows_per_chunk
+from .options import LoaderOptions, Options
+from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
-from .scheduler import WorkerOptions
 from .source import Residency, plan_settings
 from .state import LoaderState
 
@@ -289,44 +288,29 @@ class WindowLoader(Loader):
     column was named `frame_index` too), `frames_availability` (B, T) float32 (1: the frame is in the sample's
     scene), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
     `agents_offsets` (B, T + 1): sample i's frame j has agents[agents_offsets[i, j]:agents_offsets[i, j + 1]],
-    and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. Options as `Loader`, all
-    keyword-only (`shuffle_window` counts groups of samples, one per agents chunk: default 4; `rows` selects
-    frames, as an index array or a boolean mask over the frames table). A `transform` receives the whole batch
-    and returns fixed-shape arrays whose first axis is the batch's samples. Batches are numpy: ragged columns
-    of different lengths make no single RecordBatch.
+    and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. A `transform` receives the
+    whole batch and returns fixed-shape arrays whose first axis is the batch's samples. Batches are numpy:
+    ragged columns of different lengths make no single RecordBatch.
 
-    Options as `Loader` (except `table`, `fields`, `output`, `dtypes`, `casting` and `row_ids`, which it does
-    not take), plus:
+    It takes every loader's options (`LoaderOptions`, listed below); `shuffle_window` counts groups of
+    samples, one per agents chunk.
 
     Args:
+        dataset_or_path: An open `Dataset`, or a directory, `.zip` file or fsspec URL to open (as `Loader`'s).
         history: Frames before t in each sample's window (default 10).
         future: Frames after t in each sample's window (default 50); a window holds history + 1 + future frames.
         whole_windows: Sample only the frames whose whole window lies inside their scene (no absent frames);
             default: every frame of every scene.
         batch_size: Samples (frames t) per batch (default 32).
-        shuffle_window: Groups of samples (one per agents chunk) whose samples are shuffled together. Default: all of
-            them when the chunks they read fit `shuffle_bytes` decoded, else as many as fit.
-        shuffle_bytes: Decoded bytes of chunks the default window reads (default 1 GiB; see `Loader`).
-        order: The epoch order's algorithm (default 2; see `Loader`).
         rows: The frames to sample, as an index array or a boolean mask over the frames table (default all;
             with `whole_windows`, those of them whose window is whole).
-        verify_chunks: As `Loader`'s: check every chunk read against its recorded digest (default).
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike, history: int = 10, future: int = 50, *,
-                 whole_windows: bool = False, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int | None = None,
-                 num_workers: int = 2, prefetch: int = 4, drop_last: bool = False, rank: int = 0,
-                 world_size: int = 1, rows: np.ndarray | None = None,
-                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 copy: bool = False, start_method: str | None = None, restart_workers: bool = False,
-                 stall_timeout: float | None = None,
-                 storage_options: dict[str, Any] | None = None, commit: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int = 8 << 30,
-                 check_views: bool | None = None, cache_bytes: int | None = None,
-                 cache: str = "host", verify_chunks: bool = True, shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES,
-                 order: int = ORDER) -> None:
-        ds = open_dataset(dataset_or_path, storage_options, commit, verify_chunks)
+                 whole_windows: bool = False, batch_size: int = 32, rows: np.ndarray | None = None,
+                 **options: Unpack[LoaderOptions]) -> None:
+        o = Options.of(options, "WindowLoader")
+        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
@@ -334,16 +318,11 @@ class WindowLoader(Loader):
         self.samples, self.history, self.future = samples, history, future
         g = samples.group_rows
         selection = samples.selection()
-        config = PlanConfig.of(len(selection) * g, g, PlanSettings(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window, rank=rank,
-            world_size=world_size, drop_last=drop_last, order=order))
-        fetch = fetch_options(ds, cache_dir, cache_dir_bytes)
+        config = PlanConfig.of(len(selection) * g, g, o.plan(batch_size))
+        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
                               read_worker.Source.of(ds, fetch), fetch)
-        workers = WorkerOptions(num_workers=num_workers, prefetch=prefetch, start_method=start_method,
-                                restart_workers=restart_workers, stall_timeout=stall_timeout, transform=transform)
-        self._start(source, workers, fetch=fetch, copy=copy, output="numpy", check_views=check_views,
-                    cache_bytes=cache_bytes, cache=cache, shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes)
+        self._start(source, o, o.workers(o.transform), fetch=fetch)
 
 
     def load_state_dict(self, state: Any) -> None:

@@ -76,6 +76,17 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path):
     top = (site / "reference" / "zarrfeed" / "index.html").read_text()
     for name in zarrfeed.__all__:
         assert f"<code>{name}</code>" in top, f"zarrfeed.{name} is not in the reference"
+    # every public constructor's page lists every parameter it takes, its own and every loader's (issue 39 item 8)
+    import inspect
+
+    html = (site / "reference" / "loader" / "index.html").read_text()
+    for cls in (zarrfeed.loader.Loader, zarrfeed.loader.WindowLoader, zarrfeed.loader.AgentSampleLoader,
+                zarrfeed.loader.EgoSampleLoader, zarrfeed.loader.SequenceLoader):
+        start = html.index(f'id="zarrfeed.loader.{cls.__name__}"')
+        section = html[start:html.find('class="doc doc-object doc-class"', start + 1)]
+        params = [p for p in inspect.signature(cls).parameters if p != "options"]
+        for name in params + list(zarrfeed.loader.LoaderOptions.__annotations__):
+            assert f"<code>{name}</code>" in section, f"{cls.__name__}'s reference does not list {name}"
 
 
 def test_the_home_page_says_what_the_readme_says():
