@@ -99,6 +99,15 @@ class LoaderOptions(TypedDict, total=False):
     place, is then read as this dataset's rows, with no error."""
 
 
+def refuse_unknown(given: Mapping[str, Any], known: list[str], who: str) -> None:
+    """TypeError, as Python words it for a function's own parameters, for a name of `given` not `known`."""
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f". Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{who}.__init__() got an unexpected keyword argument {name!r}{hint}")
+
+
 @dataclass(frozen=True)
 class Options:
     """`LoaderOptions` with their defaults (the same names: a test holds the two equal)."""
@@ -131,12 +140,7 @@ class Options:
     def of(cls, given: Mapping[str, Any], who: str) -> "Options":
         """The options `who` (a loader's name) was given; an unknown one refused in one line, naming the
         close one."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        for name in given:
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f". Did you mean {close[0]!r}?" if close else ""  # as Python says it of its own
-                raise TypeError(f"{who}.__init__() got an unexpected keyword argument {name!r}{hint}")
+        refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
         return cls(**given)
 
     def plan(self, batch_size: int) -> PlanSettings:

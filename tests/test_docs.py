@@ -87,6 +87,14 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path):
         params = [p for p in inspect.signature(cls).parameters if p != "options"]
         for name in params + list(zarrfeed.loader.LoaderOptions.__annotations__):
             assert f"<code>{name}</code>" in section, f"{cls.__name__}'s reference does not list {name}"
+    html = (site / "reference" / "flight" / "index.html").read_text()
+    for cls in (zarrfeed.flight.RemoteLoader, zarrfeed.flight.RemoteWindowLoader,
+                zarrfeed.flight.RemoteAgentSampleLoader, zarrfeed.flight.RemoteEgoSampleLoader):
+        start = html.index(f'id="zarrfeed.flight.{cls.__name__}"')
+        section = html[start:html.find('class="doc doc-object doc-class"', start + 1)]
+        params = [p for p in inspect.signature(cls).parameters if p != "options"]
+        for name in params + list(zarrfeed.flight.RemoteOptions.__annotations__):
+            assert f"<code>{name}</code>" in section, f"{cls.__name__}'s reference does not list {name}"
 
 
 def test_the_home_page_says_what_the_readme_says():

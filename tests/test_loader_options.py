@@ -39,3 +39,21 @@ def test_every_option_with_its_default_is_taken_and_an_unknown_one_is_one_line(s
         with pytest.raises(TypeError, match=rf"^{cls.__name__}.__init__\(\) got an unexpected keyword argument "
                                             r"'num_worker'. Did you mean 'num_workers'\?$"):
             cls(*args, num_worker=2)
+
+
+def test_remote_loaders_declare_theirs_once_and_refuse_the_servers(small_dataset):
+    from zarrfeed.flight import (RemoteAgentSampleLoader, RemoteEgoSampleLoader, RemoteLoader, RemoteOptions,
+                                 RemoteWindowLoader)
+    from zarrfeed.flight.remote_options import Remote
+
+    assert list(RemoteOptions.__annotations__) == [f.name for f in dataclasses.fields(Remote)]
+    for cls in (RemoteLoader, RemoteWindowLoader, RemoteAgentSampleLoader, RemoteEgoSampleLoader):
+        assert typing.get_args(typing.get_type_hints(cls.__init__)["options"]) == (RemoteOptions,)
+        assert not set(RemoteOptions.__annotations__) & set(inspect.signature(cls).parameters)
+        # refused before anything connects (no server at this address)
+        with pytest.raises(TypeError, match=rf"^{cls.__name__}.__init__\(\): 'num_workers' is the server's to "
+                                            "decide"):
+            cls("grpc://127.0.0.1:9", num_workers=2)
+        with pytest.raises(TypeError, match=rf"^{cls.__name__}.__init__\(\) got an unexpected keyword argument "
+                                            r"'sead'. Did you mean 'seed'\?$"):
+            cls("grpc://127.0.0.1:9", sead=2)

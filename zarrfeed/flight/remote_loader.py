@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Unpack
 
 import numpy as np
 import pyarrow as pa
@@ -25,9 +25,9 @@ from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
 from ..core.schema import field_names
-from ..loader.plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
 from ..loader.state import LoaderState
-from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
+from .liveness import Stalled, Watch, probe
+from .remote_options import Remote, RemoteOptions
 from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
 
 
@@ -36,8 +36,9 @@ class _RemoteFeed:
 
     _ticket: Ticket
 
-    def __init__(self, url: str, token: str | None, output: str, tls_root_certs: bytes | None,
-                 timeout: float, reconnect_timeout: float, dataset: str | None, stall_timeout: float) -> None:
+    def _connect(self, url: str, o: Remote) -> None:
+        token, output, tls_root_certs, timeout = o.token, o.output, o.tls_root_certs, o.timeout
+        reconnect_timeout, dataset, stall_timeout = o.reconnect_timeout, o.dataset, o.stall_timeout
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         if reconnect_timeout < 0:
@@ -207,46 +208,21 @@ class RemoteLoader(_RemoteFeed):
     datasets (`zarrfeed serve train=... val=...`).
 
     The server's loader runs with the server's workers and cache; the options that decide the batches are
-    `Loader`'s, sent to it:
+    `Loader`'s, sent to it. It takes every remote loader's options (`RemoteOptions`, listed below).
 
     Args:
         url: The server: `grpc://host:port`, or `grpc+tls://host:port` when it serves TLS.
         table: The table whose rows are batched (default "agents").
         batch_size: As `Loader`'s (default 256).
-        seed: As `Loader`'s.
-        shuffle: As `Loader`'s.
-        shuffle_window: As `Loader`'s; None: `Loader`'s default (the whole table up to `shuffle_bytes` decoded).
-        shuffle_bytes: As `Loader`'s (default 1 GiB): the decoded bytes the default window holds.
-        rank: As `Loader`'s.
-        world_size: As `Loader`'s.
         fields: As `Loader`'s.
-        drop_last: As `Loader`'s.
-        token: The server's read token (or its ingest token), if it needs one; sent as a bearer token.
-        output: "numpy" (default): dicts of numpy columns; "arrow": the received RecordBatches.
-        transform: The name of one of the server's transforms, which its workers apply to each batch;
-            default none. The server never runs code a client sends.
-        transform_args: Keyword arguments of the transform, as a JSON object (numbers, strings, lists, dicts).
-        tls_root_certs: PEM bytes of the certificate authority to trust for a `grpc+tls` server (for example
-            a self-signed certificate); default: the system's.
-        timeout: Seconds each call other than a stream may take (default 30): describing the dataset and
-            planning an epoch. A stream, which lasts an epoch, has no deadline.
-        reconnect_timeout: Seconds to keep reconnecting once a stream is lost (default 60); 0: raise at once.
-        stall_timeout: Seconds without a batch after which the loader asks the server whether it still answers
-            (a call with this deadline; default 10): a server that does not (a stopped process, a frozen machine)
-            has lost the stream, within 2 x `stall_timeout` seconds, and the loader reconnects as above.
-        dataset: The name of the dataset to read, of a server that serves several (then required).
         row_ids: As `Loader`'s: a column `_row` with each row's index in the table.
     """
 
-    def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256, seed: int = 0, shuffle: bool = True,
-                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
-                 fields: list[str] | str | None = None, drop_last: bool = False, token: str | None = None,
-                 output: str = "numpy", transform: str | None = None,
-                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
-                 row_ids: bool = False, stall_timeout: float = STALL_TIMEOUT,
-                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
+    def __init__(self, url: str, table: str = "agents", *, batch_size: int = 256,
+                 fields: list[str] | str | None = None, row_ids: bool = False,
+                 **options: Unpack[RemoteOptions]) -> None:
+        o = Remote.of(options, "RemoteLoader")
+        self._connect(url, o)
         tables = self.info["tables"]
         if table not in tables:
             raise ValueError(f"table {table!r} is not served by {url} (tables: {', '.join(tables)})")
@@ -257,11 +233,10 @@ class RemoteLoader(_RemoteFeed):
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
         if row_ids:  # the server's Loader adds it (and refuses a table with a field of that name)
             self.dtype = np.dtype(self.dtype.descr + [(ROW_ID, "<i8")])
-        self.transform = transform
-        plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=shuffle_window, drop_last=drop_last, shuffle_bytes=shuffle_bytes)
-        self._ticket = Ticket(table, plan, list(fields) if fields else None, self.commit, transform=transform,
-                              transform_args=_json_args(transform_args), dataset=dataset, row_ids=bool(row_ids))
+        self.transform = o.transform
+        self._ticket = Ticket(table, o.plan(batch_size), list(fields) if fields else None, self.commit,
+                              transform=o.transform, transform_args=_json_args(o.transform_args), dataset=o.dataset,
+                              row_ids=bool(row_ids), order=o.order)
         self._plan(0)  # the server checks the arguments (and the transform's name) now
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
@@ -276,31 +251,24 @@ class RemoteWindowLoader(_RemoteFeed):
     `output="arrow"` gives those. A transform (by name, see RemoteLoader) makes the server send its compact
     arrays instead of raw windows, about 0.6 MB each.
 
-    Options as `RemoteLoader` (except `table`, `fields` and `row_ids`), plus:
+    It takes every remote loader's options (`RemoteOptions`, listed below).
 
     Args:
+        url: As `RemoteLoader`'s: the server.
         history: As `WindowLoader`'s: frames before t in each window (default 10).
         future: As `WindowLoader`'s: frames after t in each window (default 50).
         whole_windows: As `WindowLoader`'s: only frames whose whole window lies inside their scene.
         batch_size: Samples per batch (default 32).
-        shuffle_window: As `WindowLoader`'s; None: its default (all groups up to 1 GiB decoded).
     """
 
-    def __init__(self, url: str, history: int = 10, future: int = 50, *, batch_size: int = 32, shuffle: bool = True,
-                 seed: int = 0, shuffle_window: int | None = None, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False, token: str | None = None, output: str = "numpy",
-                 transform: str | None = None, transform_args: dict[str, Any] | None = None,
-                 tls_root_certs: bytes | None = None, timeout: float = 30.0,
-                 reconnect_timeout: float = 60.0, dataset: str | None = None, whole_windows: bool = False,
-                 stall_timeout: float = STALL_TIMEOUT,
-                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
-        self.history, self.future, self.transform = history, future, transform
-        plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=shuffle_window, drop_last=drop_last, shuffle_bytes=shuffle_bytes)
-        self._ticket = Ticket("frames", plan, None, self.commit, kind="windows", history=history, future=future,
-                              transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
-                              whole_windows=bool(whole_windows))
+    def __init__(self, url: str, history: int = 10, future: int = 50, *, batch_size: int = 32,
+                 whole_windows: bool = False, **options: Unpack[RemoteOptions]) -> None:
+        o = Remote.of(options, "RemoteWindowLoader")
+        self._connect(url, o)
+        self.history, self.future, self.transform = history, future, o.transform
+        self._ticket = Ticket("frames", o.plan(batch_size), None, self.commit, kind="windows", history=history,
+                              future=future, transform=o.transform, transform_args=_json_args(o.transform_args),
+                              dataset=o.dataset, whole_windows=bool(whole_windows), order=o.order)
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
@@ -315,18 +283,12 @@ class _RemoteSamples(_RemoteFeed):
     TABLE = ""
 
     def _start(self, url: str, history: int, future: int, step_time: float, selection: dict[str, Any],
-               batch_size: int, shuffle: bool, seed: int, shuffle_window: int | None, rank: int, world_size: int,
-               drop_last: bool, token: str | None, output: str, transform: str | None,
-               transform_args: dict[str, Any] | None, tls_root_certs: bytes | None, timeout: float,
-               reconnect_timeout: float, dataset: str | None, stall_timeout: float,
-               shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
-        super().__init__(url, token, output, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout)
-        self.history, self.future, self.transform = history, future, transform
-        plan = PlanSettings(batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                            shuffle_window=shuffle_window, drop_last=drop_last, shuffle_bytes=shuffle_bytes)
-        self._ticket = Ticket(self.TABLE, plan, None, self.commit, kind=self.KIND, history=history, future=future,
-                              transform=transform, transform_args=_json_args(transform_args), dataset=dataset,
-                              step_time=step_time, **selection)
+               batch_size: int, o: Remote) -> None:
+        self._connect(url, o)
+        self.history, self.future, self.transform = history, future, o.transform
+        self._ticket = Ticket(self.TABLE, o.plan(batch_size), None, self.commit, kind=self.KIND, history=history,
+                              future=future, transform=o.transform, transform_args=_json_args(o.transform_args),
+                              dataset=o.dataset, step_time=step_time, order=o.order, **selection)
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
@@ -337,9 +299,10 @@ class RemoteAgentSampleLoader(_RemoteSamples):
     """`AgentSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
     yields them (fixed-shape columns; the server's agents mask). Reconnects as `RemoteLoader` does.
 
-    Options as `RemoteLoader` (except `table`, `fields` and `row_ids`), plus:
+    It takes every remote loader's options (`RemoteOptions`, listed below).
 
     Args:
+        url: As `RemoteLoader`'s: the server.
         history: As `AgentSampleLoader`'s: past frames of each sample (default 10).
         future: As `AgentSampleLoader`'s: future frames of each sample (default 50).
         step_time: As `AgentSampleLoader`'s: seconds between two frames (default 0.1).
@@ -347,52 +310,34 @@ class RemoteAgentSampleLoader(_RemoteSamples):
         min_history: As `AgentSampleLoader`'s: valid past frames a sampled agent needs (default 10).
         min_future: As `AgentSampleLoader`'s: valid future frames a sampled agent needs (default 1).
         batch_size: Samples per batch (default 32).
-        shuffle_window: As `AgentSampleLoader`'s; None: its default (all groups up to 1 GiB decoded).
     """
 
     KIND, TABLE = "agents", "agents"
 
     def __init__(self, url: str, history: int = 10, future: int = 50, *, step_time: float = 0.1,
                  threshold: float = 0.5, min_history: int = 10, min_future: int = 1, batch_size: int = 32,
-                 shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                 token: str | None = None, output: str = "numpy", transform: str | None = None,
-                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
-                 stall_timeout: float = STALL_TIMEOUT,
-                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
+                 **options: Unpack[RemoteOptions]) -> None:
         self._start(url, history, future, step_time,
                     dict(threshold=threshold, min_history=min_history, min_future=min_future), batch_size,
-                    shuffle, seed, shuffle_window, rank, world_size, drop_last, token, output, transform,
-                    transform_args, tls_root_certs, timeout, reconnect_timeout, dataset, stall_timeout,
-                    shuffle_bytes=shuffle_bytes)
-
+                    Remote.of(options, "RemoteAgentSampleLoader"))
 
 class RemoteEgoSampleLoader(_RemoteSamples):
     """`EgoSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
     yields them. Reconnects as `RemoteLoader` does. As `EgoSampleLoader`, it takes no `threshold`,
     `min_history` or `min_future`: the ego is sampled at every frame, with no agents mask.
 
-    Options as `RemoteLoader` (except `table`, `fields` and `row_ids`), plus:
+    It takes every remote loader's options (`RemoteOptions`, listed below).
 
     Args:
+        url: As `RemoteLoader`'s: the server.
         history: As `EgoSampleLoader`'s: past frames of each sample (default 10).
         future: As `EgoSampleLoader`'s: future frames of each sample (default 50).
         step_time: As `EgoSampleLoader`'s: seconds between two frames (default 0.1).
         batch_size: Samples per batch (default 32).
-        shuffle_window: As `EgoSampleLoader`'s; None: its default (all groups up to 1 GiB decoded).
     """
 
     KIND, TABLE = "ego", "frames"
 
     def __init__(self, url: str, history: int = 10, future: int = 50, *, step_time: float = 0.1,
-                 batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 shuffle_window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                 token: str | None = None, output: str = "numpy", transform: str | None = None,
-                 transform_args: dict[str, Any] | None = None, tls_root_certs: bytes | None = None,
-                 timeout: float = 30.0, reconnect_timeout: float = 60.0, dataset: str | None = None,
-                 stall_timeout: float = STALL_TIMEOUT,
-                 shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES) -> None:
-        self._start(url, history, future, step_time, {}, batch_size, shuffle, seed, shuffle_window, rank,
-                    world_size, drop_last, token, output, transform, transform_args, tls_root_certs, timeout,
-                    reconnect_timeout, dataset, stall_timeout, shuffle_bytes=shuffle_bytes)
+                 batch_size: int = 32, **options: Unpack[RemoteOptions]) -> None:
+        self._start(url, history, future, step_time, {}, batch_size, Remote.of(options, "RemoteEgoSampleLoader"))

@@ -1,0 +1,101 @@
+"""The options every remote loader takes, declared once (issue 39 item 8), as `loader.options` declares the
+local loaders': `RemoteOptions` names, types and documents them (`**options: Unpack[RemoteOptions]` in each
+constructor, listed on each page by griffe's `unpack_typeddict` extension); `Remote` holds their defaults and
+checks them once. The options that decide the batches are the local loaders' (`LoaderOptions`), sent to the
+server in the ticket; the server's own workers and cache make them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, TypedDict
+
+from ..loader.options import Options, refuse_unknown
+from ..loader.order import VERSION as ORDER
+from ..loader.plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
+from .liveness import STALL_TIMEOUT
+
+
+class RemoteOptions(TypedDict, total=False):
+    """Options every remote loader takes, keyword-only, besides its own."""
+
+    shuffle: bool
+    """As `LoaderOptions`': shuffle (default), or read in table order."""
+    seed: int
+    """As `LoaderOptions`': with the epoch, decides the shuffled order (default 0)."""
+    shuffle_window: int | None
+    """As `LoaderOptions`'; None (default): the server's loader's default window (the whole table up to
+    `shuffle_bytes` decoded)."""
+    shuffle_bytes: int
+    """As `LoaderOptions`' (default 1 GiB): the decoded bytes the default window holds."""
+    order: int
+    """As `LoaderOptions`': the epoch order's algorithm (default 2; 1: before 2026-11-27)."""
+    rank: int
+    """As `LoaderOptions`': this process's rank (default 0)."""
+    world_size: int
+    """As `LoaderOptions`': the ranks sharing each epoch (default 1)."""
+    drop_last: bool
+    """As `LoaderOptions`' (default False)."""
+    token: str | None
+    """The server's read token (or its ingest token), if it needs one; sent as a bearer token."""
+    output: str
+    """"numpy" (default): dicts of numpy columns; "arrow": the received RecordBatches."""
+    transform: str | None
+    """The name of one of the server's transforms (`zarrfeed serve --transforms MODULE`), which its workers
+    apply to each batch; default none. The server never runs code a client sends."""
+    transform_args: dict[str, Any] | None
+    """Keyword arguments of the transform, as a JSON object (numbers, strings, lists, dicts)."""
+    tls_root_certs: bytes | None
+    """PEM bytes of the certificate authority to trust for a `grpc+tls` server (for example a self-signed
+    certificate); default: the system's."""
+    timeout: float
+    """Seconds each call other than a stream may take (default 30): describing the dataset and planning an
+    epoch. A stream, which lasts an epoch, has no deadline."""
+    reconnect_timeout: float
+    """Seconds to keep reconnecting once a stream is lost (default 60); 0: raise at once."""
+    dataset: str | None
+    """The name of the dataset to read, of a server that serves several (then required)."""
+    stall_timeout: float
+    """Seconds without a batch after which the loader asks the server whether it still answers (a call with
+    this deadline; default 10): a server that does not (a stopped process, a frozen machine) has lost the
+    stream within 2 x `stall_timeout` seconds, and the loader reconnects."""
+
+
+@dataclass(frozen=True)
+class Remote:
+    """`RemoteOptions` with their defaults (the same names: a test holds the two equal)."""
+
+    shuffle: bool = True
+    seed: int = 0
+    shuffle_window: int | None = None
+    shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES
+    order: int = ORDER
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+    token: str | None = None
+    output: str = "numpy"
+    transform: str | None = None
+    transform_args: dict[str, Any] | None = None
+    tls_root_certs: bytes | None = None
+    timeout: float = 30.0
+    reconnect_timeout: float = 60.0
+    dataset: str | None = None
+    stall_timeout: float = STALL_TIMEOUT
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any], who: str) -> "Remote":
+        """The options `who` was given; an unknown one refused as the local loaders refuse it (a local loader's
+        option that the server decides, such as `num_workers`, says so)."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        for name in given:
+            if name not in known and name in {f.name for f in dataclasses.fields(Options)}:
+                raise TypeError(f"{who}.__init__(): {name!r} is the server's to decide (its loaders' workers, "
+                                "cache and store are zarrfeed serve's options), not a remote loader's")
+        refuse_unknown(given, known, who)
+        return cls(**given)
+
+    def plan(self, batch_size: int) -> PlanSettings:
+        return PlanSettings(batch_size=batch_size, shuffle=self.shuffle, seed=self.seed,
+                            shuffle_window=self.shuffle_window, rank=self.rank, world_size=self.world_size,
+                            drop_last=self.drop_last, order=self.order, shuffle_bytes=self.shuffle_bytes)
