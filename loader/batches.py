@@ -25,7 +25,7 @@ from .fetch import FetchOptions
 from .layout import Layout, TransformOutputError, transform_name
 from .options import LoaderOptions, Options
 from .order import ORDERS
-from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
+from .plan import MIN_WINDOW, EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
 from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing, WorkerOptions
 from .source import BatchSource, RowSource
 from .state import LoaderState, selection_digest
@@ -148,10 +148,14 @@ class Loader:
                output: str = "numpy") -> None:
         """What every loader keeps: its batch source, the options, where iteration is; the window left to
         `shuffle_bytes` resolved from what an epoch reads."""
-        self._window_given = o.shuffle_window is not None
+        given: frozenset[str] = getattr(o, "given", frozenset())
+        self._window_given, self._order_given = o.shuffle_window is not None, "order" in given
         self._shuffle_bytes = o.shuffle_bytes
         if o.shuffle_window is None:
-            source.config = dataclasses.replace(source.config, shuffle_window=default_window(source, o.shuffle_bytes))
+            # in row order the window changes no order, only what is held and decoded before the first batch;
+            # order 1's windows were of 8 chunks
+            window = MIN_WINDOW if not o.shuffle or o.order == 1 else default_window(source, o.shuffle_bytes)
+            source.config = dataclasses.replace(source.config, shuffle_window=window)
         copy, check_views, cache_bytes, cache = o.copy, o.check_views, o.cache_bytes, o.cache
         if cache_bytes is not None and cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0 (0: no cache across epochs), got {cache_bytes}")
@@ -258,9 +262,18 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any] | LoaderState | list) -> None:
         """Continue from `state`; a state made for other data, another commit or other arguments raises one
-        line naming what differs. With the states of every rank of a run on another number of ranks (a list,
-        one per old rank), the rows those ranks had not read in their epoch are shared out among this run's
-        ranks, each read exactly once (the last batch of a rank may be short), then epochs go on as usual."""
+        line naming what differs (and changes nothing). With the states of every rank of a run on another
+        number of ranks (a list, one per old rank), the rows those ranks had not read in their epoch are shared
+        out among this run's ranks, each read exactly once (the last batch of a rank may be short), then epochs
+        go on as usual."""
+        before = self.source.config, self._plan
+        try:
+            self._load_state(state)
+        except BaseException:
+            self.source.config, self._plan = before
+            raise
+
+    def _load_state(self, state: dict[str, Any] | LoaderState | list) -> None:
         if isinstance(state, (list, tuple)):
             if not state:
                 raise ValueError("load_state_dict([]): no loader states given (the states of every rank of the "
@@ -285,9 +298,10 @@ class Loader:
 
     def _adopt_order(self, saved: LoaderState) -> None:
         """A state saved in another order this zarrfeed makes (order 1, before 2026-11-27) goes on in that
-        order, and in its window unless this loader was given one: a run keeps its order when resumed."""
+        order, and in its window unless this loader was given one: a run keeps its order when resumed (unless
+        this loader was given an order: then the state must be of it)."""
         c = self.source.config
-        if saved.order == c.order or saved.order not in ORDERS:
+        if saved.order == c.order or saved.order not in ORDERS or self._order_given:
             return
         window = saved.settings.get("shuffle_window")
         if not self._window_given and isinstance(window, int) and not isinstance(window, bool) and window >= 1:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, TypedDict
 
 import numpy as np
 
-from .order import VERSION as ORDER
+from .order import ORDERS, VERSION as ORDER
 from .plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
 from .scheduler import WorkerOptions
 
@@ -99,6 +99,29 @@ class LoaderOptions(TypedDict, total=False):
     place, is then read as this dataset's rows, with no error."""
 
 
+def count(value: Any, name: str, least: int, none: str | None = None) -> int | None:
+    """`value` as a Python int >= `least` (numpy integers taken, bools and floats refused), or None when
+    `none` says what None means; else one line."""
+    if value is None and none is not None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+        also = f" (or None: {none})" if none else ""
+        raise ValueError(f"{name} must be an integer >= {least}{also}, got {value!r}")
+    return int(value)
+
+
+def check_order_options(o: Any) -> None:
+    """The options that decide the order, checked and made plain Python ints (a state saved with numpy integers
+    would not be JSON, and True is not an order)."""
+    object.__setattr__(o, "shuffle_window", count(o.shuffle_window, "shuffle_window", 1, "the default window"))
+    object.__setattr__(o, "shuffle_bytes", count(o.shuffle_bytes, "shuffle_bytes", 1))
+    order = count(o.order, "order", 0)
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(map(str, ORDERS))} (the epoch order's algorithm), "
+                         f"got {o.order!r}")
+    object.__setattr__(o, "order", order)
+
+
 def refuse_unknown(given: Mapping[str, Any], known: list[str], who: str) -> None:
     """TypeError, as Python words it for a function's own parameters, for a name of `given` not `known`."""
     for name in given:
@@ -136,12 +159,17 @@ class Options:
     cache: str = "host"
     verify_chunks: bool = True
 
+    def __post_init__(self) -> None:
+        check_order_options(self)
+
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Options":
         """The options `who` (a loader's name) was given; an unknown one refused in one line, naming the
         close one."""
         refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
-        return cls(**given)
+        made = cls(**given)
+        object.__setattr__(made, "given", frozenset(given))  # which options the user chose (not a field)
+        return made
 
     def plan(self, batch_size: int) -> PlanSettings:
         """What decides the batch order, with this loader's batch size."""

@@ -30,8 +30,9 @@ j = 0..m-1 (in the chunk order) with s_j rows each, S in all:
   the rows a block takes are spread over the whole chunk, a different set every epoch. `strata` draws b_j and
   a_j for each chunk in turn from the stream of key(seed, epoch, STRATA + window): b_j = (next * s_j) >> 64,
   then candidates a_j = 1 + ((next * (s_j - 1)) >> 64), up to 64 of them, taking the first coprime to s_j
-  whose multiples k * a_j (k = 1..8) all stay s_j / 32 or more from a multiple of s_j (else the first coprime
-  one, else 1; chunks of fewer than 64 rows skip the spacing test);
+  whose multiples k * a_j (k = 1..256, below s_j) all stay s_j / (16 k) or more from a multiple of s_j (else
+  the first coprime one, else 1; chunks of fewer than 64 rows skip the spacing test): a block's share of a
+  chunk is then spread over it, never a few tight runs (about half of all multipliers pass);
 - the block's rows (chunk 0's first) are then shuffled by Fisher-Yates as above with
   key(seed, epoch, BLOCKS + window * 2**32 + t).
 
@@ -124,7 +125,7 @@ def inverse(order: np.ndarray) -> np.ndarray:
 
 
 def _spread(a: int, s: int) -> bool:
-    return s < 64 or all(min((k * a) % s, s - (k * a) % s) * 32 >= s for k in range(1, 9))
+    return s < 64 or all(min((k * a) % s, s - (k * a) % s) * 16 * k >= s for k in range(1, min(257, s)))
 
 
 def strata(sizes: np.ndarray, seed: int, epoch: int, window: int) -> tuple[np.ndarray, np.ndarray]:

@@ -77,7 +77,8 @@ class PlanConfig:
         """The plan of a table of `n_rows` rows in chunks of `chunk_rows`, with these settings (a window left
         to `shuffle_bytes` is 1 chunk here: the loader resolves it once it knows what an epoch reads)."""
         given = {k: v for k, v in dataclasses.asdict(settings).items() if k != "shuffle_bytes"}
-        given["shuffle_window"] = given["shuffle_window"] or 1
+        if given["shuffle_window"] is None:
+            given["shuffle_window"] = 1
         return cls(n_rows=n_rows, chunk_rows=chunk_rows, **given)
 
     def __post_init__(self) -> None:
@@ -152,7 +153,10 @@ class EpochPlan:
         chunks = np.flatnonzero(sizes)  # chunks with nothing selected are never read
         if c.shuffle:
             chunks = chunks[permutation(len(chunks), c.seed, epoch, CHUNKS)]
-        self.windows = [chunks[i:i + c.shuffle_window] for i in range(0, len(chunks), c.shuffle_window)]
+        if c.order == 2 and len(chunks):  # windows of equal size (to a chunk): no last window of one chunk
+            self.windows = list(np.array_split(chunks, -(-len(chunks) // c.shuffle_window)))
+        else:
+            self.windows = [chunks[i:i + c.shuffle_window] for i in range(0, len(chunks), c.shuffle_window)]
         window_rows = np.array([sizes[w].sum() for w in self.windows], np.int64)
         self.window_starts = np.concatenate([[0], np.cumsum(window_rows)]).astype(np.int64)
         self._starts = self.window_starts.tolist()

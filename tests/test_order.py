@@ -156,6 +156,9 @@ def test_a_ticket_of_another_order_is_refused():
     old = Ticket("agents", PlanSettings(10, shuffle_window=8)).to_json().replace(b', "order": 2', b"")
     old = old.replace(b'"batch": 0', b'"order": 1, "batch": 0')
     assert Ticket.decode(old).plan.order == 1
+    mixed = Ticket("agents", PlanSettings(10, order=1)).to_json()  # top-level order 2, the plan's 1
+    with pytest.raises(ValueError, match="ticket: plan.order 1 and order 2 differ"):
+        Ticket.decode(mixed)
 
 
 @pytest.mark.parametrize("python", [False, True])

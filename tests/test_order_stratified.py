@@ -40,10 +40,10 @@ def test_golden_blocks():
     assert digest == GOLDEN_DIGEST
 
 
-GOLDEN_MULTS = [8579, 18709, 18629, 8779]
-GOLDEN_OFFSETS = [5898, 2929, 15553, 7582]
-GOLDEN_FIRST = [2038297, 655163, 435743, 1627841, 534230, 1719247]
-GOLDEN_DIGEST = "2415091c5c540ab7c9286437f7b5e42e629bc1e296e965097fd2e629ecf36a84"
+GOLDEN_MULTS = [8579, 18629, 8779, 10007]
+GOLDEN_OFFSETS = [5898, 2929, 7582, 13063]
+GOLDEN_FIRST = [2019448, 646195, 424119, 1631132, 525171, 1719489]
+GOLDEN_DIGEST = "3cb7da13836f82983d288cd398ade36b657907f09562afb0f2d9cb2b94072477"
 
 
 @pytest.mark.parametrize("sizes", SIZES, ids=range(len(SIZES)))
@@ -60,14 +60,30 @@ def test_c_and_python_give_the_same_blocks_and_every_row_once(sizes, monkeypatch
 
 
 def test_multipliers_spread_the_rows_a_block_takes():
-    """Each chunk's multiplier is coprime to its rows (a bijection) and its first multiples stay away from a
-    multiple of the chunk's rows, so a block's share of a chunk is spread over it, not a few runs."""
+    """Each chunk's multiplier is coprime to its rows (a bijection) and its multiples k*a (k up to 256) stay
+    s/(16k) from a multiple of the chunk's rows, so a block's share of a chunk is spread over it, never a few
+    tight runs. (Found by the adversarial pass with the first 8 multiples only: a = 1891 of 20,802 rows put a
+    block's 325 rows in 11 runs.)"""
     sizes = np.array([20802, 4096, 65, 97, 1000, 99991], np.int64)
     for epoch in range(20):
         mults, offsets = strata(sizes, 0, epoch, 0)
         for a, b, s in zip(mults.tolist(), offsets.tolist(), sizes.tolist(), strict=True):
             assert np.gcd(a, s) == 1 and 0 <= b < s
-            assert all(min(k * a % s, s - k * a % s) * 32 >= s for k in range(1, 9))
+            assert all(min(k * a % s, s - k * a % s) * 16 * k >= s for k in range(1, min(257, s)))
+    # every block's share of a chunk is spread over the whole chunk: each sixteenth of it gets its share
+    _, _, blocks = blocks_of([20802] * 100)
+    for block in blocks[:8]:
+        for j in range(0, 100, 7):
+            rows = block[(block >= j * 20802) & (block < (j + 1) * 20802)] - j * 20802
+            counts = np.bincount(rows * 16 // 20802, minlength=16)
+            assert counts.min() >= 0.5 * len(rows) / 16 and counts.max() <= 1.5 * len(rows) / 16
+    # and a batch of 4,096 holds as many distinct 84-row stretches (an L5Kit frame of agents) as a uniform
+    # permutation's batches do
+    order = np.concatenate(blocks)
+    ours = [len(np.unique(b // 84)) for b in order[:4096 * 500].reshape(-1, 4096)]
+    uniform = [len(np.unique(b // 84)) for b in
+               np.random.default_rng(0).permutation(len(order))[:4096 * 500].reshape(-1, 4096)]
+    assert statistics.median(ours) >= 0.99 * statistics.median(uniform)
 
 
 def plan(n_rows, chunk_rows, batch, window, selection=None, **kw):
@@ -185,3 +201,89 @@ def test_a_window_this_machine_cannot_hold_is_one_line_naming_the_option(small_d
         with pytest.raises(MemoryError, match=rf"MiB available: pass a smaller {option.split('=')[0]} than {option}"):
             next(iter(loader))
         assert loader.worker_pids == []
+
+
+def test_the_last_window_is_as_large_as_the_others():
+    """Found by the adversarial pass: 11 chunks and a window of 10 left a last window of 1 chunk, whose
+    batches held one scene each, every epoch: order 2's windows are of equal size to a chunk."""
+    p = plan(11 * 20000, 20000, 4096, 10)
+    assert [len(w) for w in p.windows] == [6, 5]
+    old = plan(11 * 20000, 20000, 4096, 10, order=1)
+    assert [len(w) for w in old.windows] == [10, 1]  # order 1 is kept as it was (its states resume)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"shuffle_window": 0}, r"shuffle_window must be an integer >= 1 \(or None: the default window\), got 0"),
+    ({"shuffle_window": 1.5}, "shuffle_window must be an integer >= 1"),
+    ({"shuffle_window": "8"}, "shuffle_window must be an integer >= 1"),
+    ({"shuffle_window": True}, "shuffle_window must be an integer >= 1"),
+    ({"order": True}, "order must be an integer >= 0, got True"),
+    ({"order": 1.0}, "order must be an integer >= 0, got 1.0"),
+    ({"order": 3}, r"order must be one of 1, 2 \(the epoch order's algorithm\), got 3"),
+    ({"shuffle_bytes": -1, "shuffle_window": 3}, "shuffle_bytes must be an integer >= 1, got -1"),
+])
+def test_bad_order_options_are_one_line_at_construction(small_dataset, kwargs, message):
+    """Found by the adversarial pass: 0 ran as 1, floats failed deep inside, True was an order."""
+    path = small_dataset(3, 2, chunks={"agents": 500})
+    for cls, args in ((Loader, (path,)), (WindowLoader, (path, 2, 3))):
+        with pytest.raises(ValueError, match=message):
+            cls(*args, num_workers=0, **kwargs)
+
+
+def test_numpy_integers_are_plain_in_the_state(small_dataset):
+    import json
+
+    path = small_dataset(3, 2, chunks={"agents": 500})
+    with Loader(path, num_workers=0, order=np.int64(2), shuffle_window=np.int64(8),
+                shuffle_bytes=np.int64(1 << 30)) as loader:
+        state = json.loads(json.dumps(loader.state_dict()))
+    with Loader(path, num_workers=0, shuffle_window=8) as again:
+        again.load_state_dict(state)
+
+
+def test_row_order_and_order_1_default_to_windows_of_8_chunks(small_dataset):
+    """Found by the adversarial pass: shuffle=False decoded the whole table before its first batch (the window
+    changes no order there), and order=1 alone was not the order before 2026-11-27 (windows of 8)."""
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    with Loader(path, num_workers=0, shuffle=False) as rows, Loader(path, num_workers=0, order=1) as old, \
+            Loader(path, num_workers=0, order=1, shuffle_window=8) as explicit:
+        assert rows.plan().config.shuffle_window == 8 == old.plan().config.shuffle_window
+        assert np.array_equal(old.plan().batch_row_ids(0), explicit.plan().batch_row_ids(0))
+
+
+def test_a_refused_state_changes_nothing(small_dataset):
+    """Found by the adversarial pass: an order-1 state of another seed was refused but left the loader in
+    order 1 with its window."""
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    with Loader(path, "agents", shuffle_window=8, order=1, seed=1, num_workers=0, batch_size=300) as old:
+        next(iter(old))
+        state = old.state_dict()
+    with Loader(path, "agents", seed=2, num_workers=0, batch_size=300) as new:
+        before = new.plan().config
+        with pytest.raises(ValueError, match="loader state has seed=1; this loader has seed=2"):
+            new.load_state_dict(state)
+        assert new.plan().config == before
+        with pytest.raises(ValueError, match="the states of all 2 ranks"):
+            new.load_state_dict([dict(state, settings=dict(state["settings"], world_size=2, seed=2))])
+        assert new.plan().config == before
+
+
+def test_an_order_given_is_not_changed_by_a_state(small_dataset):
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    with Loader(path, "agents", num_workers=0, batch_size=300) as new:
+        next(iter(new))
+        state = new.state_dict()
+    window = state["settings"]["shuffle_window"]
+    with Loader(path, "agents", num_workers=0, batch_size=300, order=1, shuffle_window=window) as explicit:
+        with pytest.raises(ValueError, match="with epoch order 2"):
+            explicit.load_state_dict(state)
+        assert explicit.plan().config.order == 1
+
+
+def test_another_shuffle_bytes_is_named_when_a_state_is_refused(small_dataset):
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    with Loader(path, "agents", num_workers=0) as a:
+        state = a.state_dict()
+    with Loader(path, "agents", num_workers=0, shuffle_bytes=10 * 500 * 116) as b:
+        with pytest.raises(ValueError, match=r"a default window follows from shuffle_bytes"):
+            b.load_state_dict(state)

@@ -157,6 +157,27 @@ def test_resume_across_remote_and_local(server, data):
             RemoteLoader(server.url, "agents", batch_size=400, seed=6).load_state_dict(state)
 
 
+def test_a_state_of_order_1_resumes_remotely_in_order_1(server, data):
+    """Found by the adversarial pass: a RemoteLoader refused an order-1 state a local Loader resumes; and a
+    refused state changes nothing."""
+    with Loader(data, "agents", batch_size=400, seed=5, num_workers=0, copy=True, order=1, shuffle_window=8) as old:
+        it = iter(old)
+        for _ in range(2):
+            next(it)
+        state = old.state_dict()
+        rest = list(it)
+    with RemoteLoader(server.url, "agents", batch_size=400, seed=5) as remote:
+        with pytest.raises(ValueError, match="loader state has seed=5; this loader has seed=6"):
+            RemoteLoader(server.url, "agents", batch_size=400, seed=6).load_state_dict(state)
+        remote.load_state_dict(state)
+        assert remote.state().order == 1 and remote.state().settings["shuffle_window"] == 8
+        assert equal_batches(remote, rest) == len(rest)
+    with RemoteLoader(server.url, "agents", batch_size=400, seed=5, order=2) as given:
+        with pytest.raises(ValueError, match="shuffle_window=8"):
+            given.load_state_dict(state)
+        assert given.state().order == 2
+
+
 def test_named_transforms_run_on_the_server(server, data):
     import serve_transforms
     with RemoteLoader(server.url, "agents", batch_size=500, seed=1, transform="speed",

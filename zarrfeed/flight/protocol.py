@@ -116,6 +116,8 @@ class Ticket:
                             ("whole_windows", self.whole_windows)):
             if not isinstance(value, bool):
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
+        if _integer(self.order) and _integer(p.order) and p.order != self.order:
+            raise ValueError(f"ticket: plan.order {p.order!r} and order {self.order!r} differ (one epoch order)")
         if not _integer(self.order) or self.order not in ORDERS or p.order != self.order:
             raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with orders "
                              f"{', '.join(map(str, ORDERS))} (a client and server of different zarrfeed releases: "

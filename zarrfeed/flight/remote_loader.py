@@ -25,6 +25,7 @@ from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
 from ..core.schema import field_names
+from ..loader.order import ORDERS
 from ..loader.state import LoaderState
 from .liveness import Stalled, Watch, probe
 from .remote_options import Remote, RemoteOptions
@@ -37,6 +38,8 @@ class _RemoteFeed:
     _ticket: Ticket
 
     def _connect(self, url: str, o: Remote) -> None:
+        given: frozenset[str] = getattr(o, "given", frozenset())
+        self._order_given, self._window_given = "order" in given, o.shuffle_window is not None
         token, output, tls_root_certs, timeout = o.token, o.output, o.tls_root_certs, o.timeout
         reconnect_timeout, dataset, stall_timeout = o.reconnect_timeout, o.dataset, o.stall_timeout
         if output not in ("numpy", "arrow"):
@@ -164,13 +167,33 @@ class _RemoteFeed:
         return self.state().to_dict()
 
     def load_state_dict(self, state: dict[str, Any] | LoaderState) -> None:
+        """As `Loader.load_state_dict` (one state): a state saved in epoch order 1 goes on in it, as a local
+        loader's does; a refused state changes nothing."""
         saved = LoaderState.from_dict(state)
         if saved.spans is not None:  # the server plans an epoch's usual shares only
             raise ValueError(f"loader state of epoch {saved.epoch} resharded on another number of ranks: resume it "
                              "with a local Loader, or from the start of the next epoch")
-        saved.check_resumes(self.state())
-        saved.check_position(self._plan(saved.epoch)[1] if saved.epoch >= 0 else 0)
+        before = self._ticket, self._plans
+        try:
+            self._adopt_order(saved)
+            saved.check_resumes(self.state())
+            saved.check_position(self._plan(saved.epoch)[1] if saved.epoch >= 0 else 0)
+        except BaseException:
+            self._ticket, self._plans = before
+            raise
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
+
+    def _adopt_order(self, saved: LoaderState) -> None:
+        """As `Loader`'s: a state of another order the server makes is resumed in it (and its window, unless
+        one was given), unless this loader was given an order."""
+        plan = self._ticket.plan
+        if saved.order == plan.order or saved.order not in ORDERS or self._order_given:
+            return
+        window = saved.settings.get("shuffle_window")
+        if not self._window_given and isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+            plan = replace(plan, shuffle_window=window)
+        self._ticket = replace(self._ticket, plan=replace(plan, order=saved.order), order=saved.order)
+        self._plans = {}
 
     def close(self) -> None:
         self._watch.close()

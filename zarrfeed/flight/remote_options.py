@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
-from ..loader.options import Options, refuse_unknown
+from ..loader.options import Options, check_order_options, refuse_unknown
 from ..loader.order import VERSION as ORDER
 from ..loader.plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
 from .liveness import STALL_TIMEOUT
@@ -83,6 +83,9 @@ class Remote:
     dataset: str | None = None
     stall_timeout: float = STALL_TIMEOUT
 
+    def __post_init__(self) -> None:
+        check_order_options(self)
+
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Remote":
         """The options `who` was given; an unknown one refused as the local loaders refuse it (a local loader's
@@ -93,7 +96,9 @@ class Remote:
                 raise TypeError(f"{who}.__init__(): {name!r} is the server's to decide (its loaders' workers, "
                                 "cache and store are zarrfeed serve's options), not a remote loader's")
         refuse_unknown(given, known, who)
-        return cls(**given)
+        made = cls(**given)
+        object.__setattr__(made, "given", frozenset(given))  # which options the user chose (not a field)
+        return made
 
     def plan(self, batch_size: int) -> PlanSettings:
         return PlanSettings(batch_size=batch_size, shuffle=self.shuffle, seed=self.seed,
