@@ -1,20 +1,25 @@
-"""How mixed zarrfeed's shuffled batches are, against a true shuffle and MosaicML Streaming's, and what mixing costs.
+"""How mixed zarrfeed's shuffled batches are, against a true shuffle and MosaicML Streaming's, for memory budgets
+from the whole table down to a hundredth of it, and what mixing costs.
 
-    python bench/bench_shuffle.py [--scenes 100] [--repeat 3]
+    python bench/bench_shuffle.py [--scenes 100] [--repeat 3] [--mixing-only] [--plot FILE.png] [--json FILE]
 
 On a synthetic L5Kit dataset stored scene after scene (as L5Kit's is), the agents table, batches of 4,096 and 256:
-  mixing  distinct scenes and distinct chunks per batch (median and minimum over an epoch) of
-          zarrfeed's default epoch order (order 2: stratified blocks, the whole table one window when it fits
-              shuffle_bytes), the default with shuffle_bytes a tenth and a hundredth of the table's decoded
-              bytes (a table 10x and 100x the budget), and order 1 (before 2026-11-27) with shuffle_window 8
-              (its default), 32 and the whole table (from the loader's plan: every batch's rows, unloaded)
-          a uniform permutation of the epoch (what torch's RandomSampler gives)
-          MosaicML Streaming's default shuffle (py1e, blocks of 4 M samples, one node, shards of 500,000
-              samples), if it is installed
+  mixing  per batch, median and least over an epoch: distinct scenes and distinct chunks; and MosaicML's own
+          measure of an order, the entropy (bits) of the differences between consecutive sample indices plus
+          that of consecutive shard (here: chunk) indices, higher is more mixed. For
+          zarrfeed's default order (order 2, stratified blocks) with `shuffle_bytes` the table's decoded bytes,
+              a tenth and a hundredth of them (a table 1x, 10x and 100x the memory the loader may use; the
+              window never goes below 8 chunks, so at 100x it holds 8 chunks, what order 1 always held)
+          MosaicML Streaming's py1e (its default) and py1br at the same memory: a shuffle block of as many
+              samples as the budget holds (one node, shards of a chunk's rows), if it is installed
               (pip install mosaicml-streaming)
-  cost    cached-epoch rows/s of each with 2 workers, in the same run, and their ratio to order 1's window 8
+          order 1 (zarrfeed before 2026-11-27) with its default window of 8 chunks, and a uniform permutation of
+              the epoch (what torch's RandomSampler gives)
+  cost    cached-epoch rows/s with 2 workers, in the same run, of the default at each budget and of order 1's
+          window 8, and their ratio to the latter
 Issue 38's targets: as mixed as the uniform permutation whenever the epoch fits the loader's memory, at >= 0.9x
-order 1's window 8 (the old default) cached throughput. Medians of --repeat for speeds.
+order 1's window 8 cached throughput; zarrfeed's mixing at least Streaming's at every budget. Medians of
+--repeat for speeds. --plot draws mixing against memory and the throughput.
 """
 from __future__ import annotations
 
@@ -23,10 +28,12 @@ import sys
 import time
 
 import numpy as np
-from common import machine, parser, synthetic_dataset
+from common import (add_json_option, add_plot_option, check_plot_option, machine, parser, plot_panels,
+                    synthetic_dataset, write_json)
 from zarrfeed.loader import Dataset, Loader
 
 BATCHES = (4096, 256)
+BUDGETS = {"1x": 1, "10x": 10, "100x": 100}  # the table's decoded bytes over the memory the loader may use
 
 
 def scene_of_rows(ds: Dataset) -> np.ndarray:
@@ -37,32 +44,42 @@ def scene_of_rows(ds: Dataset) -> np.ndarray:
     return np.searchsorted(scenes[:, 1], frame, side="right")
 
 
+def entropy(order: np.ndarray) -> float:
+    """Bits of the distribution of |differences| between consecutive entries (MosaicML's simulator measures a
+    shuffle so; written here from its description, not its code)."""
+    counts = np.bincount(np.abs(np.diff(order)))
+    p = counts[counts > 0] / max(len(order) - 1, 1)
+    return float(-(p * np.log2(p)).sum())
+
+
 def mixing(order: np.ndarray, batch: int, scene: np.ndarray, chunk_rows: int) -> dict[str, float]:
-    """Distinct scenes and chunks per full batch of `order` (row ids in epoch order): median and minimum."""
+    """Distinct scenes and chunks per full batch of `order` (row ids in epoch order), median and least; and
+    MosaicML's entropy of the order (samples plus shards)."""
     full = len(order) // batch * batch
     rows = order[:full].reshape(-1, batch)
     scenes = [len(np.unique(scene[r])) for r in rows]
     chunks = [len(np.unique(r // chunk_rows)) for r in rows]
     return {"scenes median": statistics.median(scenes), "scenes min": min(scenes),
-            "chunks median": statistics.median(chunks), "chunks min": min(chunks)}
+            "chunks median": statistics.median(chunks), "chunks min": min(chunks),
+            "entropy": entropy(order) + entropy(order // chunk_rows)}
 
 
-def zarrfeed_order(ds: Dataset, batch: int, options: dict) -> np.ndarray:
+def zarrfeed_order(ds: Dataset, batch: int, options: dict) -> tuple[np.ndarray, int]:
+    """The epoch's rows in order, and the window (chunks), from the loader's plan (nothing is loaded)."""
     with Loader(ds, "agents", batch_size=batch, num_workers=0, seed=0, **options) as loader:
         plan = loader.plan(0)
-        return np.concatenate([plan.batch_row_ids(k) for k in range(len(loader))])
+        return np.concatenate([plan.batch_row_ids(k) for k in range(len(loader))]), plan.config.shuffle_window
 
 
-def streaming_order(n: int) -> np.ndarray | None:
-    """MosaicML Streaming's py1e shuffle of `n` samples in shards of 500,000, one canonical node; None if the
-    package is not installed."""
+def streaming_order(n: int, chunk_rows: int, algo: str, block: int) -> np.ndarray | None:
+    """MosaicML Streaming's shuffle `algo` of `n` samples in shards of a chunk's rows, one canonical node, blocks
+    of `block` samples; None if the package is not installed."""
     try:
         from streaming.base.shuffle import get_shuffle
     except ImportError:
         return None
-    shards = [500_000] * (n // 500_000) + ([n % 500_000] if n % 500_000 else [])
-    # StreamingDataset's default shuffle block: 4,000,000 samples divided by the canonical nodes
-    return np.asarray(get_shuffle("py1e", np.array(shards), 1, 9176, 0, block_size=4_000_000))
+    shards = [chunk_rows] * (n // chunk_rows) + ([n % chunk_rows] if n % chunk_rows else [])
+    return np.asarray(get_shuffle(algo, np.array(shards), 1, 9176, 0, block_size=max(block, 1)))
 
 
 def cached_rows_per_s(ds: Dataset, batch: int, options: dict) -> tuple[float, int]:
@@ -78,53 +95,72 @@ def cached_rows_per_s(ds: Dataset, batch: int, options: dict) -> tuple[float, in
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--mixing-only", action="store_true", help="only how mixed the batches are (no timing)")
+    add_plot_option(p)
+    add_json_option(p)
     args = p.parse_args()
+    check_plot_option(args.plot)
     with synthetic_dataset(args.scenes) as path:
         ds = Dataset.open(path)
         n, c = ds.rows["agents"], ds["agents"].chunks[0]
-        whole = -(-n // c)
-        table_bytes = whole * c * ds["agents"].dtype.itemsize
-        base = "order 1, window 8"
-        windows = {"default (order 2)": {}, "default, table 10x budget": {"shuffle_bytes": table_bytes // 10},
-                   "default, table 100x budget": {"shuffle_bytes": table_bytes // 100},
-                   base: {"shuffle_window": 8, "order": 1}, "order 1, window 32": {"shuffle_window": 32, "order": 1},
-                   f"order 1, whole table ({whole})": {"shuffle_window": whole, "order": 1}}
+        chunks = -(-n // c)
+        table_bytes = chunks * c * ds["agents"].dtype.itemsize
+        base = "order 1, window 8 (old default)"
+        options = {f"default, table {k} the budget": {"shuffle_bytes": table_bytes // d} for k, d in BUDGETS.items()}
+        options[base] = {"shuffle_window": 8, "order": 1}
         scene = scene_of_rows(ds)
         print(machine())
         print(f"agents: {n:,} rows in {ds.rows['scenes']} scenes, stored scene after scene, chunks of {c:,} "
-              f"({whole} chunks)\n")
+              f"({chunks} chunks, {table_bytes / 2**20:.0f} MiB decoded)\n")
         uniform = np.random.default_rng(0).permutation(n)
-        theirs = streaming_order(n)
+        mixed: dict[int, dict[str, dict[str, float]]] = {}
         for batch in BATCHES:
-            print(f"batch {batch}: distinct scenes (median, min) | distinct chunks (median, min)")
-            orders = {f"zarrfeed {k}": zarrfeed_order(ds, batch, w) for k, w in windows.items()}
+            orders: dict[str, np.ndarray | None] = {}
+            for name, opts in options.items():
+                order, window = zarrfeed_order(ds, batch, opts)
+                orders[f"zarrfeed {name} (window {window})"] = order
+            for k, d in BUDGETS.items():
+                for algo in ("py1e", "py1br"):
+                    orders[f"Streaming {algo}, table {k} the budget"] = streaming_order(n, c, algo, n // d)
             orders["uniform permutation"] = uniform
-            if theirs is not None:
-                orders["MosaicML Streaming py1e"] = theirs
+            print(f"batch {batch}: distinct scenes (median, least) | distinct chunks (median, least) | entropy, bits")
+            mixed[batch] = {}
             for name, order in orders.items():
-                m = mixing(order, batch, scene, c)
-                print(f"  {name:<32}{m['scenes median']:>7.0f} {m['scenes min']:>5} |{m['chunks median']:>7.0f} "
-                      f"{m['chunks min']:>5}")
-            if theirs is None:
+                if order is None:
+                    continue
+                m = mixed[batch][name] = mixing(order, batch, scene, c)
+                print(f"  {name:<48}{m['scenes median']:>6.0f} {m['scenes min']:>5} |{m['chunks median']:>6.0f} "
+                      f"{m['chunks min']:>5} |{m['entropy']:>6.2f}")
+            if all(orders[k] is None for k in orders if k.startswith("Streaming")):
                 print("  (MosaicML Streaming is not installed: pip install mosaicml-streaming)")
-        if args.mixing_only:
-            return
-        runs: dict[str, list[tuple[float, int]]] = {}
-        for rep in range(args.repeat):
-            items = list(windows.items())
-            for name, w in items if rep % 2 == 0 else items[::-1]:  # alternating which goes first
-                for batch in BATCHES:
-                    runs.setdefault(f"{name}, batch {batch}", []).append(cached_rows_per_s(ds, batch, w))
-        rate = {k: statistics.median(r / s for s, r in v) for k, v in runs.items()}
-        print(f"\ncached epoch, 2 workers, median of {args.repeat}:")
-        for k, v in rate.items():
-            print(f"  {k:<36}{v / 1e6:>8.2f} M rows/s")
-        print(f"\nratios to {base} (speed, higher is faster):")
-        for batch in BATCHES:
-            for name in windows:
-                if name != base:
-                    print(f"  {name}, batch {batch} / {base}: "
-                          f"{rate[f'{name}, batch {batch}'] / rate[f'{base}, batch {batch}']:.3f}x")
+        rate: dict[str, float] = {}
+        if not args.mixing_only:
+            runs: dict[str, list[tuple[float, int]]] = {}
+            for rep in range(args.repeat):
+                items = list(options.items())
+                for name, opts in items if rep % 2 == 0 else items[::-1]:  # alternating which goes first
+                    for batch in BATCHES:
+                        runs.setdefault(f"{name}, batch {batch}", []).append(cached_rows_per_s(ds, batch, opts))
+            rate = {k: statistics.median(r / s for s, r in v) for k, v in runs.items()}
+            write_json(args.json, rate)
+            print(f"\ncached epoch, 2 workers, median of {args.repeat}:")
+            for k, v in rate.items():
+                print(f"  {k:<56}{v / 1e6:>8.2f} M rows/s")
+            print(f"\nratios to {base} (speed, higher is faster):")
+            for batch in BATCHES:
+                for name in options:
+                    if name != base:
+                        print(f"  {name}, batch {batch}: "
+                              f"{rate[f'{name}, batch {batch}'] / rate[f'{base}, batch {batch}']:.3f}x")
+        if args.plot:
+            panels = [(f"distinct scenes per batch of {batch} (median; {ds.rows['scenes']} scenes)", "scenes",
+                       {k: v["scenes median"] for k, v in mixed[batch].items()}) for batch in BATCHES]
+            panels.append(("entropy of consecutive differences, samples + chunks (MosaicML's measure)",
+                           "bits", {k: v["entropy"] for k, v in mixed[4096].items()}))
+            if rate:
+                panels.append(("cached epoch, 2 workers, batch 4096", "M rows/s",
+                               {k: v / 1e6 for k, v in rate.items() if k.endswith("4096")}))
+            plot_panels(args.plot, f"Shuffle: how mixed a batch is, by memory ({n:,} agents, {chunks} chunks)",
+                        panels, smoke=args.scenes < 100)
 
 
 if __name__ == "__main__":
