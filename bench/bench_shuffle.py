@@ -154,7 +154,7 @@ def main() -> None:
         if args.plot:
             panels = [(f"distinct scenes per batch of {batch} (median; {ds.rows['scenes']} scenes)", "scenes",
                        {k: v["scenes median"] for k, v in mixed[batch].items()}) for batch in BATCHES]
-            panels.append(("entropy of consecutive differences, samples + chunks (MosaicML's measure)",
+            panels.append(("entropy, samples + chunks (MosaicML's measure)",
                            "bits", {k: v["entropy"] for k, v in mixed[4096].items()}))
             if rate:
                 panels.append(("cached epoch, 2 workers, batch 4096", "M rows/s",

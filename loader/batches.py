@@ -145,16 +145,22 @@ class Loader:
         self.row_ids = bool(row_ids)
 
     def _start(self, source: BatchSource, o: Options, workers: WorkerOptions, *, fetch: FetchOptions,
-               output: str = "numpy") -> None:
+               output: str = "numpy", groups: int | None = None) -> None:
         """What every loader keeps: its batch source, the options, where iteration is; the window left to
-        `shuffle_bytes` resolved from what an epoch reads."""
+        `shuffle_bytes` resolved from what an epoch reads (a sample loader's: `groups` groups of samples,
+        unless `shuffle_bytes` is given)."""
         given: frozenset[str] = getattr(o, "given", frozenset())
         self._window_given, self._order_given = o.shuffle_window is not None, "order" in given
         self._shuffle_bytes = o.shuffle_bytes
         if o.shuffle_window is None:
             # in row order the window changes no order, only what is held and decoded before the first batch;
             # order 1's windows were of 8 chunks
-            window = MIN_WINDOW if not o.shuffle or o.order == 1 else default_window(source, o.shuffle_bytes)
+            if not o.shuffle or o.order == 1:
+                window = MIN_WINDOW
+            elif groups is not None and "shuffle_bytes" not in given:
+                window = groups
+            else:
+                window = default_window(source, o.shuffle_bytes)
             source.config = dataclasses.replace(source.config, shuffle_window=window)
         copy, check_views, cache_bytes, cache = o.copy, o.check_views, o.cache_bytes, o.cache
         if cache_bytes is not None and cache_bytes < 0:

@@ -30,7 +30,7 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
-from .options import LoaderOptions, Options
+from .options import SAMPLE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
 from .windows import SampleGroups
@@ -223,7 +223,7 @@ class _SampleLoader(Loader):
         kind = type(self).__name__
         source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
                               read_worker.Source.of(ds, fetch), fetch, kind, "frames" if ego else "agents", options)
-        self._start(source, o, o.workers(o.transform), fetch=fetch)
+        self._start(source, o, o.workers(o.transform), fetch=fetch, groups=SAMPLE_GROUPS)
 
 
 def _l5kit_dataset(ds: Dataset, who: str) -> None:

@@ -34,7 +34,7 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .gather import gather
 from .layout import Layout
-from .options import LoaderOptions, Options
+from .options import SEQUENCE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans
 from .sample_groups import GroupedSamples
 from .source import plan_settings
@@ -295,7 +295,7 @@ class SequenceLoader(Loader):
         fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
         source = SequenceSource(ds, seqs, config, selection, _layout(ds, seqs, batch_size),
                                 read_worker.Source.of(ds, fetch), fetch)
-        self._start(source, o, o.workers(o.transform), fetch=fetch)
+        self._start(source, o, o.workers(o.transform), fetch=fetch, groups=SEQUENCE_GROUPS)
 
     def indices(self) -> np.ndarray:
         """Every sample's (buffer_start, buffer_end, sample_start, sample_end), as `SequenceSampler.indices`

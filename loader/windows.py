@@ -34,7 +34,7 @@ from .gather import gather_runs
 from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherWindows
-from .options import LoaderOptions, Options
+from .options import SAMPLE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
 from .source import Residency, plan_settings
@@ -322,7 +322,7 @@ class WindowLoader(Loader):
         fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
                               read_worker.Source.of(ds, fetch), fetch)
-        self._start(source, o, o.workers(o.transform), fetch=fetch)
+        self._start(source, o, o.workers(o.transform), fetch=fetch, groups=SAMPLE_GROUPS)
 
 
     def load_state_dict(self, state: Any) -> None:

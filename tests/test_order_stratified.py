@@ -158,13 +158,19 @@ def test_loaders_default_window_is_the_whole_table_and_mixes_every_chunk(small_d
         assert all(len(np.unique(r // chunks)) >= min(-(-n // chunks), 25) for r in full)
     with Loader(path, "agents", batch_size=512, num_workers=0, shuffle_bytes=10 * 500 * 116) as small:
         assert small.plan().config.shuffle_window == 10
-    with WindowLoader(path, 2, 3, batch_size=16, num_workers=0) as windows:
-        assert len(windows.plan().windows) == 1
+    # the sample loaders: 4 groups of samples (SequenceLoader 8), in order 2; the whole table once shuffle_bytes is
+    # given and holds it (measured: a batch touching every group cost AgentSampleLoader 26x, SequenceLoader 1.5x)
+    with WindowLoader(path, 2, 3, batch_size=16, num_workers=0) as windows, \
+            WindowLoader(path, 2, 3, batch_size=16, num_workers=0, shuffle_bytes=1 << 30) as whole:
+        assert windows.plan().config.shuffle_window == 4 and windows.state().order == 2
+        assert len(whole.plan().windows) == 1
 
 
-def test_sequence_loader_default_window_is_every_group(dp_buffer):
-    with SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0) as loader:
-        assert len(loader.plan().windows) == 1
+def test_sequence_loader_default_window_is_8_groups(dp_buffer):
+    with SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0) as loader, \
+            SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0, shuffle_bytes=1 << 30) as whole:
+        assert loader.plan().config.shuffle_window == 8
+        assert len(whole.plan().windows) == 1
 
 
 def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
