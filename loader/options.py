@@ -47,12 +47,6 @@ class LoaderOptions(TypedDict, total=False):
     order: int
     """The epoch order's algorithm (default 2); 1 is zarrfeed's before 2026-11-27 (a state saved then resumes
     in it without asking)."""
-    num_workers: int
-    """Reader processes that decode chunks and make batches (default 2; 0: in this process). The batches and
-    their order do not depend on it."""
-    prefetch: int
-    """Batches made ahead of the one being used, at least (default 4); more smooths out slow chunks, at the
-    cost of shared memory."""
     drop_last: bool
     """Drop what does not fill a last batch and, with several ranks, the tail that does not divide equally
     among them. Default False: the last batch is short, and ranks' shares are made equal by repeating rows
@@ -63,6 +57,12 @@ class LoaderOptions(TypedDict, total=False):
     world_size: int
     """The number of ranks sharing each epoch (default 1). `use_ranks` (or `to_torch`) can set both from
     `torch.distributed` instead."""
+    num_workers: int
+    """Reader processes that decode chunks and make batches (default 2; 0: in this process). The batches and
+    their order do not depend on it."""
+    prefetch: int
+    """Batches made ahead of the one being used, at least (default 4); more smooths out slow chunks, at the
+    cost of shared memory."""
     transform: Transform | None
     """A function run in the workers on each batch, taking and returning a dict of numpy arrays whose first
     axis is the batch's rows; its output shapes per row must not change. It runs once first, in a process of
@@ -140,19 +140,36 @@ def refuse_unknown(given: Mapping[str, Any], known: list[str], who: str) -> None
 
 
 @dataclass(frozen=True)
-class Options:
-    """`LoaderOptions` with their defaults (the same names: a test holds the two equal)."""
+class OrderOptions:
+    """The options that decide the batch order, which local and remote loaders alike take (checked here)."""
 
     shuffle: bool = True
     seed: int = 0
     shuffle_window: int | None = None
     shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES
     order: int = ORDER
-    num_workers: int = 2
-    prefetch: int = 4
     drop_last: bool = False
     rank: int = 0
     world_size: int = 1
+
+    def __post_init__(self) -> None:
+        check_order_options(self)
+
+    def plan(self, batch_size: int) -> PlanSettings:
+        """What decides the batch order, with this loader's batch size."""
+        given = "shuffle_bytes" in getattr(self, "given", ())  # a ticket says only what was given
+        return PlanSettings(batch_size=batch_size, shuffle=self.shuffle, seed=self.seed,
+                            shuffle_window=self.shuffle_window, rank=self.rank, world_size=self.world_size,
+                            drop_last=self.drop_last, order=self.order,
+                            shuffle_bytes=self.shuffle_bytes if given else None)
+
+
+@dataclass(frozen=True)
+class Options(OrderOptions):
+    """`LoaderOptions` with their defaults (the same names: a test holds the two equal)."""
+
+    num_workers: int = 2
+    prefetch: int = 4
     transform: Transform | None = None
     copy: bool = False
     start_method: str | None = None
@@ -167,9 +184,6 @@ class Options:
     cache: str = "host"
     verify_chunks: bool = True
 
-    def __post_init__(self) -> None:
-        check_order_options(self)
-
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Options":
         """The options `who` (a loader's name) was given; an unknown one refused in one line, naming the
@@ -178,12 +192,6 @@ class Options:
         made = cls(**given)
         object.__setattr__(made, "given", frozenset(given))  # which options the user chose (not a field)
         return made
-
-    def plan(self, batch_size: int) -> PlanSettings:
-        """What decides the batch order, with this loader's batch size."""
-        return PlanSettings(batch_size=batch_size, shuffle=self.shuffle, seed=self.seed,
-                            shuffle_window=self.shuffle_window, rank=self.rank, world_size=self.world_size,
-                            drop_last=self.drop_last, order=self.order, shuffle_bytes=self.shuffle_bytes)
 
     def workers(self, transform: Transform | None) -> WorkerOptions:
         """How batches are made, running `transform` (the one given, or it wrapped, e.g. in casts)."""

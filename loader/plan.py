@@ -54,7 +54,7 @@ class PlanSettings:
     world_size: int = 1
     drop_last: bool = False
     order: int = VERSION  # the order's algorithm (order.py): 2, or 1 for a run saved before it
-    shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES
+    shuffle_bytes: int | None = None  # None: not given (the loader's default window; `DEFAULT_SHUFFLE_BYTES`)
 
 
 @dataclass(frozen=True)

@@ -79,22 +79,19 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path):
     # every public constructor's page lists every parameter it takes, its own and every loader's (issue 39 item 8)
     import inspect
 
-    html = (site / "reference" / "loader" / "index.html").read_text()
-    for cls in (zarrfeed.loader.Loader, zarrfeed.loader.WindowLoader, zarrfeed.loader.AgentSampleLoader,
-                zarrfeed.loader.EgoSampleLoader, zarrfeed.loader.SequenceLoader):
-        start = html.index(f'id="zarrfeed.loader.{cls.__name__}"')
-        section = html[start:html.find('class="doc doc-object doc-class"', start + 1)]
-        params = [p for p in inspect.signature(cls).parameters if p != "options"]
-        for name in params + list(zarrfeed.loader.LoaderOptions.__annotations__):
-            assert f"<code>{name}</code>" in section, f"{cls.__name__}'s reference does not list {name}"
-    html = (site / "reference" / "flight" / "index.html").read_text()
-    for cls in (zarrfeed.flight.RemoteLoader, zarrfeed.flight.RemoteWindowLoader,
-                zarrfeed.flight.RemoteAgentSampleLoader, zarrfeed.flight.RemoteEgoSampleLoader):
-        start = html.index(f'id="zarrfeed.flight.{cls.__name__}"')
-        section = html[start:html.find('class="doc doc-object doc-class"', start + 1)]
-        params = [p for p in inspect.signature(cls).parameters if p != "options"]
-        for name in params + list(zarrfeed.flight.RemoteOptions.__annotations__):
-            assert f"<code>{name}</code>" in section, f"{cls.__name__}'s reference does not list {name}"
+    loader, flight = zarrfeed.loader, zarrfeed.flight
+    for page, classes, shared in (
+            ("loader", (loader.Loader, loader.WindowLoader, loader.AgentSampleLoader, loader.EgoSampleLoader,
+                        loader.SequenceLoader), loader.LoaderOptions),
+            ("flight", (flight.RemoteLoader, flight.RemoteWindowLoader, flight.RemoteAgentSampleLoader,
+                        flight.RemoteEgoSampleLoader), flight.RemoteOptions)):
+        html = (site / "reference" / page / "index.html").read_text()
+        for cls in classes:
+            start = html.index(f'id="zarrfeed.{page}.{cls.__name__}"')
+            section = html[start:html.find('class="doc doc-object doc-class"', start + 1)]
+            params = [p for p in inspect.signature(cls).parameters if p != "options"]
+            for name in params + list(shared.__annotations__):
+                assert f"<code>{name}</code>" in section, f"{cls.__name__}'s reference does not list {name}"
 
 
 def test_the_home_page_says_what_the_readme_says():

@@ -201,7 +201,9 @@ class Feeding:
                 ds = self.dataset(t.commit)
                 self._check_limits(t, ds)
                 transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
-                options: dict[str, Any] = dict(**dataclasses.asdict(t.plan), num_workers=self.workers,
+                plan = {k: v for k, v in dataclasses.asdict(t.plan).items()  # what the client did not give: defaults
+                        if not (k == "shuffle_bytes" and v is None)}
+                options: dict[str, Any] = dict(**plan, num_workers=self.workers,
                                                transform=transform, copy=True,
                                                cache_bytes=self.limits.stream_cache_bytes())
                 loader = _make_loader(ds, t, options)

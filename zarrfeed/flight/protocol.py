@@ -107,9 +107,9 @@ class Ticket:
         if p.shuffle_window is not None and (not _integer(p.shuffle_window) or not 1 <= p.shuffle_window <= 1 << 20):
             raise ValueError(f"ticket: plan.shuffle_window must be an integer in [1, {1 << 20}] or null (the "
                              f"loader's default), got {p.shuffle_window!r}")
-        if not _integer(p.shuffle_bytes) or not 1 <= p.shuffle_bytes <= 1 << 50:
-            raise ValueError(f"ticket: plan.shuffle_bytes must be an integer in [1, {1 << 50}], "
-                             f"got {p.shuffle_bytes!r}")
+        if p.shuffle_bytes is not None and (not _integer(p.shuffle_bytes) or not 1 <= p.shuffle_bytes <= 1 << 50):
+            raise ValueError(f"ticket: plan.shuffle_bytes must be an integer in [1, {1 << 50}] or null (the "
+                             f"loader's default), got {p.shuffle_bytes!r}")
         if self.commit is not None and (not _integer(self.commit) or self.commit < 0):
             raise ValueError(f"ticket: commit must be a commit number (an integer >= 0) or null, got {self.commit!r}")
         for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last), ("row_ids", self.row_ids),

@@ -10,9 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
-from ..loader.options import Options, check_order_options, refuse_unknown
-from ..loader.order import VERSION as ORDER
-from ..loader.plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
+from ..loader.options import Options, OrderOptions, refuse_unknown
 from .liveness import STALL_TIMEOUT
 
 
@@ -30,12 +28,12 @@ class RemoteOptions(TypedDict, total=False):
     """As `LoaderOptions`' (default 1 GiB): the decoded bytes the default window holds."""
     order: int
     """As `LoaderOptions`': the epoch order's algorithm (default 2; 1: before 2026-11-27)."""
+    drop_last: bool
+    """As `LoaderOptions`' (default False)."""
     rank: int
     """As `LoaderOptions`': this process's rank (default 0)."""
     world_size: int
     """As `LoaderOptions`': the ranks sharing each epoch (default 1)."""
-    drop_last: bool
-    """As `LoaderOptions`' (default False)."""
     token: str | None
     """The server's read token (or its ingest token), if it needs one; sent as a bearer token."""
     output: str
@@ -62,17 +60,9 @@ class RemoteOptions(TypedDict, total=False):
 
 
 @dataclass(frozen=True)
-class Remote:
+class Remote(OrderOptions):
     """`RemoteOptions` with their defaults (the same names: a test holds the two equal)."""
 
-    shuffle: bool = True
-    seed: int = 0
-    shuffle_window: int | None = None
-    shuffle_bytes: int = DEFAULT_SHUFFLE_BYTES
-    order: int = ORDER
-    rank: int = 0
-    world_size: int = 1
-    drop_last: bool = False
     token: str | None = None
     output: str = "numpy"
     transform: str | None = None
@@ -82,9 +72,6 @@ class Remote:
     reconnect_timeout: float = 60.0
     dataset: str | None = None
     stall_timeout: float = STALL_TIMEOUT
-
-    def __post_init__(self) -> None:
-        check_order_options(self)
 
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Remote":
@@ -99,8 +86,3 @@ class Remote:
         made = cls(**given)
         object.__setattr__(made, "given", frozenset(given))  # which options the user chose (not a field)
         return made
-
-    def plan(self, batch_size: int) -> PlanSettings:
-        return PlanSettings(batch_size=batch_size, shuffle=self.shuffle, seed=self.seed,
-                            shuffle_window=self.shuffle_window, rank=self.rank, world_size=self.world_size,
-                            drop_last=self.drop_last, order=self.order, shuffle_bytes=self.shuffle_bytes)
