@@ -27,7 +27,13 @@ STEPS = "steps"  # a replay buffer's step tables read together (see `read_rows`)
 
 @dataclass
 class ValidationReport:
-    """Every violation found (the first `limit` listed, all counted)."""
+    """Every violation found (the first `limit` listed, all counted).
+
+    Args:
+        violations: The violations listed.
+        count: All violations found.
+        not_read: Arrays of the group that are not tables (name -> what), listed, not checked.
+    """
 
     violations: list[Violation] = field(default_factory=list)
     count: int = 0
@@ -85,6 +91,17 @@ class Dataset:
     against the size and digest its commit recorded, as taken when it was opened (`core.chunk_check`):
     a changed chunk, or another dataset put in its place, raises `ChunkError`. `verify_chunks=False` reads
     without checking.
+
+    Made by `Dataset.open` (the constructor takes what opening found):
+
+    Args:
+        location: Where the dataset is (its store).
+        group: Its zarr group.
+        tables: Each table's array.
+        rows: Each table's committed rows.
+        schema: Its schema.
+        commit: The commit read (None: a dataset another tool wrote).
+        dataset_id: Its id (None: a dataset another tool wrote).
     """
 
     def __init__(self, location: Location, group: Group, tables: dict[str, Array],

@@ -48,7 +48,12 @@ _RING_BYTES = 8 << 20
 class LoaderError(RuntimeError):
     """A worker died, a chunk could not be read, or a transform failed; the message says which. When code
     raised, in a worker or here, `remote` holds that exception (`remote.exc`: the object itself when it could
-    be carried, `remote.traceback`), also chained as `__cause__`."""
+    be carried, `remote.traceback`), also chained as `__cause__`.
+
+    Args:
+        message: The line.
+        remote: The exception raised, in a worker or here.
+    """
 
     def __init__(self, message: str, remote: RemoteError | None = None) -> None:
         super().__init__(message)
@@ -57,7 +62,12 @@ class LoaderError(RuntimeError):
 
 class LoaderStalledError(LoaderError):
     """A batch waited `stall_timeout` seconds on a process that is stopped (the loader's own worker, or
-    another process holding the host cache); `pids` are those processes. Raised only with a `stall_timeout`."""
+    another process holding the host cache); `pids` are those processes. Raised only with a `stall_timeout`.
+
+    Args:
+        message: The line.
+        pids: The stopped processes.
+    """
 
     def __init__(self, message: str, pids: list[int]) -> None:
         super().__init__(message)

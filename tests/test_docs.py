@@ -79,19 +79,29 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path):
     # every public constructor's page lists every parameter it takes, its own and every loader's (issue 39 item 8)
     import inspect
 
-    loader, flight = zarrfeed.loader, zarrfeed.flight
-    for page, classes, shared in (
-            ("loader", (loader.Loader, loader.WindowLoader, loader.AgentSampleLoader, loader.EgoSampleLoader,
-                        loader.SequenceLoader), loader.LoaderOptions),
-            ("flight", (flight.RemoteLoader, flight.RemoteWindowLoader, flight.RemoteAgentSampleLoader,
-                        flight.RemoteEgoSampleLoader), flight.RemoteOptions)):
+    shared = {cls: zarrfeed.loader.LoaderOptions for cls in (zarrfeed.loader.Loader, zarrfeed.loader.WindowLoader,
+                                                             zarrfeed.loader.AgentSampleLoader,
+                                                             zarrfeed.loader.EgoSampleLoader,
+                                                             zarrfeed.loader.SequenceLoader)}
+    shared |= {cls: zarrfeed.flight.RemoteOptions for cls in (zarrfeed.flight.RemoteLoader,
+                                                              zarrfeed.flight.RemoteWindowLoader,
+                                                              zarrfeed.flight.RemoteAgentSampleLoader,
+                                                              zarrfeed.flight.RemoteEgoSampleLoader)}
+    for module, page in ((zarrfeed.writer, "writer"), (zarrfeed.loader, "loader"), (zarrfeed.flight, "flight"),
+                         (zarrfeed.plot, "plot")):
         html = (site / "reference" / page / "index.html").read_text()
-        for cls in classes:
-            start = html.index(f'id="zarrfeed.{page}.{cls.__name__}"')
+        for cls in [getattr(module, n) for n in module.__all__ if inspect.isclass(getattr(module, n))]:
+            try:
+                signature = inspect.signature(cls)
+            except (TypeError, ValueError):
+                continue
+            start = html.index(f'id="{module.__name__}.{cls.__name__}"')
             section = html[start:html.find('class="doc doc-object doc-class"', start + 1)]
-            params = [p for p in inspect.signature(cls).parameters if p != "options"]
-            for name in params + list(shared.__annotations__):
-                assert f"<code>{name}</code>" in section, f"{cls.__name__}'s reference does not list {name}"
+            names = [n for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            names += list(shared[cls].__annotations__) if cls in shared else []
+            for name in names:
+                assert f"<code>{name}</code>" in section or f'id="{module.__name__}.{cls.__name__}.{name}"' \
+                    in section, f"{module.__name__}.{cls.__name__}'s reference does not list {name}"
 
 
 def test_the_home_page_says_what_the_readme_says():

@@ -19,7 +19,11 @@ class Coordinator(Protocol):
 
 
 class LocalCoordinator:
-    """Appends in submission order from the given starting rows."""
+    """Appends in submission order from the given starting rows.
+
+    Args:
+        start: Each table's first row to place episodes at (its committed rows).
+    """
 
     def __init__(self, start: Mapping[str, int]) -> None:
         self.next = dict(start)

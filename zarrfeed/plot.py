@@ -69,7 +69,16 @@ def _name(dataset: Dataset) -> str:
 
 
 class Scene(NamedTuple):
-    """The rows of one scene, as `scene_figure` draws them."""
+    """The rows of one scene, as `scene_figure` draws them.
+
+    Attributes:
+        frames: The scene's frames (global rows first_frame ...).
+        first_frame: Its first frame's global row.
+        agents: Its agents' rows.
+        agent_frame: Each agent row's frame (global index).
+        faces: Its traffic-light faces' rows.
+        face_frame: Each face row's frame (global index).
+    """
     frames: np.ndarray            # the scene's frames (global rows first_frame ...)
     first_frame: int
     agents: np.ndarray            # its agents' rows
@@ -175,7 +184,15 @@ def scene_figure(dataset: Dataset, scene: int = 0, frame: int | None = None, his
 
 
 class Summary(NamedTuple):
-    """What `summary_figure` draws, computed from the dataset."""
+    """What `summary_figure` draws, computed from the dataset.
+
+    Attributes:
+        frames_per_scene: Frames of each scene.
+        agents_per_scene: Agent rows of each scene.
+        faces_per_scene: Traffic-light face rows of each scene.
+        agents_per_frame: Agent rows of each frame.
+        label_rows: Agent rows per label (the most probable label of each row).
+    """
     frames_per_scene: np.ndarray
     agents_per_scene: np.ndarray
     faces_per_scene: np.ndarray

@@ -16,7 +16,14 @@ from .schema import ENDS, Link
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken rule: where (table, field, row) and what."""
+    """One broken rule: where (table, field, row) and what.
+
+    Args:
+        table: The table.
+        field: The field, when the rule is about one.
+        row: The row, when the rule is about one.
+        message: What is wrong, in a line.
+    """
 
     table: str
     field: str | None

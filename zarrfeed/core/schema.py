@@ -72,7 +72,16 @@ SCHEMA_CODEC = "schema"  # a table compressed with its schema's compressor
 class Table:
     """One 1-D array of structured records, stored in chunks of `chunk_rows` rows, in the folder `path` of the
     dataset's group (default: its name). A table at a path of its own may be an N-dimensional array read as
-    records of one field (a replay buffer's `data/img`; see `core.record_view`)."""
+    records of one field (a replay buffer's `data/img`; see `core.record_view`).
+
+    Args:
+        name: The table's name (a plain folder name).
+        dtype: Its records' numpy dtype (structured, or one field).
+        chunk_rows: Rows per chunk.
+        path: Its array's folder in the group, when not its name.
+        compressor: Its compressor's config where it is not the schema's (None: uncompressed).
+        missing_is_fill: A chunk not stored reads as the fill value (an array another tool wrote).
+    """
 
     name: str
     dtype: np.dtype
@@ -109,7 +118,14 @@ INTERVALS, ENDS = "intervals", "ends"
 class Link:
     """`parent.field` holds, for each parent row, its rows of table `child`: as `[start, end)` intervals
     (`kind` "intervals", L5Kit's), or as the end alone, cumulative, each row starting where the one before
-    ends (`kind` "ends", Diffusion Policy's `episode_ends`)."""
+    ends (`kind` "ends", Diffusion Policy's `episode_ends`).
+
+    Args:
+        parent: The table whose rows point into `child`.
+        field: The field of `parent` holding the intervals (or ends).
+        child: The table pointed into.
+        kind: "intervals" (default) or "ends".
+    """
 
     parent: str
     field: str
@@ -130,6 +146,13 @@ class Schema:
 
         Schema(tables={"runs": (RUN_DTYPE, 1000), "steps": (STEP_DTYPE, 50_000)},
                links={"runs.step_index_interval": "steps"})
+
+    Args:
+        tables: Each table's name -> a `Table`, or (dtype, chunk rows).
+        links: "parent.field" -> child table, or `Link`s.
+        attrs: JSON attributes stored with the dataset.
+        compressor: The numcodecs codec of every table's chunks (default: Blosc zstd, bit shuffle).
+        name: The schema's name, as `info` shows it (default "custom").
     """
 
     def __init__(self, tables: Mapping[str, Table | tuple[Any, int]],

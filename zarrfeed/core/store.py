@@ -84,7 +84,12 @@ def missing_credentials(exc: BaseException) -> bool:
 class FormatError(ValueError):
     """A dataset cannot be read or written as asked; the message is one line saying what and where. Where it
     says what to do instead, `str()` says it in Python's words (`mode='a'`) and `cli`, when set, in the command
-    line's (`--append`): the command line prints `cli` (`in_cli_words`)."""
+    line's (`--append`): the command line prints `cli` (`in_cli_words`).
+
+    Args:
+        message: The line.
+        cli: The line in the command line's words, where they differ.
+    """
 
     def __init__(self, message: str, cli: str | None = None) -> None:
         super().__init__(message)

@@ -58,7 +58,13 @@ class RemoteError:
 
 class WorkerError(RuntimeError):
     """A worker died or failed; the message (one line) says which and what was lost. When it raised,
-    `remote` is the worker's exception (`remote.exc`, `remote.traceback`), also chained as `__cause__`."""
+    `remote` is the worker's exception (`remote.exc`, `remote.traceback`), also chained as `__cause__`.
+
+    Args:
+        message: The line.
+        remote: The worker's exception, when it raised.
+        cli: The line in the command line's words, where they differ.
+    """
 
     def __init__(self, message: str, remote: RemoteError | None = None, cli: str | None = None) -> None:
         super().__init__(message)
