@@ -311,7 +311,7 @@ def test_every_argument_after_path_and_schema_is_keyword_only(tmp_path):
     from zarrfeed.writer import L5KIT_SCHEMA
 
     params = inspect.signature(DatasetWriter).parameters
-    assert [n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY] == ["path", "schema"]
+    assert [n for n, p in params.items() if p.kind not in (p.KEYWORD_ONLY, p.VAR_KEYWORD)] == ["path", "schema"]
     with pytest.raises(TypeError):
         DatasetWriter(tmp_path / "d.zarr", L5KIT_SCHEMA, 0)
     assert not (tmp_path / "d.zarr").exists()

@@ -57,3 +57,22 @@ def test_remote_loaders_declare_theirs_once_and_refuse_the_servers(small_dataset
         with pytest.raises(TypeError, match=rf"^{cls.__name__}.__init__\(\) got an unexpected keyword argument "
                                             r"'sead'. Did you mean 'seed'\?$"):
             cls("grpc://127.0.0.1:9", sead=2)
+
+
+def test_writers_declare_theirs_once(tmp_path):
+    """DatasetWriter and the Dask ingest take the same write options (WriteOptions), keyword-only, checked in
+    one place."""
+    from zarrfeed.writer import DatasetWriter, WriteOptions
+    from zarrfeed.writer import dask as zdask
+    from zarrfeed.writer.options import Writes
+
+    assert list(WriteOptions.__annotations__) == [f.name for f in dataclasses.fields(Writes)]
+    for fn in (DatasetWriter.__init__, zdask.ingest):
+        assert typing.get_args(typing.get_type_hints(fn)["options"]) == (WriteOptions,)
+        assert not set(WriteOptions.__annotations__) & set(inspect.signature(fn).parameters)
+    with pytest.raises(TypeError, match=r"^DatasetWriter.__init__\(\) got an unexpected keyword argument 'overwirte'. "
+                                        r"Did you mean 'overwrite'\?$"):
+        DatasetWriter(tmp_path / "d.zarr", overwirte=True)
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip', got 'ignore'"):
+        DatasetWriter(tmp_path / "d.zarr", on_error="ignore")
+    assert not (tmp_path / "d.zarr").exists()

@@ -10,8 +10,8 @@ from ..core.lazy import lazy_names
 
 __all__ = ["AGENT_DTYPE", "Coordinator", "DatasetWriter", "FRAME_DTYPE", "FormatError", "L5KIT_SCHEMA", "Link",
            "LocalCoordinator", "PERCEPTION_LABELS", "SCENE_DTYPE", "Schema", "StoreUnreachable", "TL_FACE_DTYPE",
-           "Table", "Violation", "WorkerError", "check_episode", "ingest_parquet", "relocate", "replay_buffer_schema",
-           "synthetic", "write_dataset"]
+           "Table", "Violation", "WorkerError", "WriteOptions", "check_episode", "ingest_parquet", "relocate",
+           "replay_buffer_schema", "synthetic", "write_dataset"]
 __getattr__, __dir__ = lazy_names(__name__, {
     "WorkerError": "..core._proc.pool", "FormatError": "..core.dataset_format", "Violation": "..core.links",
     "StoreUnreachable": "..core.stores", "replay_buffer_schema": "..core.replay_buffer",
@@ -19,7 +19,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
                      "TL_FACE_DTYPE", "Link", "Schema", "Table"], "..core.schema"),
     "Coordinator": ".coordinator", "LocalCoordinator": ".coordinator", "DatasetWriter": ".dataset_writer",
     "check_episode": ".episode", "relocate": ".episode", "ingest_parquet": ".parquet_ingest",
-    "write_dataset": ".write",
+    "write_dataset": ".write", "WriteOptions": ".options",
 }, modules=("synthetic",))
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors and docs
@@ -34,5 +34,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors and docs
     from .coordinator import Coordinator, LocalCoordinator
     from .dataset_writer import DatasetWriter
     from .episode import check_episode, relocate
+    from .options import WriteOptions
     from .parquet_ingest import ingest_parquet
     from .write import write_dataset

@@ -31,10 +31,11 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Unpack, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .options import WriteOptions, Writes
 from ..core import dataset_format
 from ..core.keys import Position, fingerprint
 from ..core.schema import L5KIT_SCHEMA, Schema, Table
@@ -194,10 +195,8 @@ def _write(loaded: tuple[list, _Counted], which: list[int], expected: list[str],
 
 # ----------------------------------------------------------------------------------------------------- client
 def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Iterable[Mapping[str, np.ndarray]]],
-           path: Any, schema: Schema = L5KIT_SCHEMA, storage_options: Mapping[str, Any] | None = None,
-           resume: bool = False, on_error: str = "raise", progress: bool = False, overwrite: bool = False,
-           chunks: Mapping[str, int] | None = None, compressor: Any = None, commit_interval: float = 1.0,
-           mode: str = "w", durable: bool = True) -> IngestSummary:
+           path: Any, schema: Schema = L5KIT_SCHEMA, *, resume: bool = False,
+           **options: Unpack[WriteOptions]) -> IngestSummary:
     """Ingest `to_episodes(s)` for every `s` in `sources` on the Dask cluster of `client`, into `path`.
 
     `sources` are small picklable items (file names, URLs, seeds); `to_episodes` runs on the workers and must
@@ -210,12 +209,22 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
     With on_error="skip", bad episodes are left out and listed in the summary. Resume loads every source
     again (to know its episodes' positions) and writes only what is not committed. `durable` as for
     `DatasetWriter`: on a local disk every commit survives a power loss once `ingest` returns (or, if it
-    raises, the commits it reports); False for scratch data (commits survive a killed process only).
+    raises, the commits it reports); False for scratch data (commits survive a killed process only). It takes
+    every writer's options (`WriteOptions`, listed below), keyword-only.
+
+    Args:
+        client: The Dask client of the cluster.
+        sources: Small picklable items (file names, URLs, seeds), one task each.
+        to_episodes: Gives a source's episodes, on the workers (the same each time).
+        path: Where the dataset is: a local directory or any fsspec URL.
+        schema: The tables, links and compressor of a new dataset (default L5Kit's).
+        resume: Pass over the episodes already committed (the same input, ingested before).
     """
     from distributed import as_completed
 
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    o = Writes.of(options, "ingest")
+    storage_options, on_error, progress, overwrite = o.storage_options, o.on_error, o.progress, o.overwrite
+    chunks, compressor, commit_interval, mode, durable = o.chunks, o.compressor, o.commit_interval, o.mode, o.durable
     sources = list(sources)
     t0 = time.perf_counter()
     location = replace(Location.of(path, storage_options), durable=durable)

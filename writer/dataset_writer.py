@@ -19,9 +19,8 @@ from dataclasses import replace
 import shutil
 import time
 from collections.abc import Sized
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Unpack
 
-import numcodecs
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -37,6 +36,7 @@ from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer, key_order
 from .coordinator import Coordinator
 from .episode import as_tables, check_episode, relocate
+from .options import WriteOptions, Writes
 from .segments import SegmentBuffers
 from .lease import TIMEOUT
 
@@ -53,6 +53,9 @@ class DatasetWriter:
     Use as a context manager, or call `close()`. What is committed, and when, is its `committer`'s.
     Every argument after `path` and `schema` is keyword-only.
 
+    It takes every writer's options (`WriteOptions`, listed below: mode, overwrite, compressor, chunks,
+    on_error, progress, commit_interval, storage_options, durable), keyword-only.
+
     Args:
         path: Where the dataset is: a local directory, any fsspec URL (`s3://bucket/prefix`), or a `Location`.
         schema: The tables (record dtypes, chunk rows), links, attrs and compressor of a new dataset (default
@@ -60,21 +63,6 @@ class DatasetWriter:
             tables' dtypes and its links must be the dataset's, else `FormatError`.
         workers: Writer processes that compress and store segments (default 2); 0 writes in this process. More
             compress more in parallel (on an object store: more PUTs at once); each adds two segment buffers.
-        mode: "w" (default) creates a new dataset; "a" appends to an existing one, first dropping rows that
-            were written but never committed.
-        compressor: A numcodecs codec for a new dataset's chunks instead of the schema's (L5Kit's: Blosc lz4,
-            level 5, byte shuffle). Ignored with mode "a": the dataset keeps its own.
-        chunks: Rows per chunk for some tables of a new dataset (`{"agents": 50_000}`), instead of the schema's;
-            a table the schema does not have is refused. Larger chunks mean fewer, larger objects; a loader reads
-            and decodes whole chunks. Ignored with mode "a".
-        on_error: What a bad episode does: "raise" (default) raises `ValueError` naming table, field and row,
-            with nothing of it written; "skip" logs a warning, records its key as skipped and goes on.
-        progress: Show a progress bar (episodes, rows/s, MB/s) during `ingest`.
-        overwrite: With mode "w", replace the dataset already at `path` (a location that holds anything but a
-            zarr dataset is refused even then). Default: refuse a non-empty location.
-        commit_interval: Seconds between commits while writing (default 1.0); partly filled segments are sent
-            to the workers as often. Lower: readers see rows sooner; higher: fewer manifest writes and fewer
-            chunks shared by two segments.
         segment_bytes: Bytes of each shared-memory segment buffer (default 4 MiB on a local disk, 16 MiB on an
             object store; at least twice the largest chunk's bytes). The writer holds (tables + 2 x workers) of
             them; larger ones let each worker send more chunks at once.
@@ -86,8 +74,6 @@ class DatasetWriter:
             It must lock across the writer's processes.
         start_method: How worker processes start ("fork", "spawn" or "forkserver"); default "forkserver" where
             the platform has it. "fork" starts faster, but a child of a process with threads may deadlock.
-        storage_options: fsspec options for a URL `path` (credentials, `endpoint_url`, ...); merged into those
-            of a `Location`.
         lease_timeout: Seconds (default 60) after which another writer may take over the lease of a writer
             whose heartbeat stopped (renewed every sixth of it); this writer stops writing two heartbeats
             before. Raise it if storing one segment can take longer. On an object store it also bounds taking
@@ -95,22 +81,16 @@ class DatasetWriter:
         stall_timeout: Seconds (default 120) a worker may take to store one segment before the writer stops
             with `WorkerError` (a store that accepts connections and never answers); on an object store it
             also bounds each of this process's metadata calls.
-        durable: On a local disk (default True), every commit survives a power loss once it is acknowledged
-            (`sync()`, `close()`, the progress line): the chunks it names are fsynced before the manifest that
-            names them, which is written aside, fsynced, renamed and its folder fsynced. False: commits survive
-            a killed process but may be lost, or torn, by a power loss or a kernel crash (for scratch data).
-            Object stores: a PUT is durable when it returns, either way.
     """
 
     def __init__(self, path: str | os.PathLike | Location, schema: Schema | None = None, *, workers: int = 2,
-                 mode: str = "w", compressor: numcodecs.abc.Codec | None = None,
-                 chunks: Mapping[str, int] | None = None, on_error: str = "raise", progress: bool = False,
-                 overwrite: bool = False, commit_interval: float = 1.0, segment_bytes: int | None = None,
-                 coordinator: Coordinator | None = None, synchronizer: Any = None,
-                 start_method: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0, durable: bool = True) -> None:
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+                 segment_bytes: int | None = None, coordinator: Coordinator | None = None, synchronizer: Any = None,
+                 start_method: str | None = None, lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0,
+                 **options: Unpack[WriteOptions]) -> None:
+        o = Writes.of(options, "DatasetWriter")
+        mode, compressor, chunks, on_error, progress = o.mode, o.compressor, o.chunks, o.on_error, o.progress
+        overwrite, commit_interval, storage_options, durable = o.overwrite, o.commit_interval, o.storage_options, \
+            o.durable
         if workers < 0:
             raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
         self.location = replace(Location.of(path, storage_options), durable=durable)

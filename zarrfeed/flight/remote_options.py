@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
-from ..loader.options import Options, OrderOptions, refuse_unknown
+from ..core.keywords import refuse_unknown
+from ..loader.options import Options, OrderOptions
 from .liveness import STALL_TIMEOUT
 
 

@@ -1,0 +1,70 @@
+"""The options every writer of a dataset takes, declared once (issue 39 item 8, as `loader.options` declares the
+loaders'): `WriteOptions` names, types and documents them (`DatasetWriter` and `zarrfeed.writer.dask.ingest`
+take `**options: Unpack[WriteOptions]`, and the API reference lists them on each page); `Writes` holds their
+defaults and checks them once.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, TypedDict
+
+from ..core.keywords import refuse_unknown
+
+
+class WriteOptions(TypedDict, total=False):
+    """Options every writer takes, keyword-only, besides its own."""
+
+    mode: str
+    """"w" (default) creates a new dataset; "a" appends to an existing one, first dropping rows that were
+    written but never committed."""
+    overwrite: bool
+    """With mode "w", replace the dataset already at the path (a location that holds anything but a zarr
+    dataset is refused even then). Default False: refuse a non-empty location."""
+    compressor: Any
+    """A numcodecs codec for a new dataset's chunks instead of the schema's (L5Kit's: Blosc lz4, level 5, byte
+    shuffle). Ignored with mode "a": the dataset keeps its own."""
+    chunks: Mapping[str, int] | None
+    """Rows per chunk for some tables of a new dataset (`{"agents": 50_000}`), instead of the schema's; a table
+    the schema does not have is refused. Larger chunks mean fewer, larger objects; a loader reads and decodes
+    whole chunks. Ignored with mode "a"."""
+    on_error: str
+    """What a bad episode does: "raise" (default) raises naming table, field and row, with nothing of it
+    written; "skip" logs a warning, records its key (or position) as skipped and goes on."""
+    progress: bool
+    """Show a progress bar while ingesting (default False)."""
+    commit_interval: float
+    """Seconds between commits while writing (default 1.0). Lower: readers see rows sooner; higher: fewer
+    manifest writes and fewer chunks shared by two writes."""
+    storage_options: Mapping[str, Any] | None
+    """fsspec options for a URL path (credentials, `endpoint_url`, ...); merged into those of a `Location`."""
+    durable: bool
+    """On a local disk (default True), every commit survives a power loss once it is acknowledged: the chunks
+    it names are fsynced before the manifest that names them, which is written aside, fsynced, renamed and its
+    folder fsynced. False: commits survive a killed process but may be lost, or torn, by a power loss or a
+    kernel crash (for scratch data). Object stores: a PUT is durable when it returns, either way."""
+
+
+@dataclass(frozen=True)
+class Writes:
+    """`WriteOptions` with their defaults (the same names: a test holds the two equal)."""
+
+    mode: str = "w"
+    overwrite: bool = False
+    compressor: Any = None
+    chunks: Mapping[str, int] | None = None
+    on_error: str = "raise"
+    progress: bool = False
+    commit_interval: float = 1.0
+    storage_options: Mapping[str, Any] | None = None
+    durable: bool = True
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any], who: str) -> "Writes":
+        """The options `who` was given; an unknown one refused in one line, naming the close one."""
+        refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
+        return cls(**given)
