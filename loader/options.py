@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, TypedDict
 
 import numpy as np
 
-from ..core.keywords import refuse_unknown
+from ..core.keywords import choice, count, flag, folder, mapping, refuse_unknown, seconds
 from .order import ORDERS, VERSION as ORDER
 from .plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
 from .scheduler import WorkerOptions
@@ -107,17 +107,6 @@ class LoaderOptions(TypedDict, total=False):
     place, is then read as this dataset's rows, with no error."""
 
 
-def count(value: Any, name: str, least: int, none: str | None = None) -> int | None:
-    """`value` as a Python int >= `least` (numpy integers taken, bools and floats refused), or None when
-    `none` says what None means; else one line."""
-    if value is None and none is not None:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
-        also = f" (or None: {none})" if none else ""
-        raise ValueError(f"{name} must be an integer >= {least}{also}, got {value!r}")
-    return int(value)
-
-
 def check_order_options(o: Any) -> None:
     """The options that decide the order, checked and made plain Python ints (a state saved with numpy integers
     would not be JSON, and True is not an order)."""
@@ -145,6 +134,10 @@ class OrderOptions:
 
     def __post_init__(self) -> None:
         check_order_options(self)
+        for name in ("shuffle", "drop_last"):
+            object.__setattr__(self, name, flag(getattr(self, name), name))
+        object.__setattr__(self, "rank", count(self.rank, "rank", 0))
+        object.__setattr__(self, "world_size", count(self.world_size, "world_size", 1))
 
     def plan(self, batch_size: int) -> PlanSettings:
         """What decides the batch order, with this loader's batch size."""
@@ -175,11 +168,30 @@ class Options(OrderOptions):
     cache: str = "host"
     verify_chunks: bool = True
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        put = object.__setattr__
+        for name in ("copy", "restart_workers", "verify_chunks"):
+            put(self, name, flag(getattr(self, name), name))
+        put(self, "check_views", flag(self.check_views, "check_views", none=True))
+        put(self, "num_workers", count(self.num_workers, "num_workers", 0))
+        put(self, "prefetch", count(self.prefetch, "prefetch", 1))
+        put(self, "cache_dir_bytes", count(self.cache_dir_bytes, "cache_dir_bytes", 0))
+        put(self, "cache_bytes", count(self.cache_bytes, "cache_bytes", 0, "a quarter of the memory available"))
+        put(self, "commit", count(self.commit, "commit", 0, "the latest"))
+        put(self, "stall_timeout", seconds(self.stall_timeout, "stall_timeout", none="as long as it is stopped"))
+        choice(self.cache, "cache", ("host", "process", "off"))
+        choice(self.start_method, "start_method", (None, "fork", "spawn", "forkserver"))
+        mapping(self.storage_options, "storage_options")
+        folder(self.cache_dir, "cache_dir")
+        if self.transform is not None and not callable(self.transform):
+            raise ValueError(f"transform must be a function of a batch (or None), got {self.transform!r}")
+
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Options":
         """The options `who` (a loader's name) was given; an unknown one refused in one line, naming the
         close one."""
-        refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
+        refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], f"{who}.__init__")
         made = cls(**given)
         object.__setattr__(made, "given", frozenset(given))  # which options the user chose (not a field)
         return made

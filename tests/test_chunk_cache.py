@@ -83,7 +83,7 @@ def test_a_loop_left_early_starts_the_cache_anew_and_stays_right(data):
 
 
 def test_cache_bytes_must_not_be_negative(data):
-    with pytest.raises(ValueError, match="cache_bytes must be >= 0"):
+    with pytest.raises(ValueError, match="cache_bytes must be an integer >= 0"):
         Loader(data, cache_bytes=-1)
 
 

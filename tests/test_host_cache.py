@@ -277,7 +277,7 @@ def test_another_user_cannot_open_the_cache(data):
 
 
 def test_cache_option_is_checked(data):
-    with pytest.raises(ValueError, match="cache must be 'host', 'process' or 'off'"):
+    with pytest.raises(ValueError, match="cache must be one of 'host', 'process', 'off'"):
         Loader(data, cache="shared")
     with Loader(data, batch_size=500, num_workers=0, cache="off") as off:
         list(off)

@@ -73,6 +73,57 @@ def test_writers_declare_theirs_once(tmp_path):
     with pytest.raises(TypeError, match=r"^DatasetWriter.__init__\(\) got an unexpected keyword argument 'overwirte'. "
                                         r"Did you mean 'overwrite'\?$"):
         DatasetWriter(tmp_path / "d.zarr", overwirte=True)
-    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip', got 'ignore'"):
+    with pytest.raises(ValueError, match="on_error must be one of 'raise', 'skip', got 'ignore'"):
         DatasetWriter(tmp_path / "d.zarr", on_error="ignore")
     assert not (tmp_path / "d.zarr").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_workers": "2"}, "num_workers must be an integer >= 0, got '2'"),
+    ({"num_workers": 1.5}, "num_workers must be an integer >= 0, got 1.5"),
+    ({"prefetch": 0}, "prefetch must be an integer >= 1, got 0"),
+    ({"stall_timeout": "5"}, "stall_timeout must be a number of seconds > 0"),
+    ({"cache_bytes": "1G"}, "cache_bytes must be an integer >= 0"),
+    ({"cache": "x"}, "cache must be one of 'host', 'process', 'off', got 'x'"),
+    ({"storage_options": "x"}, r"storage_options must be a dict \(or None\), got 'x'"),
+    ({"cache_dir": 5}, "cache_dir must be a path"),
+    ({"cache_dir_bytes": -1}, "cache_dir_bytes must be an integer >= 0"),
+    ({"transform": 5}, "transform must be a function of a batch"),
+    ({"world_size": 0}, "world_size must be an integer >= 1, got 0"),
+    ({"shuffle": "no"}, "shuffle must be True or False, got 'no'"),
+    ({"verify_chunks": "no"}, "verify_chunks must be True or False, got 'no'"),
+    ({"start_method": "thread"}, "start_method must be one of None, 'fork', 'spawn', 'forkserver'"),
+    ({"commit": "3"}, "commit must be an integer >= 0"),
+])
+def test_bad_option_values_are_one_line_at_construction(small_dataset, kwargs, message):
+    """Found by the adversarial pass of issue 39: strings taken as True, types failing deep inside or at the
+    first batch; each option is checked once, for every loader."""
+    path = small_dataset(3, 2, chunks={"agents": 500})
+    for cls, args in ((Loader, (path,)), (WindowLoader, (path, 2, 3)), (EgoSampleLoader, (path, 2, 3))):
+        with pytest.raises(ValueError, match=message):
+            cls(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"overwrite": "no"}, "overwrite must be True or False, got 'no'"),
+    ({"durable": "no"}, "durable must be True or False, got 'no'"),
+    ({"progress": "x"}, "progress must be True or False"),
+    ({"commit_interval": -1}, "commit_interval must be a number of seconds >= 0"),
+    ({"chunks": 5}, "chunks must be a dict"),
+    ({"compressor": "lz4"}, "compressor must be a numcodecs codec"),
+    ({"mode": "x"}, "mode must be one of 'w', 'a', got 'x'"),
+    ({"workers": 1.5}, r"workers \(0: write in this process\) must be an integer >= 0, got 1.5"),
+    ({"lease_timeout": -1}, "lease_timeout must be a number of seconds > 0"),
+    ({"segment_bytes": -1}, "segment_bytes must be an integer >= 1"),
+])
+def test_bad_write_options_are_one_line_before_anything_changes(small_dataset, tmp_path, kwargs, message):
+    """Found by the adversarial pass of issue 39: `overwrite="no"` replaced a 3-scene dataset with a 1-scene
+    one (a string is true to Python)."""
+    from zarrfeed.loader import Dataset
+    from zarrfeed.writer import synthetic, write_dataset
+
+    path = tmp_path / "d.zarr"
+    write_dataset(path, synthetic.episodes(3, seed=1, frames=10, agents_per_frame=5), workers=0)
+    with pytest.raises(ValueError, match=message):
+        write_dataset(path, synthetic.episodes(1, seed=2, frames=10, agents_per_frame=5), **kwargs)
+    assert Dataset.open(path).rows["scenes"] == 3

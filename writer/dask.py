@@ -222,7 +222,7 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
     """
     from distributed import as_completed
 
-    o = Writes.of(options, "ingest")
+    o = Writes.of(options, "ingest")  # "ingest() got an unexpected keyword argument"
     storage_options, on_error, progress, overwrite = o.storage_options, o.on_error, o.progress, o.overwrite
     chunks, compressor, commit_interval, mode, durable = o.chunks, o.compressor, o.commit_interval, o.mode, o.durable
     sources = list(sources)

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Unpack
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..core.keywords import count, seconds
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
@@ -87,12 +88,13 @@ class DatasetWriter:
                  segment_bytes: int | None = None, coordinator: Coordinator | None = None, synchronizer: Any = None,
                  start_method: str | None = None, lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0,
                  **options: Unpack[WriteOptions]) -> None:
-        o = Writes.of(options, "DatasetWriter")
+        o = Writes.of(options, "DatasetWriter.__init__")
         mode, compressor, chunks, on_error, progress = o.mode, o.compressor, o.chunks, o.on_error, o.progress
         overwrite, commit_interval, storage_options, durable = o.overwrite, o.commit_interval, o.storage_options, \
             o.durable
-        if workers < 0:
-            raise ValueError(f"workers must be >= 0 (0: write in this process), got {workers}")
+        workers = count(workers, "workers (0: write in this process)", 0)
+        segment_bytes = count(segment_bytes, "segment_bytes", 1, "the store's default")
+        lease_timeout, stall_timeout = seconds(lease_timeout, "lease_timeout"), seconds(stall_timeout, "stall_timeout")
         self.location = replace(Location.of(path, storage_options), durable=durable)
         self.path = self.location.url
         self.on_error, self.progress, self.commit_interval = on_error, progress, commit_interval

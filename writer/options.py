@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
-from ..core.keywords import refuse_unknown
+from ..core.keywords import choice, flag, mapping, refuse_unknown, seconds
 
 
 class WriteOptions(TypedDict, total=False):
@@ -60,11 +60,19 @@ class Writes:
     durable: bool = True
 
     def __post_init__(self) -> None:
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        choice(self.on_error, "on_error", ("raise", "skip"))
+        choice(self.mode, "mode", ("w", "a"))
+        for name in ("overwrite", "progress", "durable"):
+            object.__setattr__(self, name, flag(getattr(self, name), name))
+        object.__setattr__(self, "commit_interval", seconds(self.commit_interval, "commit_interval", zero=True))
+        mapping(self.storage_options, "storage_options")
+        mapping(self.chunks, "chunks")
+        if self.compressor is not None and not hasattr(self.compressor, "get_config"):
+            raise ValueError(f"compressor must be a numcodecs codec (or None), got {self.compressor!r}")
 
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Writes":
-        """The options `who` was given; an unknown one refused in one line, naming the close one."""
+        """The options `who` (the function, e.g. "DatasetWriter.__init__") was given; an unknown one refused in
+        one line, naming the close one."""
         refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
         return cls(**given)

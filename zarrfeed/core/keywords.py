@@ -1,15 +1,82 @@
 """Keyword options taken as `**options` (the loaders' and writers' option declarations): an unknown name is
-refused as Python refuses an unknown keyword argument of a function's own, naming the close one."""
+refused as Python refuses an unknown keyword argument of a function's own, naming the close one, and each
+value is checked once, here, in one line naming the option (a wrong type failing deep inside, or a string
+taken as True, is what these prevent: `overwrite="no"` once replaced a dataset)."""
 from __future__ import annotations
 
 import difflib
-from typing import Any, Mapping
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 
 
 def refuse_unknown(given: Mapping[str, Any], known: list[str], who: str) -> None:
-    """TypeError, as Python words it for a function's own parameters, for a name of `given` not `known`."""
+    """TypeError, as Python words it for a function's own parameters, for a name of `given` not `known`
+    (`who`: the function, e.g. "Loader.__init__")."""
     for name in given:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f". Did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"{who}.__init__() got an unexpected keyword argument {name!r}{hint}")
+            raise TypeError(f"{who}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def flag(value: Any, name: str, none: bool = False) -> bool | None:
+    """`value` as True or False (None too, with `none`); anything else (a string "no" is true to Python)
+    refused."""
+    if value is None and none:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        also = " or None" if none else ""
+        raise ValueError(f"{name} must be True or False{also}, got {value!r}")
+    return bool(value)
+
+
+def count(value: Any, name: str, least: int, none: str | None = None) -> int | None:
+    """`value` as a Python int >= `least` (numpy integers taken, bools and floats refused), or None when
+    `none` says what None means; else one line."""
+    if value is None and none is not None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+        also = f" (or None: {none})" if none else ""
+        raise ValueError(f"{name} must be an integer >= {least}{also}, got {value!r}")
+    return int(value)
+
+
+def seconds(value: Any, name: str, zero: bool = False, none: str | None = None) -> float | None:
+    """`value` as a number of seconds > 0 (>= 0 with `zero`), or None when `none` says what None means."""
+    if value is None and none is not None:
+        return None
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
+        and math.isfinite(value) and (value >= 0 if zero else value > 0)
+    if not ok:
+        also = f" (or None: {none})" if none else ""
+        raise ValueError(f"{name} must be a number of seconds {'>= 0' if zero else '> 0'}{also}, got {value!r}")
+    return float(value)
+
+
+def choice(value: Any, name: str, choices: tuple) -> Any:
+    if value not in choices or isinstance(value, bool):
+        said = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {said}, got {value!r}")
+    return value
+
+
+def mapping(value: Any, name: str) -> Mapping | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a dict (or None), got {value!r}")
+    return value
+
+
+def text(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{name} must be a string (or None), got {value!r}")
+    return value
+
+
+def folder(value: Any, name: str) -> Any:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a path (or None), got {value!r}")
+    return value

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
-from ..core.keywords import refuse_unknown
+from ..core.keywords import choice, mapping, refuse_unknown, seconds, text
 from ..loader.options import Options, OrderOptions
 from .liveness import STALL_TIMEOUT
 
@@ -74,6 +74,22 @@ class Remote(OrderOptions):
     dataset: str | None = None
     stall_timeout: float = STALL_TIMEOUT
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        put = object.__setattr__
+        for name in ("token", "dataset"):
+            text(getattr(self, name), name)
+        choice(self.output, "output", ("numpy", "arrow"))
+        if self.transform is not None and not isinstance(self.transform, str):
+            raise ValueError(f"transform: a remote loader names one of the server's transforms (zarrfeed serve "
+                             f"--transforms MODULE), a string; got {self.transform!r}")
+        mapping(self.transform_args, "transform_args")
+        if self.tls_root_certs is not None and not isinstance(self.tls_root_certs, bytes):
+            raise ValueError(f"tls_root_certs must be PEM bytes (or None), got {self.tls_root_certs!r}")
+        put(self, "timeout", seconds(self.timeout, "timeout"))
+        put(self, "reconnect_timeout", seconds(self.reconnect_timeout, "reconnect_timeout", zero=True))
+        put(self, "stall_timeout", seconds(self.stall_timeout, "stall_timeout"))
+
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Remote":
         """The options `who` was given; an unknown one refused as the local loaders refuse it (a local loader's
@@ -81,9 +97,9 @@ class Remote(OrderOptions):
         known = [f.name for f in dataclasses.fields(cls)]
         for name in given:
             if name not in known and name in {f.name for f in dataclasses.fields(Options)}:
-                raise TypeError(f"{who}.__init__(): {name!r} is the server's to decide (its loaders' workers, "
-                                "cache and store are zarrfeed serve's options), not a remote loader's")
-        refuse_unknown(given, known, who)
+                raise TypeError(f"{who}.__init__(): {name!r} is the server's to decide (its loaders run with the "
+                                "server's own workers, caches and store), not a remote loader's")
+        refuse_unknown(given, known, f"{who}.__init__")
         made = cls(**given)
         object.__setattr__(made, "given", frozenset(given))  # which options the user chose (not a field)
         return made
