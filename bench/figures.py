@@ -1,11 +1,13 @@
-"""The one place every measured figure the docs quote lives: docs/figures.json. A figure is quoted in a page as
-its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment shows in neither
+"""The one place the measured figures the docs quote live: docs/figures.json (those of the README, the home page
+and the performance page's loader, samples and shuffle sections, and the loading guide's; the writer, serving,
+ranks, Dask and episodes sections are still written by hand: their scripts write no --json yet). A figure is
+quoted in a page as its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment shows in neither
 GitHub nor the site); tests/test_figures.py fails when a quoted number is not the recorded one, when a marker
 names no figure, or when a figure is quoted nowhere, so that the pages cannot drift apart.
 
     python bench/bench_loader.py --repeat 3 --json run.json   # any bench script with --json
     python bench/figures.py record bench_loader.py run.json   # its figures into docs/figures.json
-    python bench/figures.py set first_batch.rows "0.07-0.10"  # a figure no script computes alone
+    python bench/figures.py set loader.first_batch_256 0.21   # a figure by hand (digits, '.', ',', '-')
     python bench/figures.py sync                              # every marked number in the docs rewritten
     python bench/figures.py check                             # what the test checks
 
@@ -54,8 +56,24 @@ def computed(figure: dict, speeds: dict[str, float]) -> str:
 
 
 def record(script: str, run: Path) -> list[str]:
-    """Every figure of `script` from its --json output `run`; the names changed."""
-    speeds, figures = json.loads(run.read_text()), load()
+    """Every figure of `script` (a name or a path: bench/bench_loader.py) from its --json output `run`; the names
+    changed. SystemExit (one line) for a run that is not such an output, or misses a speed a figure needs."""
+    script = Path(script).name
+    try:
+        speeds = json.loads(run.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"figures: {run}: not a bench script's --json output ({exc})") from None
+    if not isinstance(speeds, dict):
+        raise SystemExit(f"figures: {run}: not a bench script's --json output (a JSON object of speeds)")
+    figures = load()
+    mine = {name: f for name, f in figures.items() if f.get("script") == script}
+    if not mine:
+        raise SystemExit(f"figures: no figure comes from {script} (scripts: "
+                         f"{', '.join(sorted({f['script'] for f in figures.values() if 'script' in f}))})")
+    missing = sorted({k for f in mine.values() for k in (f["speed"], f.get("over")) if k and k not in speeds})
+    if missing:
+        raise SystemExit(f"figures: {run} has no {', '.join(map(repr, missing))}: run {script} in full (not "
+                         "--check-only or the like) to record its figures")
     stamp = {"date": datetime.date.today().isoformat(), "machine": machine()}
     changed = []
     for name, figure in figures.items():
@@ -70,7 +88,13 @@ def quotes() -> list[tuple[Path, int, str, str]]:
     """Every marked number in the pages: (page, line, number, figure)."""
     out = []
     for page in PAGES:
+        fenced = False
         for i, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            if MARKER.search(line) and fenced:  # a comment in a code block shows as text: not a quote
+                out.append((page, i, "", "(a marker in a code block)"))
+                continue
             out += [(page, i, m.group(1), m.group(2)) for m in MARKER.finditer(line)]
     return out
 
@@ -125,6 +149,10 @@ def main() -> int:
         figures = load()
         if args.name not in figures:
             print(f"no figure {args.name!r} (figures: {', '.join(sorted(figures))})", file=sys.stderr)
+            return 2
+        if not re.fullmatch(MARKER.pattern.split("<")[0], args.value):  # a page quotes it before its marker
+            print(f"a figure is a number as a page quotes it (digits, '.', ',', '-'), got {args.value!r}",
+                  file=sys.stderr)
             return 2
         figures[args.name].update(value=args.value, date=datetime.date.today().isoformat(), machine=machine())
         save(figures)

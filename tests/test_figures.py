@@ -54,3 +54,38 @@ def test_a_bench_run_computes_its_figures(tmp_path, monkeypatch):
     run.write_text(json.dumps(every))
     assert set(figures.record("bench_windows.py", run)) == {k for k in data if k.startswith("samples.")}
     assert json.loads(store.read_text())["samples.agents_vs_l5kit"]["value"] == "1"
+
+
+def test_set_refuses_what_a_page_cannot_quote_and_record_says_what_a_run_misses(tmp_path, monkeypatch):
+    """Found by the adversarial pass: `set NAME "~0.2"` then `sync` grew a '~' per sync; `record` of a run
+    without the speeds its figures need was a KeyError traceback, and `record bench/bench_loader.py` (a path)
+    recorded nothing with exit 0."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "figures.json"
+    store.write_text((ROOT / "docs" / "figures.json").read_text())
+    script = ROOT / "bench" / "figures.py"
+    figures = figures_module()
+    monkeypatch.setattr(figures, "FIGURES", store)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"zarrfeed batch 4096": 1.0}))
+    import pytest
+
+    with pytest.raises(SystemExit, match=r"has no '\(a\) pool batch 256'.*run bench_loader.py in full"):
+        figures.record("bench/bench_loader.py", run)
+    with pytest.raises(SystemExit, match="no figure comes from bench_nothing.py"):
+        figures.record("bench_nothing.py", run)
+    r = subprocess.run([sys.executable, str(script), "set", "loader.first_batch_256", "~0.2"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "a figure is a number as a page quotes it" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_marker_in_a_code_block_is_named(tmp_path, monkeypatch):
+    figures = figures_module()
+    page = tmp_path / "page.md"
+    page.write_text("```console\nspeed 12.5<!--fig:loader.cached_4096-->\n```\n")
+    monkeypatch.setattr(figures, "PAGES", [page])
+    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    assert any("a marker in a code block" in p for p in figures.check())
