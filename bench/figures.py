@@ -1,9 +1,9 @@
-"""The one place the measured figures the docs quote live: docs/figures.json (those of the README, the home page
-and the performance page's loader, samples and shuffle sections, and the loading guide's; the writer, serving,
-ranks, Dask and episodes sections are still written by hand: their scripts write no --json yet). A figure is
-quoted in a page as its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment
-shows in neither GitHub nor the site); tests/test_figures.py fails when a quoted number is not the recorded one, when a marker
-names no figure, or when a figure is quoted nowhere, so that the pages cannot drift apart.
+"""The one place the measured figures the docs quote live: docs/figures.json (those of the README, the home page,
+the performance page's loader, samples and shuffle sections, and the loading guide; the writer, serving, ranks,
+Dask and episodes sections are still written by hand: their scripts write no --json yet). A figure is quoted in
+a page as its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment shows in
+neither GitHub nor the site); tests/test_figures.py fails when a quoted number is not the recorded one, when a
+marker names no figure, or when a figure is quoted nowhere, so that the pages cannot drift apart.
 
     python bench/bench_loader.py --repeat 3 --json run.json   # any bench script with --json
     python bench/figures.py record bench_loader.py run.json   # its figures into docs/figures.json
