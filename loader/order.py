@@ -37,7 +37,7 @@ j = 0..m-1 (in the chunk order) with s_j rows each, S in all:
   key(seed, epoch, BLOCKS + window * 2**32 + t).
 
 A batch is a stretch of a block or two: with the whole table in one window, a batch of 4,096 rows from 100
-chunks holds rows of all 100 (a uniform shuffle: 100 on average, fewer at times), and its rows are read from
+chunks holds rows of all 100 (bench/bench_shuffle.py: every batch, as a uniform shuffle's), and its rows are read from
 the decoded chunks directly (no permuted copy). Each block's order is made on its own (a few ns a row, in
 L2-sized pieces), so workers fill a window's index in parallel and random access needs one block.
 

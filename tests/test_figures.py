@@ -15,6 +15,16 @@ def figures_module():
     return module
 
 
+def figures_of_page(text, tmp_path, monkeypatch):
+    """bench/figures.py reading one page of `text` (in tmp_path) instead of the repository's."""
+    figures = figures_module()
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    monkeypatch.setattr(figures, "PAGES", [page])
+    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    return figures, page
+
+
 def test_every_quoted_figure_is_the_recorded_one():
     figures = figures_module()
     assert figures.check() == []
@@ -22,11 +32,8 @@ def test_every_quoted_figure_is_the_recorded_one():
 
 
 def test_a_drifted_number_and_an_unknown_marker_are_named(tmp_path, monkeypatch):
-    figures = figures_module()
-    page = tmp_path / "page.md"
-    page.write_text("at 12.5<!--fig:loader.cached_4096--> M rows/s; 3<!--fig:nope-->x\n")
-    monkeypatch.setattr(figures, "PAGES", [page])
-    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    figures, page = figures_of_page("at 12.5<!--fig:loader.cached_4096--> M rows/s; 3<!--fig:nope-->x\n", tmp_path,
+                                    monkeypatch)
     problems = figures.check()
     value = figures.load()["loader.cached_4096"]["value"]
     assert f"page.md:1: loader.cached_4096 is quoted as 12.5, recorded as {value} (python bench/figures.py sync)" \
@@ -83,9 +90,5 @@ def test_set_refuses_what_a_page_cannot_quote_and_record_says_what_a_run_misses(
 
 
 def test_a_marker_in_a_code_block_is_named(tmp_path, monkeypatch):
-    figures = figures_module()
-    page = tmp_path / "page.md"
-    page.write_text("```console\nspeed 12.5<!--fig:loader.cached_4096-->\n```\n")
-    monkeypatch.setattr(figures, "PAGES", [page])
-    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    figures, _ = figures_of_page("```console\nspeed 12.5<!--fig:loader.cached_4096-->\n```\n", tmp_path, monkeypatch)
     assert any("a marker in a code block" in p for p in figures.check())

@@ -5,11 +5,10 @@ defaults and checks them once.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
-from ..core.keywords import choice, flag, mapping, refuse_unknown, seconds
+from ..core.keywords import choice, flag, mapping, seconds, taken
 
 
 class WriteOptions(TypedDict, total=False):
@@ -74,5 +73,4 @@ class Writes:
     def of(cls, given: Mapping[str, Any], who: str) -> "Writes":
         """The options `who` (the function, e.g. "DatasetWriter.__init__") was given; an unknown one refused in
         one line, naming the close one."""
-        refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
-        return cls(**given)
+        return taken(cls, given, who)

@@ -4,6 +4,7 @@ value is checked once, here, in one line naming the option (a wrong type failing
 taken as True, is what these prevent: `overwrite="no"` once replaced a dataset)."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -21,6 +22,15 @@ def refuse_unknown(given: Mapping[str, Any], known: list[str], who: str) -> None
             close = difflib.get_close_matches(name, known, n=1)
             hint = f". Did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"{who}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def taken(cls: Any, given: Mapping[str, Any], who: str) -> Any:
+    """The option dataclass `cls` made of the options `who` (e.g. "Loader.__init__") was given, each checked by
+    its `__post_init__`; it remembers which were given (`given`: a default window or a ticket depends on it)."""
+    refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
+    made = cls(**given)
+    object.__setattr__(made, "given", frozenset(given))  # not a field: the options the user chose
+    return made
 
 
 def flag(value: Any, name: str, none: bool = False) -> bool | None:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
-from ..core.keywords import choice, mapping, refuse_unknown, seconds, text
+from ..core.keywords import choice, mapping, seconds, text, taken
 from ..loader.options import Options, OrderOptions
 from .liveness import STALL_TIMEOUT
 
@@ -94,12 +94,8 @@ class Remote(OrderOptions):
     def of(cls, given: Mapping[str, Any], who: str) -> "Remote":
         """The options `who` was given; an unknown one refused as the local loaders refuse it (a local loader's
         option that the server decides, such as `num_workers`, says so)."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        for name in given:
-            if name not in known and name in {f.name for f in dataclasses.fields(Options)}:
-                raise TypeError(f"{who}.__init__(): {name!r} is the server's to decide (its loaders run with the "
-                                "server's own workers, caches and store), not a remote loader's")
-        refuse_unknown(given, known, f"{who}.__init__")
-        made = cls(**given)
-        object.__setattr__(made, "given", frozenset(given))  # which options the user chose (not a field)
-        return made
+        server = {f.name for f in dataclasses.fields(Options)} - {f.name for f in dataclasses.fields(cls)}
+        for name in set(given) & server:
+            raise TypeError(f"{who}.__init__(): {name!r} is the server's to decide (its loaders run with the "
+                            "server's own workers, caches and store), not a remote loader's")
+        return taken(cls, given, f"{who}.__init__")
