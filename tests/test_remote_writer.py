@@ -97,12 +97,12 @@ def test_a_refused_episode_is_named_and_the_writer_goes_on(target):
     bad = {t: a.copy() for t, a in good[1].items()}
     bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
     with serve(target) as server, RemoteWriter(server.url) as w:
-        with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3.*; the 2 sent after it were "
-                                             r"not written$"):
+        with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3.*; nothing after it in this "
+                                             r"call was written$"):
             w.ingest([good[0], bad, good[2], good[3]], keys=["g0", "bad", "g2", "g3"], window=8)
         with pytest.raises(ValueError, match=r"frames.*agent_index_interval.*row 3") as one:
             w.submit(bad, key="bad")
-        assert "sent after it" not in str(one.value)
+        assert "after it" not in str(one.value)
         assert w.ingest([good[2], good[3], good[4]], keys=["g2", "g3", "g4"]) == 3
         w.close()
     assert_holds(Dataset.open(target), FIRST + [good[0], good[2], good[3], good[4]])
@@ -266,8 +266,8 @@ def test_keyless_episodes_go_on_from_where_an_ingest_ended(target):
     assert_holds(Dataset.open(target), FIRST + more[:3] + eps(1, seed=15) + more[3:])
 
 
-@pytest.mark.parametrize("at, after", [(0, 2), (1, 1), (2, 0)])
-def test_a_refusal_says_how_many_sent_after_it_were_not_written(target, at, after):
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_refusal_says_nothing_after_it_was_written(target, at):
     good = eps(3, seed=16)
     bad = {t: a.copy() for t, a in good[at].items()}
     bad["frames"]["agent_index_interval"][3] = [10**6, 10**6 + 1]
@@ -276,9 +276,9 @@ def test_a_refusal_says_how_many_sent_after_it_were_not_written(target, at, afte
         with pytest.raises(ValueError) as refused:
             w.ingest(batch, keys=["a", "b", "c"], window=8)
         message = str(refused.value)
-        assert message.endswith(f"; the {after} sent after it were not written") == bool(after)
-        assert ("sent after" in message) == bool(after) and message.startswith("zarrfeed: episode ")
-        assert message.endswith(")") or after  # the server's line, as it is
+        assert message.startswith("zarrfeed: episode ") and message.endswith("); nothing after it in this call "
+                                                                              "was written")
+        assert w.unsynced == ["a", "b", "c"][:at]
         assert w.sync()["scenes"] == 1 + at  # those before it are written
     assert_holds(Dataset.open(target), FIRST + good[:at])
 
@@ -291,7 +291,7 @@ def test_episodes_refused_with_their_predecessor_are_not_sent_again_by_a_reconne
     server = serve(target, port)
     try:
         w = RemoteWriter(server.url)
-        with pytest.raises(ValueError, match="the 2 sent after it were not written"):
+        with pytest.raises(ValueError, match="nothing after it in this call was written"):
             w.ingest([bad, good[1], good[2]], keys=["a", "b", "c"], window=8)
         assert w.submit(good[0], key="d")
         server.stop()

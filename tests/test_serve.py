@@ -562,12 +562,67 @@ def test_bad_input_is_refused_by_name_and_the_server_goes_on(target):
             more = list(synthetic.episodes(6, seed=9, frames=30, agents_per_frame=20))
             keys = [f"more-{i}" for i in range(6)]
             with pytest.raises(ValueError, match=r"episode bad-2: frames.agent_index_interval row 3: .*a gap.*; "
-                                                 r"the [23] sent after it were not written"):  # the 3rd after
-                # it may not go out: the server ends the call at the bad one, and a later write may see that
+                                                 r"nothing after it in this call was written$"):
                 w.ingest(more[:2] + [bad] + more[2:5], keys=keys[:2] + ["bad-2"] + keys[2:5], window=8)
             assert w.sync()["scenes"] == 4  # the two before it
             assert w.ingest(more, keys=keys, window=3) == 4  # again: the first two are passed over
             assert w.sync()["scenes"] == 8
+    finally:
+        s.stop()
+    assert Dataset.open(target).validate().ok
+
+
+def test_a_refusal_seen_before_the_acks_of_earlier_episodes_blames_the_refused_one(target):
+    """The server acknowledges the episodes before a bad one, then ends the call; a producer still writing sees
+    that end on a write, before it has read those acknowledgements. The refused one is the one named (the
+    server says how many it answered), the ones before it stay written and counted, the ones after it are
+    counted right, and the next ingest reads no stale answers."""
+    from zarrfeed.flight import RemoteWriter
+    eps = list(synthetic.episodes(8, seed=12, frames=30, agents_per_frame=20))
+    bad = dict(eps[2])
+    frames = bad["frames"].copy()
+    frames["agent_index_interval"][3, 0] += 1
+    bad["frames"] = frames
+    keys = [f"e-{i}" for i in range(8)]
+    s = Server(target, "--ingest")
+    try:
+        with RemoteWriter(s.url) as w:
+            write = w._write
+
+            def slow_write(episode, key):  # the server has answered and ended the call before the 5th goes out
+                if key == "e-4":
+                    time.sleep(0.5)
+                write(episode, key)
+
+            w._write = slow_write
+            with pytest.raises(ValueError, match=r"episode e-2: frames.agent_index_interval row 3") as err:
+                w.ingest(eps[:2] + [bad] + eps[3:], keys=keys, window=64)  # no ack read before the last is sent
+            w._write = write
+            assert str(err.value).endswith("; nothing after it in this call was written")
+            assert w.unsynced == keys[:2]  # answered by the server, unread: still held until a sync
+            assert w.sync()["scenes"] == 1 + 2
+            assert w.ingest(eps[:2] + eps[3:], keys=keys[:2] + keys[3:], window=4) == 5  # the first two passed over
+            assert w.ingest([eps[2]], keys=["e-2"]) == 1
+            assert w.sync()["scenes"] == 1 + 8
+    finally:
+        s.stop()
+    assert Dataset.open(target).validate().ok
+
+
+def test_a_bad_key_or_episode_of_the_producer_leaves_no_answer_unread(target):
+    """An ingest refused on the producer's side (a key that is not a key, an episode of the wrong tables) after
+    episodes went out reads their answers first: they are written, and the next call is not off by them."""
+    from zarrfeed.flight import RemoteWriter
+    eps = list(synthetic.episodes(6, seed=13, frames=30, agents_per_frame=20))
+    s = Server(target, "--ingest")
+    try:
+        with RemoteWriter(s.url) as w:
+            with pytest.raises(TypeError, match="an episode key is a str or an int, got float 3.5"):
+                w.ingest(eps[:4], keys=["a", "b", 3.5, "d"], window=8)
+            with pytest.raises(ValueError, match="table 'nope'"):
+                w.ingest([eps[3], {"nope": eps[4]["scenes"]}], keys=["c", "d"], window=8)
+            assert w.ingest(eps[4:], keys=["e", "f"], window=8) == 2
+            assert w.sync()["scenes"] == 1 + 5
     finally:
         s.stop()
     assert Dataset.open(target).validate().ok

@@ -26,7 +26,7 @@ from ..core.store import Location
 from ..writer.dataset_writer import DatasetWriter
 from .activity import UploadRecord, outcome_of
 from .limits import MiB
-from .protocol import decode_episodes
+from .protocol import Answered, decode_episodes
 from .serving import Serving
 
 log = logging.getLogger("zarrfeed.serve")
@@ -160,6 +160,15 @@ class Ingestion:
             self.activity.upload_ended(record, outcome)
 
     def _put(self, reader: Any, writer: Any, record: UploadRecord) -> None:
+        """Each episode of the call submitted and answered in order; a refusal ends the call, saying how many
+        were answered before it (`Answered`)."""
+        answered = Answered()
+        try:
+            self._put_each(reader, writer, record, answered)
+        except flight.FlightServerError as exc:
+            raise answered.refusal(str(exc)) from None
+
+    def _put_each(self, reader: Any, writer: Any, record: UploadRecord, answered: Answered) -> None:
         limit = self.limits.max_message_bytes
         for chunk in _chunks(reader):
             if chunk.data.nbytes > limit:  # gRPC receives a message whole: refused before it is decoded or copied
@@ -178,6 +187,7 @@ class Ingestion:
                 self.activity.received(record, accepted, sum(a.nbytes for a in episode.values()))
                 writer.write(pa.py_buffer(json.dumps({"key": key_to_json(key), "accepted": accepted,
                                                       "instance": instance}).encode()))
+                answered.count(accepted)
 
     def begin_input(self, body: bytes) -> dict[str, Any]:
         """The action "begin_input": record an input (its first episode's fingerprint) as a local ingest does,

@@ -272,6 +272,34 @@ def server_message(exc: Exception) -> str:
 # ----------------------------------------------------------------------------------- episodes (do_put)
 
 
+@dataclass
+class Answered:
+    """How many episodes of an upload call the server had answered, and how many of those it accepted, when it
+    ended the call refusing the next one. Sent with the refusal: a producer that had not read all those answers
+    yet (gRPC may surface the end of the call on a write, before the answers it buffered) learns which episode
+    was refused, and that the ones before it were written."""
+    episodes: int = 0
+    accepted: int = 0
+
+    def count(self, accepted: bool) -> None:
+        self.episodes += 1
+        self.accepted += accepted
+
+    def refusal(self, message: str) -> flight.FlightServerError:
+        """The server's error ending the call, carrying these counts."""
+        return flight.FlightServerError(message, extra_info=json.dumps(asdict(self)).encode())
+
+    @staticmethod
+    def of(exc: flight.FlightError) -> Answered | None:
+        """The counts a refusal carries (None from a server before 0.4, or for another error)."""
+        try:
+            doc = json.loads(exc.extra_info)
+            return Answered(int(doc["episodes"]), int(doc["accepted"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+
 DTYPES_KEY = b"zarrfeed.dtypes"
 
 

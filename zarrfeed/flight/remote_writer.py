@@ -25,7 +25,7 @@ is the same episode of the input. Two identical episodes submitted on purpose ar
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow.flight as flight
@@ -35,8 +35,8 @@ from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import Schema, dtype_from_descr
 from ..writer.episode import as_tables, check_episode
 from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
-from .protocol import (call_options, connect, encode_episode, episode_schema, episodes_descriptor, server_message,
-                       unreachable)
+from .protocol import (Answered, call_options, connect, encode_episode, episode_schema, episodes_descriptor,
+                       server_message, unreachable)
 
 
 class RemoteWriter:
@@ -78,6 +78,7 @@ class RemoteWriter:
                             keep=lambda: (self._client, self._put))
         self._client = connect(url, **self._tls)
         self._put: Any = None
+        self._answers = Answered()  # the answers read on the upload call
         self._unsynced: list[tuple[Key, Mapping[str, np.ndarray]]] = []
         self._unsynced_bytes = 0
         self._accepted_by: set[str] = set()  # the server instances that accepted the unsynced episodes
@@ -205,23 +206,17 @@ class RemoteWriter:
         if self._broken:
             self._recover()
         self._input = None
-        pending: list[Key] = []
-        written, keyless, sent = 0, None, 0
+        pending: list[Key] = []  # sent on the upload call, their answers not read yet
+        written, sent = 0, 0
+        stop: Exception | None = None  # an episode or key this producer refuses: the ones sent before finish
         writing: Mapping[str, np.ndarray] | None = None  # the episode on its way out, if a write fails
         try:
             for i, episode in enumerate(episodes):
-                episode = self._as_tables(episode)
-                if it is not None:
-                    given = next(it, None)
-                    if given is None:  # the ones sent before are acknowledged first, then one line
-                        keyless = i
-                        break
-                    key = check_key(given)
-                else:
-                    if i == 0:
-                        self._begin_input(episode, resume)
-                        self._interrupted.add(self._input)  # type: ignore[arg-type]  # until this call finishes
-                    key = Position(self._input, i)  # type: ignore[arg-type]  # set by _begin_input
+                try:
+                    episode, key = self._next_of(i, episode, it, resume)
+                except (ValueError, TypeError) as exc:
+                    stop = exc
+                    break
                 writing = episode
                 self._write(episode, key)
                 writing = None
@@ -235,25 +230,51 @@ class RemoteWriter:
                     self.sync()
             while pending:
                 written += self._ack(pending[0])
-                pending.pop(0)
-        except ValueError as exc:  # pending[0] was refused; the server read nothing after it in this call
-            del self._unsynced[len(self._unsynced) - len(pending):]
+                pending.pop(0)  # (after its answer: a refusal finds it pending)
+        except Refused as exc:  # one of pending was refused; the server read nothing after it in this call
+            if not pending:
+                raise
+            unread = self._unread(exc, len(pending))  # answered by the server before it, answers not read
+            written += exc.answered.accepted - self._answers.accepted if exc.answered else 0
+            refused = len(self._unsynced) - len(pending) + unread
+            del self._unsynced[refused:]
             self._unsynced_bytes = sum(_nbytes(ep) for _, ep in self._unsynced)
-            self._position = sent - len(pending)  # a key-less submit next takes the refused one's place
-            after = f"; the {len(pending) - 1} sent after it were not written" if len(pending) > 1 else ""
-            raise ValueError(f"{exc}{after}") from None
+            self._position = sent - len(pending) + unread  # a key-less submit next takes the refused one's place
+            raise ValueError(f"{exc}; nothing after it in this call was written") from None
         except ConnectionError:
             if self._input is not None:  # what went out is re-sent by the next call; the one being sent is in doubt
                 self._position = sent
                 self._in_doubt = (fingerprint(writing), _content(writing)) if writing is not None else None
             raise
         self._position = sent
-        if keyless is not None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
-            raise ValueError(f"keys: fewer keys than episodes (none for episode {keyless})")
+        if stop is not None:
+            raise stop
         self.sync()
         if self._input is not None:
             self._interrupted.discard(self._input)
         return written
+
+    def _next_of(self, i: int, episode: Mapping[str, np.ndarray], keys: Iterator[Key] | None,
+                 resume: bool) -> tuple[Mapping[str, np.ndarray], Key]:
+        """The `i`-th episode of an ingest as tables, and its key (given, or its position in the input, which
+        the first episode begins); ValueError (TypeError for a key), before it is sent, for a bad one."""
+        episode = self._as_tables(episode)
+        if keys is not None:
+            given = next(keys, None)
+            if given is None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
+                raise ValueError(f"keys: fewer keys than episodes (none for episode {i})")
+            return episode, check_key(given)
+        if i == 0:
+            self._begin_input(episode, resume)
+            self._interrupted.add(self._input)  # type: ignore[arg-type]  # until this call finishes
+        return episode, Position(self._input, i)  # type: ignore[arg-type]  # set by _begin_input
+
+    def _unread(self, refusal: Refused, pending: int) -> int:
+        """How many of the `pending` episodes (sent, answers not read) the server had answered before refusing
+        one: the refused one is the next (the first, from a server that does not say)."""
+        if refusal.answered is None:
+            return 0
+        return min(max(refusal.answered.episodes - self._answers.episodes, 0), pending - 1)
 
     def _as_tables(self, episode: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         """A replay buffer's episode given as Diffusion Policy's dict (key -> steps) as its tables, as the
@@ -296,6 +317,7 @@ class RemoteWriter:
             if self._put is None:
                 self._put = self._watch.run(lambda: self._client.do_put(episodes_descriptor(self.dataset),
                                                                         self.schema, self._stream_options))
+                self._answers = Answered()
             put = self._put
             self._watch.run(lambda: put[0].write_batch(batch))
         except flight.FlightError as exc:
@@ -323,6 +345,7 @@ class RemoteWriter:
             raise self._gone(RuntimeError(f"the call ended without accepting episode {key}"))
         doc = json.loads(ack.to_pybytes())
         self._accepted_by.add(doc.get("instance", ""))
+        self._answers.count(bool(doc["accepted"]))
         return bool(doc["accepted"])
 
     def _failed(self, exc: flight.FlightError) -> Exception:
@@ -340,7 +363,7 @@ class RemoteWriter:
             return ConnectionError(f"{self.url}: {server_message(exc)}")
         if isinstance(exc, flight.FlightServerError):
             self._drop_put()
-            return ValueError(server_message(exc))
+            return Refused(server_message(exc), Answered.of(exc))
         return self._gone(exc)
 
     @property
@@ -401,6 +424,15 @@ class RemoteWriter:
             self._drop_put()
             self._watch.close()
             self._client.close()
+
+
+class Refused(ValueError):
+    """The server refused an uploaded episode (bad input) and ended the call; `answered`: what it had answered
+    on that call before."""
+
+    def __init__(self, message: str, answered: Answered | None) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 def _content(episode: Mapping[str, np.ndarray]) -> str:
