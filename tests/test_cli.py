@@ -454,6 +454,32 @@ def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tm
     assert "unrecognized" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("args, said", [
+    (["lod"], "zarrfeed: error: no command 'lod'; did you mean load? (commands: demo, ingest, load, mask, export, "
+              "info, status, serve, plot, validate)"),
+    (["load", "D", "--batch-size", "0"], "zarrfeed load: error: argument --batch-size: expected a number >= 1, got 0"),
+    (["ingest", "D", "--synthetic", "1", "--chunks", "agents=0"],
+     "zarrfeed ingest: error: argument --chunks: 'agents=0': expected TABLE=ROWS, ROWS a whole number >= 1"),
+    (["ingest", "D", "--synthetic", "1", "--chunks", "agents=20000,frames"],
+     "zarrfeed ingest: error: argument --chunks: 'frames': expected TABLE=ROWS, ROWS a whole number >= 1"),
+    (["ingest", "D", "--synthetic", "1", "--chunks", "nope=10"],
+     "zarrfeed: error: --chunks: no table 'nope' in the synthetic scenes (tables: scenes, frames, agents, "
+     "traffic_light_faces)"),
+    (["ingest", "--synthetic", "1", "--out", "D"],
+     "zarrfeed ingest: error: unrecognized argument --out; out is given without a flag: zarrfeed ingest [options] out"),
+    (["mask", "D", "--threshold", "2"], "zarrfeed mask: error: argument --threshold: expected a number in [0, 1), got 2"),
+    (["plot", "D", "--dpi", "0"], "zarrfeed plot: error: argument --dpi: expected a number >= 1, got 0"),
+])
+def test_mistakes_are_said_in_the_command_lines_words(tmp_path, args, said):
+    """Issue 39: `load --batch-size 0` said "batch_size must be >= 1", `--chunks agents=0` "chunk_rows",
+    `--chunks nope=10` printed a list, `mask --threshold 2` drew its bar before refusing, `zarrfeed lod` got no
+    suggestion, `ingest --out D` suggested --quiet. Each is one line in the flags' words, and nothing written."""
+    r = zarrfeed(*[str(tmp_path / "d.zarr") if a == "D" else a for a in args])
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == said, r.stderr
+    assert "Traceback" not in r.stderr and "%" not in r.stderr  # no progress bar was started
+    assert not (tmp_path / "d.zarr").exists()
+
+
 @pytest.mark.parametrize("command", ["ingest", "load", "mask", "export", "info", "validate", "demo", "status",
                                      "serve", "plot"])
 def test_every_data_command_takes_quiet(command):

@@ -25,7 +25,7 @@ from ..core.store import in_cli_words
 from ..loader import LoaderError
 from ..writer.lease import LeaseLost
 from . import demo, export, info, ingest, load, mask, plot, serve, status, validate
-from .common import CommandParser, Help, plural
+from .common import CommandParser, Help, TopParser, plural
 
 COMMANDS = (demo, ingest, load, mask, export, info, status, serve, plot, validate)  # in the order --help lists
 
@@ -40,7 +40,7 @@ def _check_workers(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zarrfeed", description="Training-data loader and writer for "
+    parser = TopParser(prog="zarrfeed", description="Training-data loader and writer for "
                                      "datasets of structured records in zarr (L5Kit format).")
     parser.add_argument("--version", action="version", version=f"zarrfeed {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)

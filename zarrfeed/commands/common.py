@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from ..core.store import parse_storage_option
 from ..loader import Dataset
@@ -109,6 +110,36 @@ def count_arg(text: str) -> int:
     return n
 
 
+def positive_arg(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    n = count_arg(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
+
+
+def fraction_arg(text: str) -> float:
+    """An argparse type: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
+
+def chunks_arg(text: str) -> dict[str, int]:
+    """An argparse type: TABLE=ROWS[,TABLE=ROWS...], each ROWS a whole number >= 1."""
+    chunks = {}
+    for item in text.split(","):
+        table, _, rows = item.partition("=")
+        if not table.strip() or not rows.strip().isdigit() or int(rows) < 1:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r}: expected TABLE=ROWS, ROWS a whole number >= 1")
+        chunks[table.strip()] = int(rows)
+    return chunks
+
+
 class Help(argparse.ArgumentDefaultsHelpFormatter):
     """Help that shows each option's default, except where there is none to show (a flag's is its absence)."""
 
@@ -142,8 +173,27 @@ class CommandParser(argparse.ArgumentParser):
         return name.startswith("--") and sum(o.startswith(name) for o in self._option_string_actions) == 1
 
     def _close_to(self, name: str) -> str:
+        """A hint: the argument given without a flag that this flag names (`--out` of `ingest OUT`), else the
+        option this resembles."""
+        for action in self._positionals._group_actions:
+            if action.dest.replace("_", "-") == name.lstrip("-").lower():
+                shown = action.metavar or action.dest
+                return f"; {shown} is given without a flag: {self.prog} [options] {shown}"
         close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--")], n=1)
         return f"; did you mean {close[0]}?" if close else ""
+
+
+class TopParser(argparse.ArgumentParser):
+    """The `zarrfeed` parser: a command it does not know is refused naming the command it resembles."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        wrong = re.match(r"argument command: invalid choice: '([^']*)'", message)
+        commands = self._subparsers._group_actions[0].choices if self._subparsers else {}  # type: ignore[union-attr]
+        if wrong and commands:
+            close = difflib.get_close_matches(wrong.group(1), list(commands), n=1)
+            message = (f"no command {wrong.group(1)!r}{f'; did you mean {close[0]}?' if close else ''} "
+                       f"(commands: {', '.join(commands)})")
+        super().error(message)
 
 
 class Sized:

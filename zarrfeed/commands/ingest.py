@@ -10,7 +10,8 @@ from ..core.store import Location
 from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
 from ..writer.source import DatasetSource
-from .common import (Command, Sized, count_arg, decimal_size, plural, rows_text, show_progress, store_options)
+from .common import (Command, Sized, chunks_arg, count_arg, decimal_size, plural, rows_text, show_progress,
+                     store_options)
 
 
 def add(command: Command) -> None:
@@ -23,7 +24,8 @@ def add(command: Command) -> None:
                      "(re-chunk or re-compress it)")
     p.add_argument("--workers", type=count_arg, default=2, help="writer processes (0: write in this process)")
     p.add_argument("--seed", type=count_arg, default=0, help="seed of the synthetic scenes")
-    p.add_argument("--chunks", metavar="TABLE=ROWS,...", help="chunk rows per table, e.g. agents=20000")
+    p.add_argument("--chunks", type=chunks_arg, metavar="TABLE=ROWS,...",
+                   help="chunk rows per table, e.g. agents=20000")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--overwrite", action="store_true", help="replace an existing dataset (refused for "
                      "anything that is not a zarr dataset)")
@@ -47,15 +49,6 @@ def print_summary(summary: dict, committed: dict[str, int]) -> None:
           f"committed: {rows_text(committed)}")
 
 
-def parse_chunks(text: str | None) -> dict[str, int] | None:
-    if not text:
-        return None
-    try:
-        return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
-    except ValueError:
-        raise ValueError(f"--chunks: expected TABLE=ROWS[,TABLE=ROWS...], got {text!r}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     options = store_options(args)
     out = Location.of(args.out, options)
@@ -69,10 +62,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         episodes = Sized(writer.synthetic.episodes(args.synthetic, seed=args.seed), args.synthetic)
         schema = writer.L5KIT_SCHEMA
+    unknown = [t for t in args.chunks or {} if t not in schema.tables]
+    if unknown:
+        raise ValueError(f"--chunks: no table {', '.join(map(repr, unknown))} in the "
+                         f"{'input' if args.from_path else 'synthetic scenes'} (tables: {', '.join(schema.tables)})")
     mode = "a" if (args.append or args.resume) else "w"
     if args.scheduler or args.dask_workers:
         return ingest_on_dask(args, out, schema, mode, episodes)
-    with DatasetWriter(out, schema, workers=args.workers, mode=mode, chunks=parse_chunks(args.chunks),
+    with DatasetWriter(out, schema, workers=args.workers, mode=mode, chunks=args.chunks,
                        overwrite=args.overwrite, progress=show_progress(args), durable=args.durable) as w:
         try:
             summary = w.ingest(episodes, resume=args.resume)
@@ -116,7 +113,7 @@ def ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Schem
     try:
         summary = zdask.ingest(client, sources, read, out.url, schema, storage_options=out.storage_options,
                                resume=args.resume, mode=mode, overwrite=args.overwrite,
-                               chunks=parse_chunks(args.chunks), progress=show_progress(args),
+                               chunks=args.chunks, progress=show_progress(args),
                                durable=args.durable)
     finally:
         client.close()

@@ -7,7 +7,7 @@ import time
 from tqdm.auto import tqdm
 
 from ..loader import Dataset, Loader
-from .common import (Command, count_arg, open_dataset,
+from .common import (Command, count_arg, positive_arg, open_dataset,
                      plural, show_progress)
 
 
@@ -16,7 +16,7 @@ def add(command: Command) -> None:
     p = command("load", "iterate shuffled batches of a table with loader workers (a speed check)")
     p.add_argument("path", help="dataset: directory, .zip file or fsspec URL")
     p.add_argument("--table", help="table to load (default: agents; of a replay buffer, its first data key)")
-    p.add_argument("--batch-size", type=int, default=4096, help="rows per batch")
+    p.add_argument("--batch-size", type=positive_arg, default=4096, help="rows per batch")
     p.add_argument("--workers", type=count_arg, default=2, help="loader processes (0: load in this process)")
     p.add_argument("--epochs", type=count_arg, default=1, help="epochs to iterate")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

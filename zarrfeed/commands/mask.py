@@ -6,7 +6,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from .common import (Command, count_arg, open_dataset,
+from .common import (Command, count_arg, fraction_arg, open_dataset,
                      plural)
 
 
@@ -14,7 +14,7 @@ def add(command: Command) -> None:
     """Its parser, made by `command` (see `build_parser`)."""
     p = command("mask", "compute L5Kit's agents mask and store it at agents_mask/<threshold> in the dataset")
     p.add_argument("path", help="dataset: directory or fsspec URL (not a .zip: read-only)")
-    p.add_argument("--threshold", type=float, default=0.5, help="label probability threshold (L5Kit's "
+    p.add_argument("--threshold", type=fraction_arg, default=0.5, help="label probability threshold (L5Kit's "
                    "filter_agents_threshold); yaw 30 degrees, extent ratio 1.1, 50 m to the AV, as L5Kit")
     p.add_argument("--workers", type=count_arg, default=2, help="processes (0: in this process)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

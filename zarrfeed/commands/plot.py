@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-from .common import (Command, count_arg, open_dataset)
+from .common import Command, count_arg, open_dataset, positive_arg
 
 
 def add(command: Command) -> None:
@@ -23,7 +23,7 @@ def add(command: Command) -> None:
     p.add_argument("--history", type=count_arg, default=10, help="frames before --frame in its window")
     p.add_argument("--future", type=count_arg, default=50, help="frames after --frame in its window")
     p.add_argument("--out", metavar="FILE.png", help="where to save (default: scene-N.png or summary.png)")
-    p.add_argument("--dpi", type=count_arg, default=100, help="resolution of the PNG")
+    p.add_argument("--dpi", type=positive_arg, default=100, help="resolution of the PNG")
     p.set_defaults(func=run)
 
 

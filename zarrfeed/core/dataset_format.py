@@ -159,7 +159,8 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
     as written and the new dataset's id. `chunks` overrides chunk rows per table, `compressor` the schema's."""
     unknown = set(chunks or {}) - set(schema.tables)
     if unknown:
-        raise FormatError(f"chunks: no table {sorted(unknown)} in schema '{schema.name}'")
+        raise FormatError(f"chunks: no table {', '.join(map(repr, sorted(unknown)))} in schema '{schema.name}' "
+                          f"(its tables: {', '.join(schema.tables)})")
     if ".zgroup" in store or MANIFEST_KEY in store:  # e.g. made by another writer since the caller looked
         raise FormatError("already holds a dataset; append to it or overwrite it")
     schema = Schema(
