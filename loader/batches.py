@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Unpack, cast
 
 import numpy as np
 
+from ..core.keywords import spelled_out
 from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, start_fork_server
 from ..core._proc.shm import ShmSpaceError, available_memory
 from . import read_worker, view_check
@@ -75,6 +76,7 @@ def default_window(source: BatchSource, shuffle_bytes: int) -> int:
     return window_chunks(shuffle_bytes, len(everything.windows[0]), len(reads) * source.chunk_bytes)
 
 
+@spelled_out(LoaderOptions, Options)
 class Loader:
     """Batches of `table`'s committed rows as dicts of columns (field -> array of shape (rows, *subshape)).
 

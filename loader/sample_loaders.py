@@ -30,6 +30,7 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
+from ..core.keywords import spelled_out
 from .options import SAMPLE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
@@ -240,6 +241,7 @@ def _selected(n: int, rows: np.ndarray | None, what: str) -> np.ndarray | None:
     return keep[0].astype(np.int64) if keep else np.zeros(0, np.int64)
 
 
+@spelled_out(LoaderOptions, Options)
 class AgentSampleLoader(_SampleLoader):
     """Batches of L5Kit's `AgentDataset` samples (without the raster): one per selected agent row, with its
     history and future in its own frame (`target_positions` (B, future, 2), `target_yaws`, `target_velocities`,
@@ -290,6 +292,7 @@ class AgentSampleLoader(_SampleLoader):
                                                   threshold=threshold), batch_size, o)
 
 
+@spelled_out(LoaderOptions, Options)
 class EgoSampleLoader(_SampleLoader):
     """Batches of L5Kit's `EgoDataset` samples (without the raster): one per frame (or per frame of `rows=`,
     an index array or boolean mask over frames), the ego's history and future in its own frame, with the same

@@ -34,6 +34,7 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .gather import gather
 from .layout import Layout
+from ..core.keywords import spelled_out
 from .options import SEQUENCE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans
 from .sample_groups import GroupedSamples
@@ -251,6 +252,7 @@ class SequenceSource(SampleGroups):
         return [self.samples.episodes]  # the episodes sampled, exactly
 
 
+@spelled_out(LoaderOptions, Options)
 class SequenceLoader(Loader):
     """Batches of Diffusion Policy's training samples from a replay buffer (`data/<key>` arrays and
     `meta/episode_ends`), read where it lies: every window of `sequence_length` steps its `SequenceSampler`

@@ -34,6 +34,7 @@ from .gather import gather_runs
 from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherWindows
+from ..core.keywords import spelled_out
 from .options import SAMPLE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
@@ -277,6 +278,7 @@ class WindowSource(SampleGroups):
         return [self.samples.t]  # the sample frames, exactly
 
 
+@spelled_out(LoaderOptions, Options)
 class WindowLoader(Loader):
     """Batches of L5Kit-style samples: every frame t of every scene with `history` frames before and `future`
     after, and the agents and traffic-light faces of those frames (ragged: values + per-frame offsets). Frames

@@ -467,7 +467,8 @@ def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tm
      "traffic_light_faces)"),
     (["ingest", "--synthetic", "1", "--out", "D"],
      "zarrfeed ingest: error: unrecognized argument --out; out is given without a flag: zarrfeed ingest [options] out"),
-    (["mask", "D", "--threshold", "2"], "zarrfeed mask: error: argument --threshold: expected a number in [0, 1), got 2"),
+    (["mask", "D", "--threshold", "2"],
+     "zarrfeed mask: error: argument --threshold: expected a number in [0, 1), got 2"),
     (["plot", "D", "--dpi", "0"], "zarrfeed plot: error: argument --dpi: expected a number >= 1, got 0"),
 ])
 def test_mistakes_are_said_in_the_command_lines_words(tmp_path, args, said):

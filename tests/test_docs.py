@@ -9,6 +9,7 @@ commands that cannot run here as they stand (installs, servers that run until st
 benchmark runs); ```text blocks are synopses and outputs. No other kind of block is allowed, so nothing
 meant to run is silently skipped.
 """
+import html as html_module
 import os
 import re
 import subprocess
@@ -102,6 +103,9 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path):
             for name in names:
                 assert f"<code>{name}</code>" in section or f'id="{module.__name__}.{cls.__name__}.{name}"' \
                     in section, f"{module.__name__}.{cls.__name__}'s reference does not list {name}"
+        # with its default: the options declared by a TypedDict showed "= ..." (docs/option_defaults.py)
+        text = html_module.unescape(re.sub(r"<[^>]+>", "", html))
+        assert "= ..." not in text, f"reference/{page}: a parameter shows the default '...'"
 
 
 def test_the_home_page_says_what_the_readme_says():

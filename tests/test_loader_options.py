@@ -21,7 +21,7 @@ def test_the_options_are_declared_once():
 
 @pytest.mark.parametrize("cls", LOADERS, ids=lambda c: c.__name__)
 def test_every_loader_takes_them_all_keyword_only(cls):
-    sig = inspect.signature(cls)
+    sig = inspect.signature(cls.__init__)
     options = sig.parameters["options"]
     assert options.kind is inspect.Parameter.VAR_KEYWORD
     assert typing.get_args(typing.get_type_hints(cls.__init__)["options"]) == (LoaderOptions,)
@@ -49,7 +49,7 @@ def test_remote_loaders_declare_theirs_once_and_refuse_the_servers(small_dataset
     assert list(RemoteOptions.__annotations__) == [f.name for f in dataclasses.fields(Remote)]
     for cls in (RemoteLoader, RemoteWindowLoader, RemoteAgentSampleLoader, RemoteEgoSampleLoader):
         assert typing.get_args(typing.get_type_hints(cls.__init__)["options"]) == (RemoteOptions,)
-        assert not set(RemoteOptions.__annotations__) & set(inspect.signature(cls).parameters)
+        assert not set(RemoteOptions.__annotations__) & set(inspect.signature(cls.__init__).parameters)
         # refused before anything connects (no server at this address)
         with pytest.raises(TypeError, match=rf"^{cls.__name__}.__init__\(\): 'num_workers' is the server's to "
                                             "decide"):
@@ -67,9 +67,12 @@ def test_writers_declare_theirs_once(tmp_path):
     from zarrfeed.writer.options import Writes
 
     assert list(WriteOptions.__annotations__) == [f.name for f in dataclasses.fields(Writes)]
-    for fn in (DatasetWriter.__init__, zdask.ingest):
+    from zarrfeed.writer import ingest_parquet, write_dataset
+    for fn in (DatasetWriter.__init__, zdask.ingest, write_dataset, ingest_parquet):
         assert typing.get_args(typing.get_type_hints(fn)["options"]) == (WriteOptions,)
-        assert not set(WriteOptions.__annotations__) & set(inspect.signature(fn).parameters)
+        code = fn.__code__  # the parameters the code declares (its __signature__ spells the options out)
+        assert not set(WriteOptions.__annotations__) & set(code.co_varnames[:code.co_argcount +
+                                                                           code.co_kwonlyargcount])
     with pytest.raises(TypeError, match=r"^DatasetWriter.__init__\(\) got an unexpected keyword argument 'overwirte'. "
                                         r"Did you mean 'overwrite'\?$"):
         DatasetWriter(tmp_path / "d.zarr", overwirte=True)
@@ -120,10 +123,44 @@ def test_bad_write_options_are_one_line_before_anything_changes(small_dataset, t
     """Found by the adversarial pass of issue 39: `overwrite="no"` replaced a 3-scene dataset with a 1-scene
     one (a string is true to Python)."""
     from zarrfeed.loader import Dataset
-    from zarrfeed.writer import synthetic, write_dataset
+    from zarrfeed.writer import DatasetWriter, synthetic, write_dataset
 
     path = tmp_path / "d.zarr"
     write_dataset(path, synthetic.episodes(3, seed=1, frames=10, agents_per_frame=5), workers=0)
     with pytest.raises(ValueError, match=message):
-        write_dataset(path, synthetic.episodes(1, seed=2, frames=10, agents_per_frame=5), **kwargs)
+        if {"lease_timeout", "segment_bytes"} & set(kwargs):  # DatasetWriter's own: write_dataset does not take them
+            DatasetWriter(path, **{"overwrite": True, **kwargs})
+        else:
+            write_dataset(path, synthetic.episodes(1, seed=2, frames=10, agents_per_frame=5),
+                          **{"overwrite": True, **kwargs})
     assert Dataset.open(path).rows["scenes"] == 3
+
+
+def _spelled_out():
+    from zarrfeed.flight import (RemoteAgentSampleLoader, RemoteEgoSampleLoader, RemoteLoader, RemoteOptions,
+                                 RemoteWindowLoader)
+    from zarrfeed.flight.remote_options import Remote
+    from zarrfeed.writer import DatasetWriter, WriteOptions, ingest_parquet, write_dataset
+    from zarrfeed.writer import dask
+    from zarrfeed.writer.options import Writes
+    return ([(cls, LoaderOptions, Options) for cls in LOADERS]
+            + [(cls, RemoteOptions, Remote) for cls in (RemoteLoader, RemoteWindowLoader, RemoteAgentSampleLoader,
+                                                         RemoteEgoSampleLoader)]
+            + [(f, WriteOptions, Writes) for f in (DatasetWriter, write_dataset, ingest_parquet, dask.ingest)])
+
+
+@pytest.mark.parametrize("target, declared, defaults", _spelled_out(), ids=lambda t: getattr(t, "__name__", ""))
+def test_help_and_signature_list_every_option_with_its_default(target, declared, defaults):
+    """Issue 39: `help(Loader)` and `inspect.signature` showed `**options` and none of the options."""
+    import pydoc
+
+    sig = inspect.signature(target)
+    assert all(p.kind is not p.VAR_KEYWORD for p in sig.parameters.values())
+    for field in dataclasses.fields(defaults):
+        p = sig.parameters[field.name]
+        assert p.kind is p.KEYWORD_ONLY and p.default == field.default, field.name
+        assert p.annotation == declared.__annotations__[field.name].__forward_arg__
+    own = inspect.signature(target.__init__ if isinstance(target, type) else target).parameters
+    assert [n for n in sig.parameters if n in own] == [n for n in own if n not in ("self", "options")]
+    text = pydoc.render_doc(target, renderer=pydoc.plaintext)
+    assert all(f"{f.name}: " in text for f in dataclasses.fields(defaults))

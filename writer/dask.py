@@ -35,6 +35,7 @@ from typing import Unpack, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..core.keywords import spelled_out
 from .options import WriteOptions, Writes
 from ..core import dataset_format
 from ..core.keys import Position, fingerprint
@@ -194,6 +195,7 @@ def _write(loaded: tuple[list, _Counted], which: list[int], expected: list[str],
 
 
 # ----------------------------------------------------------------------------------------------------- client
+@spelled_out(WriteOptions, Writes)
 def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Iterable[Mapping[str, np.ndarray]]],
            path: Any, schema: Schema = L5KIT_SCHEMA, *, resume: bool = False,
            **options: Unpack[WriteOptions]) -> IngestSummary:

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Unpack
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..core.keywords import count, seconds
+from ..core.keywords import count, seconds, spelled_out
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
@@ -43,6 +43,7 @@ from .lease import TIMEOUT
 
 log = logging.getLogger("zarrfeed.writer")
 
+@spelled_out(WriteOptions, Writes)
 class DatasetWriter:
     """Writes episodes to the dataset at `path` (a directory or any fsspec URL, with `storage_options`) with
     `workers` processes (0: in this process).

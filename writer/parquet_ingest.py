@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pyarrow as pa
@@ -17,9 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.arrow_records import _field_type, from_arrow
+from ..core.keywords import spelled_out
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.store import Location
 from .dataset_writer import DatasetWriter
+from .options import WriteOptions, Writes
 from .source import Episodes
 
 
@@ -68,13 +70,13 @@ def _schema_of(fs: Any, root: str) -> Schema:
     return L5KIT_SCHEMA
 
 
-def ingest_parquet(in_dir: str | os.PathLike | Location, out: str | os.PathLike | Location, workers: int = 2,
-                   schema: Schema | None = None, storage_options: dict[str, Any] | None = None,
-                   **options: Any) -> dict[str, Any]:
+@spelled_out(WriteOptions, Writes)
+def ingest_parquet(in_dir: str | os.PathLike | Location, out: str | os.PathLike | Location, *, workers: int = 2,
+                   schema: Schema | None = None, **options: Unpack[WriteOptions]) -> dict[str, Any]:
     """Write the Parquet export in `in_dir` (one folder per table; a folder or any fsspec URL) to a new
     dataset at `out`; return the writer's summary. The schema is `schema` if given, else the one in the files'
-    metadata (a zarrfeed export's), else L5Kit's. `storage_options` apply to both places (pass `Location`s for
-    different ones).
+    metadata (a zarrfeed export's), else L5Kit's. The options are every writer's (`WriteOptions`); their
+    `storage_options` apply to both places (pass `Location`s for different ones).
 
     Args:
         in_dir: The export: a folder (or fsspec URL, or `Location`) holding one folder of `*.parquet` files per
@@ -83,10 +85,9 @@ def ingest_parquet(in_dir: str | os.PathLike | Location, out: str | os.PathLike 
         workers: Writer processes (default 2; 0: write in this process).
         schema: The dataset's tables and links, for Parquet that another tool wrote; it takes precedence over
             the schema recorded in the files. Default: the recorded one, else L5Kit's.
-        storage_options: fsspec options for `in_dir` and `out` given as paths or URLs (merged into a
-            `Location`'s own).
-        **options: Any other option of `DatasetWriter` (`overwrite`, `chunks`, `progress`, `on_error`, ...).
     """
+    storage_options = Writes.of(options, "ingest_parquet").storage_options  # each option checked before any read
+    options.pop("storage_options", None)
     source = Location.of(in_dir, storage_options)
     fs, root = source.filesystem()
     if not fs.isdir(root):

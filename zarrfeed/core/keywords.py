@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 def refuse_unknown(given: Mapping[str, Any], known: list[str], who: str) -> None:
@@ -31,6 +34,28 @@ def taken(cls: Any, given: Mapping[str, Any], who: str) -> Any:
     made = cls(**given)
     object.__setattr__(made, "given", frozenset(given))  # not a field: the options the user chose
     return made
+
+
+def spelled_out(declared: Any, defaults: Any) -> Callable[[T], T]:
+    """A decorator for a class (its `__init__`) or a function taking `**options` declared by the TypedDict
+    `declared`: its signature, as `help()` and `inspect.signature` show it, lists each option as keyword-only
+    with its default (from the option dataclass `defaults`) in place of `**options`. The options stay declared
+    once; this only shows them where a reader looks."""
+    values = {f.name: f.default for f in dataclasses.fields(defaults)}
+
+    def spell(target: T) -> T:
+        function: Any = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
+        signature = inspect.signature(function)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        if isinstance(target, type):
+            own = own[1:]  # self
+        names = {p.name for p in own}
+        options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=values[name],
+                                     annotation=getattr(kind, "__forward_arg__", kind))  # as the code spells it
+                   for name, kind in declared.__annotations__.items() if name not in names]
+        target.__signature__ = signature.replace(parameters=own + options)  # type: ignore[attr-defined]
+        return target
+    return spell
 
 
 def flag(value: Any, name: str, none: bool = False) -> bool | None:

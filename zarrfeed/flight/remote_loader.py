@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from ..core.keywords import spelled_out
 from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
@@ -218,6 +219,7 @@ def _passing(exc: BaseException) -> bool:
     return isinstance(exc, (flight.FlightInternalError, flight.FlightTimedOutError, OSError))
 
 
+@spelled_out(RemoteOptions, Remote)
 class RemoteLoader(_RemoteFeed):
     """Batches of `table` from the zarrfeed server at `url` (`grpc://host:port` or `grpc+tls://...`), as a
     local `Loader` with the same arguments would yield them: dicts of numpy columns (views of the received
@@ -266,6 +268,7 @@ class RemoteLoader(_RemoteFeed):
         return columns_from_arrow(rb, None if self.transform else self.dtype)
 
 
+@spelled_out(RemoteOptions, Remote)
 class RemoteWindowLoader(_RemoteFeed):
     """L5Kit-style samples from the zarrfeed server at `url`, as a local `WindowLoader` with the same
     arguments would yield them (`frame_row`, `frames/<field>`, ragged `agents/<field>` with
@@ -318,6 +321,7 @@ class _RemoteSamples(_RemoteFeed):
         return columns_from_arrow(rb)
 
 
+@spelled_out(RemoteOptions, Remote)
 class RemoteAgentSampleLoader(_RemoteSamples):
     """`AgentSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
     yields them (fixed-shape columns; the server's agents mask). Reconnects as `RemoteLoader` does.
@@ -344,6 +348,7 @@ class RemoteAgentSampleLoader(_RemoteSamples):
                     dict(threshold=threshold, min_history=min_history, min_future=min_future), batch_size,
                     Remote.of(options, "RemoteAgentSampleLoader"))
 
+@spelled_out(RemoteOptions, Remote)
 class RemoteEgoSampleLoader(_RemoteSamples):
     """`EgoSampleLoader`'s batches from the zarrfeed server at `url`, as a local one with the same arguments
     yields them. Reconnects as `RemoteLoader` does. As `EgoSampleLoader`, it takes no `threshold`,

@@ -1,0 +1,51 @@
+"""A griffe extension for the API reference: the options a function takes as `**options: Unpack[X]` show their
+defaults. griffe's `unpack_typeddict` lists them as keyword-only parameters with the default "..." (a
+TypedDict holds no defaults); zarrfeed keeps them in a dataclass beside it (`DEFAULTS`), read here without
+importing anything, as the rest of the reference is. Listed after `unpack_typeddict` in mkdocs.yml: it notes
+which TypedDict each function unpacks as the function is visited, and fills the defaults in once the package
+is loaded, after `unpack_typeddict` has listed the options."""
+from __future__ import annotations
+
+from typing import Any
+
+from griffe import Class, DocstringSectionParameters, ExprSubscript, Extension, Function, ParameterKind
+
+DEFAULTS = {"LoaderOptions": "Options", "RemoteOptions": "Remote", "WriteOptions": "Writes"}  # in one module
+UNPACK = {"typing.Unpack", "typing_extensions.Unpack"}
+
+
+class OptionDefaults(Extension):
+    def __init__(self) -> None:
+        self.unpacked: dict[str, str] = {}  # a function's path -> the TypedDict it unpacks
+
+    def on_function_instance(self, *, func: Function, **kwargs: Any) -> None:
+        for parameter in func.parameters:
+            kind = parameter.annotation
+            if (parameter.kind is ParameterKind.var_keyword and isinstance(kind, ExprSubscript)
+                    and kind.canonical_path in UNPACK):
+                self.unpacked[func.path] = kind.slice.canonical_path
+
+    def on_function(self, *, func: Function, **kwargs: Any) -> None:
+        module, _, name = self.unpacked.get(func.path, "").rpartition(".")
+        if name in DEFAULTS:
+            _fill(func, func.modules_collection[f"{module}.{DEFAULTS[name]}"])
+
+    def on_class(self, *, cls: Class, **kwargs: Any) -> None:
+        """The TypedDict's own page: `unpack_typeddict` gives it an `__init__` of its keys."""
+        if cls.name in DEFAULTS and "__init__" in cls.members:
+            _fill(cls.members["__init__"], cls.parent.members[DEFAULTS[cls.name]])  # type: ignore[union-attr]
+
+
+def _fill(func: Any, holder: Any) -> None:
+    """`func`'s parameters (and their docstring entries) defaulting to "..." get the dataclass `holder`'s."""
+    if not isinstance(holder, Class):
+        return
+    values = {n: str(m.value) for n, m in holder.all_members.items() if getattr(m, "value", None) is not None}
+    for parameter in func.parameters:
+        if parameter.default == "..." and parameter.name in values:
+            parameter.default = values[parameter.name]
+    for section in func.docstring.parsed if func.docstring else ():
+        if isinstance(section, DocstringSectionParameters):
+            for documented in section.value:
+                if documented.value == "..." and documented.name in values:
+                    documented.value = values[documented.name]
