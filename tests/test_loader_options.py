@@ -78,6 +78,10 @@ def test_writers_declare_theirs_once(tmp_path):
         DatasetWriter(tmp_path / "d.zarr", overwirte=True)
     with pytest.raises(ValueError, match="on_error must be one of 'raise', 'skip', got 'ignore'"):
         DatasetWriter(tmp_path / "d.zarr", on_error="ignore")
+    with pytest.raises(ValueError, match=r"^chunks: no table 'nope' in schema 'l5kit' \(its tables: scenes, frames, "
+                                        r"agents, traffic_light_faces\)$"):  # (it printed a Python list)
+        DatasetWriter(tmp_path / "d.zarr", chunks={"nope": 10}, workers=0)
+    assert not (tmp_path / "d.zarr").exists()
     assert not (tmp_path / "d.zarr").exists()
 
 
