@@ -533,7 +533,7 @@ def test_help_and_refusals_a_newcomer_meets(tmp_path):
 
 def test_sizes_are_never_printed_as_zero(small_dataset, tmp_path):
     """Issue 39 item 7: a small table's export printed "0 MB of records ... (0 MB/s)"."""
-    from zarrfeed.commands.common import decimal_size
+    from zarrfeed.core.sizes import decimal_size
 
     assert [decimal_size(n) for n in (0, 87, 999, 1000, 12_500, 3.4e8, 2.2e9)] == \
         ["0 B", "87 B", "999 B", "1 kB", "12.5 kB", "340 MB", "2.2 GB"]
@@ -556,3 +556,20 @@ def test_ingest_fsyncs_its_commits_unless_told_not_to(tmp_path, monkeypatch, cap
     from zarrfeed import Dataset
 
     assert Dataset.open(tmp_path / "d.zarr").validate().ok
+
+
+def test_the_writers_bar_says_a_slow_rate_in_its_unit(tmp_path, capsys):
+    """Issue 39 item 7: the ingest bar read "0.00 M rows/s, 0 MB/s" for small or slow ingests."""
+    import time
+
+    from zarrfeed.writer import synthetic, write_dataset
+
+    def slowly():
+        for episode in synthetic.episodes(3, seed=1, frames=2, agents_per_frame=2):
+            time.sleep(0.3)
+            yield episode
+
+    write_dataset(tmp_path / "d.zarr", slowly(), progress=True)
+    bar = capsys.readouterr().err
+    assert re.search(r"[\d,]+ rows/s, [\d.]+ [kM]?B/s", bar) and " 0 MB/s" not in bar and "0.00 M rows/s" not in bar, \
+        bar

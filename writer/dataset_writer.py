@@ -30,6 +30,7 @@ from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
 from .chunk_locks import ChunkLocks
 from ..core.schema import Schema
+from ..core.sizes import decimal_size
 from ..core.store import Location
 from . import write_worker
 from .write_worker import WriteSegment
@@ -494,4 +495,4 @@ class DatasetWriter:
     def _rate(self, t0: float, rows0: Mapping[str, int]) -> str:
         dt = max(time.perf_counter() - t0, 1e-9)
         rows = {t: self._rows_in[t] - rows0[t] for t in rows0}
-        return f"{sum(rows.values()) / dt / 1e6:.2f} M rows/s, {self._bytes(rows) / dt / 1e6:.0f} MB/s"
+        return f"{sum(rows.values()) / dt:,.0f} rows/s, {decimal_size(self._bytes(rows) / dt, 'B/s')}"

@@ -32,16 +32,6 @@ def binary_size(n: float) -> str:
     raise AssertionError
 
 
-def decimal_size(n: float, unit: str = "B") -> str:
-    """A size (or a size per second) in decimal units with three significant digits: 340 MB, 12.5 kB, 87 B
-    (a small table exported in 0.01 s read "0 MB ... (0 MB/s)")."""
-    for prefix in ("", "k", "M", "G", "T"):
-        if abs(n) < 999.5 or prefix == "T":
-            return f"{n:.3g} {prefix}{unit}"
-        n /= 1000
-    raise AssertionError
-
-
 def format_info(info: dict) -> str:
     """A readable table of `Dataset.info()`, then each table's fields."""
     head = f"{'table':<22}{'rows':>14}{'chunk rows':>12}{'chunks':>8}{'bytes':>12}{'stored':>12}{'ratio':>7}"

@@ -8,7 +8,8 @@ from pathlib import Path
 from .. import writer
 from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
-from .common import (Command, Sized, count_arg, format_info, show_progress)
+from ..core.sizes import decimal_size
+from .common import Command, Sized, count_arg, format_info, show_progress
 from . import ingest, load, validate
 
 
@@ -44,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
         print()
         r = load.load_epochs(ds, "agents", 4096, args.workers, 1, progress=show_progress(args))
         print(f"loaded {r['rows']:,} agents in shuffled batches of 4096 with {args.workers} loader workers: "
-              f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.0f} MB/s")
+              f"{r['rows'] / r['seconds']:,.0f} rows/s, {decimal_size(r['bytes'] / r['seconds'], 'B/s')}")
         from ..loader.parquet_export import export_parquet
 
         parquet = out.with_name(out.name + ".parquet")
         r = export_parquet(ds, parquet, workers=args.workers, progress=show_progress(args))
-        print(f"\nexported to Parquet in {parquet}/<table>/ ({r['bytes'] / r['seconds'] / 1e6:,.0f} MB/s)")
+        print(f"\nexported to Parquet in {parquet}/<table>/ ({decimal_size(r['bytes'] / r['seconds'], 'B/s')})")
     duckdb_query(parquet)
     return 0
 

@@ -5,7 +5,8 @@ import argparse
 import sys
 
 
-from .common import (Command, count_arg, decimal_size, open_dataset,
+from ..core.sizes import decimal_size
+from .common import (Command, count_arg, open_dataset,
                      rows_text, show_progress, store_options)
 
 

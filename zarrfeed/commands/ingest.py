@@ -10,7 +10,8 @@ from ..core.store import Location
 from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
 from ..writer.source import DatasetSource
-from .common import (Command, Sized, chunks_arg, count_arg, decimal_size, plural, rows_text, show_progress,
+from ..core.sizes import decimal_size
+from .common import (Command, Sized, chunks_arg, count_arg, plural, rows_text, show_progress,
                      store_options)
 
 

@@ -7,6 +7,7 @@ import time
 from tqdm.auto import tqdm
 
 from ..loader import Dataset, Loader
+from ..core.sizes import decimal_size
 from .common import (Command, count_arg, positive_arg, open_dataset,
                      plural, show_progress)
 
@@ -55,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
     batches = plural(r['batches'], 'shuffled batch', 'shuffled batches')
     print(f"loaded {plural(r['rows'], 'row')} of {args.table} in {batches}"
           f" of {args.batch_size} over {plural(args.epochs, 'epoch')}: {r['seconds']:.2f} s, "
-          f"{r['rows'] / r['seconds']:,.0f} rows/s, {r['bytes'] / r['seconds'] / 1e6:,.1f} MB/s; "
+          f"{r['rows'] / r['seconds']:,.0f} rows/s, {decimal_size(r['bytes'] / r['seconds'], 'B/s')}; "
           f"first batch after {r['first_batch'] * 1000:.0f} ms")
     return 0

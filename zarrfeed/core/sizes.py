@@ -1,0 +1,13 @@
+"""Sizes and rates as people read them, for every progress line and summary (the writer's bar and the commands
+alike)."""
+from __future__ import annotations
+
+
+def decimal_size(n: float, unit: str = "B") -> str:
+    """A size (or a size per second) in decimal units with three significant digits: 340 MB, 12.5 kB, 87 B
+    (a small table exported in 0.01 s read "0 MB ... (0 MB/s)")."""
+    for prefix in ("", "k", "M", "G", "T"):
+        if abs(n) < 999.5 or prefix == "T":
+            return f"{n:.3g} {prefix}{unit}"
+        n /= 1000
+    raise AssertionError
