@@ -13,6 +13,7 @@ first agent row, which is how L5Kit finds a track in a frame (`filter_agents_by_
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,6 +188,131 @@ def agent_samples(ctx: Context, rows: np.ndarray, t: np.ndarray, scene: np.ndarr
     out["extent"] = ctx.agents["extent"][me].copy()
     return {**out, **_about(ctx, t, scene, scene_lo), "track_id": track.astype(np.int64),
             "agent_row": rows.astype(np.int64)}
+
+
+class AgentPool:
+    """The agents of many groups of samples (one group per agents chunk) in one set of arrays, so that a batch
+    of agent samples drawn from any number of groups is computed in one vectorised pass (`samples`).
+
+    Why: the stratified order puts every group of a window in proportion into each batch, and computing a batch
+    group by group cost a call per group (measured on 30 scenes, one process: 7,449 samples/s with the whole
+    table as the window, against 19,983 with windows of 4 groups; on 100 scenes, where the 64 contexts a worker
+    kept could not hold the window, 26x slower). Each group's (frame, track) index is one sorted run of a
+    single key array: its keys (local frame x tracks + track code, below 2**40) prefixed by the group's
+    insertion number, so runs appended in insertion order keep the array sorted and one `searchsorted` finds
+    every sample's track in every frame of its window. Per sample, what does not change (its track, its
+    track's code, its row at t, its frame's timestamp) is computed once, when its group is added. Groups are
+    dropped least recently used beyond `capacity` agent rows (48 bytes each)."""
+
+    SHIFT = 40
+
+    def __init__(self, n_groups: int, n_samples: int, capacity: int) -> None:
+        self.capacity = max(int(capacity), 1)
+        self.size, self.next_seq = 0, 0
+        self._columns(self.capacity)
+        self.start = np.full(n_groups, -1, np.int64)  # the group's run, -1 while not held
+        self.count = np.zeros(n_groups, np.int64)
+        self.seq = np.zeros(n_groups, np.int64)
+        self.tracks = np.ones(n_groups, np.int64)
+        self.f0 = np.zeros(n_groups, np.int64)
+        self.frames = np.zeros(n_groups, np.int64)
+        self.code = np.zeros(n_samples, np.int64)  # per sample: its track's code in its group
+        self.me = np.zeros(n_samples, np.int64)  # its agent row at t, in its group's run
+        self.track = np.zeros(n_samples, np.int64)
+        self.timestamp = np.zeros(n_samples, np.int64)
+        self.used: OrderedDict[int, None] = OrderedDict()  # held groups, least recently used first
+
+    def _columns(self, n: int) -> None:
+        old = getattr(self, "keys", None)
+        keys, order = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        centroid, yaw, extent = np.zeros((n, 2)), np.zeros(n, np.float32), np.zeros((n, 3), np.float32)
+        if old is not None:
+            m = self.size
+            keys[:m], order[:m], centroid[:m], yaw[:m], extent[:m] = (self.keys[:m], self.order[:m],
+                                                                      self.centroid[:m], self.yaw[:m],
+                                                                      self.extent[:m])
+        self.keys, self.order, self.centroid, self.yaw, self.extent = keys, order, centroid, yaw, extent
+
+    def holds(self, g: int) -> bool:
+        if self.start[g] < 0:
+            return False
+        self.used.move_to_end(g)
+        return True
+
+    def add(self, g: int, ctx: Context, ids: np.ndarray, rows: np.ndarray, t: np.ndarray,
+            keep: set[int]) -> None:
+        """Hold group `g` from its context; `ids`: its samples, at agent `rows` (global) and frames `t`. Groups
+        in `keep` (the batch's) are not dropped to make room."""
+        n, n_frames, n_tracks = len(ctx.keys), len(ctx.frames["timestamp"]), max(len(ctx.tracks), 1)
+        if n_frames * n_tracks >= 1 << self.SHIFT:
+            raise ValueError(f"agent samples: a group of {n_frames} frames and {n_tracks} tracks is too large")
+        if self.next_seq >= 1 << (62 - self.SHIFT):  # insertion numbers run out: start again, empty
+            self.start[:], self.size, self.next_seq = -1, 0, 0
+            self.used.clear()
+        self._room(n, keep)
+        track = ctx.agents["track_id"][rows - ctx.a0]
+        centre = ctx.find(t[:, None], track, passing=True)[:, 0]
+        self.code[ids] = np.searchsorted(ctx.tracks, track)
+        self.me[ids] = np.where(centre >= 0, centre, rows - ctx.a0)
+        self.track[ids] = track.astype(np.int64)
+        self.timestamp[ids] = ctx.frames["timestamp"][t - ctx.f0]
+        a, b = self.size, self.size + n
+        self.keys[a:b] = (self.next_seq << self.SHIFT) | ctx.sorted
+        self.order[a:b] = ctx.order
+        self.centroid[a:b], self.yaw[a:b] = ctx.agents["centroid"], ctx.agents["yaw"]
+        self.extent[a:b] = ctx.agents["extent"]
+        self.start[g], self.count[g], self.seq[g] = a, n, self.next_seq
+        self.tracks[g], self.f0[g], self.frames[g] = n_tracks, ctx.f0, n_frames
+        self.size, self.next_seq = b, self.next_seq + 1
+        self.used[g] = None
+
+    def _room(self, n: int, keep: set[int]) -> None:
+        """Room for `n` more rows: groups dropped (least recently used first, not those in `keep`) down to
+        three quarters of the capacity, the rest moved together in order; the arrays grown if that is not
+        enough (a batch's groups are all held however many rows they have)."""
+        if self.size + n <= self.capacity:
+            return
+        dropped = []
+        for g in list(self.used):
+            if self.size + n <= self.capacity * 3 // 4:
+                break
+            if g not in keep:
+                dropped.append(g)
+                self.size -= int(self.count[g])
+                del self.used[g]
+        if dropped:
+            self.start[dropped] = -1
+            held = sorted(self.used, key=lambda g: int(self.start[g]))
+            runs = [np.arange(self.start[g], self.start[g] + self.count[g]) for g in held]
+            at = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+            m = len(at)
+            self.keys[:m], self.order[:m], self.centroid[:m] = self.keys[at], self.order[at], self.centroid[at]
+            self.yaw[:m], self.extent[:m] = self.yaw[at], self.extent[at]
+            for g, new in zip(held, np.cumsum([0] + [int(self.count[g]) for g in held[:-1]]), strict=True):
+                self.start[g] = new
+        if self.size + n > len(self.keys):
+            self._columns(max(2 * len(self.keys), self.size + n))
+
+    def samples(self, ids: np.ndarray, groups: np.ndarray, rows: np.ndarray, t: np.ndarray, scene: np.ndarray,
+                scene_lo: np.ndarray, scene_hi: np.ndarray, steps: Steps) -> dict[str, np.ndarray]:
+        """`agent_samples` of samples `ids` (each of `groups`, held) at agent `rows` and frames `t`, in one pass:
+        the same fields and numbers."""
+        base, n_tracks = self.start[groups], self.tracks[groups]
+        frames, avail = _window(t, scene_lo, scene_hi, steps)
+        local = frames - self.f0[groups][:, None]
+        inside = (local >= 0) & (local < self.frames[groups][:, None])
+        keys = (self.seq[groups][:, None] << self.SHIFT) | (local * n_tracks[:, None] + self.code[ids][:, None])
+        at = np.minimum(np.searchsorted(self.keys[:self.size], keys), self.size - 1)
+        found = inside & (self.keys[at] == keys)
+        avail &= found
+        where = np.where(found, base[:, None] + self.order[at], 0)
+        me = base + self.me[ids]
+        out = _relative(steps, self.centroid[where], self.yaw[where], self.extent[where][..., :2], avail,
+                        self.centroid[me].copy(), self.yaw[me].astype(np.float64))
+        out["extent"] = self.extent[me].copy()
+        return {**out, "frame_index": t - scene_lo, "scene_index": scene.astype(np.int64),
+                "frame_row": t.astype(np.int64), "timestamp": self.timestamp[ids].copy(),
+                "track_id": self.track[ids].copy(), "agent_row": rows.astype(np.int64)}
 
 
 def sample_fields(ego: bool, steps: Steps) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:

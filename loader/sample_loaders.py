@@ -29,7 +29,7 @@ from .batches import Loader, fetch_options, open_dataset
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
-from .motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples, sample_fields
+from .motion import AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, ego_samples, sample_fields
 from ..core.keywords import spelled_out
 from .options import SAMPLE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
@@ -107,7 +107,8 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
     plans = WorkerPlans(config, samples.selection())
     contexts: OrderedDict[int, Context] = OrderedDict()
 
-    def context(g: int, slots: dict[str, dict[int, int]]) -> Context:
+    def context(g: int, slots: dict[str, dict[int, int]], keep: bool = True) -> Context:
+        """Group g's context, made from its cached chunks (and kept, least recently used dropped, with `keep`)."""
         if g in contexts:
             contexts.move_to_end(g)
             return contexts[g]
@@ -128,30 +129,54 @@ def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, conf
             agents = _columns(view, "agents", (a0, a1), samples.chunk_rows["agents"],
                               (*AGENT_FIELDS, "label_probabilities"), dtypes["agents"])
             agents["passing"] = agents_mask.of_interest(agents.pop("label_probabilities"), samples.threshold)
-        contexts[g] = ctx = Context(f0, frames, a0, agents)
-        if len(contexts) > _CONTEXTS:
-            contexts.popitem(last=False)
+        ctx = Context(f0, frames, a0, agents)
+        if keep:
+            contexts[g] = ctx
+            if len(contexts) > _CONTEXTS:
+                contexts.popitem(last=False)
         return ctx
+
+    pool = None if samples.ego else AgentPool(len(samples.sizes), len(samples), _pool_rows(samples, config))
+
+    def pooled(ids: np.ndarray, groups: np.ndarray, slots: dict[str, dict[int, int]]) -> dict[str, np.ndarray]:
+        """Agent samples from any number of groups in one pass (`AgentPool`), each group added once."""
+        assert pool is not None
+        touched = np.unique(groups).tolist()
+        keep = set(touched)
+        for g in touched:
+            if not pool.holds(g):
+                lo, hi = int(samples.group_start[g]), int(samples.group_end[g])
+                group = np.arange(lo, hi)
+                pool.add(g, context(g, slots, keep=False), group, samples.items[group], samples.t[group], keep)
+        return pool.samples(ids, groups, samples.items[ids], samples.t[ids], samples.scene[ids],
+                            samples.scene_lo[ids], samples.scene_hi[ids], samples.steps)
 
     def one_batch(dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
         ids, groups = samples.sample_groups(p, p.segments(k), orders)
         views = layout.views(dst, len(ids))
-        for g in np.unique(groups).tolist():
+        if pool is not None:
+            out = pooled(ids, groups, slots)
+            for name, view in views.items():
+                view[:] = out[name]
+            return
+        for g in np.unique(groups).tolist():  # ego samples: a call per group (cheap: frames only)
             at = np.flatnonzero(groups == g)
             i = ids[at]
-            ctx = context(g, slots)
-            if samples.ego:
-                out = ego_samples(ctx, samples.t[i], samples.scene[i], samples.scene_lo[i], samples.scene_hi[i],
-                                  samples.steps)
-            else:
-                out = agent_samples(ctx, samples.items[i], samples.t[i], samples.scene[i], samples.scene_lo[i],
-                                    samples.scene_hi[i], samples.steps)
+            out = ego_samples(context(g, slots), samples.t[i], samples.scene[i], samples.scene_lo[i],
+                              samples.scene_hi[i], samples.steps)
             for name, view in views.items():
                 view[at] = out[name]
 
     return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, tables, shared), shared,
                                    read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
                                    layout.slot_bytes)
+
+
+def _pool_rows(samples: MotionSamples, config: PlanConfig) -> int:
+    """Agent rows a worker's `AgentPool` holds: those of the largest window's groups and one more (a batch may
+    straddle two windows), at least those of 64 groups (the contexts a worker kept before)."""
+    rows = np.sort(samples.agent_spans[:, 1] - samples.agent_spans[:, 0])[::-1]
+    return int(rows[:max(config.shuffle_window + 1, _CONTEXTS)].sum())
 
 
 @dataclass

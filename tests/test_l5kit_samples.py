@@ -220,6 +220,39 @@ def test_agent_samples_follow_their_tracks(scenes, h, f):
     assert (got["target_availabilities"][past_end] == 0).all() and (got["history_availabilities"][before] == 0).all()
 
 
+def test_agent_samples_are_the_same_whatever_a_workers_pool_holds(scenes, monkeypatch):
+    """A batch's agent samples are computed over all its groups in one pass (`motion.AgentPool`). Whatever the
+    pool holds (a pool of one row: every new group drops the others, moves the batch's together and grows the
+    arrays; the whole table as one window), every sample equals `agent_samples` on a context of the whole
+    dataset (a float tolerance of 1e-6 relative, the same code on both sides)."""
+    from zarrfeed.loader import sample_loaders
+
+    g = Group.open(DirectoryStore(scenes))
+    frames, agents = g["frames"][:], g["agents"][:]
+    cols = {f: frames[f] for f in FRAME_FIELDS}
+    whole = Context(0, cols, 0, {**{f: agents[f] for f in AGENT_FIELDS},
+                                 "passing": agents_mask.of_interest(agents["label_probabilities"], 0.5)})
+    bounds = g["scenes"][:]["frame_index_interval"]
+
+    def epoch(**options):
+        with AgentSampleLoader(scenes, 3, 7, batch_size=50, num_workers=0, copy=True, **options) as loader:
+            got = _epoch(loader)
+        order = np.argsort(got["agent_row"])
+        return {k: v[order] for k, v in got.items()}
+
+    runs = {"default": epoch(), "whole table": epoch(shuffle_bytes=1 << 30)}
+    monkeypatch.setattr(sample_loaders, "_pool_rows", lambda samples, config: 1)
+    runs["a pool of one row"] = epoch(shuffle_bytes=1 << 30)
+    runs["a pool of one row, shuffle_window=2"] = epoch(shuffle_window=2)  # batches of 2 of the 10 groups
+    rows, t = runs["default"]["agent_row"], runs["default"]["frame_row"]
+    scene = np.searchsorted(bounds[:, 1], t, side="right")
+    want = agent_samples(whole, rows, t, scene, bounds[scene, 0], bounds[scene, 1], Steps(3, 7))
+    for run, got in runs.items():
+        assert set(got) == set(want) and len(got["agent_row"]) == len(rows) > 100, run
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=0, err_msg=f"{run}: {key}")
+
+
 def test_every_samples_availabilities_are_its_tracks_at_chunk_edges(small_dataset):
     """Small chunks (16 frames, 160 agents), so that groups of samples end at many chunk edges, and every
     sample checked (not a draw): each target and history availability is whether the sample's track has a
