@@ -1,6 +1,6 @@
 """Dask benchmark: ingestion on a 2-worker LocalCluster against a local DatasetWriter(workers=2).
 
-    python bench/bench_dask.py [--scenes 200] [--sources 20] [--repeat 3]
+    python bench/bench_dask.py [--scenes 200] [--sources 20] [--repeat 3] [--json FILE]
 
 The episodes (200 synthetic scenes, about 530 MB) are made before the clock starts and saved as one pickle
 file per source (10 episodes each): `to_episodes(file)` reads one back, as a reader of raw logs would. The
@@ -21,7 +21,7 @@ import time
 from itertools import chain
 from pathlib import Path
 
-from common import parser, print_ratios
+from common import add_json_option, parser, print_ratios, write_json
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
@@ -40,6 +40,7 @@ def main() -> None:
     p = parser(__doc__)
     p.set_defaults(scenes=200)
     p.add_argument("--sources", type=int, default=20)
+    add_json_option(p)
     args = p.parse_args()
     from distributed import Client, LocalCluster
     from zarrfeed.writer import dask as zdask
@@ -83,6 +84,10 @@ def main() -> None:
                     times[variant].append(seconds)
                     print(f"  {variant:18s} {mb / seconds:8,.0f} MB/s  ({seconds:.2f} s)")
         speed = {v: mb / statistics.median(ts) for v, ts in times.items()}
+        # MB/s of each variant, rows/s of one worker, and the task round trip as a speed (higher is faster), as
+        # every figure of --json is
+        write_json(args.json, {**speed, "rows written per worker-second (dask tasks)": statistics.median(per_worker),
+                               "Dask task round trips/s": 1 / per_task})
         print("\nmedians:")
         for v, s in speed.items():
             print(f"  {v:18s} {s:8,.0f} MB/s")

@@ -1,7 +1,7 @@
 """Ranks on one host: 4 rank processes (1 worker each) against one Loader with 2 workers, and what the host
 cache saves them.
 
-    python bench/bench_ranks.py [--scenes 100] [--repeat 3]
+    python bench/bench_ranks.py [--scenes 100] [--repeat 3] [--json FILE]
 
 On a synthetic L5Kit dataset (100 scenes = 2.1 M agents), batch 4096 of agents, shuffled:
   single       one Loader(num_workers=2) reading the whole table: its second epoch (decoded chunks cached)
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import multiprocess as mp
-from common import parser, print_ratios, synthetic_dataset
+from common import add_json_option, parser, print_ratios, synthetic_dataset, write_json
 from zarrfeed.loader import Dataset, Loader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,9 @@ def served(path: Path) -> list[int]:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    add_json_option(p)
+    args = p.parse_args()
     with synthetic_dataset(args.scenes) as path:
         ds = Dataset.open(path)
         n, itemsize = ds.rows["agents"], ds["agents"].dtype.itemsize
@@ -131,6 +133,7 @@ def main() -> None:
                 speed.setdefault(name, []).append(r["rows"] / r["seconds"])
                 extra[cache].append(r)
         rate = {k: statistics.median(v) for k, v in speed.items()}
+        write_json(args.json, rate)  # rows/s of the second epoch
         print(f"agents: {n:,} rows of {itemsize} bytes in {chunks} chunks; batch {BATCH}; median of {args.repeat}\n")
         for k, v in rate.items():
             print(f"{k:<12}{v / 1e6:>8.2f} M rows/s (epoch 2)")

@@ -11,7 +11,7 @@
   trainers and producers one server host carries.
 Ratios printed last.
 
-    python bench/bench_serve.py [--scenes 100] [--repeat 3] [--plot serve.png]
+    python bench/bench_serve.py [--scenes 100] [--repeat 3] [--plot serve.png] [--json FILE]
 """
 import statistics
 import subprocess
@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import (add_plot_option, check_plot_option, parser, plot_panels, print_ratios, smaller_than_documented,
-                    synthetic_dataset, tree_cpu_seconds)
+from common import (add_json_option, add_plot_option, check_plot_option, parser, plot_panels, print_ratios,
+                    smaller_than_documented, synthetic_dataset, tree_cpu_seconds, write_json)
 from zarrfeed.loader import Loader
 
 from zarrfeed.flight import RemoteLoader, RemoteWriter
@@ -43,6 +43,7 @@ def epoch(make, cpu_of: int | None = None) -> tuple[float, int, float]:
 def main() -> None:
     p = parser(__doc__)
     add_plot_option(p)
+    add_json_option(p)
     args = p.parse_args()
     check_plot_option(args.plot)
     with synthetic_dataset(args.scenes) as path:
@@ -73,6 +74,12 @@ def main() -> None:
                       f"{rows * itemsize / s / 1e6:.0f} MB/s; {who} CPU {cost[name]:.2f} s per GB "
                       f"(median of {args.repeat})")
             ingest, ingest_cost = bench_ingest(args.repeat, min(args.scenes, 80))
+            # rows/s fed, bytes/s ingested, and CPU per GB as GB per CPU-second (higher is cheaper), as every
+            # figure of --json is higher-is-faster
+            write_json(args.json, {**speed, **ingest, **{f"{k}, GB per CPU-second": 1 / v for k, v in (
+                ("server feeding", cost["remote"]), ("local Loader", cost["local"]),
+                ("server ingesting", ingest_cost["remote ingest"]),
+                ("local DatasetWriter", ingest_cost["local ingest"]))}})
             print_ratios({**speed, **ingest}, [("remote", "local", 0.7), ("remote ingest", "local ingest", 0.6)])
             # cheaper is better: local / remote is the share of the local cost the server's work costs
             print_ratios({"server feeding": 1 / cost["remote"], "local Loader": 1 / cost["local"],

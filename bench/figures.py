@@ -1,9 +1,11 @@
 """The one place the measured figures the docs quote live: docs/figures.json (those of the README, the home page,
-the performance page's loader, samples and shuffle sections, and the loading guide; the writer, serving, ranks,
-Dask and episodes sections are still written by hand: their scripts write no --json yet). A figure is quoted in
-a page as its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment shows in
-neither GitHub nor the site); tests/test_figures.py fails when a quoted number is not the recorded one, when a
-marker names no figure, or when a figure is quoted nowhere, so that the pages cannot drift apart.
+the performance page's loader, samples, episodes, ranks, writer, Dask, serving and shuffle sections, and the
+loading, writing, Dask and serving guides; what no bench script's --json gives, such as compare_revisions.py's
+ratios between revisions, chunk counts and memory, is still written by hand). A figure is quoted in a page as
+its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment shows in neither
+GitHub nor the site); tests/test_figures.py fails when a quoted number is not the recorded one, when a marker
+names no figure, when a figure is quoted nowhere, or when a figure names a speed its script does not write, so
+that the pages cannot drift apart.
 
     python bench/bench_loader.py --repeat 3 --json run.json   # any bench script with --json
     python bench/figures.py record bench_loader.py run.json   # its figures into docs/figures.json
@@ -12,8 +14,11 @@ marker names no figure, or when a figure is quoted nowhere, so that the pages ca
     python bench/figures.py check                             # what the test checks
 
 A figure computed by a script names it (`script`), the speed it is (`speed`, a key of that script's --json
-output), optionally the speed it is divided by (`over`), a `scale` and a `format`; `record` stores the value
-with the date and machine of the run.
+output), optionally the speed it is divided by (`over`), `invert` (a time, from a speed), a `scale` and a
+`format`, and `args` when it comes from a run other than at the script's defaults (`bench_episodes.py --image
+12`: `record bench_episodes.py run.json --args "--image 12"` records those, and a run without --args the
+others); `record` stores the value with the date and machine of the run. Each figure's `command` is how to
+measure and record it.
 """
 from __future__ import annotations
 
@@ -55,9 +60,10 @@ def computed(figure: dict, speeds: dict[str, float]) -> str:
     return figure.get("format", "{:.2f}").format(value * figure.get("scale", 1))
 
 
-def record(script: str, run: Path) -> list[str]:
-    """Every figure of `script` (a name or a path: bench/bench_loader.py) from its --json output `run`; the names
-    changed. SystemExit (one line) for a run that is not such an output, or misses a speed a figure needs."""
+def record(script: str, run: Path, args: str = "") -> list[str]:
+    """Every figure of `script` (a name or a path: bench/bench_loader.py) run with `args` (its figures' `args`:
+    none for a run at its defaults) from its --json output `run`; the names changed. SystemExit (one line) for a
+    run that is not such an output, or misses a speed a figure needs."""
     script = Path(script).name
     try:
         speeds = json.loads(run.read_text())
@@ -66,8 +72,12 @@ def record(script: str, run: Path) -> list[str]:
     if not isinstance(speeds, dict):
         raise SystemExit(f"figures: {run}: not a bench script's --json output (a JSON object of speeds)")
     figures = load()
-    mine = {name: f for name, f in figures.items() if f.get("script") == script}
+    mine = {name: f for name, f in figures.items() if f.get("script") == script and f.get("args", "") == args}
     if not mine:
+        others = sorted({f.get("args", "") for f in figures.values() if f.get("script") == script})
+        if others:
+            raise SystemExit(f"figures: no figure comes from {script} {args or '(at its defaults)'}; its figures' "
+                             f"--args: {', '.join(repr(a) if a else '(none)' for a in others)}")
         raise SystemExit(f"figures: no figure comes from {script} (scripts: "
                          f"{', '.join(sorted({f['script'] for f in figures.values() if 'script' in f}))})")
     missing = sorted({k for f in mine.values() for k in (f["speed"], f.get("over")) if k and k not in speeds})
@@ -77,7 +87,7 @@ def record(script: str, run: Path) -> list[str]:
     stamp = {"date": datetime.date.today().isoformat(), "machine": machine()}
     changed = []
     for name, figure in figures.items():
-        if figure.get("script") == script:
+        if name in mine:
             figure.update(value=computed(figure, speeds), **stamp)
             changed.append(name)
     save(figures)
@@ -137,6 +147,9 @@ def main() -> int:
     r = sub.add_parser("record", help="a bench script's figures from its --json output")
     r.add_argument("script")
     r.add_argument("run", type=Path)
+    r.add_argument("--args", default="", metavar="ARGS",
+                   help="the script's arguments in that run, for the figures of a run other than at its defaults "
+                        "(the figures' `args`, such as \"--image 12\")")
     s = sub.add_parser("set", help="one figure's value, by hand")
     s.add_argument("name")
     s.add_argument("value")
@@ -144,7 +157,7 @@ def main() -> int:
     sub.add_parser("check", help="what the test checks")
     args = ap.parse_args()
     if args.command == "record":
-        print("recorded:", ", ".join(record(args.script, args.run)) or "nothing (no figure of that script)")
+        print("recorded:", ", ".join(record(args.script, args.run, args.args)))
     elif args.command == "set":
         figures = load()
         if args.name not in figures:
