@@ -209,6 +209,11 @@ class AgentPool:
     def __init__(self, n_groups: int, n_samples: int, capacity: int) -> None:
         self.capacity = max(int(capacity), 1)
         self.size, self.next_seq = 0, 0
+        self.keys: np.ndarray  # the groups' runs of sorted (frame, track) keys, and each key's agent row in its run
+        self.order: np.ndarray
+        self.centroid: np.ndarray  # the agents' columns, each group's run in row order
+        self.yaw: np.ndarray
+        self.extent: np.ndarray
         self._columns(self.capacity)
         self.start = np.full(n_groups, -1, np.int64)  # the group's run, -1 while not held
         self.count = np.zeros(n_groups, np.int64)
@@ -223,15 +228,14 @@ class AgentPool:
         self.used: OrderedDict[int, None] = OrderedDict()  # held groups, least recently used first
 
     def _columns(self, n: int) -> None:
-        old = getattr(self, "keys", None)
-        keys, order = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        centroid, yaw, extent = np.zeros((n, 2)), np.zeros(n, np.float32), np.zeros((n, 3), np.float32)
-        if old is not None:
-            m = self.size
-            keys[:m], order[:m], centroid[:m], yaw[:m], extent[:m] = (self.keys[:m], self.order[:m],
-                                                                      self.centroid[:m], self.yaw[:m],
-                                                                      self.extent[:m])
-        self.keys, self.order, self.centroid, self.yaw, self.extent = keys, order, centroid, yaw, extent
+        """The pooled arrays with room for `n` rows, the rows held so far kept."""
+        m = self.size
+        for name, shape, dtype in (("keys", (), np.int64), ("order", (), np.int64), ("centroid", (2,), np.float64),
+                                   ("yaw", (), np.float32), ("extent", (3,), np.float32)):
+            grown = np.zeros((n, *shape), dtype)
+            if m:
+                grown[:m] = getattr(self, name)[:m]
+            setattr(self, name, grown)
 
     def holds(self, g: int) -> bool:
         if self.start[g] < 0:
