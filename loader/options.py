@@ -17,10 +17,11 @@ from .plan import DEFAULT_SHUFFLE_BYTES, PlanSettings
 from .scheduler import WorkerOptions
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-# the sample loaders' default windows, in groups of samples (one per chunk): a batch draws from every group of
-# its window, and each group a batch touches costs them a call (measured on 100 scenes: AgentSampleLoader at
-# 1,883 samples/s with the whole table, 0.74x with 8 groups, against 4; SequenceLoader 0.65x with the whole
-# table, 0.98x with 8)
+# WindowLoader's and SequenceLoader's default windows, in groups of samples (one per chunk), unless
+# `shuffle_bytes` is given: gathering a batch's samples from anywhere in a whole-table window cost them a fifth
+# and a third of their speed (measured on 100 scenes: WindowLoader 0.79x, SequenceLoader 0.65x; with these
+# windows 0.98-1.0x). AgentSampleLoader and EgoSampleLoader take Loader's default (their batches are computed
+# over all their groups at once: `motion.AgentPool`).
 SAMPLE_GROUPS = 4
 SEQUENCE_GROUPS = 8
 
@@ -35,14 +36,15 @@ class LoaderOptions(TypedDict, total=False):
     shuffle_window: int | None
     """Chunks (for sample loaders: groups of samples, one per chunk) shuffled together, in a random order;
     batches hold every chunk of their window in proportion (the loading guide says exactly what the order is).
-    Default (None): for `Loader`, the whole table when the decoded chunks an epoch reads fit `shuffle_bytes`,
-    else windows as large as fit, never fewer than 8 chunks; for the sample loaders 4 groups (`SequenceLoader`:
-    8), or what `shuffle_bytes` holds when it is given; with `shuffle=False` or `order=1`, 8."""
+    Default (None): for `Loader`, `AgentSampleLoader` and `EgoSampleLoader`, the whole table when the decoded
+    chunks an epoch reads fit `shuffle_bytes`, else windows as large as fit, never fewer than 8 chunks; for
+    `WindowLoader` 4 groups and `SequenceLoader` 8, or what `shuffle_bytes` holds when it is given; with
+    `shuffle=False` or `order=1`, 8."""
     shuffle_bytes: int
-    """Decoded bytes of chunks the default window holds (default 1 GiB; the sample loaders use it only when it
-    is given): more mixes rows from further apart, at the cost of memory and of decoding a window before its
-    first batch. The window it gives depends on the dataset and the options only, never on this machine; one
-    this machine cannot hold is refused, naming it."""
+    """Decoded bytes of chunks the default window holds (default 1 GiB; `WindowLoader` and `SequenceLoader` use
+    it only when it is given): more mixes rows from further apart, at the cost of memory and of decoding a
+    window before its first batch. The window it gives depends on the dataset and the options only, never on
+    this machine; one this machine cannot hold is refused, naming it."""
     order: int
     """The epoch order's algorithm (default 2); 1 is zarrfeed's before 2026-11-27 (a state saved then resumes
     in it without asking)."""
