@@ -153,6 +153,7 @@ class Loader:
         unless `shuffle_bytes` is given)."""
         given: frozenset[str] = getattr(o, "given", frozenset())
         self._window_given, self._order_given = o.shuffle_window is not None, "order" in given
+        self._bytes_given = "shuffle_bytes" in given
         self._shuffle_bytes = o.shuffle_bytes
         if o.shuffle_window is None:
             # in row order the window changes no order, only what is held and decoded before the first batch;
@@ -305,19 +306,24 @@ class Loader:
         self._loaded = state
 
     def _adopt_order(self, saved: LoaderState) -> None:
-        """A state saved in another order this zarrfeed makes (order 1, before 2026-11-27) goes on in that
-        order, and in its window unless this loader was given one: a run keeps its order when resumed (unless
-        this loader was given an order: then the state must be of it)."""
-        c = self.source.config
-        if saved.order == c.order or saved.order not in ORDERS or self._order_given:
-            return
+        """A run keeps its order when resumed: a state's order and window are taken unless this loader was given
+        them. A state of another order this zarrfeed makes (order 1, before 2026-11-27) goes on in it (and its
+        window unless one was given); a state whose window was another default (the sample loaders' before
+        2026-11-28, or another `shuffle_bytes` default) goes on in its window unless this loader was given
+        `shuffle_window` or `shuffle_bytes`. Given ones must match the state (checked after)."""
+        c, was = self.source.config, self.source.config
         window = saved.settings.get("shuffle_window")
-        if not self._window_given and isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+        window = window if isinstance(window, int) and not isinstance(window, bool) and window >= 1 else None
+        if saved.order != c.order and saved.order in ORDERS and not self._order_given:
+            if not self._window_given and window is not None:
+                c = dataclasses.replace(c, shuffle_window=window)
+            c = dataclasses.replace(c, order=saved.order)
+        elif saved.order == c.order and window is not None and not (self._window_given or self._bytes_given):
             c = dataclasses.replace(c, shuffle_window=window)
-        self.source.config = dataclasses.replace(c, order=saved.order)
-        self._plan = None
-        log.info("zarrfeed: resuming a run saved in epoch order %d (shuffle_window=%d): its order is kept",
-                 saved.order, self.source.config.shuffle_window)
+        if c != was:
+            self.source.config, self._plan = c, None
+            log.info("zarrfeed: resuming a run saved in epoch order %d, shuffle_window=%d: its order is kept",
+                     c.order, c.shuffle_window)
 
     def _reshard(self, states: list[LoaderState]) -> None:
         """Resume from the states of all N ranks of a run on this run's rank of M (see load_state_dict)."""

@@ -202,6 +202,36 @@ def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
             given.load_state_dict(state)
 
 
+def test_a_state_saved_with_another_default_window_goes_on_in_it(small_dataset):
+    """AgentSampleLoader's default window was 4 groups before 2026-11-28 and is the whole table now: a run saved
+    then resumes with today's defaults in its window (the same samples next), locally and from a server; a loader
+    given shuffle_window or shuffle_bytes is held to the state."""
+    from zarrfeed.flight import FeedServer, RemoteAgentSampleLoader
+
+    path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
+    args = dict(batch_size=16, num_workers=0, seed=3)
+    with AgentSampleLoader(path, 2, 3, shuffle_window=4, **args) as old:  # what the default was
+        it = iter(old)
+        for _ in range(3):
+            next(it)
+        state = old.state_dict()
+        rest = [b["agent_row"].copy() for b in it]
+    with AgentSampleLoader(path, 2, 3, **args) as new:
+        assert new.plan().config.shuffle_window > 4
+        new.load_state_dict(state)
+        assert new.state().settings["shuffle_window"] == 4
+        assert all(np.array_equal(a, b["agent_row"]) for a, b in zip(rest, new, strict=True))
+    for given in ({"shuffle_window": 5}, {"shuffle_bytes": 1 << 30}):
+        with AgentSampleLoader(path, 2, 3, **given, **args) as held:
+            with pytest.raises(ValueError, match="shuffle_window=4; this loader has shuffle_window="):
+                held.load_state_dict(state)
+    with FeedServer(path, port=0, workers=0) as server:
+        remote = RemoteAgentSampleLoader(server.url, 2, 3, batch_size=16, seed=3)
+        remote.load_state_dict(state)
+        assert all(np.array_equal(a, b["agent_row"]) for a, b in zip(rest, remote, strict=True))
+        remote.close()
+
+
 @pytest.mark.parametrize("given", [{}, {"shuffle_window": 20}])
 def test_a_window_this_machine_cannot_hold_is_one_line_naming_the_option(small_dataset, monkeypatch, given):
     """The window is not shrunk to fit a machine (another machine would make another order): the loader says

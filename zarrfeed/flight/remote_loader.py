@@ -185,16 +185,22 @@ class _RemoteFeed:
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
 
     def _adopt_order(self, saved: LoaderState) -> None:
-        """As `Loader`'s: a state of another order the server makes is resumed in it (and its window, unless
-        one was given), unless this loader was given an order."""
-        plan = self._ticket.plan
-        if saved.order == plan.order or saved.order not in ORDERS or self._order_given:
-            return
+        """As `Loader`'s: a state's order and window are taken unless this loader was given them (an order 1
+        state's window unless a window was given; another default window unless `shuffle_window` or
+        `shuffle_bytes` was)."""
+        plan, was = self._ticket.plan, self._ticket.plan
         window = saved.settings.get("shuffle_window")
-        if not self._window_given and isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+        window = window if isinstance(window, int) and not isinstance(window, bool) and window >= 1 else None
+        if saved.order != plan.order and saved.order in ORDERS and not self._order_given:
+            if not self._window_given and window is not None:
+                plan = replace(plan, shuffle_window=window)
+            plan = replace(plan, order=saved.order)
+        elif (saved.order == plan.order and window is not None and not self._window_given
+              and plan.shuffle_bytes is None and window != plan.shuffle_window):
             plan = replace(plan, shuffle_window=window)
-        self._ticket = replace(self._ticket, plan=replace(plan, order=saved.order), order=saved.order)
-        self._plans = {}
+        if plan != was:
+            self._ticket = replace(self._ticket, plan=plan, order=plan.order)
+            self._plans = {}
 
     def close(self) -> None:
         self._watch.close()
