@@ -18,6 +18,15 @@ def figures_module():
     return module
 
 
+def figures_of_copy(tmp_path, monkeypatch):
+    """bench/figures.py recording into a copy of docs/figures.json in tmp_path; the module and the copy."""
+    figures = figures_module()
+    store = tmp_path / "figures.json"
+    store.write_text((ROOT / "docs" / "figures.json").read_text())
+    monkeypatch.setattr(figures, "FIGURES", store)
+    return figures, store
+
+
 def figures_of_page(text, tmp_path, monkeypatch):
     """bench/figures.py reading one page of `text` (in tmp_path) instead of the repository's."""
     figures = figures_module()
@@ -48,10 +57,7 @@ def test_a_drifted_number_and_an_unknown_marker_are_named(tmp_path, monkeypatch)
 
 
 def test_a_bench_run_computes_its_figures(tmp_path, monkeypatch):
-    figures = figures_module()
-    store = tmp_path / "figures.json"
-    store.write_text((ROOT / "docs" / "figures.json").read_text())
-    monkeypatch.setattr(figures, "FIGURES", store)
+    figures, store = figures_of_copy(tmp_path, monkeypatch)
     run = tmp_path / "run.json"
     run.write_text(json.dumps({"zarrfeed batch 4096": 33.51e6, "(c) decode bound": 30e6, "zarrfeed batch 256": 2e7,
                                "(a) pool batch 256": 2.5e5, "first batches/s 4096": 1 / 0.312}))
@@ -73,11 +79,8 @@ def test_set_refuses_what_a_page_cannot_quote_and_record_says_what_a_run_misses(
     import subprocess
     import sys
 
-    store = tmp_path / "figures.json"
-    store.write_text((ROOT / "docs" / "figures.json").read_text())
+    figures, store = figures_of_copy(tmp_path, monkeypatch)
     script = ROOT / "bench" / "figures.py"
-    figures = figures_module()
-    monkeypatch.setattr(figures, "FIGURES", store)
     run = tmp_path / "run.json"
     run.write_text(json.dumps({"zarrfeed batch 4096": 1.0}))
     import pytest
@@ -219,19 +222,13 @@ def test_every_figure_names_speeds_its_script_writes(script, args, tmp_path, mon
     bench_run(script, args, run, tmp_path, monkeypatch, small_dataset)
     speeds = json.loads(run.read_text())
     assert speeds and all(isinstance(v, (int, float)) and v > 0 for v in speeds.values()), speeds
-    figures = figures_module()
-    store = tmp_path / "figures.json"
-    store.write_text((ROOT / "docs" / "figures.json").read_text())
-    monkeypatch.setattr(figures, "FIGURES", store)
+    figures, store = figures_of_copy(tmp_path, monkeypatch)
     mine = {name for name, f in figures.load().items() if f.get("script") == script and f.get("args", "") == args}
     assert set(figures.record(script, run, args)) == mine  # SystemExit naming a speed the run does not have
 
 
 def test_record_takes_the_figures_of_the_run_s_arguments(tmp_path, monkeypatch):
-    figures = figures_module()
-    store = tmp_path / "figures.json"
-    store.write_text((ROOT / "docs" / "figures.json").read_text())
-    monkeypatch.setattr(figures, "FIGURES", store)
+    figures, store = figures_of_copy(tmp_path, monkeypatch)
     run = tmp_path / "run.json"
     run.write_text(json.dumps({k: 2.0 for k in ("zarrfeed epoch 2", "zarrfeed epoch 1", "(z) DP from zarr",
                                                 "(m) DP in memory", "copy bound, 1 process", "copy_from_path",

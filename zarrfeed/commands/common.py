@@ -6,7 +6,7 @@ import argparse
 import difflib
 import re
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from ..core.store import parse_storage_option
 from ..loader import Dataset
@@ -78,12 +78,17 @@ def bytes_arg(text: str) -> int:
     return value
 
 
+def _read(text: str, kind: Callable[[str], Any], what: str) -> Any:
+    """`kind(text)`, or argparse's one line saying what was expected."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
 def seconds_arg(text: str) -> float:
     """An argparse type: a number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    value = _read(text, float, "a number of seconds")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
@@ -91,10 +96,7 @@ def seconds_arg(text: str) -> float:
 
 def count_arg(text: str) -> int:
     """An argparse type: a whole number >= 0."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    n = _read(text, int, "a whole number")
     if n < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {n}")
     return n
@@ -110,10 +112,7 @@ def positive_arg(text: str) -> int:
 
 def fraction_arg(text: str) -> float:
     """An argparse type: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    value = _read(text, float, "a number in [0, 1)")
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
     return value
