@@ -3,6 +3,9 @@ keyless inputs, refusals and what stays usable after them, syncing by size, a se
 on the same port, tokens, several datasets. tests/test_serve.py does the same end to end with `zarrfeed serve`
 in its own process; a wrong line here drops or duplicates a producer's episodes."""
 import socket
+import time
+
+import numpy as np
 
 import pytest
 from expected import assert_holds
@@ -563,3 +566,35 @@ def test_a_replay_buffer_is_ingested_exactly_once_through_the_server(tmp_path):
     with DatasetWriter(path, mode="a", workers=0) as w:  # the input the server wrote is the local writer's too
         with pytest.raises(ValueError, match="this input was ingested before"):
             w.ingest([robot[3]])
+
+
+@pytest.mark.parametrize("how", ["a table the dataset lacks", "the episodes' iterator fails"])
+def test_a_sync_after_an_ingest_that_stopped_covers_every_episode_sent(target, monkeypatch, how):
+    """An ingest that stops mid-window, here, with answers unread on the call (an episode this producer cannot
+    encode, an iterator that raises): a sync that followed returned once the server had taken only the
+    episodes it had read so far (3 of 14 tries in the adversarial pass) and forgot the others, which a server
+    dying before they were committed would lose. The answers are read first (a refused episode) or the next
+    call sends the unconfirmed episodes again (anything else): the sync covers all of them, once each."""
+    from zarrfeed.writer.dataset_writer import DatasetWriter
+
+    real = DatasetWriter.submit
+    monkeypatch.setattr(DatasetWriter, "submit", lambda self, *a, **k: (time.sleep(0.05), real(self, *a, **k))[1])
+    good = eps(14, seed=21)
+
+    def episodes():
+        for i, ep in enumerate(good):
+            if i == 10:
+                if how == "the episodes' iterator fails":
+                    raise RuntimeError("the source failed")
+                ep = {**ep, "lidar": np.zeros(3, [("x", "f4")])}
+            yield ep
+
+    with serve(target) as server, RemoteWriter(server.url) as w:
+        with pytest.raises(ValueError if how.startswith("a table") else RuntimeError) as err:
+            w.ingest(episodes(), keys=[f"e{i}" for i in range(14)], window=8)
+        if how.startswith("a table"):
+            assert str(err.value).startswith("episode 10 of this ingest: ") and "lidar" in str(err.value)
+        assert w.unsynced == [f"e{i}" for i in range(10)]
+        assert w.sync()["scenes"] == 1 + 10 and w.unsynced == []
+        assert w.ingest(good[10:], keys=[f"e{i}" for i in range(10, 14)], window=8) == 4
+    assert_holds(Dataset.open(target), FIRST + good)

@@ -587,12 +587,13 @@ def test_a_refusal_seen_before_the_acks_of_earlier_episodes_blames_the_refused_o
     s = Server(target, "--ingest")
     try:
         with RemoteWriter(s.url) as w:
-            write = w._write
+            write, sent = w._write, []
 
-            def slow_write(episode, key):  # the server has answered and ended the call before the 5th goes out
-                if key == "e-4":
+            def slow_write(batch):  # the server has answered and ended the call before the 5th goes out
+                if len(sent) == 4:
                     time.sleep(0.5)
-                write(episode, key)
+                sent.append(batch)
+                write(batch)
 
             w._write = slow_write
             with pytest.raises(ValueError, match=r"episode e-2: frames.agent_index_interval row 3") as err:

@@ -25,7 +25,7 @@ is the same episode of the input. Two identical episodes submitted on purpose ar
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pyarrow.flight as flight
@@ -120,7 +120,7 @@ class RemoteWriter:
         self._broken = False
         self._accepted_by.clear()
         for key, episode in list(self._unsynced):
-            self._write(episode, key)
+            self._write(encode_episode(episode, key, self.schema))
             self._ack(key)
 
     def _action(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -182,10 +182,17 @@ class RemoteWriter:
     def _send(self, episode: Mapping[str, np.ndarray], key: Key) -> bool:
         """Write one episode on the upload call and read the server's answer (reconnecting first if the
         server went away)."""
+        batch = encode_episode(episode, key, self.schema)  # bad tables: ValueError before anything is sent
         if self._broken:
             self._recover()
-        self._write(episode, key)
-        return self._ack(key)
+        self._write(batch)
+        try:
+            return self._ack(key)
+        except (Refused, ConnectionError):
+            raise
+        except BaseException:
+            self._abandon_call()
+            raise
 
     def _kept(self, key: Key, episode: Mapping[str, np.ndarray]) -> None:
         """An answered episode, kept until a sync confirms it committed (syncing now past the bound)."""
@@ -212,13 +219,19 @@ class RemoteWriter:
         writing: Mapping[str, np.ndarray] | None = None  # the episode on its way out, if a write fails
         try:
             for i, episode in enumerate(episodes):
+                given = next(it, None) if it is not None else None
+                if it is not None and given is None:  # (as DatasetWriter.ingest: one line, not StopIteration)
+                    stop = ValueError(f"keys: fewer keys than episodes (none for episode {i})")
+                    break
                 try:
-                    episode, key = self._next_of(i, episode, it, resume)
-                except (ValueError, TypeError) as exc:
-                    stop = exc
+                    episode, key = self._next_of(i, episode, given, resume)
+                    batch = encode_episode(episode, key, self.schema)
+                except (ValueError, TypeError) as exc:  # refused here, before it is sent
+                    stop = type(exc)(f"episode {i} of this ingest: {exc} (the {i} before it were sent; nothing "
+                                     "after it was)")
                     break
                 writing = episode
-                self._write(episode, key)
+                self._write(batch)
                 writing = None
                 self._keep(key, episode)
                 sent = i + 1
@@ -246,6 +259,11 @@ class RemoteWriter:
                 self._position = sent
                 self._in_doubt = (fingerprint(writing), _content(writing)) if writing is not None else None
             raise
+        except BaseException:  # (an interrupt, a failing iterator) with answers unread: see `_abandon_call`
+            if pending:
+                self._abandon_call()
+            self._position = sent
+            raise
         self._position = sent
         if stop is not None:
             raise stop
@@ -254,15 +272,12 @@ class RemoteWriter:
             self._interrupted.discard(self._input)
         return written
 
-    def _next_of(self, i: int, episode: Mapping[str, np.ndarray], keys: Iterator[Key] | None,
+    def _next_of(self, i: int, episode: Mapping[str, np.ndarray], given: Key | None,
                  resume: bool) -> tuple[Mapping[str, np.ndarray], Key]:
-        """The `i`-th episode of an ingest as tables, and its key (given, or its position in the input, which
+        """The `i`-th episode of an ingest as tables, and its key (`given`, or its position in the input, which
         the first episode begins); ValueError (TypeError for a key), before it is sent, for a bad one."""
         episode = self._as_tables(episode)
-        if keys is not None:
-            given = next(keys, None)
-            if given is None:  # (as DatasetWriter.ingest: one line, not a bare StopIteration)
-                raise ValueError(f"keys: fewer keys than episodes (none for episode {i})")
+        if given is not None:
             return episode, check_key(given)
         if i == 0:
             self._begin_input(episode, resume)
@@ -311,8 +326,8 @@ class RemoteWriter:
         self._unsynced.append((key, episode))
         self._unsynced_bytes += _nbytes(episode)
 
-    def _write(self, episode: Mapping[str, np.ndarray], key: Key) -> None:
-        batch = encode_episode(episode, key, self.schema)
+    def _write(self, batch: Any) -> None:
+        """Send one encoded episode (`encode_episode`) on the upload call, opening one if none is open."""
         try:
             if self._put is None:
                 self._put = self._watch.run(lambda: self._client.do_put(episodes_descriptor(self.dataset),
@@ -387,6 +402,14 @@ class RemoteWriter:
         self._accepted_by.clear()
         self._unsynced_bytes = 0
         return committed
+
+    def _abandon_call(self) -> None:
+        """Leave an upload call whose answers were not all read (an interrupt or an error mid-stream): its
+        unread answers would be taken for the next episodes', and a sync could return before the server had
+        taken the episodes still on their way. The next call reconnects and sends every unconfirmed episode
+        again (the server passes over what it has, by key), so a sync then covers all of them."""
+        self._drop_put()
+        self._broken = True
 
     def _drop_put(self) -> None:
         if self._put is not None:
