@@ -281,6 +281,8 @@ class Loader:
         except BaseException:
             self.source.config, self._plan = before
             raise
+        if self.source.config != before[0] and self._run is not None:
+            self.close()  # workers made for the order before the state's (a window or order taken from it)
 
     def _load_state(self, state: dict[str, Any] | LoaderState | list) -> None:
         if isinstance(state, (list, tuple)):

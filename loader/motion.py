@@ -250,9 +250,8 @@ class AgentPool:
         n, n_frames, n_tracks = len(ctx.keys), len(ctx.frames["timestamp"]), max(len(ctx.tracks), 1)
         if n_frames * n_tracks >= 1 << self.SHIFT:
             raise ValueError(f"agent samples: a group of {n_frames} frames and {n_tracks} tracks is too large")
-        if self.next_seq >= 1 << (62 - self.SHIFT):  # insertion numbers run out: start again, empty
-            self.start[:], self.size, self.next_seq = -1, 0, 0
-            self.used.clear()
+        if self.next_seq >= 1 << (62 - self.SHIFT):  # insertion numbers run out: the held runs renumbered
+            self._renumber()
         self._room(n, keep)
         track = ctx.agents["track_id"][rows - ctx.a0]
         centre = ctx.find(t[:, None], track, passing=True)[:, 0]
@@ -269,6 +268,17 @@ class AgentPool:
         self.tracks[g], self.f0[g], self.frames[g] = n_tracks, ctx.f0, n_frames
         self.size, self.next_seq = b, self.next_seq + 1
         self.used[g] = None
+
+    def _renumber(self) -> None:
+        """The held groups' insertion numbers made 0, 1, ... in the order of their runs (which is the order of
+        their numbers), their keys' prefixes with them: the key array stays sorted."""
+        low = (1 << self.SHIFT) - 1
+        held = sorted(self.used, key=lambda g: int(self.start[g]))
+        for new, g in enumerate(held):
+            a, b = int(self.start[g]), int(self.start[g] + self.count[g])
+            self.keys[a:b] = (new << self.SHIFT) | (self.keys[a:b] & low)
+            self.seq[g] = new
+        self.next_seq = len(held)
 
     def _room(self, n: int, keep: set[int]) -> None:
         """Room for `n` more rows: groups dropped (least recently used first, not those in `keep`) down to
@@ -292,8 +302,9 @@ class AgentPool:
             m = len(at)
             self.keys[:m], self.order[:m], self.centroid[:m] = self.keys[at], self.order[at], self.centroid[at]
             self.yaw[:m], self.extent[:m] = self.yaw[at], self.extent[at]
-            for g, new in zip(held, np.cumsum([0] + [int(self.count[g]) for g in held[:-1]]), strict=True):
-                self.start[g] = new
+            start = 0
+            for g in held:
+                self.start[g], start = start, start + int(self.count[g])
         if self.size + n > len(self.keys):
             self._columns(max(2 * len(self.keys), self.size + n))
 

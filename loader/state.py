@@ -123,9 +123,10 @@ class LoaderState:
         for key in [k for k in keys if k in _DERIVED]:
             a, b = self.settings.get(key), here.settings.get(key)
             if a != b:
+                valid = isinstance(a, int) and not isinstance(a, bool) and a >= 1
                 hint = (f" (a default window follows from shuffle_bytes and what an epoch reads: pass "
-                        f"shuffle_window={a!r}, or the shuffle_bytes the state was saved with)"
-                        if key == "shuffle_window" else "")
+                        f"shuffle_window={a!r}, or the shuffle_bytes the state was saved with)" if valid else
+                        " (not a window: the state was changed)") if key == "shuffle_window" else ""
                 raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}{hint}")
         if self.order != here.order and self.batch != 0:  # at an epoch's start no row has been seen: any order
             raise ValueError(f"loader state was saved mid-epoch (batch {self.batch} of epoch {self.epoch}) with "

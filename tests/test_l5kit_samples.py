@@ -16,7 +16,8 @@ from zarrfeed.core.zarr_array import Group
 from conftest import REAL_SCENE
 from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader
 from zarrfeed.loader import agents_mask
-from zarrfeed.loader.motion import AGENT_FIELDS, FRAME_FIELDS, Context, Steps, agent_samples, ego_samples
+from zarrfeed.loader.motion import (AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, agent_samples,
+                                    ego_samples)
 from zarrfeed.writer import DatasetWriter, synthetic
 
 L5KIT = REAL_SCENE.parent / "l5kit_samples_h10_f50.npz"
@@ -235,7 +236,8 @@ def test_agent_samples_are_the_same_whatever_a_workers_pool_holds(scenes, monkey
     bounds = g["scenes"][:]["frame_index_interval"]
 
     def epoch(**options):
-        with AgentSampleLoader(scenes, 3, 7, batch_size=50, num_workers=0, copy=True, **options) as loader:
+        options = {"batch_size": 50, **options}
+        with AgentSampleLoader(scenes, 3, 7, num_workers=0, copy=True, **options) as loader:
             got = _epoch(loader)
         order = np.argsort(got["agent_row"])
         return {k: v[order] for k, v in got.items()}
@@ -244,6 +246,9 @@ def test_agent_samples_are_the_same_whatever_a_workers_pool_holds(scenes, monkey
     monkeypatch.setattr(sample_loaders, "_pool_rows", lambda samples, config: 1)
     runs["a pool of one row"] = epoch(shuffle_bytes=1 << 30)
     runs["a pool of one row, shuffle_window=2"] = epoch(shuffle_window=2)  # batches of 2 of the 10 groups
+    runs["a pool of one row, in row order"] = epoch(shuffle=False, batch_size=1)  # every group dropped in turn
+    monkeypatch.setattr(AgentPool, "SHIFT", 59)  # insertion numbers run out after 8 groups: renumbered
+    runs["8 insertion numbers"] = epoch(shuffle_window=2)
     rows, t = runs["default"]["agent_row"], runs["default"]["frame_row"]
     scene = np.searchsorted(bounds[:, 1], t, side="right")
     want = agent_samples(whole, rows, t, scene, bounds[scene, 0], bounds[scene, 1], Steps(3, 7))

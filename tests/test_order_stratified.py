@@ -218,6 +218,7 @@ def test_a_state_saved_with_another_default_window_goes_on_in_it(small_dataset):
         rest = [b["agent_row"].copy() for b in it]
     with AgentSampleLoader(path, 2, 3, **args) as new:
         assert new.plan().config.shuffle_window > 4
+        assert sum(1 for _ in new)  # an epoch read: its workers were made for its own window
         new.load_state_dict(state)
         assert new.state().settings["shuffle_window"] == 4
         assert all(np.array_equal(a, b["agent_row"]) for a, b in zip(rest, new, strict=True))
