@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import re
 import sys
@@ -84,6 +85,10 @@ def record(script: str, run: Path, args: str = "") -> list[str]:
     if missing:
         raise SystemExit(f"figures: {run} has no {', '.join(map(repr, missing))}: run {script} in full (not "
                          "--check-only or the like) to record its figures")
+    for key in sorted({k for f in mine.values() for k in (f["speed"], f.get("over")) if k}):
+        value = speeds[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise SystemExit(f"figures: {run}: {key!r} is {value!r}; a speed is a positive number (per second)")
     stamp = {"date": datetime.date.today().isoformat(), "machine": machine()}
     changed = []
     for name, figure in figures.items():
@@ -100,10 +105,12 @@ def quotes() -> list[tuple[Path, int, str, str]]:
     for page in PAGES:
         fenced = False
         for i, line in enumerate(page.read_text().splitlines(), 1):
-            if line.lstrip().startswith("```"):
+            if line.lstrip().startswith(("```", "~~~")):
                 fenced = not fenced
-            if MARKER.search(line) and fenced:  # a comment in a code block shows as text: not a quote
-                out.append((page, i, "", "(a marker in a code block)"))
+            spans = [m.span() for m in re.finditer(r"`[^`]*`", line)]  # inline code
+            if fenced or any(a <= m.start() < b for m in MARKER.finditer(line) for a, b in spans):
+                if MARKER.search(line):  # a comment in code shows as text: not a quote
+                    out.append((page, i, "", "(a marker in a code block)"))
                 continue
             out += [(page, i, m.group(1), m.group(2)) for m in MARKER.finditer(line)]
     return out
@@ -155,7 +162,10 @@ def main() -> int:
     s.add_argument("value")
     sub.add_parser("sync", help="rewrite every marked number in the docs")
     sub.add_parser("check", help="what the test checks")
-    args = ap.parse_args()
+    argv = sys.argv[1:]  # `--args "--image 12"`: a value that starts with a dash, which argparse takes for a flag
+    argv = [f"--args={argv[i + 1]}" if a == "--args" and i + 1 < len(argv) else a for i, a in enumerate(argv)
+            if not (i > 0 and argv[i - 1] == "--args")]
+    args = ap.parse_args(argv)
     if args.command == "record":
         print("recorded:", ", ".join(record(args.script, args.run, args.args)))
     elif args.command == "set":

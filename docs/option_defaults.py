@@ -6,6 +6,7 @@ which TypedDict each function unpacks as the function is visited, and fills the 
 is loaded, after `unpack_typeddict` has listed the options."""
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from griffe import Class, DocstringSectionParameters, ExprSubscript, Extension, Function, ParameterKind
@@ -37,10 +38,15 @@ class OptionDefaults(Extension):
 
 
 def _fill(func: Any, holder: Any) -> None:
-    """`func`'s parameters (and their docstring entries) defaulting to "..." get the dataclass `holder`'s."""
+    """`func`'s parameters (and their docstring entries) defaulting to "..." get the dataclass `holder`'s: a
+    module constant's own value (`1 << 30`, not `DEFAULT_SHUFFLE_BYTES`), and "<not given>" for the options
+    its `NOT_GIVEN` names (as `help()` shows them: `zarrfeed.core.keywords.spelled_out`)."""
     if not isinstance(holder, Class):
         return
-    values = {n: str(m.value) for n, m in holder.all_members.items() if getattr(m, "value", None) is not None}
+    members = holder.all_members
+    unset = ast.literal_eval(str(members["NOT_GIVEN"].value)) if "NOT_GIVEN" in members else ()
+    values = {n: "<not given>" if n in unset else _value(holder, str(m.value)) for n, m in members.items()
+              if getattr(m, "value", None) is not None and n != "NOT_GIVEN"}
     for parameter in func.parameters:
         if parameter.default == "..." and parameter.name in values:
             parameter.default = values[parameter.name]
@@ -49,3 +55,13 @@ def _fill(func: Any, holder: Any) -> None:
             for documented in section.value:
                 if documented.value == "..." and documented.name in values:
                     documented.value = values[documented.name]
+
+
+def _value(holder: Class, text: str) -> str:
+    """A default as its value when it names a constant of the module (or one it imports), else as written."""
+    if not text.isidentifier() or text in ("None", "True", "False"):
+        return text
+    try:
+        return str(holder.module.members[text].value)  # (an imported name resolves through griffe's alias)
+    except (KeyError, AttributeError, Exception):  # noqa: BLE001 (griffe raises its own alias errors)
+        return text

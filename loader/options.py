@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TypedDict
+from typing import Any, Callable, ClassVar, Mapping, TypedDict
 
 import numpy as np
 
@@ -123,6 +123,10 @@ def check_order_options(o: Any) -> None:
 @dataclass(frozen=True)
 class OrderOptions:
     """The options that decide the batch order, which local and remote loaders alike take (checked here)."""
+
+    # left out, they are not what their defaults say when given: a given order holds a saved state to it (one
+    # left out takes the state's), a given shuffle_bytes widens WindowLoader's and SequenceLoader's windows
+    NOT_GIVEN: ClassVar[tuple[str, ...]] = ("shuffle_bytes", "order")
 
     shuffle: bool = True
     seed: int = 0

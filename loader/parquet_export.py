@@ -96,7 +96,11 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     out = Location.of(out_dir, storage_options)
     if out.settings.read_only:
         raise ValueError(f"{out}: Parquet goes to a folder or a URL, not a .zip file")
+    if out.within(ds.location):  # its part files would land among the dataset's chunks
+        raise ValueError(f"{out}: inside the dataset exported ({ds.location}); export to another folder")
     fs, root = out.filesystem()
+    if fs.isfile(root):
+        raise ValueError(f"{out}: a file; Parquet goes to a folder (one per table inside it)")
     existed = exists(fs, root)
     tasks = []
     for t in names:

@@ -470,12 +470,34 @@ def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tm
     (["mask", "D", "--threshold", "2"],
      "zarrfeed mask: error: argument --threshold: expected a number in [0, 1), got 2"),
     (["plot", "D", "--dpi", "0"], "zarrfeed plot: error: argument --dpi: expected a number >= 1, got 0"),
+    # found by the adversarial pass
+    (["serve", "D", "--metrics-port", "70000"],
+     "zarrfeed serve: error: argument --metrics-port: expected a port 0-65535, got 70000"),
+    (["load", "D", "--batch-size", "-5"],
+     "zarrfeed load: error: argument --batch-size: expected a number >= 1, got -5"),
+    (["ingest", "D", "--synthetic", "0"],
+     "zarrfeed ingest: error: argument --synthetic: expected a number >= 1, got 0"),
+    (["load", "D", "--epochs", "0"], "zarrfeed load: error: argument --epochs: expected a number >= 1, got 0"),
+    (["ingest", "D", "--synthetic", "1", "--append", "--chunks", "agents=7"],
+     "zarrfeed: error: --chunks: applies to a new dataset; one appended to or resumed keeps its own chunks"),
+    (["ingest", "D", "--synthetic", "1", "--chunks", "agents=5,agents=6"],
+     "zarrfeed ingest: error: argument --chunks: table 'agents' given twice"),
+    (["serve", "D", "--token-file", "nothere"], "zarrfeed serve: error: argument --token-file: no such file: nothere"),
+    (["status", "grpc://127.0.0.1:9", "--tls-root-certs", "NOTPEM"],
+     "zarrfeed status: error: argument --tls-root-certs: <NOTPEM>: not a PEM file (no -----BEGIN line)"),
+    (["demo", "D"], "zarrfeed demo: error: unrecognized arguments: <D>; did you mean --out <D>?"),
+    (["plot", "D", "--scene", "0", "--summary"],
+     "zarrfeed: error: plot: give one of --scene N (a scene from above) or --summary (the dataset at a glance)"),
 ])
 def test_mistakes_are_said_in_the_command_lines_words(tmp_path, args, said):
     """Issue 39: `load --batch-size 0` said "batch_size must be >= 1", `--chunks agents=0` "chunk_rows",
     `--chunks nope=10` printed a list, `mask --threshold 2` drew its bar before refusing, `zarrfeed lod` got no
     suggestion, `ingest --out D` suggested --quiet. Each is one line in the flags' words, and nothing written."""
-    r = zarrfeed(*[str(tmp_path / "d.zarr") if a == "D" else a for a in args])
+    (tmp_path / "notpem").write_text("not a certificate\n")
+    named = {"D": str(tmp_path / "d.zarr"), "NOTPEM": str(tmp_path / "notpem")}
+    r = zarrfeed(*[named.get(a, a) for a in args])
+    for short, path in named.items():
+        said = said.replace(f"<{short}>", path)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == said, r.stderr
     assert "Traceback" not in r.stderr and "%" not in r.stderr  # no progress bar was started
     assert not (tmp_path / "d.zarr").exists()
@@ -573,3 +595,16 @@ def test_the_writers_bar_says_a_slow_rate_in_its_unit(tmp_path, capsys):
     bar = capsys.readouterr().err
     assert re.search(r"[\d,]+ rows/s, [\d.]+ [kM]?B/s", bar) and " 0 MB/s" not in bar and "0.00 M rows/s" not in bar, \
         bar
+
+
+def test_export_refuses_a_folder_inside_its_dataset_and_a_file(small_dataset, tmp_path):
+    """Found by the adversarial pass: `export D D` wrote part files among the dataset's chunks, with exit 0;
+    an output that is a file was a bare "[Errno 20] Not a directory"."""
+    path = small_dataset(1, 3)
+    before = sorted(p.relative_to(path) for p in path.rglob("*"))
+    (tmp_path / "a-file").write_text("x")
+    for out, said in ((path, "inside the dataset exported"), (path / "agents" / "x", "inside the dataset exported"),
+                      (tmp_path / "a-file", "a file; Parquet goes to a folder")):
+        r = zarrfeed("export", path, out, "-q")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and said in r.stderr, r.stderr
+    assert sorted(p.relative_to(path) for p in path.rglob("*")) == before

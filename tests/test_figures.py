@@ -95,8 +95,12 @@ def test_set_refuses_what_a_page_cannot_quote_and_record_says_what_a_run_misses(
     assert "Traceback" not in r.stderr
 
 
-def test_a_marker_in_a_code_block_is_named(tmp_path, monkeypatch):
-    figures, _ = figures_of_page("```console\nspeed 12.5<!--fig:loader.cached_4096-->\n```\n", tmp_path, monkeypatch)
+@pytest.mark.parametrize("page", ["```console\nspeed 12.5<!--fig:loader.cached_4096-->\n```\n",
+                                  "~~~\nspeed 12.5<!--fig:loader.cached_4096-->\n~~~\n",
+                                  "the speed `12.5<!--fig:loader.cached_4096-->` here\n"])
+def test_a_marker_in_a_code_block_is_named(tmp_path, monkeypatch, page):
+    """(a ~~~ fence and inline code were missed: adversarial pass)"""
+    figures, _ = figures_of_page(page, tmp_path, monkeypatch)
     assert any("a marker in a code block" in p for p in figures.check())
 
 
@@ -241,3 +245,30 @@ def test_record_takes_the_figures_of_the_run_s_arguments(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"no figure comes from bench_episodes.py --image 13; its figures' --args: "
                                          r"\(none\), '--image 12'"):
         figures.record("bench_episodes.py", run, "--image 13")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.2, 0, "12", None, True, float("inf")])
+def test_record_refuses_a_speed_that_is_not_a_positive_number(tmp_path, monkeypatch, bad):
+    """Found by the adversarial pass: nan and negative speeds were recorded (then `sync` grew a '-' per run, and
+    'nan' broke every marker), a string or null was a TypeError traceback, 0 a ZeroDivisionError."""
+    figures, store = figures_of_copy(tmp_path, monkeypatch)
+    keys = {k for f in figures.load().values() if f.get("script") == "bench_loader.py" and not f.get("args")
+            for k in (f["speed"], f.get("over")) if k}
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({**{k: 1e6 for k in keys}, "zarrfeed batch 256": bad}))
+    before = store.read_text()
+    with pytest.raises(SystemExit, match=r"'zarrfeed batch 256' is .*; a speed is a positive number"):
+        figures.record("bench_loader.py", run)
+    assert store.read_text() == before
+
+
+def test_record_takes_args_that_start_with_a_dash(tmp_path, monkeypatch):
+    """`record bench_episodes.py run.json --args "--image 12"` was argparse's "expected one argument"."""
+    import sys
+
+    figures, _ = figures_of_copy(tmp_path, monkeypatch)
+    called = []
+    monkeypatch.setattr(figures, "record", lambda script, run, args: called.append(args) or [])
+    monkeypatch.setattr(figures, "check", lambda: [])
+    monkeypatch.setattr(sys, "argv", ["figures.py", "record", "bench_episodes.py", "run.json", "--args", "--image 12"])
+    assert figures.main() == 0 and called == ["--image 12"]

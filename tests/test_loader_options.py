@@ -81,6 +81,8 @@ def test_writers_declare_theirs_once(tmp_path):
     with pytest.raises(ValueError, match=r"^chunks: no table 'nope' in schema 'l5kit' \(its tables: scenes, frames, "
                                         r"agents, traffic_light_faces\)$"):  # (it printed a Python list)
         DatasetWriter(tmp_path / "d.zarr", chunks={"nope": 10}, workers=0)
+    with pytest.raises(TypeError, match=r"^schema must be a zarrfeed Schema \(such as L5KIT_SCHEMA\) or None, got 2$"):
+        write_dataset(tmp_path / "d.zarr", [], 2)  # (an AttributeError deep inside: adversarial pass)
     assert not (tmp_path / "d.zarr").exists()
     assert not (tmp_path / "d.zarr").exists()
 
@@ -162,7 +164,8 @@ def test_help_and_signature_list_every_option_with_its_default(target, declared,
     assert all(p.kind is not p.VAR_KEYWORD for p in sig.parameters.values())
     for field in dataclasses.fields(defaults):
         p = sig.parameters[field.name]
-        assert p.kind is p.KEYWORD_ONLY and p.default == field.default, field.name
+        shown = "<not given>" if field.name in getattr(defaults, "NOT_GIVEN", ()) else repr(field.default)
+        assert p.kind is p.KEYWORD_ONLY and repr(p.default) == shown, field.name
         assert p.annotation == declared.__annotations__[field.name].__forward_arg__
     own = inspect.signature(target.__init__ if isinstance(target, type) else target).parameters
     assert [n for n in sig.parameters if n in own] == [n for n in own if n not in ("self", "options")]

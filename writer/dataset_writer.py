@@ -91,6 +91,8 @@ class DatasetWriter:
                  start_method: str | None = None, lease_timeout: float = TIMEOUT, stall_timeout: float = 120.0,
                  **options: Unpack[WriteOptions]) -> None:
         o = Writes.of(options, "DatasetWriter.__init__")
+        if schema is not None and not isinstance(schema, Schema):
+            raise TypeError(f"schema must be a zarrfeed Schema (such as L5KIT_SCHEMA) or None, got {schema!r}")
         mode, compressor, chunks, on_error, progress = o.mode, o.compressor, o.chunks, o.on_error, o.progress
         overwrite, commit_interval, storage_options, durable = o.overwrite, o.commit_interval, o.storage_options, \
             o.durable

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, p in sub.choices.items():
         if name in ("demo", "info"):
             p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+        if name == "status":  # it asks a server, which opens the stores
+            continue
         p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
                        help="an option of the store's fsspec filesystem, e.g. endpoint_url=http://127.0.0.1:9000 "
                        "or anon=true (repeatable; VALUE is read as JSON if it is JSON); fsspec's FSSPEC_<PROTOCOL>_"
@@ -109,8 +111,11 @@ def run(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     except MemoryError as exc:  # a batch, a chunk or a table larger than this machine's memory
-        print(f"zarrfeed: error: not enough memory{f' ({exc})' if str(exc) else ''}: ask for less at once "
-              "(a smaller --batch-size, fewer --workers)", file=sys.stderr)
+        smaller = [flag for flag, dest in (("--batch-size", "batch_size"), ("--workers", "workers"), ("--dpi", "dpi"))
+                   if getattr(args, dest, None)]
+        print(f"zarrfeed: error: not enough memory{f' ({exc})' if str(exc) else ''}: ask for less at once"
+              f"{f' (a smaller {smaller[0]})' if len(smaller) == 1 else ''}"
+              f"{f' ({smaller[0]} or {smaller[1]} smaller)' if len(smaller) > 1 else ''}", file=sys.stderr)
         return 2
     except _credential_errors() as exc:  # botocore's traceback says only "Unable to locate credentials"
         print(f"zarrfeed: error: {_credentials_message(exc)}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from typing import Any, Callable, NoReturn, Sequence
@@ -104,9 +105,17 @@ def count_arg(text: str) -> int:
 
 def positive_arg(text: str) -> int:
     """An argparse type: a whole number >= 1."""
-    n = count_arg(text)
+    n = _read(text, int, "a whole number")
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
+
+
+def port_arg(text: str) -> int:
+    """An argparse type: a TCP port, 0-65535 (0: a free one)."""
+    n = _read(text, int, "a port number")
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535, got {n}")
     return n
 
 
@@ -118,6 +127,24 @@ def fraction_arg(text: str) -> float:
     return value
 
 
+def file_arg(text: str) -> str:
+    """An argparse type: a file that exists and can be read (a token, a certificate)."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text}" if not os.path.exists(text) else
+                                         f"not a file: {text}")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text} (permission denied)")
+    return text
+
+
+def pem_arg(text: str) -> str:
+    """An argparse type: a PEM file (a certificate or key), read once here to tell one from another file."""
+    with open(file_arg(text), "rb") as f:
+        if b"-----BEGIN " not in f.read(1 << 20):
+            raise argparse.ArgumentTypeError(f"{text}: not a PEM file (no -----BEGIN line)")
+    return text
+
+
 def chunks_arg(text: str) -> dict[str, int]:
     """An argparse type: TABLE=ROWS[,TABLE=ROWS...], each ROWS a whole number >= 1."""
     chunks = {}
@@ -125,6 +152,8 @@ def chunks_arg(text: str) -> dict[str, int]:
         table, _, rows = item.partition("=")
         if not table.strip() or not rows.strip().isdigit() or int(rows) < 1:
             raise argparse.ArgumentTypeError(f"{item.strip()!r}: expected TABLE=ROWS, ROWS a whole number >= 1")
+        if table.strip() in chunks:
+            raise argparse.ArgumentTypeError(f"table {table.strip()!r} given twice")
         chunks[table.strip()] = int(rows)
     return chunks
 
@@ -152,7 +181,8 @@ class CommandParser(argparse.ArgumentParser):
                 self.error(f"unrecognized argument {name}{self._close_to(name)}")
         parsed, extra = super().parse_known_args(args, namespace)
         if extra:
-            self.error(f"unrecognized arguments: {' '.join(extra)}")
+            hint = f"; did you mean --out {extra[0]}?" if "--out" in self._option_string_actions else ""
+            self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         return parsed, extra
 
     def _knows(self, name: str) -> bool:

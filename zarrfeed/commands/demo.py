@@ -9,7 +9,7 @@ from .. import writer
 from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
 from ..core.sizes import decimal_size
-from .common import Command, Sized, count_arg, format_info, show_progress
+from .common import Command, Sized, count_arg, format_info, plural, positive_arg, show_progress
 from . import ingest, load, validate
 
 
@@ -23,7 +23,7 @@ def add(command: Command) -> None:
                 "agents per label with one SQL query on the Parquet files.")
     p.add_argument("--out", default="zarrfeed-demo.zarr", help="where to write (a dataset there is replaced; "
                    "anything else is refused)")
-    p.add_argument("--scenes", type=count_arg, default=50, help="synthetic scenes (about 21,000 agents each)")
+    p.add_argument("--scenes", type=positive_arg, default=50, help="synthetic scenes (about 21,000 agents each)")
     p.add_argument("--seed", type=count_arg, default=0, help="seed of the synthetic scenes")
     p.add_argument("--workers", type=count_arg, default=2, help="writer, loader and export processes")
     p.set_defaults(func=run)
@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     # (overwrite replaces a dataset only: anything else there is refused)
     with DatasetWriter(out, workers=args.workers, progress=show_progress(args), overwrite=True) as w:
-        print(f"ingesting {args.scenes} synthetic L5Kit scenes into {out} with {args.workers} writer processes")
+        writers = plural(args.workers, "writer process", "writer processes") if args.workers else "no writer processes"
+        print(f"ingesting {plural(args.scenes, 'synthetic L5Kit scene')} into {out} with {writers}")
         summary = w.ingest(Sized(writer.synthetic.episodes(args.scenes, seed=args.seed), args.scenes))
     ingest.print_summary(summary, w.committed)
     print()

@@ -11,7 +11,7 @@ from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
 from ..writer.source import DatasetSource
 from ..core.sizes import decimal_size
-from .common import (Command, Sized, chunks_arg, count_arg, plural, rows_text, show_progress,
+from .common import (Command, Sized, chunks_arg, count_arg, plural, positive_arg, rows_text, show_progress,
                      store_options)
 
 
@@ -20,7 +20,7 @@ def add(command: Command) -> None:
     p = command("ingest", "write episodes to a dataset with a pool of writer processes")
     p.add_argument("out", help="dataset to write: a directory or an fsspec URL (s3://bucket/name.zarr)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--synthetic", type=count_arg, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
+    src.add_argument("--synthetic", type=positive_arg, metavar="N_SCENES", help="generate N synthetic L5Kit scenes")
     src.add_argument("--from", dest="from_path", metavar="PATH", help="copy another dataset, episode by episode "
                      "(re-chunk or re-compress it)")
     p.add_argument("--workers", type=count_arg, default=2, help="writer processes (0: write in this process)")
@@ -35,7 +35,7 @@ def add(command: Command) -> None:
     dask = p.add_mutually_exclusive_group()
     dask.add_argument("--scheduler", metavar="ADDRESS", help="ingest on this Dask cluster (tcp://host:8786); "
                       "the workers write straight to the output, which they must reach")
-    dask.add_argument("--dask-workers", type=count_arg, metavar="N", help="ingest on a Dask cluster of N worker "
+    dask.add_argument("--dask-workers", type=positive_arg, metavar="N", help="ingest on a Dask cluster of N worker "
                       "processes started on this machine")
     p.add_argument("--no-fsync", dest="durable", action="store_false", help="do not fsync: for scratch data on "
                    "a local disk; commits then survive a killed process but not a power loss (see the writing guide)")
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         episodes = Sized(writer.synthetic.episodes(args.synthetic, seed=args.seed), args.synthetic)
         schema = writer.L5KIT_SCHEMA
+    if args.chunks and (args.append or args.resume):
+        raise ValueError("--chunks: applies to a new dataset; one appended to or resumed keeps its own chunks")
     unknown = [t for t in args.chunks or {} if t not in schema.tables]
     if unknown:
         raise ValueError(f"--chunks: no table {', '.join(map(repr, unknown))} in the "
@@ -105,7 +107,10 @@ def ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Schem
         sources, read = [(args.seed, lo, hi) for lo, hi in ranges], writer.synthetic.scenes
     if args.scheduler:
         cluster = None
-        client = Client(args.scheduler, timeout=30)
+        try:
+            client = Client(args.scheduler, timeout=30)
+        except (ValueError, OSError) as exc:  # an address it cannot parse, or no scheduler there
+            raise ValueError(f"--scheduler {args.scheduler}: {str(exc).splitlines()[0]}") from None
     else:  # a cluster on this machine, on loopback only
         cluster = LocalCluster(n_workers=args.dask_workers, processes=True, threads_per_worker=1,
                                host="127.0.0.1", dashboard_address="127.0.0.1:0",  # loopback, a free port

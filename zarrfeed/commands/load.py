@@ -19,7 +19,7 @@ def add(command: Command) -> None:
     p.add_argument("--table", help="table to load (default: agents; of a replay buffer, its first data key)")
     p.add_argument("--batch-size", type=positive_arg, default=4096, help="rows per batch")
     p.add_argument("--workers", type=count_arg, default=2, help="loader processes (0: load in this process)")
-    p.add_argument("--epochs", type=count_arg, default=1, help="epochs to iterate")
+    p.add_argument("--epochs", type=positive_arg, default=1, help="epochs to iterate")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 

@@ -3,6 +3,7 @@ zarrfeed[plot]."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -36,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"zarrfeed: error: {exc}", file=sys.stderr)
         return 2
     if args.summary == (args.scene is not None):
-        raise ValueError("plot: give --scene N (a scene from above) or --summary (the dataset at a glance)")
+        raise ValueError(f"plot: give {'one of ' if args.summary else ''}--scene N (a scene from above) or --summary "
+                         "(the dataset at a glance)")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise ValueError(f"--out {args.out}: no such folder {os.path.dirname(os.path.abspath(args.out))}")
     out = args.out or ("summary.png" if args.summary else f"scene-{args.scene}.png")
     with open_dataset(args) as ds:
         if args.summary:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 from ..core.store import Location
-from .common import (Command, bytes_arg, count_arg, rows_text, seconds_arg, store_options)
+from .common import (Command, bytes_arg, count_arg, file_arg, port_arg, rows_text, seconds_arg,
+                     store_options)
 
 
 def add(command: Command) -> None:
@@ -23,19 +24,19 @@ def add(command: Command) -> None:
                         "val=s3://b/val.zarr), which clients name with dataset=NAME")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (beyond loopback: tokens, or --insecure)")
-    p.add_argument("--port", type=count_arg, default=8815, help="port (0: a free one, printed at start)")
-    p.add_argument("--token-file", metavar="F", help="a file holding the token every call must carry (mode 600): "
-                   "it grants reading (discovery, batches, windows)")
+    p.add_argument("--port", type=port_arg, default=8815, help="port (0: a free one, printed at start)")
+    p.add_argument("--token-file", type=file_arg, metavar="F", help="a file holding the token every call must "
+                   "carry (mode 600): it grants reading (discovery, batches, windows)")
     p.add_argument("--ingest", action="store_true",
                    help="take uploads (RemoteWriter); without --ingest-token-file anyone who may read may upload")
-    p.add_argument("--ingest-token-file", metavar="G",
+    p.add_argument("--ingest-token-file", type=file_arg, metavar="G",
                    help="a file holding the token uploads need (mode 600; it also reads); implies --ingest")
     p.add_argument("--insecure", action="store_true",
                    help="serve beyond loopback without the tokens that keep reading and uploading private")
-    p.add_argument("--tls-cert", metavar="C", help="PEM certificate: clients connect with grpc+tls://")
-    p.add_argument("--tls-key", metavar="K", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-cert", type=file_arg, metavar="C", help="PEM certificate: clients connect with grpc+tls://")
+    p.add_argument("--tls-key", type=file_arg, metavar="K", help="PEM private key of --tls-cert")
     p.add_argument("--workers", type=count_arg, default=2, help="loader processes per stream")
-    p.add_argument("--metrics-port", type=count_arg, metavar="P",
+    p.add_argument("--metrics-port", type=port_arg, metavar="P",
                    help="serve Prometheus metrics at http://HOST:P/metrics (0: a free port; needs zarrfeed[metrics])")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
     limits = p.add_argument_group("limits (defaults sized from this machine; beyond them a client gets one line)")

@@ -7,14 +7,14 @@ import os
 from pathlib import Path
 
 
-from .common import (Command, binary_size, plural, rows_text)
+from .common import Command, binary_size, pem_arg, plural, rows_text
 
 
 def add(command: Command) -> None:
     """Its parser, made by `command` (see `build_parser`)."""
     p = command("status", "what a zarrfeed server is doing: streams, uploads, commit lag, processes, memory")
     p.add_argument("url", help="grpc://host:port or grpc+tls://host:port (token: ZARRFEED_TOKEN)")
-    p.add_argument("--tls-root-certs", metavar="PEM", help="the CA certificate (PEM file) that "
+    p.add_argument("--tls-root-certs", type=pem_arg, metavar="PEM", help="the CA certificate (PEM file) that "
                    "signed the server's certificate, for a grpc+tls:// server whose CA is not a public one")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)

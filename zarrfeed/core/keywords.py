@@ -36,12 +36,21 @@ def taken(cls: Any, given: Mapping[str, Any], who: str) -> Any:
     return made
 
 
+class NotGiven:
+    """The default shown for an option whose absence is not its default value (see `spelled_out`)."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
 def spelled_out(declared: Any, defaults: Any) -> Callable[[T], T]:
     """A decorator for a class (its `__init__`) or a function taking `**options` declared by the TypedDict
     `declared`: its signature, as `help()` and `inspect.signature` show it, lists each option as keyword-only
-    with its default (from the option dataclass `defaults`) in place of `**options`. The options stay declared
-    once; this only shows them where a reader looks."""
-    values = {f.name: f.default for f in dataclasses.fields(defaults)}
+    with its default (from the option dataclass `defaults`) in place of `**options`; an option named in
+    `defaults.NOT_GIVEN` (one that means more given than left out) shows `<not given>`. The options stay
+    declared once; this only shows them where a reader looks."""
+    unset = getattr(defaults, "NOT_GIVEN", ())
+    values = {f.name: NotGiven() if f.name in unset else f.default for f in dataclasses.fields(defaults)}
 
     def spell(target: T) -> T:
         function: Any = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]

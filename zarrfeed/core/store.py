@@ -311,6 +311,14 @@ class Location:
             return os.path.realpath(self.url) == os.path.realpath(other.url)
         return self.is_local == other.is_local and self.url.rstrip("/") == other.url.rstrip("/")
 
+    def within(self, other: "Location") -> bool:
+        """Whether this location is `other` or inside it (a folder or key prefix of it)."""
+        if self.same_place(other):
+            return True
+        if self.is_local and other.is_local:
+            return os.path.realpath(self.url).startswith(os.path.realpath(other.url).rstrip(os.sep) + os.sep)
+        return self.is_local == other.is_local and self.url.startswith(other.url.rstrip("/") + "/")
+
     # ------------------------------------------------------------ fsspec
     @property
     def options(self) -> dict[str, Any]:
