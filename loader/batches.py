@@ -275,6 +275,9 @@ class Loader:
         number of ranks (a list, one per old rank), the rows those ranks had not read in their epoch are shared
         out among this run's ranks, each read exactly once (the last batch of a rank may be short), then epochs
         go on as usual."""
+        if self._active:  # the loop would go on from its own place, or with workers made for another order
+            raise RuntimeError("load_state_dict while this loader is being iterated: leave the loop first (break), "
+                               "then load the state and loop again")
         before = self.source.config, self._plan
         try:
             self._load_state(state)
@@ -425,13 +428,16 @@ class Loader:
         window follows from the dataset and the options (so that every machine makes the same order), never
         shrunk to fit, so the user chooses a smaller one."""
         chunks = max((len(self.source.chunks_of(plan, w)) for w in range(len(plan.windows))), default=0)
-        need, free = chunks * self.source.chunk_bytes, available_memory()
+        own = max(self.num_workers, 1) * self.source.worker_bytes()
+        need, free = chunks * self.source.chunk_bytes + own, available_memory()
         if need > free:
             option = (f"shuffle_window={self.source.config.shuffle_window}" if self._window_given else
                       f"shuffle_bytes={self._shuffle_bytes}")
-            raise ShmSpaceError(f"a shuffle window of {chunks} chunks needs {need / 2**20:.0f} MiB of decoded chunks "
-                                f"in memory at once, but this machine has {free / 2**20:.0f} MiB available: pass a "
-                                f"smaller {option.split('=')[0]} than {option} (the batch order changes with it)")
+            workers = f" and {own / 2**20:.0f} MiB of its workers' own" if own else ""
+            raise ShmSpaceError(f"a shuffle window of {chunks} chunks needs {need / 2**20:.0f} MiB of decoded chunks"
+                                f"{workers} in memory at once, but this machine has {free / 2**20:.0f} MiB available: "
+                                f"pass a smaller {option.split('=')[0]} than {option} (the batch order changes with "
+                                "it)")
 
     def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
         """The ring slots' layout for the transform's output, from one run of it on batch k. It runs in a

@@ -205,6 +205,7 @@ class AgentPool:
     dropped least recently used beyond `capacity` agent rows (48 bytes each)."""
 
     SHIFT = 40
+    ROW_BYTES = 48  # a key, its row in its run, centroid (2 x f8), yaw (f4), extent (3 x f4)
 
     def __init__(self, n_groups: int, n_samples: int, capacity: int) -> None:
         self.capacity = max(int(capacity), 1)

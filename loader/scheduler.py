@@ -214,8 +214,8 @@ class Run:
                                               for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
         self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
         self.cache = self._cache(plan, max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
-        self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, self.n_slots, self.regions)
-        try:
+        try:  # (a ring too large for this machine's shared memory left the host cache held until exit)
+            self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, self.n_slots, self.regions)
             self.views = [self.layout.views(self.shared.slot(s), source.config.batch_size)
                           for s in range(self.n_slots)]
             setup, args = source.worker(self.shared, outputs, self.workers.transform)
@@ -266,7 +266,9 @@ class Run:
         if pool is not None:
             pool.stop()
         self.views = []
-        self.shared.close()
+        shared = getattr(self, "shared", None)
+        if shared is not None:
+            shared.close()
         self.cache.close()  # and the memory of its chunks (a host cache's, once no loader here uses it)
 
 

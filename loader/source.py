@@ -58,6 +58,10 @@ class BatchSource(Protocol):
         """Rows a batch copies (for sizing groups of batches per message)."""
         ...
 
+    def worker_bytes(self) -> int:
+        """Memory each worker holds of its own for the largest window (beyond the shared decoded chunks)."""
+        ...
+
     def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
         """The (table, chunk) a window of the plan reads."""
         ...
@@ -114,6 +118,9 @@ class RowSource:
 
     def rows_touched(self) -> int:
         return self.config.batch_size
+
+    def worker_bytes(self) -> int:
+        return 0
 
     def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
         return [(self.table, int(c)) for c in plan.windows[window]]

@@ -253,6 +253,9 @@ class WindowSource(SampleGroups):
     def rows_touched(self) -> int:
         return self.config.batch_size * max(self.samples.T + self.samples.max_rows["agents"], 1)
 
+    def worker_bytes(self) -> int:
+        return 0
+
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:
         return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)

@@ -319,10 +319,16 @@ def test_reads_only_committed_rows_while_a_writer_ingests(tmp_path):
 
 
 def test_too_large_a_ring_is_refused_up_front_saying_how_much(data):
+    """...and the host cache it attached first is let go (it was held until the process exited, and a later
+    test of the host caches found it)."""
     from zarrfeed.core._proc.shm import ShmSpaceError
+    from zarrfeed.loader import host_budget
+    before = host_budget.usage()
     with pytest.raises(ShmSpaceError, match=r"needs \d+ MiB of shared memory but only \d+ MiB is available"):
         with Loader(data, batch_size=400_000_000, num_workers=1) as loader:
             next(iter(loader))
+    del loader
+    assert host_budget.usage() == before
 
 
 def test_loads_from_a_zip_store_and_a_url(real_scene, real_zip):

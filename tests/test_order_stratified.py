@@ -332,3 +332,53 @@ def test_another_shuffle_bytes_is_named_when_a_state_is_refused(small_dataset):
     with Loader(path, "agents", num_workers=0, shuffle_bytes=10 * 500 * 116) as b:
         with pytest.raises(ValueError, match=r"a default window follows from shuffle_bytes"):
             b.load_state_dict(state)
+
+
+def test_a_state_loaded_inside_a_loop_is_refused_and_changes_nothing(small_dataset):
+    """Found by the adversarial pass: a state loaded while a loop ran was dropped by the loop (which went on
+    from its own place), or, changing the window, crashed it with an IndexError (its workers restarted under
+    it); a remote loop went on with its stream while its position jumped. Refused in one line, locally and
+    remotely; after the loop, the same state loads and the loader goes on from it."""
+    from zarrfeed.flight import FeedServer, RemoteAgentSampleLoader
+
+    path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
+    args = dict(batch_size=16, seed=3)
+    with AgentSampleLoader(path, 2, 3, num_workers=0, shuffle_window=4, **args) as old:
+        it = iter(old)
+        for _ in range(10):
+            next(it)
+        state = old.state_dict()
+        rest = [b["agent_row"].copy() for b in it]
+    with FeedServer(path, port=0, workers=0) as server:
+        remote = RemoteAgentSampleLoader(server.url, 2, 3, **args)
+        for loader in (AgentSampleLoader(path, 2, 3, num_workers=1, **args), remote):
+            for i, _ in enumerate(loader):
+                if i == 2:
+                    with pytest.raises(RuntimeError, match="^load_state_dict while this loader is being "
+                                                           "iterated: leave the loop first"):
+                        loader.load_state_dict(state)
+                    break
+            loader.load_state_dict(state)
+            assert all(np.array_equal(a, b["agent_row"]) for a, b in zip(rest, loader, strict=True))
+            loader.close()
+
+
+def test_a_window_whose_agent_index_does_not_fit_is_one_line(small_dataset, monkeypatch):
+    """AgentSampleLoader's workers each hold their window's agents (`motion.AgentPool`), each group those of the
+    frames around its samples: with dense frames several times the window's agents (5.7x in the adversarial
+    pass). The room check counted only the decoded chunks, so such a window ran the machine out of memory
+    instead of being refused naming the option."""
+    import zarrfeed.loader.batches as batches
+    from zarrfeed.core._proc.shm import ShmSpaceError
+
+    path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
+    with AgentSampleLoader(path, 2, 3, num_workers=2) as loader:
+        plan = loader.plan()
+        decoded = max(len(loader.source.chunks_of(plan, w)) for w in range(len(plan.windows))) * \
+            loader.source.chunk_bytes
+        own = 2 * loader.source.worker_bytes()
+        assert own > decoded  # (groups of 100 agents, each holding the agents of the frames around its samples)
+        monkeypatch.setattr(batches, "available_memory", lambda: decoded + own // 2)
+        with pytest.raises(ShmSpaceError, match=r"MiB of decoded chunks and \d+ MiB of its workers' own in memory "
+                                                r"at once, .*pass a smaller shuffle_bytes"):
+            next(iter(loader))

@@ -41,6 +41,7 @@ class _RemoteFeed:
     def _connect(self, url: str, o: Remote) -> None:
         given: frozenset[str] = getattr(o, "given", frozenset())
         self._order_given, self._window_given = "order" in given, o.shuffle_window is not None
+        self._iterating = False  # a loop over this loader is running (a state is not loaded under it)
         token, output, tls_root_certs, timeout = o.token, o.output, o.tls_root_certs, o.timeout
         reconnect_timeout, dataset, stall_timeout = o.reconnect_timeout, o.dataset, o.stall_timeout
         if output not in ("numpy", "arrow"):
@@ -106,6 +107,7 @@ class _RemoteFeed:
         if self._position >= len(self):
             self.epoch, self._position = self.epoch + 1, 0
         reader, lost_since = None, None
+        self._iterating = True
         try:
             while True:
                 try:
@@ -129,6 +131,7 @@ class _RemoteFeed:
                 self._position += 1
                 yield chunk.data if self.output == "arrow" else self._convert(chunk.data)
         finally:
+            self._iterating = False
             if reader is not None:
                 reader.cancel()  # a loop left early: the server stops making this stream's batches
         if self._position >= len(self):
@@ -170,6 +173,12 @@ class _RemoteFeed:
     def load_state_dict(self, state: dict[str, Any] | LoaderState) -> None:
         """As `Loader.load_state_dict` (one state): a state saved in epoch order 1 goes on in it, as a local
         loader's does; a refused state changes nothing."""
+        if self._iterating:
+            raise RuntimeError("load_state_dict while this loader is being iterated: leave the loop first (break), "
+                               "then load the state and loop again")
+        if isinstance(state, (list, tuple)):
+            raise ValueError("a remote loader takes one loader state; the states of every rank of a run (a list) "
+                             "are resumed on another number of ranks by a local Loader")
         saved = LoaderState.from_dict(state)
         if saved.spans is not None:  # the server plans an epoch's usual shares only
             raise ValueError(f"loader state of epoch {saved.epoch} resharded on another number of ranks: resume it "
