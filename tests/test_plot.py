@@ -89,7 +89,8 @@ def test_zarrfeed_plot_writes_pngs(real_scene, tmp_path):
     (["--scene", "1"], "--scene 1: {path} has 1 scene (0 to 0)"),
     (["--scene", "0", "--frame", "248"], "--frame 248: scene 0 holds frames 0 to 247"),
     ([], "plot: give --scene N (a scene from above) or --summary (the dataset at a glance)"),
-    (["--scene", "0", "--summary"], "plot: give --scene N (a scene from above) or --summary (the dataset at a glance)"),
+    (["--scene", "0", "--summary"],
+     "plot: give one of --scene N (a scene from above) or --summary (the dataset at a glance)"),
 ])
 def test_bad_requests_are_one_line(real_scene, tmp_path, args, message):
     r = zarrfeed("plot", real_scene, *args, cwd=tmp_path)
