@@ -223,12 +223,18 @@ class RemoteWriter:
                 if it is not None and given is None:  # (as DatasetWriter.ingest: one line, not StopIteration)
                     stop = ValueError(f"keys: fewer keys than episodes (none for episode {i})")
                     break
+                try:  # refused here, before it is sent: the ones sent before it are answered first
+                    episode = self._as_tables(episode)
+                    key: Key | None = check_key(given) if given is not None else None
+                except (ValueError, TypeError) as exc:
+                    stop = _refused_here(i, exc)
+                    break
+                if key is None:  # (the first begins the input: the server's refusal of it is raised as it is)
+                    key = self._position_of(i, episode, resume)
                 try:
-                    episode, key = self._next_of(i, episode, given, resume)
                     batch = encode_episode(episode, key, self.schema)
-                except (ValueError, TypeError) as exc:  # refused here, before it is sent
-                    stop = type(exc)(f"episode {i} of this ingest: {exc} (the {i} before it were sent; nothing "
-                                     "after it was)")
+                except (ValueError, TypeError) as exc:
+                    stop = _refused_here(i, exc)
                     break
                 writing = episode
                 self._write(batch)
@@ -272,17 +278,12 @@ class RemoteWriter:
             self._interrupted.discard(self._input)
         return written
 
-    def _next_of(self, i: int, episode: Mapping[str, np.ndarray], given: Key | None,
-                 resume: bool) -> tuple[Mapping[str, np.ndarray], Key]:
-        """The `i`-th episode of an ingest as tables, and its key (`given`, or its position in the input, which
-        the first episode begins); ValueError (TypeError for a key), before it is sent, for a bad one."""
-        episode = self._as_tables(episode)
-        if given is not None:
-            return episode, check_key(given)
+    def _position_of(self, i: int, episode: Mapping[str, np.ndarray], resume: bool) -> Key:
+        """The key of a key-less ingest's `i`-th episode: its position in the input, which the first begins."""
         if i == 0:
             self._begin_input(episode, resume)
             self._interrupted.add(self._input)  # type: ignore[arg-type]  # until this call finishes
-        return episode, Position(self._input, i)  # type: ignore[arg-type]  # set by _begin_input
+        return Position(self._input, i)  # type: ignore[arg-type]  # set by _begin_input
 
     def _unread(self, refusal: Refused, pending: int) -> int:
         """How many of the `pending` episodes (sent, answers not read) the server had answered before refusing
@@ -447,6 +448,11 @@ class RemoteWriter:
             self._drop_put()
             self._watch.close()
             self._client.close()
+
+
+def _refused_here(i: int, exc: Exception) -> Exception:
+    """The one line for an ingest's `i`-th episode or key that this producer refuses before sending it."""
+    return type(exc)(f"episode {i} of this ingest: {exc} (the {i} before it were sent; nothing after it was)")
 
 
 class Refused(ValueError):
