@@ -314,7 +314,7 @@ class Loader:
         """A run keeps its order when resumed: a state's order and window are taken unless this loader was given
         them. A state of another order this zarrfeed makes (order 1, before 2026-11-27) goes on in it (and its
         window unless one was given); a state whose window was another default (the sample loaders' before
-        2026-11-28, or another `shuffle_bytes` default) goes on in its window unless this loader was given
+        2026-11-27, or another `shuffle_bytes` default) goes on in its window unless this loader was given
         `shuffle_window` or `shuffle_bytes`. Given ones must match the state (checked after)."""
         c, was = self.source.config, self.source.config
         window = saved.settings.get("shuffle_window")
@@ -327,8 +327,9 @@ class Loader:
             c = dataclasses.replace(c, shuffle_window=window)
         if c != was:
             self.source.config, self._plan = c, None
-            log.info("zarrfeed: resuming a run saved in epoch order %d, shuffle_window=%d: its order is kept",
-                     c.order, c.shuffle_window)
+            taken = (f"epoch order {c.order}, shuffle_window={c.shuffle_window}" if c.order != was.order
+                     else f"shuffle_window={c.shuffle_window}")
+            log.info("zarrfeed: resuming a run saved with %s: its order is kept", taken)
 
     def _reshard(self, states: list[LoaderState]) -> None:
         """Resume from the states of all N ranks of a run on this run's rank of M (see load_state_dict)."""

@@ -3,6 +3,7 @@
 and refuses an unknown one in one line naming the close one."""
 import dataclasses
 import inspect
+import types
 import typing
 
 import pytest
@@ -19,9 +20,17 @@ def test_the_options_are_declared_once():
     assert all(hints[f.name] == typing.get_type_hints(Options)[f.name] for f in dataclasses.fields(Options))
 
 
+def as_coded(function) -> inspect.Signature:
+    """`function`'s signature as its code declares it (`spelled_out` gives it one that lists the options)."""
+    bare = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                              function.__closure__)
+    bare.__kwdefaults__, bare.__annotations__ = function.__kwdefaults__, function.__annotations__
+    return inspect.signature(bare)
+
+
 @pytest.mark.parametrize("cls", LOADERS, ids=lambda c: c.__name__)
 def test_every_loader_takes_them_all_keyword_only(cls):
-    sig = inspect.signature(cls.__init__)
+    sig = as_coded(cls.__init__)
     options = sig.parameters["options"]
     assert options.kind is inspect.Parameter.VAR_KEYWORD
     assert typing.get_args(typing.get_type_hints(cls.__init__)["options"]) == (LoaderOptions,)
@@ -49,7 +58,7 @@ def test_remote_loaders_declare_theirs_once_and_refuse_the_servers(small_dataset
     assert list(RemoteOptions.__annotations__) == [f.name for f in dataclasses.fields(Remote)]
     for cls in (RemoteLoader, RemoteWindowLoader, RemoteAgentSampleLoader, RemoteEgoSampleLoader):
         assert typing.get_args(typing.get_type_hints(cls.__init__)["options"]) == (RemoteOptions,)
-        assert not set(RemoteOptions.__annotations__) & set(inspect.signature(cls.__init__).parameters)
+        assert not set(RemoteOptions.__annotations__) & set(as_coded(cls.__init__).parameters)
         # refused before anything connects (no server at this address)
         with pytest.raises(TypeError, match=rf"^{cls.__name__}.__init__\(\): 'num_workers' is the server's to "
                                             "decide"):
@@ -171,3 +180,19 @@ def test_help_and_signature_list_every_option_with_its_default(target, declared,
     assert [n for n in sig.parameters if n in own] == [n for n in own if n not in ("self", "options")]
     text = pydoc.render_doc(target, renderer=pydoc.plaintext)
     assert all(f"{f.name}: " in text for f in dataclasses.fields(defaults))
+
+
+def test_a_users_subclass_shows_its_own_signature():
+    """A subclass with an `__init__` of its own showed its parent's spelled-out signature (the decorator put it
+    on the class, where subclasses inherit it); one without keeps its parent's, which is then its own."""
+
+    class Mine(Loader):
+        def __init__(self, path: str, *, scale: float = 1.0) -> None:
+            super().__init__(path)
+
+    class Same(Loader):
+        pass
+
+    assert list(inspect.signature(Mine).parameters) == ["path", "scale"]
+    assert list(inspect.signature(Same).parameters) == list(inspect.signature(Loader).parameters)
+    assert "shuffle_window" in inspect.signature(Loader).parameters

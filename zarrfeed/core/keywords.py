@@ -56,13 +56,13 @@ def spelled_out(declared: Any, defaults: Any) -> Callable[[T], T]:
         function: Any = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
         signature = inspect.signature(function)
         own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-        if isinstance(target, type):
-            own = own[1:]  # self
         names = {p.name for p in own}
         options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=values[name],
                                      annotation=getattr(kind, "__forward_arg__", kind))  # as the code spells it
                    for name, kind in declared.__annotations__.items() if name not in names]
-        target.__signature__ = signature.replace(parameters=own + options)  # type: ignore[attr-defined]
+        # On the function, not the class: a subclass with an `__init__` of its own shows its own signature
+        # (`inspect.signature` of a class reads its `__init__`'s, less `self`).
+        function.__signature__ = signature.replace(parameters=own + options)
         return target
     return spell
 
