@@ -18,12 +18,15 @@ from .scheduler import WorkerOptions
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 # WindowLoader's and SequenceLoader's default windows, in groups of samples (one per chunk), unless
-# `shuffle_bytes` is given: gathering a batch's samples from anywhere in a whole-table window cost them a fifth
-# and a third of their speed (measured on 100 scenes: WindowLoader 0.79x, SequenceLoader 0.65x; with these
-# windows 0.98-1.0x). AgentSampleLoader and EgoSampleLoader take Loader's default (their batches are computed
-# over all their groups at once: `motion.AgentPool`).
-SAMPLE_GROUPS = 4
-SEQUENCE_GROUPS = 8
+# `shuffle_bytes` is given: the widest that cost them under a tenth of their speed, measured on 100 scenes and
+# on a 500-episode replay buffer, cached epochs, same run, medians of 3 (2026-11-28, Intel Xeon, 2 workers):
+# WindowLoader 8 groups 0.94x of 4, 16 0.90x, the whole table 0.74x (each sample gathers ~1,200 agent rows:
+# from a narrow window they come from the caches, from a wide one from memory); SequenceLoader 16 groups 0.96x
+# of 8, 32 0.90x, the whole table 0.65x. Before 2026-11-28: 4 and 8 (a state saved then resumes in them).
+# AgentSampleLoader and EgoSampleLoader take Loader's default (their batches are computed over all their
+# groups at once: `motion.AgentPool`).
+WINDOW_GROUPS = 8
+SEQUENCE_GROUPS = 16
 
 
 class LoaderOptions(TypedDict, total=False):
@@ -38,7 +41,7 @@ class LoaderOptions(TypedDict, total=False):
     batches hold every chunk of their window in proportion (the loading guide says exactly what the order is).
     Default (None): for `Loader`, `AgentSampleLoader` and `EgoSampleLoader`, the whole table when the decoded
     chunks an epoch reads fit `shuffle_bytes`, else windows as large as fit, never fewer than 8 chunks; for
-    `WindowLoader` 4 groups and `SequenceLoader` 8, or what `shuffle_bytes` holds when it is given; with
+    `WindowLoader` 8 groups and `SequenceLoader` 16, or what `shuffle_bytes` holds when it is given; with
     `shuffle=False` or `order=1`, 8."""
     shuffle_bytes: int
     """Decoded bytes of chunks the default window holds (default 1 GiB; `WindowLoader` and `SequenceLoader` use

@@ -35,7 +35,7 @@ from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherWindows
 from ..core.keywords import spelled_out
-from .options import SAMPLE_GROUPS, LoaderOptions, Options
+from .options import WINDOW_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
 from .source import Residency, plan_settings
@@ -327,7 +327,7 @@ class WindowLoader(Loader):
         fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
                               read_worker.Source.of(ds, fetch), fetch)
-        self._start(source, o, o.workers(o.transform), fetch=fetch, groups=SAMPLE_GROUPS)
+        self._start(source, o, o.workers(o.transform), fetch=fetch, groups=WINDOW_GROUPS)
 
 
     def load_state_dict(self, state: Any) -> None:

@@ -158,11 +158,11 @@ def test_loaders_default_window_is_the_whole_table_and_mixes_every_chunk(small_d
         assert all(len(np.unique(r // chunks)) >= min(-(-n // chunks), 25) for r in full)
     with Loader(path, "agents", batch_size=512, num_workers=0, shuffle_bytes=10 * 500 * 116) as small:
         assert small.plan().config.shuffle_window == 10
-    # WindowLoader: 4 groups of samples (SequenceLoader 8), in order 2; the whole table once shuffle_bytes is
-    # given and holds it (measured: gathering from the whole table cost WindowLoader 0.79x, SequenceLoader 0.65x)
+    # WindowLoader: 8 groups of samples (SequenceLoader 16), in order 2; the whole table once shuffle_bytes is
+    # given and holds it (measured: gathering from the whole table cost WindowLoader 0.74x, SequenceLoader 0.65x)
     with WindowLoader(path, 2, 3, batch_size=16, num_workers=0) as windows, \
             WindowLoader(path, 2, 3, batch_size=16, num_workers=0, shuffle_bytes=1 << 30) as whole:
-        assert windows.plan().config.shuffle_window == 4 and windows.state().order == 2
+        assert windows.plan().config.shuffle_window == 8 and windows.state().order == 2
         assert len(whole.plan().windows) == 1
     # the L5Kit sample loaders take Loader's default: the whole table when it fits, else what shuffle_bytes holds
     small_chunks = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
@@ -174,11 +174,30 @@ def test_loaders_default_window_is_the_whole_table_and_mixes_every_chunk(small_d
             assert small.plan().config.shuffle_window == 8 and len(small.plan().windows) == -(-groups // 8)
 
 
-def test_sequence_loader_default_window_is_8_groups(dp_buffer):
+def test_sequence_loader_default_window_is_16_groups(dp_buffer):
     with SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0) as loader, \
             SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0, shuffle_bytes=1 << 30) as whole:
-        assert loader.plan().config.shuffle_window == 8
+        assert loader.plan().config.shuffle_window == 16
         assert len(whole.plan().windows) == 1
+
+
+def test_window_and_sequence_states_saved_with_their_old_default_windows_go_on_in_them(small_dataset, dp_buffer):
+    """WindowLoader's default window was 4 groups and SequenceLoader's 8 before 2026-11-28 (8 and 16 now): a run
+    saved then resumes in its window with today's defaults, the same samples next."""
+    path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
+    made = [(lambda **k: WindowLoader(path, 2, 3, batch_size=16, num_workers=0, seed=3, **k), 4, "frame_row"),
+            (lambda **k: SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0, seed=3, **k), 8, "sample")]
+    for make, old_window, key in made:
+        with make(shuffle_window=old_window) as old:
+            it = iter(old)
+            next(it)
+            state = old.state_dict()
+            rest = [b[key].copy() for b in it]
+        with make() as new:
+            assert new.plan().config.shuffle_window == 2 * old_window
+            new.load_state_dict(state)
+            assert new.state().settings["shuffle_window"] == old_window
+            assert all(np.array_equal(a, b[key]) for a, b in zip(rest, new, strict=True))
 
 
 def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
@@ -203,7 +222,7 @@ def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
 
 
 def test_a_state_saved_with_another_default_window_goes_on_in_it(small_dataset):
-    """AgentSampleLoader's default window was 4 groups before 2026-11-28 and is the whole table now: a run saved
+    """AgentSampleLoader's default window was 4 groups before 2026-11-27 and is the whole table now: a run saved
     then resumes with today's defaults in its window (the same samples next), locally and from a server; a loader
     given shuffle_window or shuffle_bytes is held to the state."""
     from zarrfeed.flight import FeedServer, RemoteAgentSampleLoader
