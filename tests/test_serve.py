@@ -89,11 +89,12 @@ class Server:
         raise AssertionError("no VmRSS")
 
     def stop(self) -> float:
-        """SIGTERM; the seconds it took to exit."""
+        """SIGTERM; the seconds it took to exit (tests that hold it to a time assert it; the wait is long for a
+        machine running two copies of the suite, where one stop once took over 10 s)."""
         t0 = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(10)
+            self.proc.wait(30)
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
