@@ -182,8 +182,8 @@ def test_sequence_loader_default_window_is_16_groups(dp_buffer):
 
 
 def test_window_and_sequence_states_saved_with_their_old_default_windows_go_on_in_them(small_dataset, dp_buffer):
-    """WindowLoader's default window was 4 groups and SequenceLoader's 8 before 2026-11-28 (8 and 16 now): a run
-    saved then resumes in its window with today's defaults, the same samples next."""
+    """WindowLoader's default window was 4 groups and SequenceLoader's 8 until late on 2026-11-27 (8 and 16
+    now): a run saved then resumes in its window with today's defaults, the same samples next."""
     path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
     made = [(lambda **k: WindowLoader(path, 2, 3, batch_size=16, num_workers=0, seed=3, **k), 4, "frame_row"),
             (lambda **k: SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0, seed=3, **k), 8, "sample")]
