@@ -284,8 +284,13 @@ class Loader:
         except BaseException:
             self.source.config, self._plan = before
             raise
-        if self.source.config != before[0] and self._run is not None:
-            self.close()  # workers made for the order before the state's (a window or order taken from it)
+        now, was = self.source.config, before[0]
+        if now != was:  # said once the state is taken (a refused one changes nothing)
+            taken = ([f"epoch order {now.order}"] if now.order != was.order else []) + (
+                [f"shuffle_window={now.shuffle_window}"] if now.shuffle_window != was.shuffle_window else [])
+            log.info("zarrfeed: resuming a run saved with %s: its order is kept", ", ".join(taken))
+            if self._run is not None:
+                self.close()  # workers made for the order before the state's (a window or order taken from it)
 
     def _load_state(self, state: dict[str, Any] | LoaderState | list) -> None:
         if isinstance(state, (list, tuple)):
@@ -327,9 +332,6 @@ class Loader:
             c = dataclasses.replace(c, shuffle_window=window)
         if c != was:
             self.source.config, self._plan = c, None
-            taken = (f"epoch order {c.order}, shuffle_window={c.shuffle_window}" if c.order != was.order
-                     else f"shuffle_window={c.shuffle_window}")
-            log.info("zarrfeed: resuming a run saved with %s: its order is kept", taken)
 
     def _reshard(self, states: list[LoaderState]) -> None:
         """Resume from the states of all N ranks of a run on this run's rank of M (see load_state_dict)."""

@@ -51,13 +51,15 @@ class LoaderError(RuntimeError):
     be carried, `remote.traceback`), also chained as `__cause__`.
 
     Args:
-        message: The line.
+        message: What happened.
         remote: The exception raised, in a worker or here.
+        advice: What the loader's user can do, after "; " in the line (`what` is the line without it: a server
+            running the loader says what its own client can do instead).
     """
 
-    def __init__(self, message: str, remote: RemoteError | None = None) -> None:
-        super().__init__(message)
-        self.remote = remote
+    def __init__(self, message: str, remote: RemoteError | None = None, advice: str = "") -> None:
+        super().__init__(f"{message}; {advice}" if advice else message)
+        self.what, self.advice, self.remote = message, advice, remote
 
 
 class LoaderStalledError(LoaderError):
@@ -65,13 +67,19 @@ class LoaderStalledError(LoaderError):
     another process holding the host cache); `pids` are those processes. Raised only with a `stall_timeout`.
 
     Args:
-        message: The line.
+        waiting: What waited (a batch, a window).
+        seconds: The stall_timeout it waited.
+        stopped: The stopped processes, said (each "... (pid N) (stopped)").
         pids: The stopped processes.
     """
 
-    def __init__(self, message: str, pids: list[int]) -> None:
-        super().__init__(message)
-        self.pids = pids
+    def __init__(self, waiting: str, seconds: float, stopped: str, pids: list[int]) -> None:
+        super().__init__(f"{waiting} waited over stall_timeout={seconds:g} s on {stopped}",
+                         advice=f"`kill -CONT {pids[0]}` resumes it, or pass stall_timeout=None to wait")
+        self.waiting, self.seconds, self.stopped, self.pids = waiting, seconds, stopped, pids
+
+    def __reduce__(self) -> tuple:  # (pickled across processes, e.g. by a torch DataLoader worker)
+        return type(self), (self.waiting, self.seconds, self.stopped, self.pids)
 
 
 @dataclass(frozen=True)
@@ -461,11 +469,9 @@ class Epoch:
         `LoaderStalledError` once it passed `stall_timeout` on a stopped process."""
         stopped = self.stall.check(since, self._waiting_for(), self._holdups)
         if stopped:
-            raise LoaderStalledError(
-                f"{self._waiting_for()} waited over stall_timeout={self.stall.timeout:g} s on "
-                + "; ".join(f"{h.what} (stopped)" for h in stopped)
-                + f": `kill -CONT {stopped[0].pid}` resumes it, or pass stall_timeout=None to wait",
-                [h.pid for h in stopped])
+            assert self.stall.timeout is not None  # (raised only with one)
+            raise LoaderStalledError(self._waiting_for(), self.stall.timeout,
+                                     "; ".join(f"{h.what} (stopped)" for h in stopped), [h.pid for h in stopped])
 
     def _receive(self, timeout: float) -> None:
         replies = self.run.pool.poll(timeout)
@@ -500,8 +506,8 @@ class Epoch:
         for wid, pid, code in self.run.pool.dead():
             what = describe_exit("loader worker", wid, pid, code)
             if not self.run.workers.restart_workers:
-                raise LoaderError(f"{what} during epoch {self.plan.epoch} (batch {self.k_next}); "
-                                  "pass restart_workers=True to restart it and produce its batches again")
+                raise LoaderError(f"{what} during epoch {self.plan.epoch} (batch {self.k_next})",
+                                  advice="pass restart_workers=True to restart it and produce its batches again")
             self.run.pool.restart(wid)
             for msg in self.sent[wid].values():
                 self.run.pool.send(wid, msg)

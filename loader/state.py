@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .order import ORDERS
 from .order import VERSION as ORDER
 
 VERSION = 1
@@ -120,6 +121,16 @@ class LoaderState:
         if self.selection != here.selection:
             option = _SELECTED_BY.get(self.kind, "rows")
             raise ValueError(f"loader state was made with another selection ({option}=); pass the same {option}")
+        if self.order != here.order and self.batch != 0:  # at an epoch's start no row has been seen: any order
+            # before the window, which follows from the order: the option named is the one the user changed
+            if self.order in ORDERS:  # one this zarrfeed makes: this loader was given another
+                raise ValueError(f"loader state has order={self.order} (saved mid-epoch); this loader has "
+                                 f"order={here.order}: pass order={self.order}, or leave order out (a state's "
+                                 "order is taken)")
+            raise ValueError(f"loader state was saved mid-epoch (batch {self.batch} of epoch {self.epoch}) with "
+                             f"epoch order {self.order!r} ({ORDER_NAMES.get(self.order, 'unknown')}); this zarrfeed "
+                             f"orders epochs with order {here.order}: finish that epoch with the release that "
+                             f"saved the state, or resume from the start of epoch {self.epoch + 1}")
         for key in [k for k in keys if k in _DERIVED]:
             a, b = self.settings.get(key), here.settings.get(key)
             if a != b:
@@ -128,11 +139,6 @@ class LoaderState:
                         f"shuffle_window={a!r}, or the shuffle_bytes the state was saved with)" if valid else
                         " (not a window: the state was changed)") if key == "shuffle_window" else ""
                 raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}{hint}")
-        if self.order != here.order and self.batch != 0:  # at an epoch's start no row has been seen: any order
-            raise ValueError(f"loader state was saved mid-epoch (batch {self.batch} of epoch {self.epoch}) with "
-                             f"epoch order {self.order!r} ({ORDER_NAMES.get(self.order, 'unknown')}); this zarrfeed "
-                             f"orders epochs with order {here.order}: finish that epoch with the release that "
-                             f"saved the state, or resume from the start of epoch {self.epoch + 1}")
 
     def check_position(self, batches: int) -> None:
         """Raise ValueError (one line) unless batch `batch` can come next in an epoch of `batches` batches: a

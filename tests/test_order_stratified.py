@@ -3,6 +3,7 @@ The order is specified (loader/order.py) and held to stored golden blocks, the s
 permutation of every epoch's rows with random access per block; a loader's default window is the whole table
 up to shuffle_bytes (a function of the dataset and options, recorded in its state); a state saved in order 1
 goes on in order 1."""
+import contextlib
 import hashlib
 import statistics
 
@@ -221,6 +222,37 @@ def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
             given.load_state_dict(state)
 
 
+def test_the_resume_log_names_only_what_was_taken_from_the_state(small_dataset, caplog):
+    """Adversarial pass: the log said a state's shuffle_window was taken whenever its order was, also when the
+    window was the loader's own (given) or unchanged."""
+    import logging
+
+    path = small_dataset(12, 5, chunks={"agents": 500})
+    args = dict(batch_size=300, num_workers=0, seed=4)
+    with Loader(path, "agents", shuffle_window=8, order=1, **args) as old:
+        it = iter(old)
+        next(it)
+        state = old.state_dict()
+    for given, said in (({}, "epoch order 1, shuffle_window=8"), ({"shuffle_window": 8}, "epoch order 1:"),
+                        ({"shuffle_window": 5}, None)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="zarrfeed"), Loader(path, "agents", **given, **args) as loader:
+            with contextlib.suppress(ValueError):  # (the window given differs: refused)
+                loader.load_state_dict(state)
+        logged = [r.getMessage() for r in caplog.records if "resuming a run saved" in r.getMessage()]
+        if said is None:
+            assert not logged
+        else:
+            assert len(logged) == 1 and f"resuming a run saved with {said}" in logged[0], logged
+    with Loader(path, "agents", **args) as new:  # a state of today's order and window: nothing taken, nothing said
+        next(iter(new))
+        today = new.state_dict()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="zarrfeed"), Loader(path, "agents", **args) as loader:
+        loader.load_state_dict(today)
+    assert "resuming a run saved" not in caplog.text
+
+
 def test_a_state_saved_with_another_default_window_goes_on_in_it(small_dataset):
     """AgentSampleLoader's default window was 4 groups before 2026-11-27 and is the whole table now: a run saved
     then resumes with today's defaults in its window (the same samples next), locally and from a server; a loader
@@ -339,9 +371,28 @@ def test_an_order_given_is_not_changed_by_a_state(small_dataset):
         state = new.state_dict()
     window = state["settings"]["shuffle_window"]
     with Loader(path, "agents", num_workers=0, batch_size=300, order=1, shuffle_window=window) as explicit:
-        with pytest.raises(ValueError, match="with epoch order 2"):
+        with pytest.raises(ValueError, match=r"^loader state has order=2 \(saved mid-epoch\); this loader has "
+                                             r"order=1: pass order=2, or leave order out"):
             explicit.load_state_dict(state)
         assert explicit.plan().config.order == 1
+
+
+def test_an_order_given_against_a_mid_epoch_state_is_named_first(small_dataset):
+    """Adversarial pass: `order=1` given with an order-2 state of another window was refused naming
+    shuffle_window; following that hint, the next refusal said to finish the epoch with the release that saved
+    it (this one). The order is named first, and it says to pass the state's order or leave it out."""
+    path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
+    with WindowLoader(path, 2, 3, batch_size=16, num_workers=0, seed=3, shuffle_window=4) as saved:
+        it = iter(saved)
+        next(it)
+        next(it)
+        state = saved.state_dict()
+    for given in ({"order": 1}, {"order": 1, "shuffle_window": 4}):
+        with WindowLoader(path, 2, 3, batch_size=16, num_workers=0, seed=3, **given) as loader:
+            with pytest.raises(ValueError, match=r"^loader state has order=2 \(saved mid-epoch\); this loader has "
+                                                 r"order=1: pass order=2, or leave order out \(a state's order is "
+                                                 r"taken\)$"):
+                loader.load_state_dict(state)
 
 
 def test_another_shuffle_bytes_is_named_when_a_state_is_refused(small_dataset):

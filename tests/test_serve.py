@@ -3,6 +3,7 @@
 RemoteLoader batches equal a local Loader's, field for field and byte for byte, for every rank; resume across
 remote and local; tokens; discovery with a plain pyarrow.flight client; a trainer that leaves mid-epoch frees
 its stream; SIGTERM stops the server within 2 s."""
+import contextlib
 import functools
 import json
 import re
@@ -174,7 +175,8 @@ def test_a_state_of_order_1_resumes_remotely_in_order_1(server, data):
         assert remote.state().order == 1 and remote.state().settings["shuffle_window"] == 8
         assert equal_batches(remote, rest) == len(rest)
     with RemoteLoader(server.url, "agents", batch_size=400, seed=5, order=2) as given:
-        with pytest.raises(ValueError, match="shuffle_window=8"):
+        with pytest.raises(ValueError, match=r"loader state has order=1 \(saved mid-epoch\); this loader has "
+                                             "order=2: pass order=1, or leave order out"):
             given.load_state_dict(state)
         assert given.state().order == 2
 
@@ -1339,3 +1341,52 @@ def test_uploads_after_a_writer_worker_died_get_a_new_writer_and_nothing_acked_i
     want = list(synthetic.episodes(1, seed=100, frames=30, agents_per_frame=20)) + eps
     assert episodes_in(target) == sorted(content_key(ep) for ep in want)
     assert Dataset.open(target).validate().ok
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_stopped_or_dead_server_worker_fails_the_stream_in_one_line_for_the_client(small_dataset, sig):
+    """Adversarial pass (issue 38): a server's loader worker stopped (SIGSTOP) mid-stream left the remote client
+    waiting for good with nothing raised (the server answered its probes; the server's loader waited as long as
+    the worker was stopped, saying so only in the server's log). The stream now fails after the server's
+    --stream-stall-timeout, and the client raises its one line, naming the stopped process. A worker killed
+    was reported, but advised `restart_workers=True`, which a remote loader refuses (the server's to decide)."""
+    data = small_dataset(8, 9, chunks={"agents": 900}, frames=100, agents_per_frame=40)  # 800 batches of 1
+    s = Server(data, "--stream-stall-timeout", "2", "--kept-loaders", "0")
+    hit: list[int] = []
+    try:
+        before = set(s.descendants())
+        remote = RemoteWindowLoader(s.url, 2, 3, batch_size=1, seed=1)
+        batches = iter(remote)
+        next(batches)
+        hit = sorted(set(s.descendants()) - before)
+        assert hit, "no loader workers seen"
+        for pid in hit:
+            os.kill(pid, sig)
+        outcome: dict[str, BaseException | int] = {}
+
+        def read() -> None:
+            try:
+                outcome["batches"] = sum(1 for _ in batches)
+            except BaseException as exc:
+                outcome["error"] = exc
+        reader = threading.Thread(target=read, daemon=True)
+        t0 = time.monotonic()
+        reader.start()
+        reader.join(60)
+        assert "error" in outcome, f"after {time.monotonic() - t0:.0f} s: {outcome or 'still waiting'}"
+        error = str(outcome["error"])
+        assert isinstance(outcome["error"], LoaderError), repr(outcome["error"])
+        assert any(f"(pid {p})" in error for p in hit), error
+        if sig == signal.SIGSTOP:
+            assert "--stream-stall-timeout of 2 s" in error and "kill -CONT" in error, error
+        else:
+            assert "loader worker" in error, error
+        assert "restart_workers" not in error and "stall_timeout=None" not in error, error
+        remote.close()
+    finally:
+        for pid in hit:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        s.stop()
+    assert "--stream-stall-timeout" in subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", "--help"],
+                                                      capture_output=True, text=True, cwd=ROOT).stdout

@@ -48,6 +48,9 @@ def add(command: Command) -> None:
                              ("stream_idle_timeout", seconds_arg, "seconds a stream waits for its client to take a "
                               "batch before it gives up its slot and loader (default 60; the client, reading on, "
                               "reconnects)"),
+                             ("stream_stall_timeout", seconds_arg, "seconds a stream's loader waits on a stopped "
+                              "process (a worker under SIGSTOP or a debugger) before the stream fails and its client "
+                              "raises the line naming it (default 30)"),
                              ("kept_loaders", count_arg, "loaders kept running after their stream's epoch, with their "
                               "worker processes and decoded chunks, for the same trainer's next epoch (default 8; "
                               "0: none)"),
@@ -60,7 +63,7 @@ def add(command: Command) -> None:
 
 
 LIMIT_OPTIONS = ("max_streams", "max_uploads", "max_message_bytes", "max_batch_bytes", "max_transform_args_bytes",
-                 "stream_idle_timeout", "kept_loaders", "kept_loader_seconds")
+                 "stream_idle_timeout", "stream_stall_timeout", "kept_loaders", "kept_loader_seconds")
 
 
 def run(args: argparse.Namespace) -> int:

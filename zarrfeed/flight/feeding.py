@@ -23,7 +23,8 @@ import pyarrow.flight as flight
 
 from ..core.arrow_records import arrow_schema
 from ..core.store import Location
-from ..loader import AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, WindowLoader
+from ..loader import (AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, LoaderStalledError,
+                      WindowLoader)
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.plan import PlanSettings
 from .activity import outcome_of
@@ -205,7 +206,8 @@ class Feeding:
                         if not (k == "shuffle_bytes" and v is None)}
                 options: dict[str, Any] = dict(**plan, num_workers=self.workers,
                                                transform=transform, copy=True,
-                                               cache_bytes=self.limits.stream_cache_bytes())
+                                               cache_bytes=self.limits.stream_cache_bytes(),
+                                               stall_timeout=self.limits.stream_stall_timeout)
                 loader = _make_loader(ds, t, options)
                 self._check_batch(t, loader)
             loader.load_state_dict(dataclasses.replace(loader.state(), epoch=t.epoch, batch=t.batch))
@@ -331,6 +333,15 @@ def _make_loader(ds: Dataset, t: Ticket, options: dict[str, Any]) -> Loader:
     return Loader(ds, t.table, fields=t.fields, row_ids=t.row_ids, **options)
 
 
+def _for_the_client(exc: LoaderError) -> str:
+    """The stream's loader's error, as its remote client reads it: the server's options in place of the
+    loader's advice (a remote loader refuses `restart_workers` and `stall_timeout`: they are the server's)."""
+    if isinstance(exc, LoaderStalledError):
+        return (f"{exc.waiting} waited over the server's --stream-stall-timeout of {exc.seconds:g} s on "
+                f"{exc.stopped}, on the server (`kill -CONT {exc.pids[0]}` there resumes it)")
+    return exc.what.splitlines()[0]
+
+
 def _reuse_key(t: Ticket) -> str:
     """What makes two streams the same trainer's: the ticket but where it starts."""
     return json.dumps(dataclasses.asdict(dataclasses.replace(t, epoch=0, batch=0)), sort_keys=True)
@@ -377,7 +388,7 @@ def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBat
     except LoaderError as exc:  # a chunk that cannot be read, a transform that raised: its one line
         log.warning("zarrfeed: a stream failed: %s", exc)
         state["outcome"] = outcome_of(exc)
-        raise flight.FlightServerError(f"zarrfeed: {str(exc).splitlines()[0]}") from None
+        raise flight.FlightServerError(f"zarrfeed: {_for_the_client(exc)}") from None
     except Exception as exc:
         log.exception("zarrfeed: a stream failed")
         state["outcome"] = outcome_of(exc)

@@ -5,7 +5,8 @@ arguments. Beyond a limit a client gets one line; for streams and uploads it say
 client takes no batch for `stream_idle_timeout` seconds gives up its slot and its loader (a trainer paused,
 hung or stopped with its connection open would hold them for good, and lock the others out at
 `max_streams`): its client, if it reads on, gets the batches already on their way, then "zarrfeed: stream
-given up", and a remote loader reconnects and goes on from its position.
+given up", and a remote loader reconnects and goes on from its position. A stream whose loader waits
+`stream_stall_timeout` seconds on a stopped process fails, and its client raises the line naming it.
 
 Defaults are sized from the machine (`Limits.for_machine`); each is an option of `zarrfeed serve`.
 """
@@ -32,6 +33,10 @@ class Limits:
     max_batch_bytes: int
     max_transform_args_bytes: int = 64 << 10
     stream_idle_timeout: float = 60.0  # seconds a stream may wait for its client to take a batch
+    # seconds a stream's loader may wait on a stopped process (its worker under SIGSTOP or a debugger, another
+    # process pinning the host cache) before the stream fails, its client told which: the server answers the
+    # client's liveness probes all along, so without it a remote trainer would wait for good, unaware
+    stream_stall_timeout: float = 30.0
     # loaders whose stream finished an epoch, kept running (their worker processes and decoded chunks) for the
     # same trainer's next epoch (`feeding.IdleLoaders`), and for how long; 0: none kept
     kept_loaders: int = 8
@@ -53,8 +58,9 @@ class Limits:
                      "max_transform_args_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not self.stream_idle_timeout > 0:
-            raise ValueError(f"stream_idle_timeout must be > 0 seconds, got {self.stream_idle_timeout}")
+        for name in ("stream_idle_timeout", "stream_stall_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.kept_loaders < 0:
             raise ValueError(f"kept_loaders must be at least 0, got {self.kept_loaders}")
         if not self.kept_loader_seconds > 0:
