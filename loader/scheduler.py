@@ -74,8 +74,10 @@ class LoaderStalledError(LoaderError):
     """
 
     def __init__(self, waiting: str, seconds: float, stopped: str, pids: list[int]) -> None:
+        them = "it" if len(pids) == 1 else "them"
         super().__init__(f"{waiting} waited over stall_timeout={seconds:g} s on {stopped}",
-                         advice=f"`kill -CONT {pids[0]}` resumes it, or pass stall_timeout=None to wait")
+                         advice=f"`kill -CONT {' '.join(map(str, pids))}` resumes {them}, or pass stall_timeout=None "
+                                "to wait")
         self.waiting, self.seconds, self.stopped, self.pids = waiting, seconds, stopped, pids
 
     def __reduce__(self) -> tuple:  # (pickled across processes, e.g. by a torch DataLoader worker)
@@ -184,7 +186,7 @@ class _InlinePool:
     def __init__(self, handle: Callable[[Message], Any]) -> None:
         self._handle, self._replies = handle, cast(list[Any], [])
 
-    def send(self, wid: int, msg: Message) -> None:
+    def send(self, wid: int, msg: Message, waiting: Callable[[], None] | None = None) -> None:
         try:
             self._replies.append(self._handle(msg))
         except Exception as exc:
@@ -406,7 +408,8 @@ class Epoch:
         wid = min(range(len(self.load)), key=self.load.__getitem__)
         self.load[wid] += 1
         self.sent[wid][msg.key] = msg
-        self.run.pool.send(wid, msg)
+        since = time.monotonic()
+        self.run.pool.send(wid, msg, waiting=lambda: self._watch(since))
 
     def _issue(self) -> None:
         g = self.run.group
@@ -471,7 +474,7 @@ class Epoch:
         if stopped:
             assert self.stall.timeout is not None  # (raised only with one)
             raise LoaderStalledError(self._waiting_for(), self.stall.timeout,
-                                     "; ".join(f"{h.what} (stopped)" for h in stopped), [h.pid for h in stopped])
+                                     " and ".join(f"{h.what} (stopped)" for h in stopped), [h.pid for h in stopped])
 
     def _receive(self, timeout: float) -> None:
         replies = self.run.pool.poll(timeout)

@@ -131,9 +131,10 @@ class LoaderState:
                              f"epoch order {self.order!r} ({ORDER_NAMES.get(self.order, 'unknown')}); this zarrfeed "
                              f"orders epochs with order {here.order}: finish that epoch with the release that "
                              f"saved the state, or resume from the start of epoch {self.epoch + 1}")
+        fresh = self.order != here.order and self.batch == 0 and self.spans is None  # another order, nothing read
         for key in [k for k in keys if k in _DERIVED]:
             a, b = self.settings.get(key), here.settings.get(key)
-            if a != b:
+            if a != b and not (fresh and key == "shuffle_window"):  # (the window goes with the order)
                 valid = isinstance(a, int) and not isinstance(a, bool) and a >= 1
                 hint = (f" (a default window follows from shuffle_bytes and what an epoch reads: pass "
                         f"shuffle_window={a!r}, or the shuffle_bytes the state was saved with)" if valid else

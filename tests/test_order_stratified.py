@@ -222,6 +222,22 @@ def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
             given.load_state_dict(state)
 
 
+def test_an_order_given_against_a_state_at_an_epoch_start_is_taken_with_its_own_window(small_dataset):
+    """Adversarial pass: at an epoch's start any order goes on (no row of the epoch was read), but an order
+    given with a state of another order and window was refused naming shuffle_window, and passing it gave a
+    loader of neither run's order. The given order goes on in its own window."""
+    path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
+    for make in (lambda **k: Loader(path, "agents", batch_size=300, num_workers=0, seed=2, **k),
+                 lambda **k: AgentSampleLoader(path, 2, 3, batch_size=16, num_workers=0, seed=2, **k)):
+        with make() as saved:
+            state = saved.state_dict()  # order 2, the whole table, at batch 0 of epoch 0
+        with make(order=1) as own, make(order=1) as given:
+            given.load_state_dict(state)
+            assert given.state().order == 1
+            assert given.plan().config.shuffle_window == own.plan().config.shuffle_window
+            assert given.state().settings == own.state().settings
+
+
 def test_the_resume_log_names_only_what_was_taken_from_the_state(small_dataset, caplog):
     """Adversarial pass: the log said a state's shuffle_window was taken whenever its order was, also when the
     window was the loader's own (given) or unchanged."""

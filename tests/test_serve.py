@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.flight as flight
 import pytest
+from zarrfeed.core._proc.pool import process_state
 from zarrfeed.loader import Dataset, Loader, LoaderError, WindowLoader
 from zarrfeed.writer import synthetic, write_dataset
 
@@ -1383,6 +1384,9 @@ def test_a_stopped_or_dead_server_worker_fails_the_stream_in_one_line_for_the_cl
             assert "loader worker" in error, error
         assert "restart_workers" not in error and "stall_timeout=None" not in error, error
         remote.close()
+        status = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url], capture_output=True,
+                                text=True, timeout=60, cwd=ROOT).stdout
+        assert "a stream waiting on a stopped process fails after 2 s" in status, status
     finally:
         for pid in hit:
             with contextlib.suppress(ProcessLookupError):
@@ -1390,3 +1394,40 @@ def test_a_stopped_or_dead_server_worker_fails_the_stream_in_one_line_for_the_cl
         s.stop()
     assert "--stream-stall-timeout" in subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", "--help"],
                                                       capture_output=True, text=True, cwd=ROOT).stdout
+    assert "stall_timeout=None" not in s.err()  # the server's log says its own option too
+    bad = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", str(data), "--stream-stall-timeout", "inf"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "expected a finite number of seconds > 0, got 'inf'" in bad.stderr, bad.stderr
+
+
+def test_a_server_stopped_with_a_stream_held_up_by_a_stopped_worker_leaves_no_process(small_dataset):
+    """Adversarial pass (issue 38): SIGTERM while a stream waited on a stopped loader worker: the server exited,
+    but the stopped worker stayed, and with it the fork server and resource tracker (they wait for it)."""
+    data = small_dataset(8, 9, chunks={"agents": 900}, frames=100, agents_per_frame=40)
+    s = Server(data, "--stream-stall-timeout", "60", "--kept-loaders", "0")
+    hit: list[int] = []
+    try:
+        before = set(s.descendants())
+        remote = RemoteWindowLoader(s.url, 2, 3, batch_size=1, seed=1)
+        batches = iter(remote)
+        next(batches)
+        hit = sorted(set(s.descendants()) - before)
+        everything = s.descendants()
+        for pid in hit:
+            os.kill(pid, signal.SIGSTOP)
+        def read() -> None:
+            with contextlib.suppress(Exception):
+                sum(1 for _ in batches)
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        time.sleep(2)
+        assert s.stop() < 10.0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and [p for p in everything if process_state(p) not in (None, "Z")]:
+            time.sleep(0.1)
+        assert [p for p in everything if process_state(p) not in (None, "Z")] == []
+    finally:
+        for pid in hit:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        s.stop()

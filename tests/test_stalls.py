@@ -107,6 +107,37 @@ def test_stall_timeout_raises_naming_the_stopped_worker(data, caplog):
         Loader(data, stall_timeout=0)
 
 
+def test_stall_timeout_raises_when_the_stopped_worker_s_pipe_is_full(small_dataset):
+    """Adversarial pass (issue 38): a WindowLoader whose only worker was stopped went on sending it messages until
+    the pipe was full, then waited inside the send, where neither the log nor `stall_timeout` looked: it hung
+    for good, saying nothing (the server's streams too). Sending now waits for room while watching the stall."""
+    from zarrfeed.loader import WindowLoader
+
+    data = small_dataset(24, 5, chunks={"agents": 100, "frames": 20, "traffic_light_faces": 200})  # many chunks
+    loader = WindowLoader(data, 2, 3, batch_size=64, seed=1, num_workers=1, stall_timeout=2)
+    batches = iter(loader)
+    next(batches)
+    pids = list(loader.worker_pids)
+    outcome: dict = {}
+
+    def read() -> None:
+        try:
+            outcome["batches"] = sum(1 for _ in batches)
+        except BaseException as exc:
+            outcome["error"] = exc
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(40)
+        assert isinstance(outcome.get("error"), LoaderStalledError), outcome or "still waiting after 40 s"
+        assert outcome["error"].pids == pids
+    finally:
+        cont(pids)
+        loader.close()
+
+
 def test_a_stopped_process_pinning_the_host_cache_is_said_in_the_log(data, monkeypatch, caplog):
     """Found by an adversarial pass: a process stopped while it pins every slot of a dataset's host cache made
     every other loader of that dataset wait for room silently. Now the log names that process, that it is

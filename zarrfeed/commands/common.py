@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import re
 import sys
@@ -90,8 +91,8 @@ def _read(text: str, kind: Callable[[str], Any], what: str) -> Any:
 def seconds_arg(text: str) -> float:
     """An argparse type: a number of seconds > 0."""
     value = _read(text, float, "a number of seconds")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    if not (value > 0 and math.isfinite(value)):  # (inf: status --json would print Infinity, not JSON)
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
     return value
 
 

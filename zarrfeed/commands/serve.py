@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -140,7 +141,14 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
     # everything accepted is committed and the leases are released: exit now. Python's own exit would wait for
     # every non-daemon thread (an upload call still running, a thread a --transforms module started), with the
-    # signals that asked for the stop already spent
+    # signals that asked for the stop already spent. A stopped worker of a stream still open cannot exit on its
+    # own, and the fork server and resource tracker wait for it: it is killed (what it made is the server's)
+    from ..core._proc.pool import is_stopped
+    from ..flight.activity import descendants
+    for pid in descendants(os.getpid()):
+        if is_stopped(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

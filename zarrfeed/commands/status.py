@@ -66,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
     idle = doc["limits"].get("stream_idle_timeout")
     given_up = f", {t['streams_given_up']:,} given up idle (after {idle:g} s)" if idle is not None and \
         "streams_given_up" in t else ""
+    stall = doc["limits"].get("stream_stall_timeout")
+    stalls = f"; a stream waiting on a stopped process fails after {stall:g} s" if stall is not None else ""
     print(f"streams: {len(doc['streams'])} open (at most {doc['limits']['max_streams']}), {t['streams']:,} since "
-          f"start, {t['rows_sent']:,} rows sent{given_up}")
+          f"start, {t['rows_sent']:,} rows sent{given_up}{stalls}")
     kept, lim = doc.get("kept_loaders"), doc["limits"]
     if kept is not None:
         held = plural(kept["worker_processes"], "worker process", "worker processes")

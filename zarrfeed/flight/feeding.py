@@ -338,7 +338,8 @@ def _for_the_client(exc: LoaderError) -> str:
     loader's advice (a remote loader refuses `restart_workers` and `stall_timeout`: they are the server's)."""
     if isinstance(exc, LoaderStalledError):
         return (f"{exc.waiting} waited over the server's --stream-stall-timeout of {exc.seconds:g} s on "
-                f"{exc.stopped}, on the server (`kill -CONT {exc.pids[0]}` there resumes it)")
+                f"{exc.stopped}, on the server (`kill -CONT {' '.join(map(str, exc.pids))}` there resumes "
+                f"{'it' if len(exc.pids) == 1 else 'them'})")
     return exc.what.splitlines()[0]
 
 
@@ -386,9 +387,10 @@ def _batches(loader: Loader, context: Any, convert: Callable[[Any], pa.RecordBat
         state["outcome"] = outcome_of(exc) if not gate.ended else "idle"
         raise
     except LoaderError as exc:  # a chunk that cannot be read, a transform that raised: its one line
-        log.warning("zarrfeed: a stream failed: %s", exc)
-        state["outcome"] = outcome_of(exc)
-        raise flight.FlightServerError(f"zarrfeed: {_for_the_client(exc)}") from None
+        said = _for_the_client(exc)  # (the server's log too: its operator's options, not a local loader's)
+        log.warning("zarrfeed: a stream failed: %s", said)
+        state["outcome"] = outcome_of(RuntimeError(said))
+        raise flight.FlightServerError(f"zarrfeed: {said}") from None
     except Exception as exc:
         log.exception("zarrfeed: a stream failed")
         state["outcome"] = outcome_of(exc)

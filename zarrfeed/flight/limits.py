@@ -12,6 +12,7 @@ Defaults are sized from the machine (`Limits.for_machine`); each is an option of
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -59,8 +60,8 @@ class Limits:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("stream_idle_timeout", "stream_stall_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {getattr(self, name)}")
         if self.kept_loaders < 0:
             raise ValueError(f"kept_loaders must be at least 0, got {self.kept_loaders}")
         if not self.kept_loader_seconds > 0:

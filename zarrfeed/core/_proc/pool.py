@@ -402,10 +402,20 @@ class WorkerPool:
         self._start(wid)
         self._wait_ready({wid})
 
-    def send(self, wid: int, msg: Any) -> None:
-        """Send `msg` to worker `wid`; if it has died, `poll` and `dead` report it."""
+    def send(self, wid: int, msg: Any, waiting: Callable[[], None] | None = None) -> None:
+        """Send `msg` to worker `wid`; if it has died, `poll` and `dead` report it. With `waiting`, a send that
+        finds the pipe full (a stopped worker reads nothing) waits for room in steps of 0.1 s, calling
+        `waiting()` between them, which may raise: a write into a full pipe would block where nothing can look
+        at the wait (the loader's stall watch and `stall_timeout`)."""
+        data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+        conn = self.conns[wid]
+        if waiting is not None:
+            room = select.poll()  # writable: a Unix socket with under a quarter of its send buffer queued
+            room.register(conn.fileno(), select.POLLOUT)
+            while not room.poll(100) and self.procs[wid].exitcode is None:
+                waiting()
         try:
-            self.conns[wid].send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+            conn.send_bytes(data)
         except OSError:  # BrokenPipeError: the worker is gone
             pass
 
