@@ -20,9 +20,10 @@ Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 # WindowLoader's and SequenceLoader's default windows, in groups of samples (one per chunk), unless
 # `shuffle_bytes` is given: the widest that cost them under a tenth of their speed, measured on 100 scenes and
 # on a 500-episode replay buffer, cached epochs, same run, medians of 3 (2026-11-27, Intel Xeon, 2 workers):
-# WindowLoader 8 groups 0.94x of 4, 16 0.90x, the whole table 0.74x (each sample gathers ~1,200 agent rows:
-# from a narrow window they come from the caches, from a wide one from memory); SequenceLoader 16 groups 0.96x
-# of 8, 32 0.90x, the whole table 0.65x. Until late on 2026-11-27: 4 and 8 (a state saved then resumes in them).
+# WindowLoader 8 groups 0.94-0.97x of 4, 16 0.90x, the whole table 0.75x (each sample gathers ~1,200 agent rows:
+# from a narrow window they come from the caches, from a wide one from memory); SequenceLoader 16 groups
+# 0.95-0.96x of 8, 32 0.90-0.91x, the whole table 0.65-0.85x (`python bench/bench_sample_windows.py`).
+# Until late on 2026-11-27: 4 and 8 (a state saved then resumes in them).
 # AgentSampleLoader and EgoSampleLoader take Loader's default (their batches are computed over all their
 # groups at once: `motion.AgentPool`).
 WINDOW_GROUPS = 8
