@@ -1344,6 +1344,20 @@ def test_uploads_after_a_writer_worker_died_get_a_new_writer_and_nothing_acked_i
     assert Dataset.open(target).validate().ok
 
 
+def stream_with_its_workers_signalled(s: "Server", sig: int) -> tuple:
+    """A RemoteWindowLoader stream of batches of 1 from server `s`, one batch read, then `sig` sent to the
+    loader processes the stream started: (the remote loader, its batches, their pids)."""
+    before = set(s.descendants())
+    remote = RemoteWindowLoader(s.url, 2, 3, batch_size=1, seed=1)
+    batches = iter(remote)
+    next(batches)
+    hit = sorted(set(s.descendants()) - before)
+    assert hit, "no loader workers seen"
+    for pid in hit:
+        os.kill(pid, sig)
+    return remote, batches, hit
+
+
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
 def test_a_stopped_or_dead_server_worker_fails_the_stream_in_one_line_for_the_client(small_dataset, sig):
     """Adversarial pass (issue 38): a server's loader worker stopped (SIGSTOP) mid-stream left the remote client
@@ -1355,14 +1369,7 @@ def test_a_stopped_or_dead_server_worker_fails_the_stream_in_one_line_for_the_cl
     s = Server(data, "--stream-stall-timeout", "2", "--kept-loaders", "0")
     hit: list[int] = []
     try:
-        before = set(s.descendants())
-        remote = RemoteWindowLoader(s.url, 2, 3, batch_size=1, seed=1)
-        batches = iter(remote)
-        next(batches)
-        hit = sorted(set(s.descendants()) - before)
-        assert hit, "no loader workers seen"
-        for pid in hit:
-            os.kill(pid, sig)
+        remote, batches, hit = stream_with_its_workers_signalled(s, sig)
         outcome: dict[str, BaseException | int] = {}
 
         def read() -> None:
@@ -1407,14 +1414,9 @@ def test_a_server_stopped_with_a_stream_held_up_by_a_stopped_worker_leaves_no_pr
     s = Server(data, "--stream-stall-timeout", "60", "--kept-loaders", "0")
     hit: list[int] = []
     try:
-        before = set(s.descendants())
-        remote = RemoteWindowLoader(s.url, 2, 3, batch_size=1, seed=1)
-        batches = iter(remote)
-        next(batches)
-        hit = sorted(set(s.descendants()) - before)
+        remote, batches, hit = stream_with_its_workers_signalled(s, signal.SIGSTOP)
         everything = s.descendants()
-        for pid in hit:
-            os.kill(pid, signal.SIGSTOP)
+
         def read() -> None:
             with contextlib.suppress(Exception):
                 sum(1 for _ in batches)
