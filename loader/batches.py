@@ -29,7 +29,7 @@ from .order import ORDERS
 from .plan import MIN_WINDOW, EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
 from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing, WorkerOptions
 from .source import BatchSource, RowSource
-from .state import LoaderState, selection_digest
+from .state import LOADED_WHILE_ITERATING, LoaderState, selection_digest
 
 __all__ = ["Loader", "LoaderError", "LoaderStalledError"]
 ROW_ID = "_row"  # the column of `row_ids=True`
@@ -276,8 +276,7 @@ class Loader:
         out among this run's ranks, each read exactly once (the last batch of a rank may be short), then epochs
         go on as usual."""
         if self._active:  # the loop would go on from its own place, or with workers made for another order
-            raise RuntimeError("load_state_dict while this loader is being iterated: leave the loop first (break), "
-                               "then load the state and loop again")
+            raise RuntimeError(LOADED_WHILE_ITERATING)
         before = self.source.config, self._plan
         try:
             self._load_state(state)

@@ -228,9 +228,6 @@ class SequenceSource(SampleGroups):
     def rows_touched(self) -> int:
         return self.config.batch_size * self.samples.S * len(self.tables)
 
-    def worker_bytes(self) -> int:
-        return 0
-
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:
         return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)

@@ -18,6 +18,9 @@ from .order import ORDERS
 from .order import VERSION as ORDER
 
 VERSION = 1
+# a state loaded while a loop over the loader runs (the loop would go on from its own place, with its own workers)
+LOADED_WHILE_ITERATING = ("load_state_dict while this loader is being iterated: leave the loop first (break), then "
+                          "load the state and loop again")
 NAME = "zarrfeed.LoaderState"
 ORDER_NAMES = {0: "numpy's Generator, zarrfeed before 2026-11", 1: "zarrfeed's Fisher-Yates with SplitMix64",
                2: "stratified blocks, zarrfeed since 2026-11-27"}

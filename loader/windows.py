@@ -217,6 +217,10 @@ class SampleGroups:
         """The tables whose chunks the groups read."""
         return list(TABLES)
 
+    def worker_bytes(self) -> int:
+        """None of their own beyond the shared chunks (an agent loader's workers hold an index: its override)."""
+        return 0
+
     def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
         return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
 
@@ -252,9 +256,6 @@ class WindowSource(SampleGroups):
 
     def rows_touched(self) -> int:
         return self.config.batch_size * max(self.samples.T + self.samples.max_rows["agents"], 1)
-
-    def worker_bytes(self) -> int:
-        return 0
 
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:

@@ -27,7 +27,7 @@ from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
 from ..core.schema import field_names
 from ..loader.order import ORDERS
-from ..loader.state import LoaderState
+from ..loader.state import LOADED_WHILE_ITERATING, LoaderState
 from .liveness import Stalled, Watch, probe
 from .remote_options import Remote, RemoteOptions
 from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
@@ -174,8 +174,7 @@ class _RemoteFeed:
         """As `Loader.load_state_dict` (one state): a state saved in epoch order 1 goes on in it, as a local
         loader's does; a refused state changes nothing."""
         if self._iterating:
-            raise RuntimeError("load_state_dict while this loader is being iterated: leave the loop first (break), "
-                               "then load the state and loop again")
+            raise RuntimeError(LOADED_WHILE_ITERATING)
         if isinstance(state, (list, tuple)):
             raise ValueError("a remote loader takes one loader state; the states of every rank of a run (a list) "
                              "are resumed on another number of ranks by a local Loader")
