@@ -25,6 +25,7 @@ import xxhash
 from ..core import dataset_format
 from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit, preload_in_workers
 from ..core.chunk_check import ChunkCheck
+from ..core.refusals import refusal
 from ..core.store import Location
 from ..core.zarr_array import Array
 from ..core.zarr_meta import ArrayMeta
@@ -222,7 +223,8 @@ def save(ds: Dataset, mask: np.ndarray, threshold: float = 0.5, *, thresholds: T
     try:
         return _store(ds, mask, th)
     except OSError as exc:
-        raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({_reason(exc)})") from None
+        why = refusal(exc, ds.location) or _reason(exc)
+        raise ValueError(f"{ds.location}: the agents mask cannot be stored in it ({why})") from None
 
 
 def check_writable(ds: Dataset) -> None:
@@ -236,7 +238,7 @@ def check_writable(ds: Dataset) -> None:
 
 
 def _reason(exc: OSError) -> str:
-    """What an error of the store says: the OSError's own words and the file."""
+    """What an error of the store that is no refusal (see `refusals`) says: the OSError's own words and the file."""
     return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
 
 

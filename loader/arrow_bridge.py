@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -23,7 +24,9 @@ from ..core.arrow_records import (
     from_arrow,
     records_to_arrow,
 )
+from ..core.refusals import refused_writes
 from ..core.schema import dtype_from_descr
+from ..core.stores import PARTIAL
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -178,7 +181,25 @@ def table_batches(ds: "Dataset", table: str, batch_size: int = 65_536, fields: l
 
 
 def write_ipc_stream(stream: ArrowStream, sink: Any) -> int:
-    """Write `stream` as an Arrow IPC stream to `sink` (a path or a binary file object); return rows."""
+    """Write `stream` as an Arrow IPC stream to `sink` (a path or a binary file object); return rows. A path to a
+    file (not a pipe or a device) is written aside and renamed into place: a stream that fails (a full disk)
+    leaves the file as it was, or none. A write the system refuses is one line naming the path (`refusals`)."""
+    if not isinstance(sink, (str, os.PathLike)):
+        return _write_ipc(stream, sink)
+    with refused_writes(sink, "the Arrow stream cannot be written there"):
+        if os.path.islink(sink) or (os.path.exists(sink) and not os.path.isfile(sink)):
+            return _write_ipc(stream, sink)
+        tmp = f"{os.fspath(sink)}.{os.getpid()}{PARTIAL}"
+        try:
+            rows = _write_ipc(stream, tmp)
+            os.replace(tmp, sink)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return rows
+
+
+def _write_ipc(stream: ArrowStream, sink: Any) -> int:
     rows = 0
     with pa.ipc.new_stream(sink, stream.schema) as writer:
         for batch in stream:

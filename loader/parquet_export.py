@@ -14,9 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from ..core._proc.imports import script_unnamed_if_unreadable
 from ..core._proc.pool import context
 from ..core.arrow_records import records_to_arrow, schema_metadata
 from ..core.chunk_check import ChunkCheck
+from ..core.refusals import refused_writes
 from ..core.store import Location, exists
 from .dataset import Dataset
 
@@ -102,40 +104,47 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
     if fs.isfile(root):
         raise ValueError(f"{out}: a file; Parquet goes to a folder (one per table inside it)")
     existed = exists(fs, root)
+    made = [t for t in names if not exists(fs, f"{root}/{t}")]  # table folders this export makes
     tasks = []
-    for t in names:
-        fs.makedirs(f"{root}/{t}", exist_ok=True)
-        old = fs.glob(f"{root}/{t}/part-*.parquet")
-        if old:
-            fs.rm(old)
-        for i, (a, b) in enumerate(_pieces(ds, t, file_rows)):
-            meta = schema_metadata({"schema": ds.schema.to_json(), "attrs": dict(ds.group.attrs), "table": t,
-                                    "first_row": a})
-            check = ds.check.part(ds.tables_of(t), a, b) if ds.check is not None else None  # its chunks' only
-            tasks.append((ds.location, ds.commit, check, t, a, b, out, f"{t}/part-{i:05d}.parquet", row_group_rows,
-                          compression, meta, row_index))
     t0 = time.perf_counter()
-    total = sum((b - a) * ds.record_dtype(t).itemsize for _, _, _, t, a, b, *_ in tasks)
     try:
-        with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
-            if client is not None:
-                from distributed import as_completed
+        with refused_writes(out, "the Parquet files cannot be written there"):  # a full disk, a read-only one
+            for t in names:
+                fs.makedirs(f"{root}/{t}", exist_ok=True)
+                old = fs.glob(f"{root}/{t}/part-*.parquet")
+                if old:
+                    fs.rm(old)
+                for i, (a, b) in enumerate(_pieces(ds, t, file_rows)):
+                    meta = schema_metadata({"schema": ds.schema.to_json(), "attrs": dict(ds.group.attrs),
+                                            "table": t, "first_row": a})
+                    check = ds.check.part(ds.tables_of(t), a, b) if ds.check is not None else None  # its chunks'
+                    tasks.append((ds.location, ds.commit, check, t, a, b, out, f"{t}/part-{i:05d}.parquet",
+                                  row_group_rows, compression, meta, row_index))
+            total = sum((b - a) * ds.record_dtype(t).itemsize for _, _, _, t, a, b, *_ in tasks)
+            with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress) as bar:
+                if client is not None:
+                    from distributed import as_completed
 
-                for done in as_completed(client.map(_piece_task, tasks, pure=False)):
-                    bar.update(done.result())
-            elif workers == 0:
-                for task in tasks:
-                    bar.update(_piece_task(task))
-            else:
-                with context(None).Pool(workers) as pool:  # left on an error: its processes are stopped
-                    for done in pool.imap_unordered(_piece_task, tasks):
-                        bar.update(done)
-    except BaseException:  # no half export: what this run wrote goes (the files it replaced were removed above)
+                    for done in as_completed(client.map(_piece_task, tasks, pure=False)):
+                        bar.update(done.result())
+                elif workers == 0:
+                    for task in tasks:
+                        bar.update(_piece_task(task))
+                else:
+                    with script_unnamed_if_unreadable():  # a script in no file is not run again by the workers
+                        pool = context(None).Pool(workers)
+                    with pool:  # left on an error: its processes are stopped
+                        for done in pool.imap_unordered(_piece_task, tasks):
+                            bar.update(done)
+    except BaseException:  # no half export: what this run wrote and made goes (the files it replaced were
+        # removed above)
         for t in names:
             written = fs.glob(f"{root}/{t}/part-*")  # finished files and temporary ones
             if written:
                 fs.rm(written)
-        if not existed:
+            if t in made and exists(fs, f"{root}/{t}"):
+                fs.rm(f"{root}/{t}", recursive=True)
+        if not existed and exists(fs, root):
             fs.rm(root, recursive=True)
         raise
     return {"rows": {t: ds.row_count(t) for t in names}, "bytes": total, "seconds": time.perf_counter() - t0}

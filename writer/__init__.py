@@ -10,11 +10,12 @@ from ..core.lazy import lazy_names
 
 __all__ = ["AGENT_DTYPE", "Coordinator", "DatasetWriter", "FRAME_DTYPE", "FormatError", "L5KIT_SCHEMA", "Link",
            "LocalCoordinator", "PERCEPTION_LABELS", "SCENE_DTYPE", "Schema", "StoreUnreachable", "TL_FACE_DTYPE",
-           "Table", "Violation", "WorkerError", "WriteOptions", "check_episode", "ingest_parquet", "relocate",
-           "replay_buffer_schema", "synthetic", "write_dataset"]
+           "Table", "Violation", "WorkerError", "WriteOptions", "WriteRefused", "check_episode", "ingest_parquet",
+           "relocate", "replay_buffer_schema", "synthetic", "write_dataset"]
 __getattr__, __dir__ = lazy_names(__name__, {
     "WorkerError": "..core._proc.pool", "FormatError": "..core.dataset_format", "Violation": "..core.links",
-    "StoreUnreachable": "..core.stores", "replay_buffer_schema": "..core.replay_buffer",
+    "StoreUnreachable": "..core.stores", "WriteRefused": "..core.refusals",
+    "replay_buffer_schema": "..core.replay_buffer",
     **dict.fromkeys(["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE",
                      "TL_FACE_DTYPE", "Link", "Schema", "Table"], "..core.schema"),
     "Coordinator": ".coordinator", "LocalCoordinator": ".coordinator", "DatasetWriter": ".dataset_writer",
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors and docs
     from ..core._proc.pool import WorkerError
     from ..core.dataset_format import FormatError
     from ..core.links import Violation
+    from ..core.refusals import WriteRefused
     from ..core.replay_buffer import replay_buffer_schema
     from ..core.schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE,
                                TL_FACE_DTYPE, Link, Schema, Table)

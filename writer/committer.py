@@ -14,6 +14,7 @@ commit. Readers trust those counts, never the array shapes.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, Callable, Iterable, Mapping, TypeVar
@@ -33,6 +34,7 @@ from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.refusals import refusal, refused_writes
 from ..core.store import FormatError, Location, bounded, within
 from ..core.manifest import MANIFEST_KEY
 from ..core.stores import PARTIAL, Store
@@ -86,15 +88,33 @@ class Committer:
         self._had_root = location.existing_folder()
         if mode == "w":
             self._check_new(store, overwrite)
+        self.store = store
         self._created = False  # until known with the lease held (see below)
         self._lease = Lease(location, lease_timeout)
-        self._lease.acquire()
+        what = "written" if mode == "a" else "replaced" if overwrite and self._holds_data() else "created"
+        with refused_writes(location, f"the dataset cannot be {what}"):  # in the user's words, not a lock file's
+            self._open(mode, schema, overwrite, chunks, compressor, coordinator)
+        self.closed = False
+        self._last_commit = time.monotonic()
+
+    # ---------------------------------------------------------------- opening
+    def _open(self, mode: str, schema: Schema | None, overwrite: bool, chunks: Mapping[str, int] | None,
+              compressor: numcodecs.abc.Codec | None, coordinator: Coordinator | None) -> None:
+        """Take the lease, then make the dataset (mode "w") or open it and drop what was never committed. A
+        failure leaves nothing this writer made: a folder it created holding no more than the lease's files
+        goes (see `_abandon_root`)."""
+        location, store = self.location, self.store
+        try:
+            self._lease.acquire()
+        except OSError as exc:
+            if refusal(exc, location):
+                self._abandon_root()
+            raise
         try:
             # a dataset created here is removed again if it never gets a commit (see fail); a directory that was
             # there, empty, stays. Decided with the lease held: a dataset another writer made since the check
             # above is its, never removed by this one
             self._created = mode == "w" and not self._holds_data()
-            self.store = store
             if mode == "w":
                 if overwrite or (self._created and self._had_root):  # a dataset, or a killed writer's leftovers
                     self._clear()
@@ -114,6 +134,7 @@ class Committer:
             self._length = dict(committed)  # the arrays' lengths: only this writer resizes them
             self._coordinator = coordinator or LocalCoordinator(committed)
             self._tracker = CommitTracker(committed)
+            self._kept = (self._journal.committed_count(), dict(committed))  # as published (see `published`)
             self._digests = ChunkDigests({t: tab.chunk_rows for t, tab in self.schema.tables.items()})
             self._tails = self._withdraw_tails(committed)  # sealed again at close if no write changed them
             self._withdrawn = dict(self._tails)  # withdrawn by the commit before the first write there (see place)
@@ -124,10 +145,16 @@ class Committer:
             self.error = exc
             self.abandon()
             raise
-        self.closed = False
-        self._last_commit = time.monotonic()
 
-    # ---------------------------------------------------------------- opening
+    def _abandon_root(self) -> None:
+        """The system refused the lease's files: remove the folder this writer made for them, if it holds nothing
+        but those (on a full disk, a new dataset's folder and lock file are made, its document not). Another
+        writer cannot hold a lease there: the same refusal stops it."""
+        if self._had_root or not self.location.existing_folder():
+            return
+        if all(_leftover(name) for name in self.location.entries(16)):
+            within(FAIL_SECONDS, lambda: self.location.remove())
+
     def _holds_data(self) -> bool:
         """Whether anything but a lease's files and temporary files is stored here (a writer that failed or was
         killed while it started may leave only those behind: they are no dataset, and no reason to refuse a new
@@ -313,6 +340,12 @@ class Committer:
     def committed_episodes(self) -> int:
         return self._journal.committed_count()
 
+    @property
+    def published(self) -> tuple[int, dict[str, int]]:
+        """The episodes and the rows per table of the last commit published: what the store holds for readers,
+        whatever commit after an error did not land."""
+        return self._kept[0], dict(self._kept[1])
+
     def check_lease(self) -> None:
         """Raise `LeaseLost` if the lease is lost or may be (before a write that others must not see)."""
         self._lease.check()
@@ -482,8 +515,11 @@ class Committer:
         except BaseException:
             self._log.refs, self._log.contents = before
             self._journal.give_back(new_keys)
+            if self._landed(doc):  # its manifest was stored, then a later write failed (a full disk): readers
+                self._kept = (self._journal.committed_count(), dict(committed))  # see this commit
             raise
         self._commit_no += 1
+        self._kept = (self._journal.committed_count(), dict(committed))
         self._tail_digests = tails
         self._adopted = {}
         self._digests.forget(chunks)
@@ -492,6 +528,14 @@ class Committer:
         self._published = state
         if doomed:  # merged into the new segment; the manifest that listed them is replaced
             within(FAIL_SECONDS, lambda: self.store.delete(doomed))
+
+    def _landed(self, doc: Mapping[str, Any]) -> bool:
+        """Whether the manifest stored is `doc` (a commit whose publication failed after its manifest; the next
+        writer records its number, see `_open_existing`). A store that cannot say counts as no."""
+        try:
+            return commits.read_manifest(self.store) == json.loads(json.dumps(doc))
+        except Exception:
+            return False
 
     def _lengths_as_committed(self, committed: Mapping[str, int]) -> None:
         """A replay buffer's arrays are made as long as the steps and episodes a commit is about to publish,
@@ -583,20 +627,24 @@ class Committer:
             self.fail(exc)
             raise
 
-    def fail(self, exc: BaseException | None, remove: bool = True) -> None:
+    def fail(self, exc: BaseException | None, remove: bool = True, said: bool = False) -> None:
         """Stop after an error (whatever wrote rows has stopped): commit what is durable, then release the
         lease. With `remove`, a dataset this writer created that holds no commit is removed (an ingest whose
         input fails at once leaves nothing, and the next run needs no --overwrite); runs meant to be resumed
-        (Ctrl+C, a dead worker) pass remove=False."""
+        (Ctrl+C, a dead worker) pass remove=False. `said`: the caller's error says what is committed (`published`),
+        so a last commit that does not land (on a full disk) is not logged as well."""
         if self.closed:
             return
         self.error = exc
         try:
             for key in self._tracker.advance():
                 self._journal.commit(key)
-            if not self._lease.lost and not within(FAIL_SECONDS, self._write_manifest):
+            if not self._lease.lost and not within(FAIL_SECONDS, self._write_manifest) and not said:
                 log.warning("%s: the last commit after the error did not land; what was stored since commit %d "
                             "is not committed (resume to write it)", self.location, self._commit_no)
+            if not self._lease.lost:  # what a worker killed while it wrote a chunk left (on a full disk: space)
+                folders = [t.array_path for t in self.schema.tables.values()]
+                within(FAIL_SECONDS, lambda: self.store.remove_partial(folders))
             if remove and not any(self.committed.values()):
                 self._remove_if_created()
         finally:

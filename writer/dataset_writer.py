@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import replace
 import shutil
 import time
 from collections.abc import Sized
-from typing import Any, Iterable, Mapping, Unpack
+from typing import Any, Iterable, Iterator, Mapping, Unpack
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -31,6 +32,7 @@ from . import chunk_locks
 from .chunk_locks import ChunkLocks
 from ..core.schema import Schema
 from ..core.sizes import decimal_size
+from ..core.refusals import FULL, WriteRefused, refusal
 from ..core.store import Location
 from . import write_worker
 from .write_worker import WriteSegment
@@ -238,9 +240,10 @@ class DatasetWriter:
                 self.committer.skip(key)
                 return False
         rows = {t: len(a) for t, a in tables.items()}
-        offsets = self.committer.place(key, rows, digest)
+        with self._stopping(every_error=False):
+            offsets = self.committer.place(key, rows, digest)
         tables = relocate(tables, self.schema, offsets)
-        try:
+        with self._stopping():
             for t, arr in tables.items():
                 self._append(t, offsets[t], arr)
             for t, n in rows.items():
@@ -250,9 +253,6 @@ class DatasetWriter:
             if now - self._last_flush >= self.commit_interval:
                 self._flush()
             self._collect(timeout=0)
-        except BaseException as exc:
-            self._fail(exc)
-            raise
         return True
 
     def ingest(self, episodes: Iterable[Mapping[str, np.ndarray]], resume: bool = False,
@@ -316,20 +316,18 @@ class DatasetWriter:
         """Start the input `input_id`, whose keys are `Position(input_id, i)`: refused if this dataset has
         seen it, unless `resume` (see `Committer.begin_input`); keyless submits continue it."""
         self._check_open()
-        self.committer.begin_input(input_id, resume, what, unit)
+        with self._stopping(every_error=False, resumable=False):
+            self.committer.begin_input(input_id, resume, what, unit)
         self._input, self._position = input_id, 0
 
     def sync(self) -> None:
         """Write everything submitted so far and commit it."""
         self._check_open()
-        try:
+        with self._stopping():
             self._flush()
             while self._segments.in_flight:
                 self._collect(timeout=0.1)
             self.committer.commit(force=True)
-        except BaseException as exc:
-            self._fail(exc)
-            raise
 
     def close(self) -> dict[str, int]:
         """Write and commit everything, stop the workers, trim the arrays, consolidate the metadata and
@@ -340,7 +338,8 @@ class DatasetWriter:
             self.sync()
             if self._pool:
                 self._pool.stop()
-            self.committer.close()
+            with self._stopping(every_error=False):
+                self.committer.close()
         finally:
             self._shutdown()
         return self.committed
@@ -451,22 +450,63 @@ class DatasetWriter:
                        for k in self.committer.episodes_touching(seg.table, seg.start, seg.end)},
                       key=key_order)
         what = f"episodes {lost[0]} to {lost[-1]}" if len(lost) > 1 else f"episode {lost[0]}" if lost else "nothing"
-        rows = ", ".join(f"{n:,} {t}" for t, n in self.committer.committed.items())
-        return (f"{describe_exit('writer worker', wid, pid, code)} while writing {what}; "
-                f"{self.committer.committed_episodes} episodes are committed ({rows}). {remedy}")
+        return f"{describe_exit('writer worker', wid, pid, code)} while writing {what}; {self._kept()}. {remedy}"
 
-    def _fail(self, exc: BaseException | None) -> None:
+    def _kept(self) -> str:
+        """What is committed: "3 episodes are committed (3 scenes, 744 frames, ...)"."""
+        episodes, committed = self.committer.published
+        rows = ", ".join(f"{n:,} {t}" for t, n in committed.items())
+        return f"{episodes} episode{' is' if episodes == 1 else 's are'} committed ({rows})"
+
+    @contextmanager
+    def _stopping(self, every_error: bool = True, resumable: bool = True) -> Iterator[None]:
+        """An error inside stops the writer (`_fail`; with `every_error` False only a refusal does); a write the
+        system refused, here or in a worker (a full disk, a read-only one, no permission) is raised as
+        `WriteRefused` (see `_refusal`). Not `resumable`: nothing of the input is recorded yet, and a dataset
+        made for it goes."""
+        try:
+            yield
+        except BaseException as exc:
+            if refusal(_cause(exc), self.location) is None:
+                if every_error:
+                    self._fail(exc)
+                raise
+            self._fail(exc, remove=None if resumable else True)
+            refused = self._refusal(exc, resumable)  # once failed: what the last commit left
+            assert refused is not None
+            raise refused from None
+
+    def _refusal(self, exc: BaseException, resumable: bool) -> WriteRefused | None:
+        """The refusal `exc` in one line naming the dataset, what is committed and how to finish (`resumable`:
+        with resume; else what this writer was given is not recorded, and is written again); None if `exc` is
+        no refusal."""
+        cause = _cause(exc)
+        fix = "Free space on it" if getattr(cause, "errno", None) in FULL else "Make it writable"
+        if not resumable:
+            return WriteRefused.of(cause, self.location, "the episodes cannot be written to it",
+                                   f"; nothing of this input is recorded. {fix}, then write it again.",
+                                   f"; nothing of this input is recorded. {fix}, then run the same command again.")
+        return WriteRefused.of(cause, self.location, "the episodes cannot be written to it",
+                               f"; {self._kept()}. {fix}, then reopen with mode='a' and re-send missing() (or "
+                               "ingest(..., resume=True)).",
+                               f"; {self._kept()}. {fix}, then run the same command again with --resume to finish.")
+
+    def _fail(self, exc: BaseException | None, remove: bool | None = None) -> None:
         """Stop at once after an error: kill the workers, commit what is durable, free the buffers. A dataset
         this writer created that holds no commit is removed (an ingest whose input fails at once leaves
         nothing, and the next run needs no --overwrite), unless the stop was asked for (Ctrl+C, `abort()`) or
-        a worker died: those runs are resumed, as their messages say."""
+        a worker died, or the system refused a write (`remove` None; else as it says): those runs are resumed,
+        as their messages say."""
         if self._closed:
             return
         self._error = exc
+        refused = exc is not None and refusal(_cause(exc), self.location) is not None
+        if remove is None:
+            remove = not isinstance(exc, (KeyboardInterrupt, WorkerError)) and not refused
         try:
             if self._pool:
                 self._pool.kill()
-            self.committer.fail(exc, remove=not isinstance(exc, (KeyboardInterrupt, WorkerError)))
+            self.committer.fail(exc, remove=remove, said=refused)  # a refusal says what is committed
         finally:
             self._shutdown()
 
@@ -498,3 +538,10 @@ class DatasetWriter:
         dt = max(time.perf_counter() - t0, 1e-9)
         rows = {t: self._rows_in[t] - rows0[t] for t in rows0}
         return f"{sum(rows.values()) / dt:,.0f} rows/s, {decimal_size(self._bytes(rows) / dt, 'B/s')}"
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The error that stopped a writer: a worker's own, when it raised one (a full disk there), else `exc`."""
+    if isinstance(exc, WorkerError) and exc.remote is not None and exc.remote.exc is not None:
+        return exc.remote.exc
+    return exc

@@ -359,8 +359,11 @@ class _FileBackend(_Backend):
 
     def _write(self, me: Holder) -> None:
         tmp = self.dir / f".{LEASE_KEY}.{me.token}"
-        tmp.write_bytes(me.encode())
-        os.replace(tmp, self.dir / LEASE_KEY)
+        try:
+            tmp.write_bytes(me.encode())
+            os.replace(tmp, self.dir / LEASE_KEY)
+        finally:  # a write the system refused (a full disk) leaves no part of it
+            tmp.unlink(missing_ok=True)
 
     def take(self, me: Holder, timeout: float) -> tuple[Holder | None, str] | None:
         with _held_lock:
@@ -380,8 +383,14 @@ class _FileBackend(_Backend):
                 lock.release()
                 raise _refuse(self.location, previous, timeout)
             _held_here.add(self.key)
+        try:
+            self._write(me)
+        except BaseException:  # not taken (a full disk): nothing of it is left held in this process
+            with _held_lock:
+                _held_here.discard(self.key)
+            lock.release()
+            raise
         self.lock = lock
-        self._write(me)
         return (previous, why or "") if previous is not None and previous.token != me.token else None
 
     def renew(self, me: Holder) -> bool:

@@ -17,7 +17,7 @@ __version__ = "0.2.0"
 
 _NAMES = {
     "zarrfeed.writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
-               "FormatError", "StoreUnreachable", "synthetic"],
+               "FormatError", "StoreUnreachable", "WriteRefused", "synthetic"],
     "zarrfeed.loader": ["Dataset", "Loader", "LoaderError", "LoaderStalledError", "WindowLoader", "AgentSampleLoader",
                "SequenceLoader",
                "EgoSampleLoader", "ValidationReport", "export_parquet",

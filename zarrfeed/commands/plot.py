@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
-
+from ..core.refusals import refused_writes
+from ..core.stores import PARTIAL
 from .common import Command, count_arg, open_dataset, positive_arg
 
 
@@ -47,6 +49,23 @@ def run(args: argparse.Namespace) -> int:
             fig = plot.summary_figure(ds)
         else:
             fig = plot.scene_figure(ds, args.scene, args.frame, args.history, args.future)
-        fig.savefig(out, dpi=args.dpi)
+        save(fig, out, args.dpi)
     print(f"wrote {out}")
     return 0
+
+
+def save(fig: Any, out: str, dpi: int) -> None:
+    """Save `fig` as `out`, written aside and renamed into place: a save that fails (a full disk) leaves no part
+    of a file, and a write the system refuses is one line naming `out` (`refusals`)."""
+    import matplotlib
+
+    folder, name = os.path.split(os.path.abspath(out))
+    kind = os.path.splitext(name)[1][1:].lower() or matplotlib.rcParams["savefig.format"]
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}{PARTIAL}")
+    with refused_writes(out, "the plot cannot be written there"):
+        try:
+            fig.savefig(tmp, dpi=dpi, format=kind)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from .refusals import read_only_mount, why_unwritable
 from .stores import DirectoryStore, FsspecStore, Store, StoreUnreachable, ZipStore, reaching
 
 log = logging.getLogger("zarrfeed")
@@ -154,13 +155,6 @@ def exists(fs: Any, path: str) -> bool:
         return False
 
 
-def _read_only_mount(path: Any) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
 def parse_storage_option(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` from the command line; VALUE is read as JSON when it is JSON (true, 3, {"a": 1}), else text."""
     key, sep, value = text.partition("=")
@@ -266,7 +260,7 @@ class Location:
             return None
         for path in (self.path, *(self.path / n for n in names)):
             if path.exists() and not os.access(path, os.W_OK):
-                return f"{'a read-only file system' if _read_only_mount(path) else 'no permission to write'}: {path}"
+                return why_unwritable(path, read_only_mount(path))
         return None
 
     def contents_tag(self) -> str:
@@ -358,6 +352,17 @@ class Location:
                 from None
         except ValueError as exc:  # "Protocol not known: ..."
             raise FormatError(f"{self.url}: {exc}") from None
+
+    def parent(self) -> "Location | None":
+        """The folder (or key prefix) this location is in: "." for a bare local name; None for a .zip file or a
+        bucket's root."""
+        url = self.url.rstrip("/")
+        if self.is_zip:
+            return None
+        if self.is_local:
+            return replace(self, url=os.path.dirname(url) or ".")
+        head = url.rpartition("/")[0]
+        return None if head.endswith(":/") else replace(self, url=head)
 
     def child(self, name: str) -> "Location":
         """The location of `name` inside this one (a sub-folder or key prefix)."""

@@ -118,6 +118,11 @@ class Store(ABC):
         """Make the names stored under each of `prefixes` (a table's folder) durable: what `put_chunks` left to
         the commit. Nothing to do where a write is durable when it returns (an object store)."""
 
+    def remove_partial(self, prefixes: Iterable[str]) -> None:
+        """Delete the temporary files under each of `prefixes` (a table's folder, at any depth) that a writer
+        stopped while it wrote left there (a worker killed after an error). Only the holder of the dataset's
+        write lease may call this, with nothing writing there. Nothing to do where a write is one PUT."""
+
     # ------------------------------------------------------------ built on them
     def get(self, key: str) -> bytes | None:
         return self.get_many([key]).get(key)
@@ -221,6 +226,17 @@ class DirectoryStore(Store):
     def sync_names(self, prefixes: Iterable[str]) -> None:
         self._sync({self.file(p) if p else self.path for p in prefixes})
 
+    def remove_partial(self, prefixes: Iterable[str]) -> None:
+        self._writable()
+        for prefix in prefixes:
+            for folder, _, names in os.walk(self.file(prefix)):
+                for name in names:
+                    if name.endswith(PARTIAL):
+                        try:
+                            self.files.unlink(os.path.join(folder, name))
+                        except FileNotFoundError:
+                            pass
+
     def _put(self, values: Mapping[str, bytes]) -> set[str]:
         """Write `values`, each to a temporary file (fsynced when durable), then rename them over their keys, in
         order, one after the other: documents that must change together (a replay buffer's lengths, see
@@ -251,16 +267,18 @@ class DirectoryStore(Store):
         changed: set[str] = set()
         self._folder(path, changed)
         temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
-        self.files.write(temporary, value, sync=self.durable)
         try:
-            self.files.link(temporary, path)
-            created = True
-        except FileExistsError:
-            created = False
-        except OSError:  # a file system without hard links: an exclusive create, then the bytes
-            created = self.files.create_exclusive(path, value, sync=self.durable)
-        finally:
-            self.files.unlink(temporary)
+            self.files.write(temporary, value, sync=self.durable)
+            try:
+                self.files.link(temporary, path)
+                created = True
+            except FileExistsError:
+                created = False
+            except OSError:  # a file system without hard links: an exclusive create, then the bytes
+                created = self.files.create_exclusive(path, value, sync=self.durable)
+        finally:  # also after a write that failed (a full disk): no part of it is left
+            if os.path.exists(temporary):
+                self.files.unlink(temporary)
         if created:
             self._sync(changed)
         return created
