@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..core import chunk_check, commits, dataset_format, log_reads
+from ..core import chunk_check, commits, dataset_format, log_reads, not_a_dataset
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, read_coordinates, read_rows
@@ -57,24 +57,35 @@ class ValidationReport:
 @dataclass
 class VerifyReport:
     """What `Dataset.verify` found: chunks whose stored bytes match the size and digest their commit recorded,
-    chunks with no record (written before digests, or by another tool), and each chunk that differs or is
-    missing, one line each. `recorded` is False when the dataset records no digests at all."""
+    chunks with no record (written before digests, or by another tool; `left_out` of them not stored at all,
+    read as the fill value as zarr reads a chunk it left out), and each chunk that differs or is missing, one line
+    each. `recorded` is False when the dataset records no digests at all."""
 
     verified: int = 0
     unverifiable: int = 0
     problems: list[str] = field(default_factory=list)
     recorded: bool = True
+    left_out: int = 0
 
     @property
     def ok(self) -> bool:
+        """Whether no chunk differs from what its commit recorded (chunks with no record are not checked)."""
         return not self.problems
+
+    @property
+    def all_verified(self) -> bool:
+        """Whether every chunk was checked against its recorded digest, and matched."""
+        return self.ok and self.recorded and not self.unverifiable
 
     def __str__(self) -> str:
         if not self.recorded:
-            return "not verifiable: no chunk digests are recorded (written by another tool or an older zarrfeed)"
+            return (f"not verifiable: no chunk digests are recorded (written by another tool or an older zarrfeed): "
+                    f"none of its {self.unverifiable:,} chunk{'s' * (self.unverifiable != 1)} could be checked")
         lines = [f"{self.verified} chunk{'s' * (self.verified != 1)} match their recorded digests"]
         if self.unverifiable:
-            lines.append(f"{self.unverifiable} not verifiable (no digest recorded)")
+            fill = (f"; {self.left_out} of them not stored, read as the fill value as zarr reads a chunk it left "
+                    "out") if self.left_out else ""
+            lines.append(f"{self.unverifiable} not verifiable (no digest recorded{fill})")
         if self.problems:
             lines = [f"{len(self.problems)} chunk{'s' * (len(self.problems) != 1)} differ from what was "
                      "committed:", *(f"  {p}" for p in self.problems)] + lines
@@ -151,6 +162,8 @@ class Dataset:
     def _open(cls, location: Location, mode: str, commit: int | None, read_check: bool = True) -> "Dataset":
         group = dataset_format.open_group(location, mode)
         schema, arrays, others = dataset_format.open_tables(group, "r" if mode == "r" else "r+")
+        if not schema.tables:  # an empty group, a replay buffer's data/, xarray's output: said so, not read as empty
+            raise not_a_dataset.refusal(location, group, others)
         if others:
             warnings.warn(f"{location}: not reading {_list(others)}: not tables of this dataset "
                           f"({schema.name})", stacklevel=2)
@@ -429,7 +442,10 @@ class Dataset:
         chunk). Reads the stored bytes only, `batch` chunks at a time, and decodes only each table's last, partly
         filled chunk when its stored bytes are not the recorded ones (a writer appended since, or was killed
         before it sealed it): its committed rows are checked against their recorded digest (see
-        `core.chunk_check`). `progress(chunks)` is called as it goes."""
+        `core.chunk_check`). A chunk with no record that is not stored, in a table whose chunks holding only the
+        fill value were left out by the tool that wrote it (zarr 3 stores none such; `missing_is_fill`), reads as
+        that value, as every reader reads it: it is counted as not verifiable, not as missing. `progress(chunks)`
+        is called as it goes."""
         digests = self.digests()
         report = VerifyReport(recorded=digests is not None)
         check = self._check if self._check_error is None else None
@@ -444,7 +460,13 @@ class Dataset:
                 for i, key in zip(part, keys, strict=True):
                     raw = raws.get(key)
                     if raw is None:
-                        report.problems.append(f"table '{name}': chunk '{key}' is missing")
+                        tail = check is not None and name in check.tails and (i + 1) * c > n
+                        if arr.missing_is_fill and i not in recorded and not tail:
+                            report.unverifiable += 1  # left out by the tool that wrote it, and read as the fill
+                            report.left_out += 1  # value, as the readers read it (`missing_is_fill`)
+                        else:
+                            report.problems.append(f"table '{name}': chunk '{key}' is missing" + (
+                                " (its commit recorded it as stored)" if arr.missing_is_fill else ""))
                     elif check is not None and name in check.tails and (i + 1) * c > n:
                         try:  # the last, partly filled chunk: by its committed rows when its bytes differ
                             check.check(arr, i, key, raw)
@@ -533,8 +555,10 @@ class ChunkReader:
         """The committed records of the chunk that starts at row `start`; None if it is missing."""
         arr = self.array
         key = self.dataset.chunk_key(self.table, start)
-        if not arr.missing_is_fill and key not in arr.chunk_store:  # (another tool's may leave out a fill chunk)
-            return None
+        if key not in arr.chunk_store:  # missing, unless another tool left it out holding only the fill value
+            check = self.dataset._check  # (then its table is `missing_is_fill` and no commit records the chunk)
+            if not arr.missing_is_fill or (check is not None and check.recorded(self.table, start // arr.chunks[0])):
+                return None
         stop = min(start + arr.chunks[0], self.dataset.rows[self.table])
         try:
             return read_rows(arr, start, stop, check=self.check)

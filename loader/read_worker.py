@@ -127,8 +127,8 @@ class ChunkDecoder:
             start = item.slot * self.shared.slot_bytes
             with self.shared.chunks.writing(item.slot, item.token) as ours:  # a raise marks the slot failed
                 if ours:
-                    if self.check is not None and record is None:  # with a record, the fetcher checked it
-                        raw = self.check.check(array, item.chunk, key, raw)
+                    if self.check is not None and (record is None or raw is None):  # with a record, the
+                        raw = self.check.check(array, item.chunk, key, raw)  # fetcher checked what it found
                     decode_chunk_into(array, key, raw,
                                       self.cache[start:start + array.chunks[0] * array.dtype.itemsize])
         return tuple(item.slot for item in msg.items)

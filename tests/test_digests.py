@@ -94,8 +94,8 @@ def test_ingest_from_refuses_a_chunk_that_is_not_the_committed_one(written, tmp_
 
 
 def test_a_dataset_without_digests_is_not_verifiable_rather_than_valid(real_scene):
-    r = cli("validate", str(real_scene), "--deep", "-q")
-    assert r.returncode == 0 and "not verifiable" in r.stdout and ": valid" not in r.stdout, r
+    r = cli("validate", str(real_scene), "--deep", "-q")  # exit 3: not checked (issue 50, item 3)
+    assert r.returncode == 3 and "not verifiable" in r.stdout and ": valid" not in r.stdout, r
     assert not Dataset.open(real_scene).verify().recorded
 
 

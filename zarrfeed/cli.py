@@ -2,6 +2,7 @@
 `writer` and `loader`; the commands are in `zarrfeed.commands`).
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback),
+3 `validate --deep` found nothing wrong but could not check every chunk against a recorded digest,
 130 interrupted (Ctrl+C), at any moment: this module imports nothing but the standard library, so that a Ctrl+C
 while the commands import numpy, zarr and pyarrow (a good part of a second) is an interrupt too, not a
 traceback through the import machinery. And once the command has its exit code, the process's exit keeps it:

@@ -3,7 +3,8 @@ compose `writer` and `loader`). `zarrfeed.cli.main` imports this package, and ev
 can take a Ctrl+C as the command's interrupt.
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback),
-130 interrupted.
+3 `validate --deep` found nothing wrong but could not check every chunk against a recorded digest
+(`validate.UNVERIFIED`), 130 interrupted.
 
 Each command is a module of this package with its parser (`add`) and what it does (`run`) side by side;
 `common` holds what they share.

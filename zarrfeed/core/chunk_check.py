@@ -85,6 +85,12 @@ class ChunkCheck:
         c, n = self.chunk_rows[table], self.opened.rows.get(table, 0)
         return index * c < n < (index + 1) * c
 
+    def recorded(self, table: str, index: int) -> bool:
+        """Whether the reader's commit records chunk `index` of `table` as stored (its digest, or for the last,
+        partly filled chunk that of its rows): missing, it is lost, even in a table whose chunks holding only the
+        fill value another tool left out (`missing_is_fill`), which have no record."""
+        return index in self.records.get(table, {}) or (self.tail(table, index) and table in self.tails)
+
     def check(self, array: Array, index: int, key: str, raw: bytes | None) -> bytes | None:
         """The bytes to decode for chunk `index` of `array` (stored under `key`), read as `raw` (None: missing,
         which the decoder refuses); `ChunkError` if they are not the chunk the reader's commit holds."""
@@ -92,6 +98,10 @@ class ChunkCheck:
         record = self.records.get(table, {}).get(index)
         if raw is None:
             self._same_dataset(array.store, key)  # a dataset put in its place says so, not "missing"
+            if array.missing_is_fill and self.recorded(table, index):  # (else the decoder refuses it)
+                raise ChunkError(f"table '{table}': chunk '{key}' of {self.where} is missing, though its commit "
+                                 "recorded it as stored; the dataset is incomplete (zarrfeed validate lists every "
+                                 "missing chunk)")
             return None
         if record is not None and len(raw) == record[0] and digest(raw) == record[1]:
             return raw
