@@ -39,7 +39,7 @@ def test_sdist_carries_what_its_tests_need(tmp_path):
     names = tarfile.open(build("sdist", tmp_path)).getnames()
     for need in ("tests/conftest.py", "tests/expected.py", "tests/s3server.py", "tests/writer_child.py",
                  "loader/_gather.c", "loader/_order.c", "LICENSE", "examples/quickstart.py", "bench/common.py",
-                 ".ci/run"):
+                 ".ci/run", "backend/zarrfeed_backend.py"):
         assert any(n.endswith("/" + need) for n in names), need
 
 

@@ -27,6 +27,9 @@ from typing import Any, Callable, Iterator
 
 import multiprocess as mp
 
+from .imports import (NOT_IN_A_FILE, PACKAGE, fork_server_imports_with_our_path, missing_from_a_script_not_in_a_file,
+                      script_unnamed_if_unreadable, script_workers_cannot_read, shadowing_folder)
+
 _READY_TIMEOUT = 120.0
 
 
@@ -43,13 +46,17 @@ class RemoteError:
 
     @classmethod
     def capture(cls, exc: BaseException) -> "RemoteError":
-        """The exception being handled, ready to send (call it in an `except` block)."""
+        """The exception being handled, ready to send (call it in an `except` block). A name of a script that
+        workers could not run again says so (`NOT_IN_A_FILE`)."""
         try:
             carried: BaseException | None = pickle.loads(pickle.dumps(exc, pickle.HIGHEST_PROTOCOL))
         except Exception:  # an exception holding something unpicklable: its text still travels
             carried = None
+        message = str(exc)
+        if missing_from_a_script_not_in_a_file(exc):
+            message = f"{message} ({NOT_IN_A_FILE})"
         return cls(carried, f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
-                   str(exc), traceback.format_exc())
+                   message, traceback.format_exc())
 
     def __str__(self) -> str:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
@@ -307,8 +314,10 @@ def context(start_method: str | None, setup: Callable | None = None) -> Any:
     _leave_if_rerunning_the_script()
     methods = mp.get_all_start_methods()
     ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else None))
-    if ctx.get_start_method() == "forkserver" and setup is not None:
-        ctx.set_forkserver_preload(sorted(_PRELOAD | {setup.__module__}))
+    if ctx.get_start_method() == "forkserver":
+        fork_server_imports_with_our_path()  # not the working directory's folders (see there)
+        if setup is not None:
+            ctx.set_forkserver_preload(sorted(_PRELOAD | {setup.__module__}))
     return ctx
 
 
@@ -345,11 +354,13 @@ class WorkerPool:
             args=(wid, theirs, os.getpid(), self._threads, self._setup, self._args))
         with sigint_held(tracker=self._ctx.get_start_method() != "fork"):  # ours, once the worker started
             try:
-                self.procs[wid].start()
+                with script_unnamed_if_unreadable():
+                    self.procs[wid].start()
             except BrokenPipeError:  # it exited before it had read what it is started with (a large `args`):
                 self.procs[wid] = None  # under "forkserver", the user's script run again and exiting (see
                 self.kill()  # `_leave_if_rerunning_the_script`) is what does that
-                err = WorkerError(f"{self.name} {wid} exited while it was being started{self._start_hint()}")
+                err = WorkerError(self._shadowed_message(wid, None)
+                                  or f"{self.name} {wid} exited while it was being started{self._start_hint()}")
                 _one_line_if_uncaught(err)
                 raise err from None
         theirs.close()
@@ -363,15 +374,18 @@ class WorkerPool:
                     waiting.discard(msg.worker)
                 elif isinstance(msg, Failed) and msg.message is None:
                     self.kill()
-                    raise WorkerError(f"{self.name} {msg.worker} failed to start: {msg.error}", msg.error) \
-                        from msg.error.exc
+                    shadowed = self._shadowed_message(msg.worker, None) if isinstance(msg.error.exc, ImportError) \
+                        else None
+                    raise WorkerError(shadowed or f"{self.name} {msg.worker} failed to start: {msg.error}",
+                                      msg.error) from msg.error.exc
                 else:
                     self._pending.append(msg)
             dead = [d for d in self.dead() if d[0] in waiting]
             if dead:
                 self.kill()
-                if dead[0][2] == _RERUN_EXIT:
-                    err = WorkerError(self._rerun_message(*dead[0][:2]))
+                shadowed = self._shadowed_message(*dead[0][:2])
+                if shadowed or dead[0][2] == _RERUN_EXIT:
+                    err = WorkerError(shadowed or self._rerun_message(*dead[0][:2]))
                     _one_line_if_uncaught(err)
                     raise err
                 raise WorkerError(describe_exit(self.name, *dead[0]) + " while starting" + self._start_hint())
@@ -383,10 +397,22 @@ class WorkerPool:
         """Why a worker most often dies while starting under "spawn" or "forkserver": it imports the user's
         script again (as Python does for these methods), and the script's unguarded top-level code runs."""
         script = getattr(sys.modules.get("__main__"), "__file__", None)
-        if self._ctx.get_start_method() == "fork" or not script:
+        if self._ctx.get_start_method() == "fork" or not script or script_workers_cannot_read():
             return ""
         return (f" (with start method {self._ctx.get_start_method()!r} every worker imports {script} again: put "
                 f"its top-level code under `if __name__ == \"__main__\":`)")
+
+    def _shadowed_message(self, wid: int, pid: int | None) -> str | None:
+        """The line for a worker that could not start because it imports another folder as `zarrfeed` (see
+        `shadowing_folder`), or None when it does not (a forked worker imports nothing: it has this process's
+        modules)."""
+        folder = shadowing_folder() if self._ctx.get_start_method() != "fork" else None
+        if folder is None:
+            return None
+        which = f"{self.name} {wid}" + (f" (pid {pid})" if pid is not None else "")
+        return (f"{which} could not start: it imports the folder {folder} as zarrfeed, in place of {PACKAGE} (a "
+                f"folder named zarrfeed in {os.path.dirname(folder)}, which is on the workers' sys.path): rename that "
+                "folder or take its parent off sys.path")
 
     def _rerun_message(self, wid: int, pid: int) -> str:
         script = getattr(sys.modules.get("__main__"), "__file__", "the script")
