@@ -42,6 +42,7 @@ import numpy as np
 from ..core._proc import rendezvous
 from ..core._proc.ofd import ProcessLocks
 from ..core._proc.shm import SharedBlock
+from ..core.sizes import binary_size
 from . import host_budget
 from .chunk_cache import Key, Pin
 
@@ -532,15 +533,15 @@ def attach(key: CacheKey, budget: int, want: int, need: int) -> HostSegment | No
     beyond = seg.n_slots * seg.slot_bytes - max(room, 0)
     if created and key.identity not in _SAID:
         _SAID.add(key.identity)
-        log.info("zarrfeed: host cache of %d chunks (%d MiB, shared by every loader of this dataset commit on this "
-                 "machine)", seg.n_slots, seg.n_slots * seg.slot_bytes >> 20)
+        log.info("zarrfeed: host cache of %d chunks (%s, shared by every loader of this dataset commit on this "
+                 "machine)", seg.n_slots, binary_size(seg.n_slots * seg.slot_bytes))
     if created and beyond > 0:
         if key.identity in _SAID_SHORT:
             return seg
         _SAID_SHORT.add(key.identity)
         log.warning("zarrfeed: the host's ceiling for decoded chunks (%s) is too small for this dataset; its "
-                    "cache takes the %d chunks its loaders need at once, %d MiB beyond it",
-                    _ceiling_said(ceiling, set_by, room), seg.n_slots, beyond >> 20)
+                    "cache takes the %d chunks its loaders need at once, %s beyond it",
+                    _ceiling_said(ceiling, set_by, room), seg.n_slots, binary_size(beyond))
     else:
         _say_short(key, seg.n_slots, _asked(key, budget, want), (ceiling, set_by, room) if created else None)
     return seg
@@ -554,9 +555,9 @@ def _asked(key: CacheKey, budget: int, want: int) -> int:
 def _ceiling_said(ceiling: int, set_by: int, room: int) -> str:
     mine = " (this process)" if set_by == os.getpid() else ""
     held = ceiling - room
-    return (f"{ceiling >> 20} MiB, the largest cache_bytes a process using a host cache asked for, by pid "
-            f"{set_by}{mine}" + (f"; the caches of other datasets or jobs hold {held >> 20} MiB of it" if held > 0
-                                 else ""))
+    return (f"{binary_size(ceiling)}, the largest cache_bytes a process using a host cache asked for, by pid "
+            f"{set_by}{mine}" + (f"; the caches of other datasets or jobs hold {binary_size(held)} of it"
+                                 if held > 0 else ""))
 
 
 def _say_short(key: CacheKey, n_slots: int, asked: int, made: tuple[int, int, int] | None) -> None:
@@ -571,8 +572,8 @@ def _say_short(key: CacheKey, n_slots: int, asked: int, made: tuple[int, int, in
            "another process made it for loaders that asked for less, or when other caches left less room; a "
            "host cache keeps its size while any process uses it")
     log.warning("zarrfeed: the host cache of this dataset commit holds %d of the %d chunks this loader asked for "
-                "(%d of %d MiB): %s. `zarrfeed.loader.host_budget.usage()` shows each cache's share", n_slots,
-                asked // key.slot_bytes, held >> 20, asked >> 20, why)
+                "(%s of %s): %s. `zarrfeed.loader.host_budget.usage()` shows each cache's share", n_slots,
+                asked // key.slot_bytes, binary_size(held), binary_size(asked), why)
 
 
 def _open_segment(key: CacheKey, want: int, need: int, room: int

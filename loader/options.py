@@ -101,7 +101,8 @@ class LoaderOptions(TypedDict, total=False):
     (None): the environment variable ZARRFEED_CHECK_VIEWS decides."""
     cache_bytes: int | None
     """Bytes of decoded chunks kept across epochs (default: a quarter of the memory available; 0: none, every
-    epoch decodes again). With `cache="host"` it sizes the host's cache if this loader makes it."""
+    epoch decodes again); the chunks the batches in flight need in memory at once are kept whatever it says
+    (the log says so). With `cache="host"` it sizes the host's cache if this loader makes it."""
     cache: str
     """Where decoded chunks are kept: "host" (default), one cache shared by every loader of this dataset commit
     on this machine; "process", this loader's own; "off", none."""

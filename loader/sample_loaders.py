@@ -30,12 +30,13 @@ from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, ego_samples, sample_fields
-from ..core.keywords import spelled_out
+from ..core.keywords import count, spelled_out
 from .options import LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
 from .windows import SampleGroups
 from .source import plan_settings
+from .state import MASK_MINIMUMS
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 log = logging.getLogger("zarrfeed.loader")
@@ -228,6 +229,9 @@ class MotionSource(SampleGroups):
                "step_time": s.step_time, "samples": len(self.samples)}
         if not self.samples.ego:  # which row of a track is the agent at t
             out["threshold"] = self.samples.threshold
+        for key in MASK_MINIMUMS:  # the agents mask's (without rows=)
+            if key in self.options:
+                out[key] = self.options[key]
         return out
 
     def selection_parts(self) -> list[np.ndarray]:
@@ -311,10 +315,13 @@ class AgentSampleLoader(_SampleLoader):
                  step_time: float = 0.1, threshold: float = 0.5, min_history: int = 10, min_future: int = 1,
                  batch_size: int = 32, rows: np.ndarray | None = None, **options: Unpack[LoaderOptions]) -> None:
         o = Options.of(options, "AgentSampleLoader")
+        min_history, min_future = count(min_history, "min_history", 0), count(min_future, "min_future", 0)
         ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
         _l5kit_dataset(ds, "AgentSampleLoader")
         steps = Steps(history, future, step_time)
         items = _selected(ds.rows["agents"], rows, "agents")
+        # the mask's minimums decide the selection without rows=: a state names them when they differ
+        mask_options = {} if items is not None else {"min_history": min_history, "min_future": min_future}
         if items is None:
             mask, why = agents_mask.load(ds, threshold)
             if mask is None:
@@ -324,7 +331,7 @@ class AgentSampleLoader(_SampleLoader):
             items = agents_mask.selected_rows(mask, min_history, min_future)
         self.threshold = threshold
         self._begin(ds, steps, False, items, dict(history=history, future=future, step_time=step_time,
-                                                  threshold=threshold), batch_size, o)
+                                                  threshold=threshold, **mask_options), batch_size, o)
 
 
 @spelled_out(LoaderOptions, Options)

@@ -27,6 +27,7 @@ import numpy as np
 from ..core._proc.rendezvous import RendezvousError
 from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, is_stopped, process_state
 from ..core.chunks import ChunkError
+from ..core.sizes import binary_size
 from . import host_cache
 from .chunk_cache import ChunkSlots
 from .layout import Layout, TransformOutputError, transform_name
@@ -163,21 +164,43 @@ class Sizing:
         regions = min(most_windows + extra, len(plan.windows)) if self.source.uses_index else 0
         return most_chunks + extra * biggest, regions
 
+    def _chunks_read(self, plan: EpochPlan) -> int:
+        """The chunks an epoch reads (the same in every epoch)."""
+        return len({key for w in plan.window_batches() for key in self.source.chunks_of(plan, w)})
+
     def cache_size(self, plan: EpochPlan) -> tuple[int, int]:
         """Cache slots and index regions: what the plan needs, or more cache slots to keep decoded chunks
         across epochs, up to `cache_bytes` (all the chunks the plan reads if they fit)."""
         slots, regions = self.cache_need(plan)
-        chunk_bytes = max(self.source.chunk_bytes, 1)
-        chunks = len({key for w in plan.window_batches() for key in self.source.chunks_of(plan, w)})
-        keep = min(chunks, self.cache_bytes // chunk_bytes)
-        if self.cache_bytes and not self.said_cache:
-            self.said_cache = True
-            fit = "all" if keep == chunks else f"{keep} (later epochs decode the rest)"
-            log.info("zarrfeed: decoded chunks kept across epochs within cache_bytes=%d MiB%s: %s of the %d chunks "
-                     "(%d MiB) that an epoch reads", self.cache_bytes >> 20,
-                     " (a quarter of the available memory; 0 turns it off)" if self.cache_is_default else "", fit,
-                     chunks, chunks * chunk_bytes >> 20)
+        chunks = self._chunks_read(plan)
+        keep = min(chunks, self.cache_bytes // max(self.source.chunk_bytes, 1))
         return min(max(slots, keep), max(chunks, 1)), regions  # a slot for each chunk read: none evicted
+
+    def say_cache(self, plan: EpochPlan, slots: int) -> None:
+        """Say in the log, once, how many decoded chunks a cache of `slots` keeps across epochs, and why: all
+        its slots keep theirs (with any `cache_bytes`), so when the batches in flight need more chunks at once
+        than `cache_bytes` holds, that is what is kept, in memory the loader takes anyway."""
+        if not self.cache_bytes or self.said_cache:
+            return
+        self.said_cache = True
+        chunk_bytes = max(self.source.chunk_bytes, 1)
+        chunks = self._chunks_read(plan)
+        kept, budget = min(slots, chunks), min(chunks, self.cache_bytes // chunk_bytes)
+        given = f"cache_bytes={binary_size(self.cache_bytes)}" + (
+            " (a quarter of the available memory; 0 turns it off)" if self.cache_is_default else "")
+        what = (f"{'all' if kept == chunks else f'{kept} (later epochs decode the rest)'} of the {chunks} chunks "
+                f"({binary_size(chunks * chunk_bytes)}) that an epoch reads")
+        if kept <= budget:
+            log.info("zarrfeed: decoded chunks kept across epochs within %s: %s", given, what)
+        else:
+            log.info("zarrfeed: decoded chunks kept across epochs: %s, more than %s holds (%s of %s): the batches "
+                     "in flight need %s in memory at once, and those stay decoded for the next epoch "
+                     "(cache_bytes=0 decodes every epoch)", what, given, _chunks(budget), binary_size(chunk_bytes),
+                     _chunks(kept))
+
+
+def _chunks(n: int) -> str:
+    return f"{n} chunk" if n == 1 else f"{n} chunks"
 
 
 class _InlinePool:
@@ -223,11 +246,11 @@ class Run:
         needs = [sizing.cache_size(plan)] + [sizing.cache_size(EpochPlan(plan.config, e, plan.selection))
                                               for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
         self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
+        sizing.say_cache(plan, self.chunk_slots)
         self.cache = self._cache(plan, max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
         try:  # (a ring too large for this machine's shared memory left the host cache held until exit)
             self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, self.n_slots, self.regions)
-            self.views = [self.layout.views(self.shared.slot(s), source.config.batch_size)
-                          for s in range(self.n_slots)]
+            self.views: dict[int, dict[str, np.ndarray]] = {}  # see slot_views
             setup, args = source.worker(self.shared, outputs, self.workers.transform)
             if self.workers.num_workers == 0:
                 self.pool: Any = _InlinePool(setup(0, *args))
@@ -271,11 +294,20 @@ class Run:
             need = (min(need[0], self.sizing.cache_need(plan)[0]), need[1])
         return need[0] <= self.chunk_slots and need[1] <= self.regions
 
+    def slot_views(self, s: int) -> dict[str, np.ndarray]:
+        """Ring slot s's columns as views of a whole batch, made at the slot's first use and kept: a ring of
+        small batches has tens of thousands of slots (3 groups of 32,768 rows), most never used by a short
+        epoch, and making them all took most of a small loader's start."""
+        views = self.views.get(s)
+        if views is None:
+            views = self.views[s] = self.layout.views(self.shared.slot(s), self.source.config.batch_size)
+        return views
+
     def free(self) -> None:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.stop()
-        self.views = []
+        self.views = {}
         shared = getattr(self, "shared", None)
         if shared is not None:
             shared.close()
@@ -549,7 +581,7 @@ class Epoch:
         counts = self.counts.pop(k, None)
         if counts:
             return self.run.layout.views(self.run.shared.slot(k), n, counts)
-        views = self.run.views[k % self.run.n_slots]
+        views = self.run.slot_views(k % self.run.n_slots)
         return dict(views) if n == self.plan.config.batch_size else {f: v[:n] for f, v in views.items()}
 
     def drain(self) -> None:

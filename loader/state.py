@@ -46,6 +46,21 @@ def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
 # settings that follow from the options (and, by default, the window: from shuffle_bytes and what is read)
 _DERIVED = frozenset({"table_rows", "chunk_rows", "samples", "shuffle_window"})
 _SELECTED_BY = {"SequenceLoader": "episodes"}  # the option that selects what a loader reads (default rows=)
+# AgentSampleLoader's minimums of the agents mask, which select its agents without rows=: recorded only then, and
+# named when the selection differs (the digest decides, as for rows=: equal minimums select equal agents)
+MASK_MINIMUMS = ("min_history", "min_future")
+# settings that are not the option the user gives, as that option: partial_windows=True is whole_windows=False
+# (a WindowLoader of whole windows records nothing, as states saved before partial windows)
+_AS_OPTION = {"partial_windows": ("whole_windows", lambda recorded: recorded is None)}
+
+
+def _differ(key: str, saved: Any, here: Any) -> str:
+    """One line: the state's setting `key` is `saved`, this loader's `here`, said as the option the user gives."""
+    if key in _AS_OPTION:
+        key, spelled = _AS_OPTION[key]
+        saved, here = spelled(saved), spelled(here)
+    return f"loader state has {key}={saved!r}; this loader has {key}={here!r}"
+
 
 @dataclass(frozen=True)
 class LoaderState:
@@ -118,12 +133,13 @@ class LoaderState:
         for key in [k for k in keys if k not in _DERIVED]:
             if not ranks and key in ("rank", "world_size"):
                 continue
+            if key in MASK_MINIMUMS:  # (with the selection, below)
+                continue
             a, b = self.settings.get(key), here.settings.get(key)
             if a != b:
-                raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}")
+                raise ValueError(_differ(key, a, b))
         if self.selection != here.selection:
-            option = _SELECTED_BY.get(self.kind, "rows")
-            raise ValueError(f"loader state was made with another selection ({option}=); pass the same {option}")
+            raise ValueError(self._other_selection(here))
         if self.order != here.order and self.batch != 0:  # at an epoch's start no row has been seen: any order
             # before the window, which follows from the order: the option named is the one the user changed
             if self.order in ORDERS:  # one this zarrfeed makes: this loader was given another
@@ -143,6 +159,24 @@ class LoaderState:
                         f"shuffle_window={a!r}, or the shuffle_bytes the state was saved with)" if valid else
                         " (not a window: the state was changed)") if key == "shuffle_window" else ""
                 raise ValueError(f"loader state has {key}={a!r}; this loader has {key}={b!r}{hint}")
+
+    def _other_selection(self, here: "LoaderState") -> str:
+        """One line: this state selected other rows than `here`'s loader, naming the option that did."""
+        mask_saved, mask_here = (all(key in st.settings for key in MASK_MINIMUMS) for st in (self, here))
+        if mask_saved and mask_here:
+            for key in MASK_MINIMUMS:
+                if self.settings[key] != here.settings[key]:
+                    return _differ(key, self.settings[key], here.settings[key])
+        elif mask_saved:
+            return (f"loader state was made with the agents mask's agents (min_history="
+                    f"{self.settings['min_history']!r}, min_future={self.settings['min_future']!r}); this loader "
+                    "was given rows=: leave rows= out to resume it")
+        elif mask_here:  # the state's agents were given by rows=, or it does not record the minimums
+            return ("loader state was made with other agents selected (by rows=, or by other min_history= or "
+                    "min_future= in a state that does not record them); pass the same rows=, min_history= and "
+                    "min_future=")
+        option = _SELECTED_BY.get(self.kind, "rows")
+        return f"loader state was made with another selection ({option}=); pass the same {option}"
 
     def check_position(self, batches: int) -> None:
         """Raise ValueError (one line) unless batch `batch` can come next in an epoch of `batches` batches: a

@@ -89,7 +89,7 @@ class RemoteWriter:
         self._interrupted: set[str] = set()  # inputs whose ingest did not finish: called again, resumed
         self._unanswered: str | None = None  # an input whose begin_input went unanswered (maybe recorded)
         self._closed: dict[str, int] | None = None  # what close() answered
-        info = self._action("describe")
+        info = self._action("describe", first=True)
         self.schema = episode_schema({t: dtype_from_descr(d["dtype"]) for t, d in info["tables"].items()})
         # the dataset's schema, to refuse a bad first episode before its input is recorded (a server before
         # 0.3 does not say it: the server's own check then refuses it, after the input was begun)
@@ -123,7 +123,23 @@ class RemoteWriter:
             self._write(encode_episode(episode, key, self.schema))
             self._ack(key)
 
-    def _action(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _unreached(self, exc: BaseException) -> ConnectionError:
+        """No server answered this writer's first call: there is no writer yet to call again."""
+        if isinstance(exc, Stalled):  # (its client is left to the watch's thread, as in `_gone`)
+            return ConnectionError(f"{self.url}: the server does not answer (nothing for "
+                                   f"{self._watch.stall_timeout:g} s, then no answer to a call within "
+                                   f"{self._watch.stall_timeout:g} s: {exc})")
+        if isinstance(exc, flight.FlightUnavailableError) and server_message(exc).startswith("zarrfeed:"):
+            message = f"{self.url}: {server_message(exc)}"  # the server's own: busy, or shutting down
+        else:
+            message = unreachable(self.url, exc)
+        self._watch.close()
+        self._client.close()
+        return ConnectionError(message)
+
+    def _action(self, name: str, body: dict[str, Any] | None = None, first: bool = False) -> dict[str, Any]:
+        """The server's answer to action `name`; `first`: the constructor's call (a server that does not
+        answer it is not there, not gone)."""
         if self.dataset is not None:
             body = {**(body or {}), "dataset": self.dataset}
         try:
@@ -137,7 +153,7 @@ class RemoteWriter:
         except flight.FlightServerError as exc:
             raise ValueError(server_message(exc)) from None
         except (flight.FlightError, OSError, Stalled) as exc:
-            raise self._gone(exc) from None
+            raise (self._unreached(exc) if first else self._gone(exc)) from None
         return json.loads(results[0].body.to_pybytes())
 
     def submit(self, episode: Mapping[str, np.ndarray], key: Key | None = None) -> bool:
