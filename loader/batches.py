@@ -96,9 +96,8 @@ class Loader:
     to check that a resumed run read every row once. Every chunk the workers read is checked against the
     size and digest its commit recorded before it is decoded (a changed chunk, or another dataset put in
     this one's place while it is read, raises `LoaderError`); `verify_chunks=False` skips that. Every option
-    after `table` is
-    keyword-only. Iterating continues where the previous iteration stopped; after a complete epoch the epoch
-    advances.
+    after `table` is keyword-only. A loop reads the rest of the current epoch, from where the previous loop
+    stopped (nothing, when that loop read its last batch), then the epoch advances.
 
     Every loader takes the options of `LoaderOptions` (listed below), keyword-only.
 
@@ -349,7 +348,8 @@ class Loader:
             raise ValueError(f"loader states of ranks {ranks} of a run on {n}: the states of all {n} ranks are "
                              f"needed to resume on another number of ranks{hint}")
         epoch = min(s.epoch for s in states)
-        if all(s.epoch == epoch and s.batch == 0 for s in states):  # nothing read of it: this run's own epoch
+        if all(s.epoch == epoch and s.batch == 0 and s.spans is None for s in states):  # nothing read of it:
+            # this run's own epoch (a resharded epoch's states at batch 0 still share out only what they hold)
             self._spans, self._plan = None, None
             self.epoch, self._position = epoch, 0
             return
@@ -379,12 +379,14 @@ class Loader:
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        if self._position >= len(self.plan()):  # a finished epoch: go on with the next
-            self.epoch, self._position = self.epoch + 1, 0
+        """The rest of the current epoch, then the epoch advances: a loop reads nothing when its epoch was read
+        to its end (a loop left after its last batch, a state saved there) or this rank has no share of it (an
+        epoch's rest resumed on more ranks than rows), so that every rank of a run stays in the same epoch."""
         return self._iterate(self.plan(), self._position)
 
     def _iterate(self, plan: EpochPlan, first: int) -> Iterator[dict[str, np.ndarray]]:
         if first >= len(plan):
+            self.epoch, self._position = self.epoch + 1, 0
             return
         if self._active:  # two loops over one Loader would write into the same ring slots
             raise RuntimeError("this Loader is already being iterated; finish or leave that loop first "

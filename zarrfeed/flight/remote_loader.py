@@ -59,6 +59,9 @@ class _RemoteFeed:
         self.info = self._call(lambda: describe(self._client, self._options, dataset))
         self.dataset_id, self.commit = self.info["dataset_id"], self.info["commit"]
         self.epoch, self._position = 0, 0
+        # an epoch resumed on more ranks than it had rows left, of which this rank reads nothing (a loader state
+        # with no spans): this loader yields nothing for it and goes on with the next
+        self._empty_epoch: int | None = None
         self.reconnects = 0  # times a stream was lost and taken up again
         self._plans: dict[int, tuple[LoaderState, int]] = {}
 
@@ -87,31 +90,35 @@ class _RemoteFeed:
     def _plan(self, epoch: int) -> tuple[LoaderState, int]:
         """The server's loader for `epoch`: its state and how many batches the epoch has for this rank."""
         if epoch not in self._plans:
-            body = replace(self._ticket, epoch=epoch).to_json()
-            doc = self._call(lambda: json.loads(list(self._client.do_action(flight.Action("plan", body),
-                                                                            self._options))[0].body.to_pybytes()))
-            self._plans = {epoch: (LoaderState.from_dict(doc["state"]), int(doc["batches"]))}
+            self._plans = {epoch: self._call(lambda: self._ask_plan(epoch, self._options))}
         return self._plans[epoch]
 
+    def _ask_plan(self, epoch: int, options: flight.FlightCallOptions) -> tuple[LoaderState, int]:
+        body = replace(self._ticket, epoch=epoch).to_json()
+        doc = json.loads(list(self._client.do_action(flight.Action("plan", body), options))[0].body.to_pybytes())
+        return LoaderState.from_dict(doc["state"]), int(doc["batches"])
+
     def __len__(self) -> int:
-        """Batches in the current epoch for this rank."""
-        return self._plan(self.epoch)[1]
+        """Batches in the current epoch for this rank (0 in an epoch whose rest this rank has no share of)."""
+        return 0 if self.epoch == self._empty_epoch else self._plan(self.epoch)[1]
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._position = int(epoch), 0
+        self.epoch, self._position, self._empty_epoch = int(epoch), 0, None
 
     def _convert(self, rb: pa.RecordBatch) -> Any:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Any]:
-        if self._position >= len(self):
-            self.epoch, self._position = self.epoch + 1, 0
+        """As `Loader`'s: the rest of the current epoch (nothing when it was read to its end or this rank has
+        no share of it), then the epoch advances."""
         reader, lost_since = None, None
         self._iterating = True
         try:
             while True:
                 try:
                     if reader is None:  # from the batch after the last one yielded: nothing twice, nothing skipped
+                        if self._position >= len(self):
+                            break
                         ticket = replace(self._ticket, epoch=self.epoch, batch=self._position)
                         reader = self._watch.run(lambda: self._client.do_get(ticket.encode(), self._stream_options))
                     chunk = self._watch.run(reader.read_chunk, cancel=reader.cancel)
@@ -152,19 +159,40 @@ class _RemoteFeed:
             self._client = connect(self.url, **self._tls)
             try:
                 options = call_options(self._token, min(self.timeout, max(left, 0.1)))
-                if describe(self._client, options, self.dataset)["dataset_id"] != self.dataset_id:
-                    raise ConnectionError(f"{self.url}: the server came back with another dataset; the stream "
-                                          "cannot go on")
-                self.reconnects += 1
-                return True
+                info = describe(self._client, options, self.dataset)
+                now = self._ask_plan(self.epoch, options) if info["dataset_id"] == self.dataset_id else None
             except (flight.FlightError, OSError) as exc:
                 if not _passing(exc):
                     raise self._error(exc, LoaderError) from None
+                continue
+            self._check_same_epoch(now)
+            self.reconnects += 1
+            return True
         return False
+
+    def _check_same_epoch(self, now: tuple[LoaderState, int] | None) -> None:
+        """After a reconnect, the server must make this epoch's batches from the same rows: what a state load
+        checks (the dataset, its commit and which copy's commit it is, the settings), so that a replica with
+        other rows under the same commit number never finishes an epoch begun on another copy."""
+        (was, batches), e = self._plan(self.epoch), self.epoch
+        if now is None:
+            raise LoaderError(f"{self.url}: the server came back with another dataset; epoch {e} cannot go on")
+        if (now[0].commit, now[0].commit_tag) != (was.commit, was.commit_tag):
+            raise LoaderError(f"{self.url}: the server came back with another copy of this dataset (its commit "
+                              f"{now[0].commit} holds other rows than the one epoch {e} began on); epoch {e} cannot "
+                              "go on there: reconnect to the copy it began on, or start the epoch again")
+        try:
+            now[0].check_resumes(was)
+            if now[1] != batches:
+                raise ValueError(f"epoch {e} has {now[1]} batches for this rank there, not {batches}")
+        except ValueError as exc:
+            raise LoaderError(f"{self.url}: the server came back planning epoch {e} otherwise ({exc}); it cannot "
+                              "go on there") from None
 
     def state(self) -> LoaderState:
         """The state the server's loader (and so a local one with these arguments) has here."""
-        return replace(self._plan(self.epoch)[0], epoch=self.epoch, batch=self._position)
+        return replace(self._plan(self.epoch)[0], epoch=self.epoch, batch=self._position,
+                       spans=[] if self.epoch == self._empty_epoch else None)
 
     def state_dict(self) -> dict[str, Any]:
         """The same state a local loader with these arguments saves: either can resume the other's."""
@@ -179,18 +207,20 @@ class _RemoteFeed:
             raise ValueError("a remote loader takes one loader state; the states of every rank of a run (a list) "
                              "are resumed on another number of ranks by a local Loader")
         saved = LoaderState.from_dict(state)
-        if saved.spans is not None:  # the server plans an epoch's usual shares only
+        empty = saved.spans == [] and saved.batch == 0  # a share of nothing: the epoch is read without this rank
+        if saved.spans is not None and not empty:  # the server plans an epoch's usual shares only
             raise ValueError(f"loader state of epoch {saved.epoch} resharded on another number of ranks: resume it "
                              "with a local Loader, or from the start of the next epoch")
         before = self._ticket, self._plans
         try:
             self._adopt_order(saved)
             saved.check_resumes(self.state())
-            saved.check_position(self._plan(saved.epoch)[1] if saved.epoch >= 0 else 0)
+            saved.check_position(0 if empty else self._plan(saved.epoch)[1] if saved.epoch >= 0 else 0)
         except BaseException:
             self._ticket, self._plans = before
             raise
         self.epoch, self._position = int(saved.epoch), int(saved.batch)
+        self._empty_epoch = self.epoch if empty else None
 
     def _adopt_order(self, saved: LoaderState) -> None:
         """As `Loader`'s: a state's order and window are taken unless this loader was given them (an order 1
