@@ -87,8 +87,9 @@ class VerifyReport:
                     "out") if self.left_out else ""
             lines.append(f"{self.unverifiable} not verifiable (no digest recorded{fill})")
         if self.problems:
-            lines = [f"{len(self.problems)} chunk{'s' * (len(self.problems) != 1)} differ from what was "
-                     "committed:", *(f"  {p}" for p in self.problems)] + lines
+            many = len(self.problems) != 1
+            lines = [f"{len(self.problems)} chunk{'s' * many} differ{'s' * (not many)} from what was committed:",
+                     *(f"  {p}" for p in self.problems)] + lines
         return "\n".join(lines)
 
 
@@ -177,8 +178,7 @@ class Dataset:
         ds = cls(location, group, tables, rows, schema, doc["commit"] if doc else None,
                  doc.get("dataset_id") if doc else None)
         ds.others = others
-        log = doc.get("log") if doc else None
-        ds.commit_tag = log[-1]["key"] if log else None
+        ds.commit_tag = commits.commit_tag(doc)
         if read_check:  # the records as of this opening: a dataset put in its place later is told apart
             try:
                 ds._check = chunk_check.read(group.store, str(location), doc, rows,
@@ -339,10 +339,17 @@ class Dataset:
             reader, unchecked = ChunkReader(self, name, check), ChunkReader(self, name)
             for start in reader.starts():
                 try:
-                    block = reader.read(start)
-                except ChunkChanged as exc:  # a violation; its rows' links are still checked, as they are
-                    add(Violation(name, None, start, str(exc)))
-                    block = unchecked.read(start)
+                    try:
+                        block = reader.read(start)
+                    except ChunkChanged as exc:  # a violation; its rows' links are still checked, as they are
+                        add(Violation(name, None, start, str(exc)))
+                        block = unchecked.read(start)
+                except (ChunkError, FormatError) as exc:  # a chunk that cannot be decoded: invalid, its table's
+                    # links unchecked past it (ChunkReader says a broken file as FormatError)
+                    add(Violation(name, None, start, f"{exc}; the links of table '{name}' are not checked past row "
+                                                     f"{start}"))
+                    checkers[name] = []
+                    continue
                 if block is None:
                     end = min(start + self.tables[name].chunks[0], self.rows[name])
                     add(Violation(name, None, start, f"chunk '{self.chunk_key(name, start)}' (rows {start}-{end}) "

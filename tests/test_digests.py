@@ -305,3 +305,35 @@ def test_a_copys_loader_state_is_refused(written, tmp_path):
             again.load_state_dict(state)
         old = {k: v for k, v in state.items() if k != "commit_tag"}  # saved before states recorded it: taken
         on_y.load_state_dict(old)
+
+
+def test_a_state_resumes_on_its_pinned_commit_after_appends_and_copies_stay_apart(written, tmp_path):
+    """Found by an adversarial pass: a pinned commit took the tag of the latest commit's log, so a state saved at
+    commit c was refused as "another copy" by `Loader(..., commit=c)` once anything was appended (the advice the
+    refusal of another commit gives). A commit's tag is recorded with it and never changes; a copy appended
+    differently to the same number is still told apart, pinned or not."""
+    y = tmp_path / "y.zarr"
+    shutil.copytree(written, y)
+    c = Dataset.open(written).commit
+    with Loader(written, batch_size=500, num_workers=0) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+    ep = episodes(1, seed=1)[0]
+    moved = {**ep, "agents": ep["agents"].copy()}
+    moved["agents"]["centroid"] += 1000
+    for path, new in ((written, ep), (y, moved)):
+        for _ in range(2):  # two commits past c
+            with DatasetWriter(path, workers=0, mode="a") as w:
+                w.ingest([new], keys=[f"k{_}"])
+    assert Dataset.open(written, commit=c).commit_tag == state["commit_tag"]
+    with Loader(written, batch_size=500, num_workers=0, commit=c) as again:
+        again.load_state_dict(state)
+        assert again.state_dict()["batch"] == 1
+    later = Dataset.open(written).commit
+    with Loader(written, batch_size=500, num_workers=0, commit=later) as on_x, \
+            Loader(y, batch_size=500, num_workers=0, commit=later) as on_y:
+        with pytest.raises(ValueError, match="loader state was made on another copy of this dataset"):
+            on_y.load_state_dict(on_x.state_dict())
+        pinned_x, pinned_y = (Dataset.open(p, commit=later - 1).commit_tag for p in (written, y))
+        assert pinned_x and pinned_y and pinned_x != pinned_y

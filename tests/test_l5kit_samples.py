@@ -421,7 +421,7 @@ def test_a_store_that_fails_while_the_mask_is_stored_is_one_line(scenes, tmp_pat
     def full(self, values):
         for key in values:
             if key.endswith("/0.0"):  # the first chunk of values
-                raise OSError(28, "No space left on device", key)
+                raise OSError(28, "No space left on device", str(tmp_path / "d.zarr" / key))  # as open() says
         return real(self, values)
     real = DirectoryStore.put_many
     monkeypatch.setattr(DirectoryStore, "put_many", full)

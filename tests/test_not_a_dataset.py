@@ -222,3 +222,19 @@ def test_validates_help_documents_the_exit_status_and_the_option():
     text = " ".join(r.stdout.split())
     assert r.returncode == 0 and "--allow-unverified" in text, r
     assert "3 with --deep when nothing is wrong but some chunks have no recorded digest" in text, text
+
+
+def test_a_chunk_that_cannot_be_decoded_is_invalid_exit_1(small_dataset, tmp_path):
+    """Found by an adversarial pass: a corrupt chunk made `validate` (and `--deep`) stop with an error, exit 2,
+    the status of "not a dataset"; it is a dataset, and an invalid one: INVALID, exit 1, the chunk named."""
+    import shutil
+    path = tmp_path / "c.zarr"
+    shutil.copytree(small_dataset(2, 5, frames=20, agents_per_frame=5), path)
+    chunk = path / "frames" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    for deep in ([], ["--deep"]):
+        r = zarrfeed("validate", path, "-q", *deep)
+        assert r.returncode == 1 and f"{path}: INVALID" in r.stdout, r
+        assert "chunk 'frames/0' cannot be decoded" in r.stdout and "Traceback" not in r.stderr, r

@@ -296,3 +296,30 @@ def test_a_remote_loader_that_reconnects_to_another_copy_refuses_to_go_on(small_
             restarted.stop()
         else:
             s.kill()
+
+
+def test_a_remote_loaders_state_at_an_epochs_end_needs_no_call_to_the_server(small_dataset):
+    """Found by an adversarial pass: a checkpoint after an epoch asked the server for the next epoch's plan, so
+    with the server stopped (a restart, a pause) `state_dict()` waited for the call's timeout, then raised a line
+    naming no server. The state holds nothing that depends on the epoch besides the position."""
+    import os
+    import signal
+
+    from test_serve import Server
+
+    from zarrfeed.flight import RemoteLoader
+    path = small_dataset(1, 5, chunks={"agents": 7}, frames=30, agents_per_frame=5)
+    s = Server(path)
+    try:
+        with RemoteLoader(s.url, "agents", batch_size=40, seed=1, timeout=5) as remote:
+            n = len(rows_of(remote, "track_id"))
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            try:
+                state = remote.state_dict()
+            finally:
+                os.kill(s.proc.pid, signal.SIGCONT)
+        with Loader(path, num_workers=0, batch_size=40, seed=1) as local:
+            assert n == len(local) and len(rows_of(local, "track_id")) == n
+            assert state == local.state_dict()  # (epoch 1, batch 0), as a local loader's
+    finally:
+        s.stop()

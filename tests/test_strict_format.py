@@ -308,8 +308,8 @@ def test_a_commit_whose_object_landed_before_its_call_failed_is_published_by_the
     c = Committer(Location.of(path), commit_interval=0)
     real, failed = commits.record_commit, []
 
-    def reply_lost(store, number, committed, tails=None, replace=False):
-        real(store, number, committed, tails, replace)
+    def reply_lost(store, number, committed, tails=None, replace=False, tag=None):
+        real(store, number, committed, tails, replace, tag)
         if not failed:
             failed.append(number)
             raise OSError("the reply was lost")

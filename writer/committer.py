@@ -238,7 +238,8 @@ class Committer:
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, manifest.new_dataset_id()
             return found, committed
         if doc["commit"] not in commits.commit_numbers(group.store):  # a writer stopped just after publishing
-            commits.record_commit(group.store, doc["commit"], doc["committed"], doc.get(manifest.TAILS))
+            commits.record_commit(group.store, doc["commit"], doc["committed"], doc.get(manifest.TAILS),
+                                  tag=commits.latest_tag(doc))
         listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
         orphans = [k for k in log_reads.log_keys(group.store) if k not in listed]
         if orphans:

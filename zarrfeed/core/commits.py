@@ -9,6 +9,8 @@ from .manifest import COMMITS_PREFIX, KEEP_COMMITS, MANIFEST_KEY, TAILS, parse, 
 from .store import FormatError
 from .stores import Store
 
+COMMIT_TAG = "commit_tag"  # in a numbered commit: its `latest_tag` when it was published
+
 
 def read_manifest(store: Store, commit: int | None = None) -> dict[str, Any] | None:
     """The zarrfeed manifest (the latest commit, or commit number `commit`), or None for datasets written by
@@ -36,8 +38,17 @@ def read_manifest(store: Store, commit: int | None = None) -> dict[str, Any] | N
         raise FormatError(f"{commit_key(commit)}: field 'commit' is {pinned['commit']}, not the number its name says; "
                           "the commit is damaged (restore it from a copy)")
     pinned_doc = {k: v for k, v in doc.items() if k != TAILS}  # the latest commit's tails are not this one's
+    tag = pinned.get(COMMIT_TAG)  # (None in commits recorded before tags were: that copy cannot be told)
     return {**pinned_doc, "commit": commit, "committed": pinned["committed"],
-            **({TAILS: pinned[TAILS]} if TAILS in pinned else {})}
+            COMMIT_TAG: tag if isinstance(tag, str) else None, **({TAILS: pinned[TAILS]} if TAILS in pinned else {})}
+
+
+def commit_tag(doc: dict[str, Any] | None) -> str | None:
+    """Which copy's commit `doc` (from `read_manifest`) is: the latest commit's `latest_tag`, or what a pinned
+    commit recorded when it was the latest, so that the tag of a commit never changes with later appends."""
+    if doc is None:
+        return None
+    return doc[COMMIT_TAG] if COMMIT_TAG in doc else latest_tag(doc)
 
 
 def write_manifest(store: Store, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None,
@@ -55,19 +66,29 @@ def write_manifest(store: Store, doc: dict[str, Any], log_objects: dict[str, byt
     if log_objects:
         store.put_many(dict(log_objects))
     store.put(MANIFEST_KEY, json.dumps(doc).encode())
-    record_commit(store, number, doc["committed"], doc.get(TAILS), replace=retry)
+    record_commit(store, number, doc["committed"], doc.get(TAILS), replace=retry, tag=latest_tag(doc))
     if number >= KEEP_COMMITS:
         store.delete([commit_key(number - KEEP_COMMITS)])
 
 
+def latest_tag(doc: dict[str, Any]) -> str | None:
+    """Which copy's commit the manifest `doc` publishes: the key of its newest commit log segment, random per
+    segment, so copies of one dataset appended differently to the same commit number are told apart (None
+    without a log)."""
+    log = doc.get("log")
+    return str(log[-1]["key"]) if isinstance(log, list) and log and isinstance(log[-1], dict) else None
+
+
 def record_commit(store: Store, number: int, committed: dict[str, int],
-                  tails: dict[str, str] | None = None, replace: bool = False) -> None:
-    """Store commit `number`'s row counts (and `TAILS`, its last chunks' digests) as
-    `zarrfeed.commits/<number>.json`, only if no such object exists (unless `replace`); `FormatError` if one
-    does."""
+                  tails: dict[str, str] | None = None, replace: bool = False, tag: str | None = None) -> None:
+    """Store commit `number`'s row counts (and `TAILS`, its last chunks' digests; `COMMIT_TAG`, its
+    `latest_tag`) as `zarrfeed.commits/<number>.json`, only if no such object exists (unless `replace`);
+    `FormatError` if one does."""
     doc: dict[str, Any] = {"commit": number, "committed": committed}
     if tails is not None:
         doc[TAILS] = tails
+    if tag is not None:
+        doc[COMMIT_TAG] = tag
     key, raw = commit_key(number), json.dumps(doc).encode()
     if replace:
         store.put(key, raw)

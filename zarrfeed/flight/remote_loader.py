@@ -81,6 +81,9 @@ class _RemoteFeed:
             return ConnectionError(f"{self.url}: the server stopped answering (nothing for "
                                    f"{self._watch.stall_timeout:g} s, then no answer to a call within "
                                    f"{self._watch.stall_timeout:g} s: {exc})")
+        if isinstance(exc, flight.FlightTimedOutError):
+            return ConnectionError(f"{self.url}: the server did not answer within timeout={self.timeout:g} s "
+                                   f"({server_message(exc)})")
         if isinstance(exc, flight.FlightUnavailableError):
             if server_message(exc).startswith("zarrfeed:"):  # the server's own: busy, or shutting down
                 return ConnectionError(f"{self.url}: {server_message(exc)}")
@@ -190,8 +193,11 @@ class _RemoteFeed:
                               "go on there") from None
 
     def state(self) -> LoaderState:
-        """The state the server's loader (and so a local one with these arguments) has here."""
-        return replace(self._plan(self.epoch)[0], epoch=self.epoch, batch=self._position,
+        """The state the server's loader (and so a local one with these arguments) has here. What it holds
+        besides the position is the same in every epoch: a plan already asked for serves, so that a checkpoint
+        at an epoch's end needs no call to the server."""
+        known = next(iter(self._plans.values()), None) or self._plan(self.epoch)
+        return replace(known[0], epoch=self.epoch, batch=self._position,
                        spans=[] if self.epoch == self._empty_epoch else None)
 
     def state_dict(self) -> dict[str, Any]:
