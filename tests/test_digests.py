@@ -337,3 +337,85 @@ def test_a_state_resumes_on_its_pinned_commit_after_appends_and_copies_stay_apar
             on_y.load_state_dict(on_x.state_dict())
         pinned_x, pinned_y = (Dataset.open(p, commit=later - 1).commit_tag for p in (written, y))
         assert pinned_x and pinned_y and pinned_x != pinned_y
+
+
+def _copies(base, tmp_path):
+    x, y = tmp_path / "x.zarr", tmp_path / "y.zarr"
+    shutil.copytree(base, x)
+    shutil.copytree(base, y)
+    return x, y
+
+
+def _state_after(path, batches=3, **kw):
+    with Loader(path, batch_size=10, num_workers=0, fields=["centroid"], **kw) as loader:
+        it = iter(loader)
+        for _ in range(batches):
+            next(it)
+        return loader.state_dict()
+
+
+APPEND_AND_DIE = """
+import os, signal, sys
+from zarrfeed.writer import DatasetWriter, synthetic
+ep = next(iter(synthetic.episodes(1, seed=11, frames=10, agents_per_frame=5)))
+ep["agents"]["centroid"] += float(sys.argv[2])
+w = DatasetWriter(sys.argv[1], workers=0, mode="a")
+w.ingest([ep])
+w.sync()  # committed: the tail chunks not sealed, no keys in the log, so no new log segment
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_copies_whose_commit_adds_no_log_segment_are_told_apart(tmp_path):
+    """Found by a second adversarial pass: a commit's tag was its newest log segment's key, and a commit that
+    adds no segment (rows that fill no chunk, no keys) kept the one before: two copies appended differently to
+    the same commit number had one tag, and a state saved on one resumed on the other (rows of both in one
+    epoch). Each commit has a tag of its own now."""
+    from zarrfeed.writer import write_dataset
+    base = tmp_path / "b.zarr"  # every table ends on a chunk boundary: no tail chunk to withdraw either
+    write_dataset(base, synthetic.episodes(2, seed=5, frames=20, agents_per_frame=5), workers=0,
+                  chunks={"agents": 210, "frames": 40, "scenes": 2, "traffic_light_faces": 141})
+    x, y = _copies(base, tmp_path)
+    for path, bump in ((x, 0.0), (y, 1000.0)):
+        r = subprocess.run([sys.executable, "-c", APPEND_AND_DIE, str(path), str(bump)], capture_output=True,
+                           timeout=120)
+        assert r.returncode == -9, r.stderr
+    assert Dataset.open(x).commit == Dataset.open(y).commit and Dataset.open(x).rows == Dataset.open(y).rows
+    assert Dataset.open(x).commit_tag != Dataset.open(y).commit_tag
+    with Loader(y, batch_size=10, num_workers=0, fields=["centroid"]) as on_y:
+        with pytest.raises(ValueError, match="loader state was made on another copy of this dataset"):
+            on_y.load_state_dict(_state_after(x))
+
+
+def _as_before_tags(path):
+    """What a zarrfeed that recorded no commit tags leaves: none in the manifest or the commit objects."""
+    for f in [path / MANIFEST_KEY, *(path / "zarrfeed.commits").glob("*.json")]:
+        doc = json.loads(f.read_text())
+        doc.pop("commit_tag", None)
+        f.write_text(json.dumps(doc))
+
+
+def test_a_state_of_a_commit_made_before_tags_still_tells_the_copies_apart(written, tmp_path):
+    """Found by a second adversarial pass: copies appended differently to commit c by a zarrfeed that recorded
+    no tags; a state saved on one (tagged with the newest log segment, as such readers saw it) was refused on the
+    other until that one was appended to, then taken by `Loader(commit=c)` there (the commit object had no tag:
+    not checked). The first writer of this zarrfeed records the latest commit's tag in its object."""
+    x, y = _copies(written, tmp_path)
+    ep = episodes(1, seed=1)[0]
+    moved = {**ep, "agents": ep["agents"].copy()}
+    moved["agents"]["centroid"] += 1000
+    for path, new in ((x, ep), (y, moved)):
+        with DatasetWriter(path, workers=0, mode="a") as w:
+            w.ingest([new])
+        _as_before_tags(path)
+    c = Dataset.open(x).commit
+    state = _state_after(x)
+    for path in (x, y):  # a later append, by this zarrfeed
+        with DatasetWriter(path, workers=0, mode="a") as w:
+            w.ingest(episodes(1, seed=2))
+    with Loader(y, batch_size=10, num_workers=0, fields=["centroid"], commit=c) as on_y:
+        with pytest.raises(ValueError, match="loader state was made on another copy of this dataset"):
+            on_y.load_state_dict(state)
+    with Loader(x, batch_size=10, num_workers=0, fields=["centroid"], commit=c) as on_x:
+        on_x.load_state_dict(state)
+        assert on_x.state_dict()["batch"] == 3

@@ -68,6 +68,7 @@ class Committer:
         self.location, self.commit_interval, self._store_timeout = location, commit_interval, store_timeout
         self._published: tuple | None = None  # what the last commit published (the same again is not written)
         self._attempted = -1  # the number of the last commit this writer tried to publish
+        self._tag = manifest.new_commit_tag()  # that commit's tag (manifest.COMMIT_TAG)
         # chunks whose rows were all there before this dataset's first commit with digests (another tool's, an
         # older zarrfeed's), per table: the first commit records them as unknown (None), as every full chunk
         # of a log with digests has an entry (see `log_reads.read_log`)
@@ -237,9 +238,8 @@ class Committer:
         if doc is None:
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, manifest.new_dataset_id()
             return found, committed
-        if doc["commit"] not in commits.commit_numbers(group.store):  # a writer stopped just after publishing
-            commits.record_commit(group.store, doc["commit"], doc["committed"], doc.get(manifest.TAILS),
-                                  tag=commits.latest_tag(doc))
+        # a writer stopped just after publishing left no commit object; one of a zarrfeed that kept no tags, none
+        commits.tag_latest_commit(group.store, doc)
         listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
         orphans = [k for k in log_reads.log_keys(group.store) if k not in listed]
         if orphans:
@@ -496,11 +496,15 @@ class Committer:
         if state == self._published and not len(segment):
             return
         before = (list(self._log.refs), dict(self._log.contents))
+        doc: dict[str, Any] | None = None  # the manifest, once made
         try:
             tails = self._bounded(lambda: self._committed_tails(committed, chunks),
                                   "reading the last chunks' committed rows")
             objects, doomed = self._log.add(segment, self._commit_no + 1)
+            if self._attempted != self._commit_no + 1:  # (an earlier call for this number may have landed: its tag)
+                self._tag = manifest.new_commit_tag()
             doc = manifest.new_manifest(self.schema, committed, self._commit_no + 1, self._dataset_id,
+                                          **{manifest.COMMIT_TAG: self._tag},
                                           journal=state[1], log=self._log.to_json(), digest=manifest.DIGEST,
                                           **({manifest.EVERY_CHUNK: True} if self._every_chunk else {}),
                                           **{manifest.TAILS: {t: d for t, (_, d) in tails.items()}})
@@ -516,8 +520,8 @@ class Committer:
         except BaseException:
             self._log.refs, self._log.contents = before
             self._journal.give_back(new_keys)
-            if self._landed(doc):  # its manifest was stored, then a later write failed (a full disk): readers
-                self._kept = (self._journal.committed_count(), dict(committed))  # see this commit
+            if doc is not None and self._landed(doc):  # its manifest was stored, then a later write failed (a
+                self._kept = (self._journal.committed_count(), dict(committed))  # full disk): readers see it
             raise
         self._commit_no += 1
         self._kept = (self._journal.committed_count(), dict(committed))

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .manifest import COMMITS_PREFIX, KEEP_COMMITS, MANIFEST_KEY, TAILS, parse, commit_key
+from .manifest import COMMIT_TAG, COMMITS_PREFIX, KEEP_COMMITS, MANIFEST_KEY, TAILS, parse, commit_key
 from .store import FormatError
 from .stores import Store
-
-COMMIT_TAG = "commit_tag"  # in a numbered commit: its `latest_tag` when it was published
 
 
 def read_manifest(store: Store, commit: int | None = None) -> dict[str, Any] | None:
@@ -44,11 +42,11 @@ def read_manifest(store: Store, commit: int | None = None) -> dict[str, Any] | N
 
 
 def commit_tag(doc: dict[str, Any] | None) -> str | None:
-    """Which copy's commit `doc` (from `read_manifest`) is: the latest commit's `latest_tag`, or what a pinned
-    commit recorded when it was the latest, so that the tag of a commit never changes with later appends."""
+    """Which copy's commit `doc` (from `read_manifest`) is: its `COMMIT_TAG` (a pinned commit's as its object
+    recorded it, None for one recorded before tags were), else its newest log segment's key."""
     if doc is None:
         return None
-    return doc[COMMIT_TAG] if COMMIT_TAG in doc else latest_tag(doc)
+    return doc[COMMIT_TAG] if COMMIT_TAG in doc else _newest_segment(doc)
 
 
 def write_manifest(store: Store, doc: dict[str, Any], log_objects: dict[str, bytes] | None = None,
@@ -66,23 +64,41 @@ def write_manifest(store: Store, doc: dict[str, Any], log_objects: dict[str, byt
     if log_objects:
         store.put_many(dict(log_objects))
     store.put(MANIFEST_KEY, json.dumps(doc).encode())
-    record_commit(store, number, doc["committed"], doc.get(TAILS), replace=retry, tag=latest_tag(doc))
+    record_commit(store, number, doc["committed"], doc.get(TAILS), replace=retry, tag=commit_tag(doc))
     if number >= KEEP_COMMITS:
         store.delete([commit_key(number - KEEP_COMMITS)])
 
 
-def latest_tag(doc: dict[str, Any]) -> str | None:
-    """Which copy's commit the manifest `doc` publishes: the key of its newest commit log segment, random per
-    segment, so copies of one dataset appended differently to the same commit number are told apart (None
-    without a log)."""
+def _newest_segment(doc: dict[str, Any]) -> str | None:
+    """A manifest's tag before commits had their own (`COMMIT_TAG`): the key of its newest commit log segment,
+    what readers and saved states of such commits took for it (None without a log)."""
     log = doc.get("log")
     return str(log[-1]["key"]) if isinstance(log, list) and log and isinstance(log[-1], dict) else None
+
+
+def tag_latest_commit(store: Store, doc: dict[str, Any]) -> None:
+    """Record in the latest commit's object the tag readers of it see, if a zarrfeed that kept no tags wrote it
+    (its manifest's newest log segment): so that the commit keeps that tag once later ones are published, as a
+    pinned commit is read, and states saved on it still tell the copies apart."""
+    key, tag = commit_key(int(doc["commit"])), commit_tag(doc)
+    if tag is None:
+        return
+    try:
+        chunk_rows = {t: int(tab["chunk_rows"]) for t, tab in doc["schema"]["tables"].items()}
+        recorded = parse(store[key], key, chunk_rows)
+    except KeyError:
+        recorded = None
+    except FormatError:  # a damaged commit object: left as it is, for `validate` to report
+        return
+    if recorded is None or recorded.get(COMMIT_TAG) is None:
+        record_commit(store, int(doc["commit"]), doc["committed"], doc.get(TAILS), replace=recorded is not None,
+                      tag=tag)
 
 
 def record_commit(store: Store, number: int, committed: dict[str, int],
                   tails: dict[str, str] | None = None, replace: bool = False, tag: str | None = None) -> None:
     """Store commit `number`'s row counts (and `TAILS`, its last chunks' digests; `COMMIT_TAG`, its
-    `latest_tag`) as `zarrfeed.commits/<number>.json`, only if no such object exists (unless `replace`);
+    `commit_tag`) as `zarrfeed.commits/<number>.json`, only if no such object exists (unless `replace`);
     `FormatError` if one does."""
     doc: dict[str, Any] = {"commit": number, "committed": committed}
     if tails is not None:

@@ -28,6 +28,9 @@ EVERY_CHUNK = "every_chunk_recorded"
 # check them whatever the chunk's later versions. Required from format `TAILS_SINCE` on, and where the log records
 # every chunk (`EVERY_CHUNK`): an edit must take out three fields to turn the check off
 TAILS = "tails"
+# which copy's commit a manifest (and its numbered commit object) publishes: random per commit, so that copies of
+# one dataset appended differently to the same commit number are told apart (see Dataset.commit_tag)
+COMMIT_TAG = "commit_tag"
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
 
@@ -68,6 +71,8 @@ def _manifest_problem(doc: Any) -> str | None:
                 f"{MANIFEST_VERSION}; upgrade it)")
     if "digest" in doc and doc["digest"] not in (None, DIGEST):
         return f"field 'digest' is {doc['digest']!r}, not a digest this zarrfeed computes ({DIGEST})"
+    if COMMIT_TAG in doc and not isinstance(doc[COMMIT_TAG], str):
+        return f"field '{COMMIT_TAG}' is {doc[COMMIT_TAG]!r}, not a string"
     if "dataset_id" in doc and not isinstance(doc["dataset_id"], str):
         return f"field 'dataset_id' is {doc['dataset_id']!r}, not a string"
     if "schema" not in doc:  # every zarrfeed manifest holds one: readers take the tables from it
@@ -194,6 +199,11 @@ def new_manifest(schema: Schema, committed: dict[str, int], commit: int, dataset
              ) -> dict[str, Any]:
     return {"zarrfeed": MANIFEST_VERSION, "commit": commit, "dataset_id": dataset_id, "schema": schema.to_json(),
             "committed": dict(committed), **extra}
+
+
+def new_commit_tag() -> str:
+    """A commit's tag (`COMMIT_TAG`), new for each commit number a writer publishes."""
+    return f"commit-{uuid.uuid4().hex}"
 
 
 def new_dataset_id() -> str:

@@ -180,7 +180,8 @@ class _RemoteFeed:
         (was, batches), e = self._plan(self.epoch), self.epoch
         if now is None:
             raise LoaderError(f"{self.url}: the server came back with another dataset; epoch {e} cannot go on")
-        if (now[0].commit, now[0].commit_tag) != (was.commit, was.commit_tag):
+        tags = (now[0].commit_tag, was.commit_tag)  # (None: a commit recorded before tags were, not told apart)
+        if now[0].commit != was.commit or (None not in tags and tags[0] != tags[1]):
             raise LoaderError(f"{self.url}: the server came back with another copy of this dataset (its commit "
                               f"{now[0].commit} holds other rows than the one epoch {e} began on); epoch {e} cannot "
                               "go on there: reconnect to the copy it began on, or start the epoch again")
