@@ -122,7 +122,8 @@ class Dataset:
         self.location, self.group, self.tables, self.rows, self.schema = location, group, tables, rows, schema
         self.commit, self.dataset_id = commit, dataset_id
         # which commit this is among copies of the dataset (they share its id and may reach the same commit number
-        # with other rows): the key of its newest commit log segment, new with every commit; None without a log
+        # with other rows): its `commit_tag` (random per commit; for commits before tags, the newest log segment's key,
+        # None without a log or for a pinned commit that recorded none)
         self.commit_tag: str | None = None
         self.others: dict[str, str] = {}  # arrays in the group that are not tables of it (name -> what)
         self._digests: dict[str, dict[int, tuple[int, str]]] | None = None
