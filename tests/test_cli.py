@@ -75,7 +75,12 @@ def test_unreadable_input_exits_2_with_one_line_and_no_traceback(real_copy, tmp_
     else:
         chunk = real_copy / "agents" / "0"
         chunk.write_bytes(chunk.read_bytes()[:100])
-    for cmd in (["validate", "-q"], ["info"]) if breakage != "truncated" else (["validate", "-q"],):
+    if breakage == "truncated":  # a dataset, and an invalid one: validate names the chunk, exit 1
+        out = zarrfeed("validate", "-q", path)
+        assert out.returncode == 1 and "INVALID" in out.stdout, out
+        assert "chunk 'agents/0' cannot be decoded" in out.stdout and "Traceback" not in out.stderr, out
+        return
+    for cmd in (["validate", "-q"], ["info"]):
         out = zarrfeed(*cmd, path)
         assert out.returncode == 2, out
         assert out.stderr.startswith("zarrfeed: error: ") and out.stderr.count("\n") == 1
