@@ -1,7 +1,7 @@
 """What a zarr group that holds no table zarrfeed reads is, in one line: opening one as a dataset is refused.
 
-Such a group opened as a dataset of no tables: `validate` said "valid ()", `info` showed an empty table and
-`export` wrote nothing, each exiting 0. It is an empty group, the `data/` or `meta/` group of a replay buffer
+Opened as a dataset of no tables, such a group would validate as valid, describe as empty and export nothing,
+each with exit 0. It is an empty group, the `data/` or `meta/` group of a replay buffer
 (opened one folder too deep), xarray's zarr output (arrays with named dimensions), or any other group of arrays
 that are not 1-D arrays of structured records. The line says which, and what zarrfeed reads instead.
 """

@@ -60,8 +60,8 @@ def _within(path: str, where: str) -> bool:
 class WriteRefused(OSError, RuntimeError):
     """A write the operating system refused, in one line: what could not be written where, and why, in the
     user's words (`str()`; `cli`, when set, in the command line's); `errno` and `strerror` are the system's.
-    A `RuntimeError` too, as every error that stops a writer is (`WorkerError`, `LeaseLost`): a refusal in a
-    writer worker was a `WorkerError`, and code that catches a stopped writer catches this one.
+    A `RuntimeError` too, as every error that stops a writer is (`WorkerError`, `LeaseLost`), so that code that
+    catches a stopped writer catches this one.
 
     Args:
         message: The line.
