@@ -68,7 +68,7 @@ def zarrfeed_order(ds: Dataset, batch: int, options: dict) -> tuple[np.ndarray, 
     """The epoch's rows in order, and the window (chunks), from the loader's plan (nothing is loaded)."""
     with Loader(ds, "agents", batch_size=batch, num_workers=0, seed=0, **options) as loader:
         plan = loader.plan(0)
-        return np.concatenate([plan.batch_row_ids(k) for k in range(len(loader))]), plan.config.shuffle_window
+        return np.concatenate([plan.batch_row_ids(k) for k in range(len(loader))]), plan.config.window
 
 
 def streaming_order(n: int, chunk_rows: int, algo: str, block: int) -> np.ndarray | None:

@@ -24,10 +24,10 @@ from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .layout import Layout, TransformOutputError, transform_name
-from .options import LoaderOptions, Options
-from .order import ORDERS
+from .options import CacheOptions, LoaderOptions, Options, ReadOptions, WorkerOptions
 from .plan import MIN_WINDOW, EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
-from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing, WorkerOptions
+from .resume import Cursor, adopt_order, reshard
+from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing
 from .source import BatchSource, RowSource
 from .state import LOADED_WHILE_ITERATING, LoaderState, selection_digest
 
@@ -37,12 +37,12 @@ ROW_ID = "_row"  # the column of `row_ids=True`
 log = logging.getLogger("zarrfeed.loader")
 
 
-def fetch_options(ds: Dataset, cache_dir: str | os.PathLike | None, cache_dir_bytes: int) -> FetchOptions:
+def fetch_options(ds: Dataset, caching: CacheOptions) -> FetchOptions:
     """How workers fetch chunks: the local cache, and as many tries as the store's timeout budget allows
     (`Location.fetch_tries`: on S3, s3fs retries each try itself)."""
     tries = ds.location.fetch_tries
-    return FetchOptions(cache_dir=os.fspath(cache_dir) if cache_dir else None, cache_bytes=cache_dir_bytes,
-                        **({} if tries is None else {"tries": tries}))
+    return FetchOptions(cache_dir=os.fspath(caching.cache_dir) if caching.cache_dir else None,
+                        cache_bytes=caching.cache_dir_bytes, **({} if tries is None else {"tries": tries}))
 
 
 def default_cache_bytes() -> int:
@@ -50,14 +50,13 @@ def default_cache_bytes() -> int:
     return available_memory() // 4
 
 
-def open_dataset(dataset_or_path: Dataset | str | os.PathLike, storage_options: dict[str, Any] | None,
-                 commit: int | None, verify_chunks: bool = True) -> Dataset:
+def open_dataset(dataset_or_path: Dataset | str | os.PathLike, read: ReadOptions) -> Dataset:
     """The dataset a loader reads; with `verify_chunks=False` one that reads its chunks unchecked (a `Dataset`
     given is not changed: the loader reads through a copy of it)."""
     if not isinstance(dataset_or_path, Dataset):
-        return Dataset.open(dataset_or_path, storage_options=storage_options, commit=commit,
-                            verify_chunks=verify_chunks)
-    if verify_chunks or not dataset_or_path.verify_chunks:
+        return Dataset.open(dataset_or_path, storage_options=read.storage_options, commit=read.commit,
+                            verify_chunks=read.verify_chunks)
+    if read.verify_chunks or not dataset_or_path.verify_chunks:
         return dataset_or_path
     unchecked = copy_module.copy(dataset_or_path)
     unchecked.verify_chunks = False
@@ -68,8 +67,8 @@ def default_window(source: BatchSource, shuffle_bytes: int) -> int:
     """The window `shuffle_bytes` gives this source (see `plan.window_chunks`): what an epoch reads, from the
     dataset and the options alone."""
     c = source.config
-    everything = EpochPlan(dataclasses.replace(c, shuffle=False, shuffle_window=max(1, -(-c.n_rows // c.chunk_rows))),
-                           0, source.selection)
+    in_row_order = dataclasses.replace(c.shuffling, shuffle=False, shuffle_window=max(1, -(-c.n_rows // c.chunk_rows)))
+    everything = EpochPlan(dataclasses.replace(c, shuffling=in_row_order), 0, source.selection)
     if not everything.windows:
         return window_chunks(shuffle_bytes, 0, 0)
     reads = {key for key in source.chunks_of(everything, 0)}
@@ -80,26 +79,15 @@ def default_window(source: BatchSource, shuffle_bytes: int) -> int:
 class Loader:
     """Batches of `table`'s committed rows as dicts of columns (field -> array of shape (rows, *subshape)).
 
-    The order depends only on (seed, epoch, rank, world_size) and the table: the same for any `num_workers`
-    (0 runs everything in this process) and `prefetch`. With `copy=False` (default) a batch's arrays are
-    views into shared memory, VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED; pass `copy=True` to keep them.
-    `output="arrow"` yields RecordBatches sharing the batch's memory (same validity). `check_views=True` (or
-    ZARRFEED_CHECK_VIEWS=1) is a debug mode in which a view used after the next batch faults loudly (see
-    `loader.view_check`). `dtypes={"centroid": "float32"}` converts fields in the workers; a cast that can
-    change values other than by rounding a float (float to int, a narrower int) is refused unless `casting`
-    (numpy's rule: "same_kind", "unsafe", ...) allows it. Decoded chunks are kept across epochs within
-    `cache_bytes` (default a quarter of the available memory, 0: off). With `cache="host"` (default) every
-    loader of this dataset commit on this machine, in any process or rank, shares one set of decoded chunks
-    (`loader.host_cache`; `cache_bytes` then sizes the host's cache when this loader is the first to make it);
-    `cache="process"` keeps a cache of this loader's own, `"off"` none. `row_ids=True` adds a column `_row`:
-    each row's index in the table (as Parquet exports name it), to join a batch with labels kept elsewhere or
-    to check that a resumed run read every row once. Every chunk the workers read is checked against the
-    size and digest its commit recorded before it is decoded (a changed chunk, or another dataset put in
-    this one's place while it is read, raises `LoaderError`); `verify_chunks=False` skips that. Every option
-    after `table` is keyword-only. A loop reads the rest of the current epoch, from where the previous loop
-    stopped (nothing, when that loop read its last batch), then the epoch advances.
+    The order depends on the dataset, the options and the epoch only (docs/architecture.md#order). With
+    `copy=False` (default) a batch's arrays are views into shared memory, VALID ONLY UNTIL THE NEXT BATCH IS
+    REQUESTED (docs/architecture.md#views); `output="arrow"` shares that memory. Every chunk read is checked
+    against its commit's digest (docs/architecture.md#chunk-checks). A loop reads the rest of the current
+    epoch from where the previous loop stopped, then the epoch advances. Every argument after `table` is
+    keyword-only.
 
-    Every loader takes the options of `LoaderOptions` (listed below), keyword-only.
+    Every loader takes the options of [`LoaderOptions`][zarrfeed.loader.LoaderOptions] (listed below),
+    keyword-only.
 
     Args:
         dataset_or_path: An open `Dataset`, or a directory, `.zip` file or fsspec URL to open (with
@@ -124,54 +112,46 @@ class Loader:
                  output: str = "numpy", dtypes: dict[str, Any] | None = None, casting: str | None = None,
                  row_ids: bool = False, **options: Unpack[LoaderOptions]) -> None:
         o = Options.of(options, "Loader")
-        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
+        ds = open_dataset(dataset_or_path, o.read)
         if output not in ("numpy", "arrow"):
             raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
         if table not in ds.tables:
             raise ValueError(f"table {table!r} is not in the dataset (tables: {', '.join(ds.tables)})")
         array = ds[table]
         selection = selected_rows_per_chunk(ds.rows[table], array.chunks[0], rows)
-        config = PlanConfig.of(ds.rows[table], array.chunks[0], o.plan(batch_size))
+        config = PlanConfig.of(ds.rows[table], array.chunks[0], batch_size, o.shuffling, o.shard)
         records = Layout.of_records(array.dtype, fields, batch_size)
         unknown = sorted(set(dtypes or ()) - {c.name for c in records.columns})
         if unknown:
             raise ValueError(f"dtypes: no field {unknown[0]!r} in this loader's batches "
                              f"(fields: {', '.join(c.name for c in records.columns)})")
         _Cast.check({c.name: c.dtype for c in records.columns}, dtypes or {}, casting)
-        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
+        fetch = fetch_options(ds, o.caching)
         source = RowSource(ds, table, config, selection, records, read_worker.Source.of(ds, fetch))
-        self._start(source, o, o.workers(_Cast.around(o.transform, dtypes)), fetch=fetch, output=output)
+        transform = _Cast.around(o.workers.transform, dtypes)
+        self._start(source, o, dataclasses.replace(o.workers, transform=transform), fetch=fetch, output=output)
         if row_ids and ROW_ID in {c.name for c in records.columns}:
             raise ValueError(f"row_ids: the table has a field named {ROW_ID!r} already")
         self.row_ids = bool(row_ids)
 
     def _start(self, source: BatchSource, o: Options, workers: WorkerOptions, *, fetch: FetchOptions,
                output: str = "numpy", groups: int | None = None) -> None:
-        """What every loader keeps: its batch source, the options, where iteration is; the window left to
-        `shuffle_bytes` resolved from what an epoch reads (a sample loader's: `groups` groups of samples,
-        unless `shuffle_bytes` is given)."""
-        given: frozenset[str] = getattr(o, "given", frozenset())
-        self._window_given, self._order_given = o.shuffle_window is not None, "order" in given
-        self._bytes_given = "shuffle_bytes" in given
-        self._shuffle_bytes = o.shuffle_bytes
-        if o.shuffle_window is None:
+        """What every loader keeps: its batch source, with the window resolved once (a window left to
+        `shuffle_bytes` from what an epoch reads; a sample loader's: `groups` groups of samples, unless
+        `shuffle_bytes` is given), its options and its cursor."""
+        shuffling = o.shuffling
+        if shuffling.shuffle_window is None:
             # in row order the window changes no order, only what is held and decoded before the first batch;
-            # order 1's windows were of 8 chunks
-            if not o.shuffle or o.order == 1:
+            # order 1's windows are of 8 chunks
+            if not shuffling.shuffle or shuffling.order == 1:
                 window = MIN_WINDOW
-            elif groups is not None and "shuffle_bytes" not in given:
+            elif groups is not None and "shuffle_bytes" not in o.given:
                 window = groups
             else:
-                window = default_window(source, o.shuffle_bytes)
-            source.config = dataclasses.replace(source.config, shuffle_window=window)
-        copy, check_views, cache_bytes, cache = o.copy, o.check_views, o.cache_bytes, o.cache
-        if cache_bytes is not None and cache_bytes < 0:
-            raise ValueError(f"cache_bytes must be >= 0 (0: no cache across epochs), got {cache_bytes}")
-        if cache not in ("host", "process", "off"):
-            raise ValueError(f"cache must be 'host', 'process' or 'off', got {cache!r}")
-        if cache == "off":
-            cache_bytes = 0
-        self.cache = cache
+                window = default_window(source, shuffling.shuffle_bytes)
+            source = source.with_config(source.config.with_window(window))
+        self.options = o
+        self.cache = o.caching.cache
         self.row_ids = False  # see Loader
         self.source, self.workers, self.fetch = source, workers, fetch
         self.dataset = source.dataset
@@ -180,29 +160,44 @@ class Loader:
         self.batch_size = source.config.batch_size
         self.num_workers, self.prefetch, self.transform = workers.num_workers, workers.prefetch, workers.transform
         self.start_method, self.restart_workers = workers.start_method, workers.restart_workers
-        self.copy, self.output = copy, output
-        self.cache_bytes = default_cache_bytes() if cache_bytes is None else int(cache_bytes)
+        self.copy, self.output = o.output.copy, output
+        kept = o.caching.kept_bytes
+        self.cache_bytes = default_cache_bytes() if kept is None else kept
         self.sizing = Sizing(source, workers, self.cache_bytes, self.dataset.location.settings.remote,
-                              cache_is_default=cache_bytes is None, host=cache == "host")
-        self.check_views = view_check.requested(check_views) and not copy  # owned copies need no check
+                              cache_is_default=kept is None, host=self.cache == "host")
+        # owned copies need no check
+        self.check_views = view_check.requested(o.output.check_views) and not self.copy
         self._digest: str | None = None
-        self.epoch, self._position = 0, 0
+        self._cursor = Cursor()
         if workers.num_workers:
             start_fork_server(workers.start_method, read_worker.setup)  # ready by the time the loop starts
         self._active = False
         self._plan: EpochPlan | None = None
-        self._spans: tuple[int, list[tuple[int, int]]] | None = None  # an epoch's rows when resharded
         self._loaded: Any = None  # the state(s) given to load_state_dict, applied again by use_ranks
         self._run: Run | None = None
         self._finalizer = weakref.finalize(self, lambda: None)
+
+    def _configure(self, config: PlanConfig) -> None:
+        """Make batches with `config` from now on (ranks from torch.distributed, an order taken from a state):
+        the one place a loader's plan configuration changes, before its first batch."""
+        if config != self.source.config:
+            self.source = self.source.with_config(config)
+            self.sizing = dataclasses.replace(self.sizing, source=self.source)
+            self._plan = None
+            if self._run is not None:
+                self.close()  # workers made for the configuration before
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+        return self._cursor.epoch
 
     # ------------------------------------------------------------ plan and state
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of `epoch` (default: the current one): which rows form which batch."""
         epoch = self.epoch if epoch is None else epoch
         if self._plan is None or self._plan.epoch != epoch:
-            spans = self._spans[1] if self._spans is not None and self._spans[0] == epoch else None
-            self._plan = EpochPlan(self.source.config, epoch, self.source.selection, spans)
+            self._plan = EpochPlan(self.source.config, epoch, self.source.selection, self._cursor.spans_of(epoch))
         return self._plan
 
     @property
@@ -227,22 +222,20 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` from its first batch at the next iteration."""
-        self.epoch, self._position = int(epoch), 0
-        self._spans, self._plan, self._loaded = None, None, None
+        self._cursor, self._plan, self._loaded = Cursor(int(epoch)), None, None
 
     def use_ranks(self, rank: int, world_size: int) -> None:
         """Read rank `rank`'s part of every epoch (how `to_torch` follows `torch.distributed`). A loader made
         for other ranks than the default 0 of 1 is refused, as is one already iterating."""
         c = self.source.config
-        if (c.rank, c.world_size) == (rank, world_size):
+        if (c.shard.rank, c.shard.world_size) == (rank, world_size):
             return
-        if c.world_size != 1:
-            raise ValueError(f"this Loader was made for rank {c.rank} of {c.world_size}, but the process group "
-                             f"says rank {rank} of {world_size}")
+        if c.shard.world_size != 1:
+            raise ValueError(f"this Loader was made for rank {c.shard.rank} of {c.shard.world_size}, but the "
+                             f"process group says rank {rank} of {world_size}")
         if self._run is not None:
             raise RuntimeError("use_ranks() must come before the first batch")
-        self.source.config = dataclasses.replace(c, rank=rank, world_size=world_size)
-        self._plan = None
+        self._configure(dataclasses.replace(c, shard=dataclasses.replace(c.shard, rank=rank, world_size=world_size)))
         if self._loaded is not None:  # states loaded before: shared out again, among these ranks
             self.load_state_dict(self._loaded)
 
@@ -257,11 +250,12 @@ class Loader:
         """Where iteration stands, with what decides the batch order (see `loader.state`)."""
         if self._digest is None:  # hashed once: a selection can hold millions of rows
             self._digest = selection_digest(self.source.selection_parts())
-        spans = self._spans[1] if self._spans is not None and self._spans[0] == self.epoch else None
+        at = self._cursor
         return LoaderState(kind=self.source.kind, dataset_id=self.dataset.dataset_id, commit=self.dataset.commit,
-                           settings=self.source.settings(), selection=self._digest, epoch=self.epoch,
-                           batch=self._position, commit_tag=self.dataset.commit_tag, order=self.source.config.order,
-                           spans=[list(sp) for sp in spans] if spans is not None else None)
+                           settings=self.source.settings(), selection=self._digest, epoch=at.epoch,
+                           batch=at.batch, commit_tag=self.dataset.commit_tag,
+                           order=self.source.config.shuffling.order,
+                           spans=[list(sp) for sp in at.spans] if at.spans is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
         """`state()` as a plain dict, to save with a checkpoint; `load_state_dict` on a new loader made with the
@@ -276,117 +270,55 @@ class Loader:
         go on as usual."""
         if self._active:  # the loop would go on from its own place, or with workers made for another order
             raise RuntimeError(LOADED_WHILE_ITERATING)
-        before = self.source.config, self._plan
-        try:
-            self._load_state(state)
-        except BaseException:
-            self.source.config, self._plan = before
-            raise
-        now, was = self.source.config, before[0]
-        if now != was:  # said once the state is taken (a refused one changes nothing)
-            taken = ([f"epoch order {now.order}"] if now.order != was.order else []) + (
-                [f"shuffle_window={now.shuffle_window}"] if now.shuffle_window != was.shuffle_window else [])
+        was = self.source.config
+        config, cursor = self._resumed(state)  # a refused state changes nothing
+        self._configure(config)
+        self._cursor, self._loaded = cursor, state
+        if config != was:  # said once the state is taken
+            now = config.shuffling
+            taken = ([f"epoch order {now.order}"] if now.order != was.shuffling.order else []) + (
+                [f"shuffle_window={now.shuffle_window}"] if now.shuffle_window != was.shuffling.shuffle_window else [])
             log.info("zarrfeed: resuming a run saved with %s: its order is kept", ", ".join(taken))
-            if self._run is not None:
-                self.close()  # workers made for the order before the state's (a window or order taken from it)
 
-    def _load_state(self, state: dict[str, Any] | LoaderState | list) -> None:
-        if isinstance(state, (list, tuple)):
-            if not state:
-                raise ValueError("load_state_dict([]): no loader states given (the states of every rank of the "
-                                 "run, or one state)")
-            self._adopt_order(LoaderState.from_dict(state[0]))
-            self._reshard([LoaderState.from_dict(s) for s in state])
-            self._loaded = list(state)
-            return
-        saved = LoaderState.from_dict(state)
-        self._adopt_order(saved)
+    def _resumed(self, state: dict[str, Any] | LoaderState | list) -> tuple[PlanConfig, Cursor]:
+        """The plan configuration and the cursor that `state` resumes (see `loader.resume`), checked to
+        resume this loader."""
+        states = state if isinstance(state, (list, tuple)) else [state]
+        if not states:
+            raise ValueError("load_state_dict([]): no loader states given (the states of every rank of the "
+                             "run, or one state)")
+        saved = [LoaderState.from_dict(s) for s in states]
         c = self.source.config
-        if saved.settings.get("world_size") != c.world_size:  # a run on another number of ranks
-            self._reshard([saved])
-            self._loaded = state
-            return
-        saved.check_resumes(self.state())
-        self._spans = (int(saved.epoch), [(a, z) for a, z in saved.spans]) if saved.spans is not None else None
-        self._plan = None
-        saved.check_position(len(self.plan(saved.epoch)) if saved.epoch >= 0 else 0)
-        self.epoch, self._position = int(saved.epoch), int(saved.batch)
-        self._loaded = state
+        config = dataclasses.replace(c, shuffling=adopt_order(saved[0], c.shuffling, self.options.given))
+        here = self._state_with(config, Cursor())
+        if isinstance(state, (list, tuple)) or saved[0].settings.get("world_size") != c.shard.world_size:
+            for s in saved:  # a run on another number of ranks: its rest shared out among these
+                s.check_resumes(here, ranks=False)
+            return config, reshard(saved, config, self.source.selection)
+        one = saved[0]
+        one.check_resumes(here)
+        cursor = Cursor.of(one)
+        plan = EpochPlan(config, cursor.epoch, self.source.selection, cursor.spans_of(cursor.epoch)) \
+            if one.epoch >= 0 else None
+        one.check_position(len(plan) if plan is not None else 0)
+        return config, cursor
 
-    def _adopt_order(self, saved: LoaderState) -> None:
-        """A run keeps its order when resumed: a state's order and window are taken unless this loader was given
-        them. A state of another order this zarrfeed makes (order 1, before 2026-11-27) goes on in it (and its
-        window unless one was given); a state whose window was another default (the sample loaders' before
-        2026-11-27, or another `shuffle_bytes` default) goes on in its window unless this loader was given
-        `shuffle_window` or `shuffle_bytes`. Given ones must match the state (checked after)."""
-        c, was = self.source.config, self.source.config
-        window = saved.settings.get("shuffle_window")
-        window = window if isinstance(window, int) and not isinstance(window, bool) and window >= 1 else None
-        if saved.order != c.order and saved.order in ORDERS and not self._order_given:
-            if not self._window_given and window is not None:
-                c = dataclasses.replace(c, shuffle_window=window)
-            c = dataclasses.replace(c, order=saved.order)
-        elif saved.order == c.order and window is not None and not (self._window_given or self._bytes_given):
-            c = dataclasses.replace(c, shuffle_window=window)
-        if c != was:
-            self.source.config, self._plan = c, None
-
-    def _reshard(self, states: list[LoaderState]) -> None:
-        """Resume from the states of all N ranks of a run on this run's rank of M (see load_state_dict)."""
-        here = self.state()
-        for s in states:
-            s.check_resumes(here, ranks=False)
-        worlds = {s.settings.get("world_size") for s in states}
-        if len(worlds) != 1:
-            raise ValueError(f"loader states of runs on different numbers of ranks: {sorted(map(str, worlds))}")
-        n = int(worlds.pop() or 1)
-        ranks = sorted(int(s.settings.get("rank", 0)) for s in states)
-        if ranks != list(range(n)):
-            c = self.source.config
-            hint = (" (this loader is rank 0 of 1: under torch.distributed, call use_ranks(rank, world_size) or "
-                    "to_torch() before load_state_dict)" if (c.rank, c.world_size) == (0, 1) else "")
-            raise ValueError(f"loader states of ranks {ranks} of a run on {n}: the states of all {n} ranks are "
-                             f"needed to resume on another number of ranks{hint}")
-        epoch = min(s.epoch for s in states)
-        if all(s.epoch == epoch and s.batch == 0 and s.spans is None for s in states):  # nothing read of it:
-            # this run's own epoch (a resharded epoch's states at batch 0 still share out only what they hold)
-            self._spans, self._plan = None, None
-            self.epoch, self._position = epoch, 0
-            return
-        remaining: list[tuple[int, int]] = []
-        for s in sorted(states, key=lambda s: int(s.settings.get("rank", 0))):
-            if s.epoch != epoch and not (s.epoch == epoch + 1 and s.batch == 0):
-                raise ValueError(f"loader states of epochs {epoch} and {s.epoch}: the ranks of a run are in one "
-                                 "epoch (or at the start of the next)")
-            if s.epoch != epoch:
-                continue  # that rank had finished the epoch
-            old = dataclasses.replace(self.source.config, rank=int(s.settings["rank"]), world_size=n)
-            spans = [(int(a), int(z)) for a, z in s.spans] if s.spans is not None else None
-            plan = EpochPlan(old, epoch, self.source.selection, spans)
-            s.check_position(len(plan))
-            remaining += plan.remaining(s.batch)
-        c = self.source.config
-        total = sum(z - a for a, z in remaining)
-        lo, hi = c.rank * total // c.world_size, (c.rank + 1) * total // c.world_size
-        mine, at = [], 0
-        for a, z in remaining:  # this rank's part: rows [lo, hi) of what is left, in order
-            take_a, take_z = max(a, a + lo - at), min(z, a + hi - at)
-            if take_a < take_z:
-                mine.append((take_a, take_z))
-            at += z - a
-        self._spans, self._plan = (epoch, mine), None
-        self.epoch, self._position = epoch, 0
+    def _state_with(self, config: PlanConfig, cursor: Cursor) -> LoaderState:
+        """The state this loader would have with `config` at `cursor`."""
+        source = self.source.with_config(config)
+        state = dataclasses.replace(self.state(), settings=source.settings(), order=config.shuffling.order)
+        return dataclasses.replace(state, epoch=cursor.epoch, batch=cursor.batch, spans=None)
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         """The rest of the current epoch, then the epoch advances: a loop reads nothing when its epoch was read
         to its end (a loop left after its last batch, a state saved there) or this rank has no share of it (an
         epoch's rest resumed on more ranks than rows), so that every rank of a run stays in the same epoch."""
-        return self._iterate(self.plan(), self._position)
+        return self._iterate(self.plan(), self._cursor.batch)
 
     def _iterate(self, plan: EpochPlan, first: int) -> Iterator[dict[str, np.ndarray]]:
         if first >= len(plan):
-            self.epoch, self._position = self.epoch + 1, 0
+            self._cursor = self._cursor.next_epoch()
             return
         if self._active:  # two loops over one Loader would write into the same ring slots
             raise RuntimeError("this Loader is already being iterated; finish or leave that loop first "
@@ -406,7 +338,7 @@ class Loader:
         try:
             for k in range(first, len(plan)):
                 batch = sched.get(k)
-                self._position = k + 1
+                self._cursor = self._cursor.at(k + 1)
                 if self.copy:
                     batch = {n: a.copy() for n, a in batch.items()}
                 elif checker is not None:
@@ -416,7 +348,7 @@ class Loader:
                 yield to_arrow(batch) if self.output == "arrow" else batch
             sched.drain()
             finished = True
-            self.epoch, self._position = self.epoch + 1, 0
+            self._cursor = self._cursor.next_epoch()
         finally:
             self._active = False
             if checker is not None:
@@ -435,8 +367,8 @@ class Loader:
         own = max(self.num_workers, 1) * self.source.worker_bytes()
         need, free = chunks * self.source.chunk_bytes + own, available_memory()
         if need > free:
-            option = (f"shuffle_window={self.source.config.shuffle_window}" if self._window_given else
-                      f"shuffle_bytes={self._shuffle_bytes}")
+            option = (f"shuffle_window={self.source.config.window}" if "shuffle_window" in self.options.given else
+                      f"shuffle_bytes={self.options.shuffling.shuffle_bytes}")
             workers = f" and {own / 2**20:.0f} MiB of its workers' own" if own else ""
             raise ShmSpaceError(f"a shuffle window of {chunks} chunks needs {need / 2**20:.0f} MiB of decoded chunks"
                                 f"{workers} in memory at once, but this machine has {free / 2**20:.0f} MiB available: "

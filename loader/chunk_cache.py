@@ -12,13 +12,87 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import numpy as np
 
 from ..core._proc.shm import SharedBlock, check_room
 
 Key = tuple[str, int]  # (table, chunk)
+
+
+class ChunkMemory(Protocol):
+    """The shared memory decoded chunks live in: one slot each (`ProcessChunks`, `host_cache.HostSegment`)."""
+
+    @property
+    def slot_bytes(self) -> int:
+        ...
+
+    def array(self) -> np.ndarray:
+        """The slots as one array of bytes, a row per slot."""
+        ...
+
+    def writing(self, slot: int, token: int) -> contextlib.AbstractContextManager[bool]:
+        """Held while a worker decodes into `slot`; whether its claim `token` still holds (else it skips)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class ChunkCache(Protocol):
+    """Which chunk is in which slot, as the scheduler sees a cache (`ChunkSlots`: a loader's own;
+    `host_cache.HostSlots`: the host's, shared by every loader of a dataset commit on the machine)."""
+
+    @property
+    def memory(self) -> ChunkMemory:
+        """Where the chunks are decoded."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Other processes decode into it too: the scheduler polls the chunks it waits for."""
+        ...
+
+    def new_epoch(self, keep: bool = True) -> None:
+        """An epoch begins: nothing is pinned; `keep=False` forgets what is decoded."""
+        ...
+
+    def pin_window(self, window: int, keys: list[Key]) -> list["Pin"] | None:
+        """Pin the chunks a window reads (None: no room now, try again once windows are unpinned)."""
+        ...
+
+    def unpin_window(self, window: int, keys: list[Key]) -> None:
+        ...
+
+    def poll(self, slot: int) -> "Pin":
+        """Where a slot whose decode was asked for stands."""
+        ...
+
+    def decoded(self, slot: int) -> bool:
+        """A worker says it decoded `slot`; whether it is ready."""
+        ...
+
+    def slot(self, table: str, chunk: int) -> int:
+        ...
+
+    def key_of(self, slot: int) -> Key:
+        ...
+
+    def decoder_of(self, slot: int) -> int:
+        """The pid of the process decoding `slot` (0 if unknown)."""
+        ...
+
+    def holders(self) -> dict[int, int]:
+        """pid -> slots pinned, of other processes that pin slots of this cache (none for a loader's own)."""
+        ...
+
+    def slots_needed(self, kept: int, pinned: int) -> int:
+        """Slots this cache needs for epochs that keep `kept` chunks and pin `pinned` at once."""
+        ...
+
+    def close(self) -> None:
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +114,7 @@ class ProcessChunks:
         check_room(slot_bytes * n_slots, f"the loader's chunk cache ({n_slots} chunks)")
         self.slot_bytes, self.n_slots = slot_bytes, n_slots
         # the pages are mapped as workers first decode into them, in parallel, not all at the start
-        # (measured: populating a 240 MB cache in the parent and in each worker delayed the first batch 0.12 s)
+        # (populating the whole cache in the parent and in each worker would delay the first batch)
         self.block = SharedBlock(slot_bytes * n_slots, populate=False)
 
     def array(self) -> np.ndarray:
@@ -106,6 +180,14 @@ class ChunkSlots:
     def decoder_of(self, slot: int) -> int:
         """This process: only its own workers decode into this cache."""
         return os.getpid()
+
+    def holders(self) -> dict[int, int]:
+        """None: no other process pins this loader's own cache."""
+        return {}
+
+    def slots_needed(self, kept: int, pinned: int) -> int:
+        """All it keeps: this cache is the only one that holds them."""
+        return kept
 
     def decoded(self, slot: int) -> bool:
         """A worker says it decoded `slot`; whether it is ready."""

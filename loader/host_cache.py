@@ -250,7 +250,7 @@ class HostSegment:
         free = [int(s) for s in np.flatnonzero(self.state == FREE)]
         idle = [int(s) for s in np.flatnonzero(~self._pinned() & (self.state != DECODING) & (self.state != FREE))
                 if int(self.chunk[s]) not in keep]
-        idle.sort(key=lambda s: -int(self.unpinned[s]))  # stable: the lowest slot among equals, as before
+        idle.sort(key=lambda s: -int(self.unpinned[s]))  # stable: among equals, the lowest slot first
         return free + idle
 
     def _take(self, s: int) -> int:
@@ -702,6 +702,10 @@ class HostSlots:
     def holders(self) -> dict[int, int]:
         """pid -> slots pinned, of the other processes that pin slots of the host cache."""
         return self.segment.holders()
+
+    def slots_needed(self, kept: int, pinned: int) -> int:
+        """What it pins at once, at most: the host's cache is shared, and other loaders keep what it holds."""
+        return min(kept, pinned)
 
     def key_of(self, slot: int) -> Key:
         """The (table, chunk) this loader pinned in `slot`."""

@@ -2,7 +2,7 @@
 
 Chunks are put in a random order (the same for every rank), grouped into windows of `shuffle_window`
 chunks, and the rows of each window are shuffled: in order 2 (the default) stratified, in blocks that each
-hold every chunk of the window in proportion, in order 1 (states saved before 2026-11-27) by one Fisher-Yates
+hold every chunk of the window in proportion, in order 1 (a state saved in it resumes in it) by one Fisher-Yates
 shuffle of the window (`order.py` specifies both). Concatenated, the windows give the epoch's row sequence.
 A loader's default window is the whole table when its decoded chunks fit `shuffle_bytes` (`window_chunks`).
 Rank r takes the r-th of `world_size` equal, contiguous parts of it, so it reads only about 1/world_size of
@@ -16,18 +16,17 @@ only its window's order.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .order import CHUNKS, ORDERS, VERSION, block_count, block_starts, fill_block, integer, inverse, permutation, \
+from .options import ShardOptions, ShuffleOptions
+from .order import CHUNKS, ORDERS, block_count, block_starts, fill_block, inverse, permutation, \
     shuffle, strata
 
-DEFAULT_SHUFFLE_BYTES = 1 << 30  # a loader's default window: the whole table up to 1 GiB of decoded chunks
 
 
 class Piece(NamedTuple):
@@ -42,56 +41,48 @@ class Piece(NamedTuple):
 
 
 @dataclass(frozen=True)
-class PlanSettings:
-    """What decides an epoch's batches besides the table: what a loader is asked for (a remote ticket carries
-    these). `shuffle_window` None: as many chunks as `shuffle_bytes` of decoded chunks hold (`window_chunks`)."""
-
-    batch_size: int = 256
-    shuffle: bool = True
-    seed: int = 0
-    shuffle_window: int | None = None
-    rank: int = 0
-    world_size: int = 1
-    drop_last: bool = False
-    order: int = VERSION  # the order's algorithm (order.py): 2, or 1 for a run saved before it
-    shuffle_bytes: int | None = None  # None: not given (the loader's default window; `DEFAULT_SHUFFLE_BYTES`)
-
-
-@dataclass(frozen=True)
 class PlanConfig:
-    """A plan's settings for one table: `shuffle_window` resolved to a number of plan chunks."""
+    """A plan's configuration for one table, fixed once its window is resolved: the table's rows and chunk rows,
+    the batch size, the order (`shuffling`, its `shuffle_window` a number of plan chunks) and this rank's share."""
 
     n_rows: int                # committed rows of the table
     chunk_rows: int
     batch_size: int
-    shuffle: bool = True
-    seed: int = 0
-    shuffle_window: int = 8
-    rank: int = 0
-    world_size: int = 1
-    drop_last: bool = False
-    order: int = VERSION
-
-    @classmethod
-    def of(cls, n_rows: int, chunk_rows: int, settings: PlanSettings) -> "PlanConfig":
-        """The plan of a table of `n_rows` rows in chunks of `chunk_rows`, with these settings (a window left
-        to `shuffle_bytes` is 1 chunk here: the loader resolves it once it knows what an epoch reads)."""
-        given = {k: v for k, v in dataclasses.asdict(settings).items() if k != "shuffle_bytes"}
-        if given["shuffle_window"] is None:
-            given["shuffle_window"] = 1
-        return cls(n_rows=n_rows, chunk_rows=chunk_rows, **given)
+    shuffling: ShuffleOptions = ShuffleOptions(shuffle_window=8)
+    shard: ShardOptions = ShardOptions()
 
     def __post_init__(self) -> None:
-        # numpy integers are taken as Python ints (the order's arithmetic needs them), anything else refused
-        object.__setattr__(self, "seed", integer(self.seed, "seed"))
+        s = self.shuffling
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.shuffle_window < 1:
-            raise ValueError(f"shuffle_window must be >= 1, got {self.shuffle_window}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
-        if self.order not in ORDERS:
-            raise ValueError(f"epoch order {self.order!r}: this zarrfeed orders epochs with orders {ORDERS}")
+        if s.shuffle_window is None or s.shuffle_window < 1:
+            raise ValueError(f"shuffle_window must be >= 1, got {s.shuffle_window}")
+        if not 0 <= self.shard.rank < self.shard.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.shard.world_size}), got {self.shard.rank}")
+        if s.order not in ORDERS:
+            raise ValueError(f"epoch order {s.order!r}: this zarrfeed orders epochs with orders {ORDERS}")
+
+    @classmethod
+    def of(cls, n_rows: int, chunk_rows: int, batch_size: int, shuffling: ShuffleOptions,
+           shard: ShardOptions) -> "PlanConfig":
+        """The plan of a table of `n_rows` rows in chunks of `chunk_rows`; a window left to the loader's default
+        is 1 chunk here, until the loader resolves it from what an epoch reads (`Loader`)."""
+        if shuffling.shuffle_window is None:
+            shuffling = replace(shuffling, shuffle_window=1)
+        return cls(n_rows, chunk_rows, batch_size, shuffling, shard)
+
+    def as_options(self) -> dict[str, Any]:
+        """The loader options that make this plan (the window given), as a loader takes them."""
+        shuffling = {k: v for k, v in asdict(self.shuffling).items() if k != "shuffle_bytes"}
+        return {"batch_size": self.batch_size, **shuffling, **asdict(self.shard)}
+
+    @property
+    def window(self) -> int:
+        """Plan chunks shuffled together."""
+        return self.shuffling.shuffle_window  # type: ignore[return-value]  # resolved: checked above
+
+    def with_window(self, window: int) -> "PlanConfig":
+        return replace(self, shuffling=replace(self.shuffling, shuffle_window=window))
 
 
 MIN_WINDOW = 8  # chunks a default window holds at least (order 1's default window)
@@ -151,21 +142,21 @@ class EpochPlan:
         sizes = np.array([len(s) for s in selection] if selection is not None else
                          [min(c.chunk_rows, c.n_rows - i * c.chunk_rows) for i in range(n_chunks)], np.int64)
         chunks = np.flatnonzero(sizes)  # chunks with nothing selected are never read
-        if c.shuffle:
-            chunks = chunks[permutation(len(chunks), c.seed, epoch, CHUNKS)]
-        if c.order == 2 and len(chunks):  # windows of equal size (to a chunk): no last window of one chunk
-            self.windows = list(np.array_split(chunks, -(-len(chunks) // c.shuffle_window)))
+        if c.shuffling.shuffle:
+            chunks = chunks[permutation(len(chunks), c.shuffling.seed, epoch, CHUNKS)]
+        if c.shuffling.order == 2 and len(chunks):  # windows of equal size (to a chunk): no last window of one chunk
+            self.windows = list(np.array_split(chunks, -(-len(chunks) // c.window)))
         else:
-            self.windows = [chunks[i:i + c.shuffle_window] for i in range(0, len(chunks), c.shuffle_window)]
+            self.windows = [chunks[i:i + c.window] for i in range(0, len(chunks), c.window)]
         window_rows = np.array([sizes[w].sum() for w in self.windows], np.int64)
         self.window_starts = np.concatenate([[0], np.cumsum(window_rows)]).astype(np.int64)
         self._starts = self.window_starts.tolist()
         self.total = int(self.window_starts[-1])
         n, b = self.total, c.batch_size
         if spans is None:  # the rank's share: a contiguous part of the sequence (past its end: repeated rows)
-            m = n // c.world_size if c.drop_last else -(-n // c.world_size)
-            self.spans, self.resumed = [(c.rank * m, c.rank * m + m)], False
-            self.num_batches = m // b if c.drop_last else -(-m // b)
+            m = n // c.shard.world_size if c.shard.drop_last else -(-n // c.shard.world_size)
+            self.spans, self.resumed = [(c.shard.rank * m, c.shard.rank * m + m)], False
+            self.num_batches = m // b if c.shard.drop_last else -(-m // b)
         else:  # every row of the spans, exactly once: the last batch may be short whatever drop_last says
             self.spans, self.resumed = [(int(a), int(z)) for a, z in spans if z > a], True
             m = sum(z - a for a, z in self.spans)
@@ -243,7 +234,7 @@ class EpochPlan:
         return list(dict.fromkeys(p.window for p in self.group_pieces(k0, count)))
 
     def _stratified(self, w: int) -> bool:
-        return self.config.shuffle and self.config.order == 2
+        return self.config.shuffling.shuffle and self.config.shuffling.order == 2
 
     def _strata(self, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
         """Order 2, window w: its chunks' rows, multipliers and offsets, its blocks and where they start."""
@@ -251,7 +242,7 @@ class EpochPlan:
             if len(self._strata_of) >= 2:
                 del self._strata_of[next(iter(self._strata_of))]
             sizes = self._sizes[self.windows[w]].astype(np.int64)
-            mults, offsets = strata(sizes, self.config.seed, self.epoch, w)
+            mults, offsets = strata(sizes, self.config.shuffling.seed, self.epoch, w)
             blocks = block_count(int(sizes.sum()))
             self._strata_of[w] = (sizes, mults, offsets, blocks, block_starts(sizes, blocks))
         return self._strata_of[w]
@@ -285,7 +276,7 @@ class EpochPlan:
         c = self.config
         for t in range(*part):
             block = out[starts[t]:starts[t + 1]]
-            fill_block(block, bases, sizes, mults, offsets, t, blocks, c.seed, self.epoch, w)
+            fill_block(block, bases, sizes, mults, offsets, t, blocks, c.shuffling.seed, self.epoch, w)
             if lookup is not None:
                 block[:] = lookup[block]
 
@@ -324,29 +315,29 @@ class EpochPlan:
                 mine = self.selection[ch] if self.selection is not None else np.arange(self._sizes[ch])
                 parts.append(base[j] + mine)
             rows = np.concatenate(parts).astype(np.int64, copy=False)
-        return shuffle(rows, self.config.seed, self.epoch, w) if self.config.shuffle else rows
+        return shuffle(rows, self.config.shuffling.seed, self.epoch, w) if self.config.shuffling.shuffle else rows
 
     def _local_at(self, w: int, q: int) -> int:
         """The window-local row (chunks laid end to end, selected rows only) at position q of window w."""
-        if not self.config.shuffle:
+        if not self.config.shuffling.shuffle:
             return q
         if not self._stratified(w):
-            return int(permutation(self._window_rows(w), self.config.seed, self.epoch, w)[q])
+            return int(permutation(self._window_rows(w), self.config.shuffling.seed, self.epoch, w)[q])
         sizes, mults, offsets, blocks, starts = self._strata(w)
         t = int(np.searchsorted(starts, q, side="right")) - 1
         block = np.empty(int(starts[t + 1] - starts[t]), np.int64)
         bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        fill_block(block, bases, sizes, mults, offsets, t, blocks, self.config.seed, self.epoch, w)
+        fill_block(block, bases, sizes, mults, offsets, t, blocks, self.config.shuffling.seed, self.epoch, w)
         return int(block[q - starts[t]])
 
     def _position_in(self, w: int, j: int, r: int) -> int:
         """Where row r of window w's j-th chunk (selected rows numbered) comes in the window's order."""
         sizes = self._sizes[self.windows[w]]
         local = int(sizes[:j].sum()) + r
-        if not self.config.shuffle:
+        if not self.config.shuffling.shuffle:
             return local
         if not self._stratified(w):
-            return int(inverse(permutation(int(sizes.sum()), self.config.seed, self.epoch, w))[local])
+            return int(inverse(permutation(int(sizes.sum()), self.config.shuffling.seed, self.epoch, w))[local])
         sizes, mults, offsets, blocks, starts = self._strata(w)
         s = int(sizes[j])
         a, b = int(mults[j]), int(offsets[j])
@@ -354,7 +345,7 @@ class EpochPlan:
         t = ((v + 1) * blocks + s - 1) // s - 1  # the block whose share of chunk j holds v
         block = np.empty(int(starts[t + 1] - starts[t]), np.int64)
         bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        fill_block(block, bases, sizes, mults, offsets, t, blocks, self.config.seed, self.epoch, w)
+        fill_block(block, bases, sizes, mults, offsets, t, blocks, self.config.shuffling.seed, self.epoch, w)
         return int(starts[t]) + int(np.flatnonzero(block == local)[0])
 
     def batch_row_ids(self, k: int) -> np.ndarray:

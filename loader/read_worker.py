@@ -28,10 +28,9 @@ from ..core.chunk_check import ChunkCheck
 from ..core.chunks import decode_chunk_into
 from ..core.schema import Table
 from ..core.store import Location
-from .chunk_cache import ProcessChunks
+from .chunk_cache import ChunkMemory
 from .fetch import ChunkFetcher, FetchOptions
 from .gather import gather
-from .host_cache import HostSegment
 from .layout import Layout
 from .messages import (Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherRows, GatherWindows, IndexFilled,
                        TransformFailed)
@@ -45,7 +44,7 @@ class Shared:
     the host's, `HostSegment`), an index of cache rows (`index_regions` regions of `region_rows`), and a ring
     of `n_slots` batch slots."""
 
-    def __init__(self, chunks: ProcessChunks | HostSegment, region_rows: int, index_regions: int,
+    def __init__(self, chunks: ChunkMemory, region_rows: int, index_regions: int,
                  batch_bytes: int, n_slots: int) -> None:
         self.chunks, self.slot_bytes = chunks, chunks.slot_bytes
         self.region_rows, self.batch_bytes, self.n_slots = region_rows, batch_bytes, n_slots

@@ -177,7 +177,7 @@ def _pool_rows(samples: MotionSamples, config: PlanConfig) -> int:
     """Agent rows a worker's `AgentPool` holds: those of the largest window's groups and one more (a batch may
     straddle two windows), at least those of 64 groups (the contexts a worker kept before)."""
     rows = np.sort(samples.agent_spans[:, 1] - samples.agent_spans[:, 0])[::-1]
-    return int(rows[:max(config.shuffle_window + 1, _CONTEXTS)].sum())
+    return int(rows[:max(config.window + 1, _CONTEXTS)].sum())
 
 
 @dataclass
@@ -216,9 +216,7 @@ class MotionSource(SampleGroups):
     def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
         """A picklable call that makes batch k with a one-process loader over the same samples."""
         c = self.config
-        options = dict(self.options, batch_size=c.batch_size, shuffle=c.shuffle, seed=c.seed,
-                       shuffle_window=c.shuffle_window, order=c.order, drop_last=c.drop_last, rank=c.rank,
-                       world_size=c.world_size, rows=self.samples.items, cache_dir=self.fetch.cache_dir,
+        options = dict(self.options, **c.as_options(), rows=self.samples.items, cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
         return functools.partial(_sample_batch, self.kind, self.dataset.location, self.dataset.commit,
                                  self.dataset.check, options, plan.epoch, k)
@@ -253,12 +251,12 @@ class _SampleLoader(Loader):
         self.history, self.future = steps.history, steps.future
         g = samples.group_rows
         selection = samples.selection()
-        config = PlanConfig.of(len(selection) * g, g, o.plan(batch_size))
-        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
+        config = PlanConfig.of(len(selection) * g, g, batch_size, o.shuffling, o.shard)
+        fetch = fetch_options(ds, o.caching)
         kind = type(self).__name__
         source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
                               read_worker.Source.of(ds, fetch), fetch, kind, "frames" if ego else "agents", options)
-        self._start(source, o, o.workers(o.transform), fetch=fetch)  # Loader's default window
+        self._start(source, o, o.workers, fetch=fetch)  # Loader's default window
 
 
 def _l5kit_dataset(ds: Dataset, who: str) -> None:
@@ -316,7 +314,7 @@ class AgentSampleLoader(_SampleLoader):
                  batch_size: int = 32, rows: np.ndarray | None = None, **options: Unpack[LoaderOptions]) -> None:
         o = Options.of(options, "AgentSampleLoader")
         min_history, min_future = count(min_history, "min_history", 0), count(min_future, "min_future", 0)
-        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
+        ds = open_dataset(dataset_or_path, o.read)
         _l5kit_dataset(ds, "AgentSampleLoader")
         steps = Steps(history, future, step_time)
         items = _selected(ds.rows["agents"], rows, "agents")
@@ -327,7 +325,7 @@ class AgentSampleLoader(_SampleLoader):
             if mask is None:
                 log.info("zarrfeed: computing L5Kit's agents mask at threshold %s (%s); `zarrfeed mask` stores it",
                          threshold, why)
-                mask = agents_mask.compute(ds, threshold, workers=o.num_workers)
+                mask = agents_mask.compute(ds, threshold, workers=o.workers.num_workers)
             items = agents_mask.selected_rows(mask, min_history, min_future)
         self.threshold = threshold
         self._begin(ds, steps, False, items, dict(history=history, future=future, step_time=step_time,
@@ -357,7 +355,7 @@ class EgoSampleLoader(_SampleLoader):
                  step_time: float = 0.1, batch_size: int = 32, rows: np.ndarray | None = None,
                  **options: Unpack[LoaderOptions]) -> None:
         o = Options.of(options, "EgoSampleLoader")
-        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
+        ds = open_dataset(dataset_or_path, o.read)
         _l5kit_dataset(ds, "EgoSampleLoader")
         steps = Steps(history, future, step_time)
         items = _selected(ds.rows["frames"], rows, "frames")

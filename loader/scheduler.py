@@ -29,8 +29,9 @@ from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, is
 from ..core.chunks import ChunkError
 from ..core.sizes import binary_size
 from . import host_cache
-from .chunk_cache import ChunkSlots
+from .chunk_cache import ChunkCache, ChunkSlots
 from .layout import Layout, TransformOutputError, transform_name
+from .options import WorkerOptions
 from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, IndexFilled, Message, TransformFailed
 from .plan import EpochPlan
 from .source import BatchSource
@@ -85,28 +86,6 @@ class LoaderStalledError(LoaderError):
         return type(self), (self.waiting, self.seconds, self.stopped, self.pids)
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    """How batches are made: `num_workers` processes (0: in this process) started with `start_method`,
-    `prefetch` batches made ahead, `restart_workers` to replace a worker that dies, `transform` applied in
-    the workers, `stall_timeout` seconds a batch may wait on a stopped process (None: as long as it is stopped,
-    said in the log)."""
-
-    num_workers: int = 2
-    prefetch: int = 4
-    start_method: str | None = None
-    restart_workers: bool = False
-    transform: Callable | None = None
-    stall_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.prefetch < 1 or self.num_workers < 0:
-            raise ValueError(f"prefetch must be >= 1 and num_workers >= 0, got {self.prefetch} and "
-                             f"{self.num_workers}")
-        if self.stall_timeout is not None and not self.stall_timeout > 0:
-            raise ValueError(f"stall_timeout must be > 0 seconds (None: no limit), got {self.stall_timeout}")
-
-
 @dataclass
 class Sizing:
     """How much of everything a source's batches need with these options: batches per gather message, ring
@@ -122,15 +101,15 @@ class Sizing:
 
     def group(self) -> int:
         """Batches per gather message: about 32,768 rows' worth, or 4,096 with a transform (whose cost is
-        unknown: a batch waits for its whole group). Each message costs the consumer's process about 70 us
-        to send, wake a worker and receive; measured on a cached epoch of batch 4096, groups of 4,096 rows
-        took 68 ms of its CPU per epoch and 32,768 rows 26 ms, and the epoch went from 170 to 126 ms."""
+        unknown: a batch waits for its whole group). Each message costs the consumer's process tens of
+        microseconds (send, wake a worker, receive), so larger groups cut its CPU per epoch
+        (`bench/bench_loader.py` measures cached epochs)."""
         rows = _GROUP_ROWS_TRANSFORM if self.workers.transform else _GROUP_ROWS
         return max(1, rows // max(self.source.rows_touched(), 1))
 
     def ring_slots(self) -> int:
-        """Batches in flight: `prefetch`, two groups per worker, and at least 8 MiB of batches (measured:
-        with 5 slots of 4,096 rows, each worker waited for its next message about 40% of a cached epoch)."""
+        """Batches in flight: `prefetch`, two groups per worker, and at least 8 MiB of batches (with fewer
+        slots, workers wait for their next message)."""
         g = self.group()
         by_bytes = -(-_RING_BYTES // max(self.source.layout.slot_bytes, 1))
         return max(self.workers.prefetch, 2 * max(self.workers.num_workers, 1) * g, by_bytes) + g
@@ -242,7 +221,7 @@ class Run:
         self.group = sizing.group()
         self.n_slots = sizing.ring_slots()
         # sized for this epoch and the next few: an epoch's need varies with its order by a few slots, and a
-        # run sized for the first epoch alone was made again (workers and all) at almost every second epoch
+        # run sized for one epoch alone would be made again (workers and all) at almost every second epoch
         needs = [sizing.cache_size(plan)] + [sizing.cache_size(EpochPlan(plan.config, e, plan.selection))
                                               for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
         self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
@@ -263,7 +242,7 @@ class Run:
         self.n_workers = max(self.workers.num_workers, 1)
         self.chunks_decoded = 0  # by the current or last epoch
 
-    def _cache(self, plan: EpochPlan, need: int) -> ChunkSlots | host_cache.HostSlots:
+    def _cache(self, plan: EpochPlan, need: int) -> ChunkCache:
         """The host's cache of this dataset commit (found or made), or one of this loader's own: with
         cache="process", or when the host's has fewer slots than this loader needs at once."""
         sizing, source = self.sizing, self.source
@@ -289,10 +268,9 @@ class Run:
 
     def fits(self, plan: EpochPlan) -> bool:
         """Whether this run's cache and index are large enough for `plan`."""
-        need = self.sizing.cache_size(plan)
-        if isinstance(self.cache, host_cache.HostSlots):  # what it pins at once must fit the host's slots
-            need = (min(need[0], self.sizing.cache_need(plan)[0]), need[1])
-        return need[0] <= self.chunk_slots and need[1] <= self.regions
+        kept, regions = self.sizing.cache_size(plan)
+        return self.cache.slots_needed(kept, self.sizing.cache_need(plan)[0]) <= self.chunk_slots \
+            and regions <= self.regions
 
     def slot_views(self, s: int) -> dict[str, np.ndarray]:
         """Ring slot s's columns as views of a whole batch, made at the slot's first use and kept: a ring of
@@ -486,7 +464,7 @@ class Epoch:
                  "the loader raises LoaderError, as for any worker that dies")
         out = [Holdup(pid, f"loader worker {wid} (pid {pid})", True, ended=ended)
                for wid, pid in self.run.pool.stopped() if self.sent[wid]]
-        if self.no_room and isinstance(self.cache, host_cache.HostSlots):
+        if self.no_room:
             for pid, n in sorted(self.cache.holders().items()):
                 state = process_state(pid)
                 out.append(Holdup(pid, f"process {pid}, which pins {n} of the {self.run.chunk_slots} slots of the "
@@ -494,7 +472,7 @@ class Epoch:
                                   f"is not stopped (state {state}): a loader there holds them until it reads on "
                                   "or closes"))
         for slot in self.foreign:
-            pid = self.cache.decoder_of(slot) if isinstance(self.cache, host_cache.HostSlots) else 0
+            pid = self.cache.decoder_of(slot)
             if pid and is_stopped(pid) and all(h.pid != pid for h in out):
                 out.append(Holdup(pid, f"process {pid}, which decodes a chunk this loader waits for,", True))
         return out

@@ -236,9 +236,7 @@ class SequenceSource(SampleGroups):
         """A picklable call that makes batch k with a one-process SequenceLoader over the same samples."""
         c, s = self.config, self.samples
         options = dict(sequence_length=s.S, pad_before=s.pad_before, pad_after=s.pad_after, keys=s.keys,
-                       episodes=s.episodes, batch_size=c.batch_size, shuffle=c.shuffle, seed=c.seed,
-                       shuffle_window=c.shuffle_window, order=c.order, drop_last=c.drop_last, rank=c.rank,
-                       world_size=c.world_size, cache_dir=self.fetch.cache_dir,
+                       episodes=s.episodes, **c.as_options(), cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
         return functools.partial(_sequence_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
                                  options, plan.epoch, k)
@@ -283,7 +281,7 @@ class SequenceLoader(Loader):
                  episodes: np.ndarray | None = None, batch_size: int = 64,
                  **options: Unpack[LoaderOptions]) -> None:
         o = Options.of(options, "SequenceLoader")
-        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
+        ds = open_dataset(dataset_or_path, o.read)
         steps = ds.schema.step_tables()
         if EPISODES not in ds.tables or not steps:
             raise FormatError(f"{ds.location}: SequenceLoader reads a replay buffer (data/<key> arrays and "
@@ -293,11 +291,11 @@ class SequenceLoader(Loader):
         self.samples, self.sequence_length = seqs, seqs.S
         g = seqs.group_rows
         selection = seqs.selection()
-        config = PlanConfig.of(len(selection) * g, g, o.plan(batch_size))
-        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
+        config = PlanConfig.of(len(selection) * g, g, batch_size, o.shuffling, o.shard)
+        fetch = fetch_options(ds, o.caching)
         source = SequenceSource(ds, seqs, config, selection, _layout(ds, seqs, batch_size),
                                 read_worker.Source.of(ds, fetch), fetch)
-        self._start(source, o, o.workers(o.transform), fetch=fetch, groups=SEQUENCE_GROUPS)
+        self._start(source, o, o.workers, fetch=fetch, groups=SEQUENCE_GROUPS)
 
     def indices(self) -> np.ndarray:
         """Every sample's (buffer_start, buffer_end, sample_start, sample_end), as `SequenceSampler.indices`

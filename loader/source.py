@@ -8,6 +8,7 @@ L5Kit-style window samples.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -17,9 +18,8 @@ import numpy as np
 from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from . import read_worker
-from .chunk_cache import ProcessChunks
+from .chunk_cache import ChunkMemory
 from .dataset import Dataset
-from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherRows, GatherWindows
 from .plan import EpochPlan, PlanConfig
@@ -71,7 +71,7 @@ class BatchSource(Protocol):
         """The message that makes batches [first, first + count), which read `windows`."""
         ...
 
-    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+    def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
                regions: int) -> read_worker.Shared:
         """The shared memory of one run: its decoded chunks, index and ring."""
         ...
@@ -87,6 +87,10 @@ class BatchSource(Protocol):
 
     def settings(self) -> dict[str, Any]:
         """What decides the batch order, for the resume state."""
+        ...
+
+    def with_config(self, config: PlanConfig) -> "BatchSource":
+        """This source with another plan configuration (sources do not change: a loader takes a new one)."""
         ...
 
     def selection_parts(self) -> list[np.ndarray] | None:
@@ -119,6 +123,9 @@ class RowSource:
     def rows_touched(self) -> int:
         return self.config.batch_size
 
+    def with_config(self, config: PlanConfig) -> "RowSource":
+        return dataclasses.replace(self, config=config)
+
     def worker_bytes(self) -> int:
         return 0
 
@@ -129,10 +136,10 @@ class RowSource:
                        residency: Residency) -> GatherRows:
         return GatherRows(plan.epoch, first, count, {w: residency.region(w) for w in windows}, plan.resumed_spans)
 
-    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+    def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
                regions: int) -> read_worker.Shared:
         c = self.config
-        return read_worker.Shared(chunks, c.shuffle_window * c.chunk_rows, regions, batch_bytes, n_slots)
+        return read_worker.Shared(chunks, c.window * c.chunk_rows, regions, batch_bytes, n_slots)
 
     def worker(self, shared: read_worker.Shared, outputs: Layout | None,
                transform: Callable | None) -> tuple[Callable, tuple]:
@@ -154,8 +161,8 @@ def plan_settings(table: str, config: PlanConfig) -> dict[str, Any]:
     """The settings that decide a plan's batch order, as a resume state records them."""
     c = config
     return {"table": table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
-            "shuffle": c.shuffle, "seed": c.seed, "shuffle_window": c.shuffle_window, "rank": c.rank,
-            "world_size": c.world_size, "drop_last": c.drop_last}
+            "shuffle": c.shuffling.shuffle, "seed": c.shuffling.seed, "shuffle_window": c.window,
+            "rank": c.shard.rank, "world_size": c.shard.world_size, "drop_last": c.shard.drop_last}
 
 
 def _read_rows(location: Location, commit: int | None, check: ChunkCheck | None, table: str, fields: list[str],

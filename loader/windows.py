@@ -27,11 +27,10 @@ from ..core.chunk_check import ChunkCheck
 from ..core.store import Location
 from . import read_worker
 from .batches import Loader, fetch_options, open_dataset
-from .chunk_cache import ProcessChunks
+from .chunk_cache import ChunkMemory
 from .dataset import Dataset
 from .fetch import FetchOptions
 from .gather import gather_runs
-from .host_cache import HostSegment
 from .layout import Layout
 from .messages import GatherWindows
 from ..core.keywords import spelled_out
@@ -217,6 +216,10 @@ class SampleGroups:
         """The tables whose chunks the groups read."""
         return list(TABLES)
 
+    def with_config(self, config: PlanConfig) -> Any:
+        """This source with another plan configuration."""
+        return dataclasses.replace(self, config=config)  # type: ignore[type-var]  # (subclasses are dataclasses)
+
     def worker_bytes(self) -> int:
         """None of their own beyond the shared chunks (an agent loader's workers hold an index: its override)."""
         return 0
@@ -232,7 +235,7 @@ class SampleGroups:
                 slots[table][chunk] = slot
         return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
 
-    def shared(self, chunks: ProcessChunks | HostSegment, batch_bytes: int, n_slots: int,
+    def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
                regions: int) -> read_worker.Shared:
         return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
 
@@ -265,10 +268,8 @@ class WindowSource(SampleGroups):
         """A picklable call that makes batch k with a one-process WindowLoader over the same samples."""
         c = self.config
         options = dict(history=self.samples.history, future=self.samples.future,
-                       whole_windows=self.samples.whole_windows, batch_size=c.batch_size,
-                       shuffle=c.shuffle, seed=c.seed, shuffle_window=c.shuffle_window, order=c.order,
-                       drop_last=c.drop_last,
-                       rank=c.rank, world_size=c.world_size, rows=self.samples.t, cache_dir=self.fetch.cache_dir,
+                       whole_windows=self.samples.whole_windows, **c.as_options(), rows=self.samples.t,
+                       cache_dir=self.fetch.cache_dir,
                        cache_dir_bytes=self.fetch.cache_bytes)
         return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
                                  options, plan.epoch, k)
@@ -290,8 +291,8 @@ class WindowLoader(Loader):
     faces. `whole_windows=True` samples only the frames whose whole window lies inside their scene.
 
     A batch holds `frame_row` (B,), the row of `frames` each sample is centred on (a global row, not the
-    frame's index within its scene, which `EgoSampleLoader` calls `frame_index` as L5Kit does; before 0.3 this
-    column was named `frame_index` too), `frames_availability` (B, T) float32 (1: the frame is in the sample's
+    frame's index within its scene, which `EgoSampleLoader` calls `frame_index` as L5Kit does; zarrfeed 0.2
+    named this column `frame_index`), `frames_availability` (B, T) float32 (1: the frame is in the sample's
     scene), `frames/<field>` (B, T, ...), `agents/<field>` (A, ...) with
     `agents_offsets` (B, T + 1): sample i's frame j has agents[agents_offsets[i, j]:agents_offsets[i, j + 1]],
     and likewise `traffic_light_faces/<field>` with `traffic_light_faces_offsets`. A `transform` receives the
@@ -316,7 +317,7 @@ class WindowLoader(Loader):
                  whole_windows: bool = False, batch_size: int = 32, rows: np.ndarray | None = None,
                  **options: Unpack[LoaderOptions]) -> None:
         o = Options.of(options, "WindowLoader")
-        ds = open_dataset(dataset_or_path, o.storage_options, o.commit, o.verify_chunks)
+        ds = open_dataset(dataset_or_path, o.read)
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
@@ -324,11 +325,11 @@ class WindowLoader(Loader):
         self.samples, self.history, self.future = samples, history, future
         g = samples.group_rows
         selection = samples.selection()
-        config = PlanConfig.of(len(selection) * g, g, o.plan(batch_size))
-        fetch = fetch_options(ds, o.cache_dir, o.cache_dir_bytes)
+        config = PlanConfig.of(len(selection) * g, g, batch_size, o.shuffling, o.shard)
+        fetch = fetch_options(ds, o.caching)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
                               read_worker.Source.of(ds, fetch), fetch)
-        self._start(source, o, o.workers(o.transform), fetch=fetch, groups=WINDOW_GROUPS)
+        self._start(source, o, o.workers, fetch=fetch, groups=WINDOW_GROUPS)
 
 
     def load_state_dict(self, state: Any) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from zarrfeed.loader.order import BLOCK_ROWS, block_count, block_starts
 from zarrfeed.loader.plan import EpochPlan, PlanConfig
+from plans import plan_config
 
 N = 3 * BLOCK_ROWS + 1234  # several of order 2's blocks
 
@@ -20,7 +21,7 @@ def epoch_order(config: PlanConfig, epoch: int) -> np.ndarray:
 @pytest.mark.parametrize("order", [1, 2])
 @pytest.mark.parametrize("chunk_rows", [N, N // 4])
 def test_each_epoch_orders_a_one_chunk_window_otherwise(order, chunk_rows):
-    config = PlanConfig(n_rows=N, chunk_rows=chunk_rows, batch_size=N, shuffle_window=1, order=order, seed=11)
+    config = plan_config(n_rows=N, chunk_rows=chunk_rows, batch_size=N, shuffle_window=1, order=order, seed=11)
     orders = [epoch_order(config, e) for e in range(4)]
     for last, this in zip(orders, orders[1:], strict=False):
         assert sorted(this.tolist()) == list(range(N))

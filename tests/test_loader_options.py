@@ -1,6 +1,6 @@
-"""Every loader's options are declared once (issue 39 item 8): `LoaderOptions` (names, types, docs) and `Options`
-(defaults) hold the same names; every local loader takes all of them, keyword-only, checks them the same way
-and refuses an unknown one in one line naming the close one."""
+"""Every loader's options are declared once: `LoaderOptions` (names, types, docs) and the groups of `Options`
+(defaults, checks) hold the same names; every local loader takes all of them, keyword-only, checks them the same
+way and refuses an unknown one in one line naming the close one."""
 import dataclasses
 import inspect
 import types
@@ -9,15 +9,23 @@ import typing
 import pytest
 
 from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader, Loader, LoaderOptions, SequenceLoader, WindowLoader
+from zarrfeed.core.keywords import option_names
 from zarrfeed.loader.options import Options
 
 LOADERS = (Loader, WindowLoader, AgentSampleLoader, EgoSampleLoader, SequenceLoader)
 
 
+def group_hints(options) -> dict:
+    """Option name -> its type, as the groups of `options` declare them."""
+    return {name: kind for group in options.GROUPS.values() for name, kind in typing.get_type_hints(group).items()}
+
+
 def test_the_options_are_declared_once():
-    assert list(LoaderOptions.__annotations__) == [f.name for f in dataclasses.fields(Options)]
-    hints = typing.get_type_hints(LoaderOptions)
-    assert all(hints[f.name] == typing.get_type_hints(Options)[f.name] for f in dataclasses.fields(Options))
+    assert sorted(LoaderOptions.__annotations__) == sorted(option_names(Options))
+    names = [name for group in Options.GROUPS.values() for name in group.__dataclass_fields__]
+    assert len(names) == len(set(names)), "an option in two groups"
+    hints, declared = typing.get_type_hints(LoaderOptions), group_hints(Options)
+    assert all(hints[name] == declared[name] for name in hints)
 
 
 def as_coded(function) -> inspect.Signature:
@@ -40,7 +48,7 @@ def test_every_loader_takes_them_all_keyword_only(cls):
 
 def test_every_option_with_its_default_is_taken_and_an_unknown_one_is_one_line(small_dataset, dp_buffer):
     path = small_dataset(3, 2, chunks={"agents": 500})
-    defaults = {f.name: f.default for f in dataclasses.fields(Options)} | {"num_workers": 0}
+    defaults = option_names(Options) | {"num_workers": 0}
     for cls, args in ((Loader, (path,)), (WindowLoader, (path, 2, 3)), (AgentSampleLoader, (path, 2, 3)),
                       (EgoSampleLoader, (path, 2, 3)), (SequenceLoader, (dp_buffer, 4))):
         with cls(*args, **defaults) as loader:
@@ -55,7 +63,9 @@ def test_remote_loaders_declare_theirs_once_and_refuse_the_servers(small_dataset
                                  RemoteWindowLoader)
     from zarrfeed.flight.remote_options import Remote
 
-    assert list(RemoteOptions.__annotations__) == [f.name for f in dataclasses.fields(Remote)]
+    assert sorted(RemoteOptions.__annotations__) == sorted(option_names(Remote))
+    hints, declared = typing.get_type_hints(RemoteOptions), group_hints(Remote)
+    assert all(hints[name] == declared[name] for name in hints)
     for cls in (RemoteLoader, RemoteWindowLoader, RemoteAgentSampleLoader, RemoteEgoSampleLoader):
         assert typing.get_args(typing.get_type_hints(cls.__init__)["options"]) == (RemoteOptions,)
         assert not set(RemoteOptions.__annotations__) & set(as_coded(cls.__init__).parameters)
@@ -166,20 +176,19 @@ def _spelled_out():
 
 @pytest.mark.parametrize("target, declared, defaults", _spelled_out(), ids=lambda t: getattr(t, "__name__", ""))
 def test_help_and_signature_list_every_option_with_its_default(target, declared, defaults):
-    """Issue 39: `help(Loader)` and `inspect.signature` showed `**options` and none of the options."""
     import pydoc
 
     sig = inspect.signature(target)
     assert all(p.kind is not p.VAR_KEYWORD for p in sig.parameters.values())
-    for field in dataclasses.fields(defaults):
-        p = sig.parameters[field.name]
-        shown = "<not given>" if field.name in getattr(defaults, "NOT_GIVEN", ()) else repr(field.default)
-        assert p.kind is p.KEYWORD_ONLY and repr(p.default) == shown, field.name
-        assert p.annotation == declared.__annotations__[field.name].__forward_arg__
+    for name, default in option_names(defaults).items():
+        p = sig.parameters[name]
+        shown = "<not given>" if name in getattr(defaults, "NOT_GIVEN", ()) else repr(default)
+        assert p.kind is p.KEYWORD_ONLY and repr(p.default) == shown, name
+        assert p.annotation == declared.__annotations__[name].__forward_arg__
     own = inspect.signature(target.__init__ if isinstance(target, type) else target).parameters
     assert [n for n in sig.parameters if n in own] == [n for n in own if n not in ("self", "options")]
     text = pydoc.render_doc(target, renderer=pydoc.plaintext)
-    assert all(f"{f.name}: " in text for f in dataclasses.fields(defaults))
+    assert all(f"{name}: " in text for name in option_names(defaults))
 
 
 def test_a_users_subclass_shows_its_own_signature():

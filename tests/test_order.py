@@ -8,7 +8,8 @@ import pytest
 
 import zarrfeed.loader.order as order_module
 from zarrfeed.loader.order import CHUNKS, VERSION, inverse, permutation, shuffle
-from zarrfeed.loader.plan import EpochPlan, PlanConfig
+from zarrfeed.loader.plan import EpochPlan
+from plans import plan_config
 
 SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 97, 128, 1000, 1023, 1024, 1025, 4099, 65537]
 
@@ -100,7 +101,7 @@ def test_large_orders_are_far_from_the_identity_and_from_each_other():
 def test_an_epochs_rows_and_positions_are_found_by_window(selection):
     """EpochPlan.row_at(p) is the row at position p of the epoch's sequence and position_of its inverse,
     from the order of p's window alone: what resuming or re-splitting an epoch needs."""
-    config = PlanConfig(n_rows=10_000, chunk_rows=700, batch_size=64, seed=11, shuffle_window=3)
+    config = plan_config(n_rows=10_000, chunk_rows=700, batch_size=64, seed=11, shuffle_window=3)
     sel = None
     if selection:
         rng = np.random.default_rng(0)
@@ -147,16 +148,18 @@ def test_a_state_saved_mid_epoch_with_numpys_order_is_refused_at_an_epochs_start
 
 def test_a_ticket_of_another_order_is_refused():
     from zarrfeed.flight.protocol import Ticket
-    from zarrfeed.loader.plan import PlanSettings
+    from zarrfeed.flight.protocol import TicketPlan
 
-    raw = Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 2', b'"order": 0')
+    raw = Ticket("agents", TicketPlan(10)).to_json().replace(b'"order": 2', b'"order": 0')
     with pytest.raises(ValueError, match="ticket: epoch order 0; this server orders epochs with orders 1, 2"):
         Ticket.decode(raw)
     # a client of order 1 (before order 2: no order in its plan) is served in its order
-    old = Ticket("agents", PlanSettings(10, shuffle_window=8)).to_json().replace(b', "order": 2', b"")
+    old = Ticket("agents", TicketPlan.from_dict({"batch_size": 10, "shuffle_window": 8})).to_json()
+    old = old.replace(b', "order": 2', b"")
     old = old.replace(b'"batch": 0', b'"order": 1, "batch": 0')
-    assert Ticket.decode(old).plan.order == 1
-    mixed = Ticket("agents", PlanSettings(10, order=1)).to_json()  # top-level order 2, the plan's 1
+    assert Ticket.decode(old).plan.shuffling.order == 1
+    # top-level order 2, the plan's 1
+    mixed = Ticket("agents", TicketPlan.from_dict({"batch_size": 10, "order": 1})).to_json()
     with pytest.raises(ValueError, match="ticket: plan.order 1 and order 2 differ"):
         Ticket.decode(mixed)
 
@@ -196,10 +199,11 @@ def test_a_hand_edited_state_is_refused_in_one_line(edit, small_dataset):
 
 def test_a_ticket_without_an_order_is_an_old_clients_and_refused():
     from zarrfeed.flight.protocol import Ticket
-    from zarrfeed.loader.plan import PlanSettings
+    from zarrfeed.flight.protocol import TicketPlan
 
-    for raw in (Ticket("agents", PlanSettings(10), batch=5).to_json().replace(b', "order": 2', b""),
-                Ticket("agents", PlanSettings(10)).to_json().replace(b'"order": 2', b'"order": true')):
+    for raw in (Ticket("agents", TicketPlan(10), batch=5).to_json().replace(b', "order": 2', b""),
+                Ticket("agents", TicketPlan(10)).to_json().replace(b'"order": 2', b'"order": true')):
         with pytest.raises(ValueError, match="ticket: epoch order"):
             Ticket.decode(raw)
-    Ticket.decode(Ticket("agents", PlanSettings(10, seed=2**63 + 5)).to_json())  # every seed a local loader takes
+    # every seed a local loader takes
+    Ticket.decode(Ticket("agents", TicketPlan.from_dict({"batch_size": 10, "seed": 2**63 + 5})).to_json())

@@ -13,7 +13,8 @@ import pytest
 import zarrfeed.loader.order as order_module
 from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader, Loader, SequenceLoader, WindowLoader
 from zarrfeed.loader.order import block_count, block_starts, fill_block, strata
-from zarrfeed.loader.plan import EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
+from zarrfeed.loader.plan import EpochPlan, selected_rows_per_chunk, window_chunks
+from plans import plan_config
 
 SIZES = [[20802] * 100, [1, 2, 3, 5, 63, 64, 65, 100, 7, 4099], [0, 5, 0, 3000], [20802] * 99 + [17], [1]]
 
@@ -88,7 +89,7 @@ def test_multipliers_spread_the_rows_a_block_takes():
 
 
 def plan(n_rows, chunk_rows, batch, window, selection=None, **kw):
-    config = PlanConfig(n_rows=n_rows, chunk_rows=chunk_rows, batch_size=batch, shuffle_window=window, **kw)
+    config = plan_config(n_rows=n_rows, chunk_rows=chunk_rows, batch_size=batch, shuffle_window=window, **kw)
     return EpochPlan(config, kw.pop("epoch", 1), selection)
 
 
@@ -152,18 +153,18 @@ def test_loaders_default_window_is_the_whole_table_and_mixes_every_chunk(small_d
     path = small_dataset(12, 5, chunks={"agents": 500})
     with Loader(path, "agents", batch_size=512, num_workers=0) as loader:
         n, chunks = loader.dataset.rows["agents"], loader.dataset["agents"].chunks[0]
-        assert loader.plan().config.shuffle_window == -(-n // chunks) and len(loader.plan().windows) == 1
+        assert loader.plan().config.window == -(-n // chunks) and len(loader.plan().windows) == 1
         assert loader.state().settings["shuffle_window"] == -(-n // chunks) and loader.state().order == 2
         rows = [b["_row"] for b in Loader(path, "agents", batch_size=512, num_workers=0, row_ids=True)]
         full = [r for r in rows if len(r) == 512]
         assert all(len(np.unique(r // chunks)) >= min(-(-n // chunks), 25) for r in full)
     with Loader(path, "agents", batch_size=512, num_workers=0, shuffle_bytes=10 * 500 * 116) as small:
-        assert small.plan().config.shuffle_window == 10
+        assert small.plan().config.window == 10
     # WindowLoader: 8 groups of samples (SequenceLoader 16), in order 2; the whole table once shuffle_bytes is
     # given and holds it (measured: gathering from the whole table cost WindowLoader 0.75x, SequenceLoader 0.65-0.85x)
     with WindowLoader(path, 2, 3, batch_size=16, num_workers=0) as windows, \
             WindowLoader(path, 2, 3, batch_size=16, num_workers=0, shuffle_bytes=1 << 30) as whole:
-        assert windows.plan().config.shuffle_window == 8 and windows.state().order == 2
+        assert windows.plan().config.window == 8 and windows.state().order == 2
         assert len(whole.plan().windows) == 1
     # the L5Kit sample loaders take Loader's default: the whole table when it fits, else what shuffle_bytes holds
     small_chunks = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
@@ -171,14 +172,14 @@ def test_loaders_default_window_is_the_whole_table_and_mixes_every_chunk(small_d
         with cls(small_chunks, 2, 3, num_workers=0) as loader, \
                 cls(small_chunks, 2, 3, num_workers=0, shuffle_bytes=1) as small:
             groups = len(loader.samples.sizes)
-            assert groups > 8 and len(loader.plan().windows) == 1 and loader.plan().config.shuffle_window == groups
-            assert small.plan().config.shuffle_window == 8 and len(small.plan().windows) == -(-groups // 8)
+            assert groups > 8 and len(loader.plan().windows) == 1 and loader.plan().config.window == groups
+            assert small.plan().config.window == 8 and len(small.plan().windows) == -(-groups // 8)
 
 
 def test_sequence_loader_default_window_is_16_groups(dp_buffer):
     with SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0) as loader, \
             SequenceLoader(dp_buffer, 16, 1, 7, batch_size=64, num_workers=0, shuffle_bytes=1 << 30) as whole:
-        assert loader.plan().config.shuffle_window == 16
+        assert loader.plan().config.window == 16
         assert len(whole.plan().windows) == 1
 
 
@@ -195,7 +196,7 @@ def test_window_and_sequence_states_saved_with_their_old_default_windows_go_on_i
             state = old.state_dict()
             rest = [b[key].copy() for b in it]
         with make() as new:
-            assert new.plan().config.shuffle_window == 2 * old_window
+            assert new.plan().config.window == 2 * old_window
             new.load_state_dict(state)
             assert new.state().settings["shuffle_window"] == old_window
             assert all(np.array_equal(a, b[key]) for a, b in zip(rest, new, strict=True))
@@ -234,7 +235,7 @@ def test_an_order_given_against_a_state_at_an_epoch_start_is_taken_with_its_own_
         with make(order=1) as own, make(order=1) as given:
             given.load_state_dict(state)
             assert given.state().order == 1
-            assert given.plan().config.shuffle_window == own.plan().config.shuffle_window
+            assert given.plan().config.window == own.plan().config.window
             assert given.state().settings == own.state().settings
 
 
@@ -284,7 +285,7 @@ def test_a_state_saved_with_another_default_window_goes_on_in_it(small_dataset):
         state = old.state_dict()
         rest = [b["agent_row"].copy() for b in it]
     with AgentSampleLoader(path, 2, 3, **args) as new:
-        assert new.plan().config.shuffle_window > 4
+        assert new.plan().config.window > 4
         assert sum(1 for _ in new)  # an epoch read: its workers were made for its own window
         new.load_state_dict(state)
         assert new.state().settings["shuffle_window"] == 4
@@ -359,7 +360,7 @@ def test_row_order_and_order_1_default_to_windows_of_8_chunks(small_dataset):
     path = small_dataset(12, 5, chunks={"agents": 500})
     with Loader(path, num_workers=0, shuffle=False) as rows, Loader(path, num_workers=0, order=1) as old, \
             Loader(path, num_workers=0, order=1, shuffle_window=8) as explicit:
-        assert rows.plan().config.shuffle_window == 8 == old.plan().config.shuffle_window
+        assert rows.plan().config.window == 8 == old.plan().config.window
         assert np.array_equal(old.plan().batch_row_ids(0), explicit.plan().batch_row_ids(0))
 
 
@@ -390,7 +391,7 @@ def test_an_order_given_is_not_changed_by_a_state(small_dataset):
         with pytest.raises(ValueError, match=r"^loader state has order=2 \(saved mid-epoch\); this loader has "
                                              r"order=1: pass order=2, or leave order out"):
             explicit.load_state_dict(state)
-        assert explicit.plan().config.order == 1
+        assert explicit.plan().config.shuffling.order == 1
 
 
 def test_an_order_given_against_a_mid_epoch_state_is_named_first(small_dataset):

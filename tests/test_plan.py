@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zarrfeed.loader.plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from zarrfeed.loader.plan import EpochPlan, selected_rows_per_chunk
+from plans import plan_config
 
 
 def batches(plan: EpochPlan, selection=None) -> list[np.ndarray]:
@@ -29,7 +30,7 @@ def test_every_row_once_and_ranks_equal_disjoint_complete(n_rows, chunk, batch, 
                                                           seed):
     per_rank = []
     for rank in range(world):
-        cfg = PlanConfig(n_rows, chunk, batch, shuffle, seed, window, rank, world, drop_last)
+        cfg = plan_config(n_rows, chunk, batch, shuffle, seed, window, rank, world, drop_last)
         plan = EpochPlan(cfg, epoch=1)
         bs = batches(plan)
         assert len(bs) == len(plan)
@@ -51,7 +52,7 @@ def test_every_row_once_and_ranks_equal_disjoint_complete(n_rows, chunk, batch, 
                 assert mine[:, 1].tolist() == np.concatenate([[0], np.cumsum(mine[:, 4])[:-1]]).tolist()
                 assert mine[:, 4].sum() == plan.batch_rows(k0 + i)
     assert len({len(p) for p in per_rank}) == 1  # equal batch counts: no rank waits for another
-    assert len({len(EpochPlan(PlanConfig(n_rows, chunk, batch, shuffle, seed, window, r, world, drop_last), 1))
+    assert len({len(EpochPlan(plan_config(n_rows, chunk, batch, shuffle, seed, window, r, world, drop_last), 1))
                 for r in range(world)}) == 1
     everything = np.concatenate(per_rank)
     if not drop_last:
@@ -67,17 +68,17 @@ def test_every_row_once_and_ranks_equal_disjoint_complete(n_rows, chunk, batch, 
 
 
 def test_order_depends_on_seed_and_epoch_only():
-    cfg = PlanConfig(10_000, 500, 64, seed=3)
+    cfg = plan_config(10_000, 500, 64, seed=3)
     a, b = batches(EpochPlan(cfg, 0)), batches(EpochPlan(cfg, 0))
     assert all((x == y).all() for x, y in zip(a, b, strict=True))
     c = batches(EpochPlan(cfg, 1))
     assert not (a[0] == c[0]).all()
-    d = batches(EpochPlan(PlanConfig(10_000, 500, 64, seed=4), 0))
+    d = batches(EpochPlan(plan_config(10_000, 500, 64, seed=4), 0))
     assert not (a[0] == d[0]).all()
 
 
 def test_shuffle_stays_within_windows_of_chunks():
-    cfg = PlanConfig(20 * 100, 100, 50, shuffle_window=4)
+    cfg = plan_config(20 * 100, 100, 50, shuffle_window=4)
     plan = EpochPlan(cfg, 0)
     first = np.concatenate(batches(plan)[:8])  # the first 400 rows: window 0's four chunks
     assert set(np.unique(first // 100)) == set(plan.windows[0].tolist())
@@ -88,7 +89,7 @@ def test_selection_by_mask_and_index():
     mask[[3, 4, 250, 251, 999]] = True
     for rows in (mask, np.array([999, 3, 250, 4, 251])):
         sel = selected_rows_per_chunk(1000, 100, rows)
-        plan = EpochPlan(PlanConfig(1000, 100, 2, shuffle_window=2), 0, sel)
+        plan = EpochPlan(plan_config(1000, 100, 2, shuffle_window=2), 0, sel)
         got = np.concatenate(batches(plan, sel))
         assert sorted(got.tolist()) == [3, 4, 250, 251, 999]
         assert sum(len(w) for w in plan.windows) == 3  # only chunks with selected rows are read
@@ -104,7 +105,7 @@ def test_each_epoch_orders_a_window_anew():
     """Issue 26: a window order keyed without its epoch went unseen (only batch 0 of a many-chunk table was
     compared across epochs, where the chunk order differs anyway). On a table of one window, every epoch's
     order of its rows differs, and so do the batches a Loader yields."""
-    config = PlanConfig(n_rows=5_000, chunk_rows=1_000, batch_size=100, seed=3, shuffle_window=8)
+    config = plan_config(n_rows=5_000, chunk_rows=1_000, batch_size=100, seed=3, shuffle_window=8)
     orders = [EpochPlan(config, epoch).window_order(0) for epoch in range(3)]
     assert len(EpochPlan(config, 0).windows) == 1
     for a, b in ((0, 1), (1, 2), (0, 2)):

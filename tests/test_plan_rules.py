@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_plan import batches
 from zarrfeed.loader.order import permutation, shuffle
-from zarrfeed.loader.plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
+from zarrfeed.loader.plan import EpochPlan, WorkerPlans, selected_rows_per_chunk
+from plans import plan_config
 
 
 def brute_window_batches(plan: EpochPlan) -> dict[int, tuple[int, int]]:
@@ -27,7 +28,7 @@ def brute_window_batches(plan: EpochPlan) -> dict[int, tuple[int, int]]:
 def test_window_batches_and_row_ids_are_exactly_what_the_batches_read(n_rows, chunk, batch, window, shuffle_,
                                                                       drop_last, world, seed, cut):
     for rank in range(world):
-        plan = EpochPlan(PlanConfig(n_rows, chunk, batch, shuffle_, seed, window, rank, world, drop_last), epoch=2)
+        plan = EpochPlan(plan_config(n_rows, chunk, batch, shuffle_, seed, window, rank, world, drop_last), epoch=2)
         wb = plan.window_batches()
         assert wb == brute_window_batches(plan) and list(wb.items()) == list(brute_window_batches(plan).items())
         for k, want in enumerate(batches(plan)):
@@ -46,14 +47,14 @@ def test_window_batches_and_row_ids_are_exactly_what_the_batches_read(n_rows, ch
 def test_drop_last_never_repeats_a_row(n_rows, world, batch):
     seen = []
     for rank in range(world):
-        plan = EpochPlan(PlanConfig(n_rows, 3, batch, True, 0, 2, rank, world, drop_last=True), epoch=0)
+        plan = EpochPlan(plan_config(n_rows, 3, batch, True, 0, 2, rank, world, drop_last=True), epoch=0)
         seen += [r for k in range(len(plan)) for r in plan.batch_row_ids(k).tolist()]
         assert len(plan) == n_rows // world // batch
     assert len(seen) == len(set(seen)) == world * (n_rows // world // batch) * batch
 
 
 def test_empty_spans_are_dropped_and_out_of_range_batches_refused():
-    cfg = PlanConfig(20, 4, 3, True, 0, 2)
+    cfg = plan_config(20, 4, 3, True, 0, 2)
     plan = EpochPlan(cfg, 0, spans=[(0, 0), (5, 9), (9, 9)])
     assert plan.resumed_spans == ((5, 9),) and len(plan) == 2
     assert EpochPlan(cfg, 0).resumed_spans is None
@@ -67,13 +68,13 @@ def test_empty_spans_are_dropped_and_out_of_range_batches_refused():
 
 @pytest.mark.parametrize("kwargs, line", [
     ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
-    ({"shuffle_window": 0}, "shuffle_window must be >= 1, got 0"),
+    ({"shuffle_window": 0}, "shuffle_window must be an integer >= 1 (or None: the default window), got 0"),
     ({"rank": 2, "world_size": 2}, "rank must be in [0, world_size=2), got 2"),
-    ({"rank": -1, "world_size": 2}, "rank must be in [0, world_size=2), got -1"),
+    ({"rank": -1, "world_size": 2}, "rank must be an integer >= 0, got -1"),
 ])
 def test_a_bad_plan_config_is_one_exact_line(kwargs, line):
     with pytest.raises(ValueError) as err:
-        PlanConfig(**{"n_rows": 10, "chunk_rows": 4, "batch_size": 2, **kwargs})
+        plan_config(**{"n_rows": 10, "chunk_rows": 4, "batch_size": 2, **kwargs})
     assert str(err.value) == line
 
 
@@ -95,7 +96,7 @@ def test_row_selections_and_their_refusals():
 
 
 def test_worker_plans_keep_the_current_epoch_and_drop_others():
-    plans = WorkerPlans(PlanConfig(20, 4, 3), None)
+    plans = WorkerPlans(plan_config(20, 4, 3), None)
     first = plans.get(1)
     resumed = plans.get(1, ((5, 9),))
     assert plans.get(1) is first and plans.get(1, ((5, 9),)) is resumed  # both of this epoch kept

@@ -71,8 +71,8 @@ def test_remote_batches_carry_their_rows(data):
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
         with pytest.raises(ValueError, match="row_ids is for batches of rows"):
             from zarrfeed.flight.protocol import Ticket
-            from zarrfeed.loader.plan import PlanSettings
-            Ticket("frames", PlanSettings(8), kind="windows", row_ids=True).check()
+            from zarrfeed.flight.protocol import TicketPlan
+            Ticket("frames", TicketPlan(8), kind="windows", row_ids=True).check()
     finally:
         s.stop()
 

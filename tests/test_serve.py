@@ -259,12 +259,12 @@ def test_the_actions_listed_are_the_protocols_and_each_is_answered(server, data)
     import json
 
     from zarrfeed.flight.protocol import ACTIONS, Ticket
-    from zarrfeed.loader.plan import PlanSettings
+    from zarrfeed.flight.protocol import TicketPlan
 
     client = flight.connect(server.url)
     listed = {a.type: a.description for a in client.list_actions()}
     assert listed == {name: a.description for name, a in ACTIONS.items()}
-    bodies = {"describe": b"", "plan": Ticket("agents", PlanSettings(100)).to_json(), "status": b"", "sync": b"",
+    bodies = {"describe": b"", "plan": Ticket("agents", TicketPlan(100)).to_json(), "status": b"", "sync": b"",
               "begin_input": b"{"}
     assert bodies.keys() == ACTIONS.keys()
     for name, body in bodies.items():
@@ -979,12 +979,12 @@ def test_tickets_over_the_servers_limits_are_refused(data):
         with pytest.raises(ValueError, match="fields: 'centroid' is named more than once"):
             RemoteLoader(s.url, "agents", fields=["centroid"] * 200)
         from zarrfeed.flight.protocol import Ticket
-        from zarrfeed.loader.plan import PlanSettings
+        from zarrfeed.flight.protocol import TicketPlan
         client = flight.connect(s.url)
-        twice = Ticket("agents", PlanSettings(10), fields=["centroid"] * 200).to_json()
+        twice = Ticket("agents", TicketPlan(10), fields=["centroid"] * 200).to_json()
         with pytest.raises(flight.FlightServerError, match="fields: 'centroid' is named more than once"):
             client.do_get(flight.Ticket(twice)).read_all()
-        huge = Ticket("agents", PlanSettings(10), fields=["centroid"] * 20_000).to_json()
+        huge = Ticket("agents", TicketPlan(10), fields=["centroid"] * 20_000).to_json()
         with pytest.raises(flight.FlightServerError, match=r"ticket: \d+ bytes, over the 65636 a ticket may take"):
             client.do_get(flight.Ticket(huge)).read_all()
         client.close()

@@ -27,13 +27,27 @@ def refuse_unknown(given: Mapping[str, Any], known: list[str], who: str) -> None
             raise TypeError(f"{who}() got an unexpected keyword argument {name!r}{hint}")
 
 
+def option_names(cls: Any) -> dict[str, Any]:
+    """Option name -> default, of an option dataclass or of options made of groups (`GROUPS`: field -> the
+    dataclass of that group), in declaration order."""
+    groups = getattr(cls, "GROUPS", None)
+    if groups is None:
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+    return {name: default for group in groups.values() for name, default in option_names(group).items()}
+
+
 def taken(cls: Any, given: Mapping[str, Any], who: str) -> Any:
-    """The option dataclass `cls` made of the options `who` (e.g. "Loader.__init__") was given, each checked by
-    its `__post_init__`; it remembers which were given (`given`: a default window or a ticket depends on it)."""
-    refuse_unknown(given, [f.name for f in dataclasses.fields(cls)], who)
-    made = cls(**given)
-    object.__setattr__(made, "given", frozenset(given))  # not a field: the options the user chose
-    return made
+    """The options `who` (e.g. "Loader.__init__") was given, as `cls`: an option dataclass, or one made of
+    groups (`GROUPS`), each group checked by its own `__post_init__`; an unknown name refused as Python refuses
+    an unknown keyword. Options made of groups also record which the user gave (`given`, a field: a None is
+    the default, not a choice), since a default window or a resumed order depends on it."""
+    refuse_unknown(given, list(option_names(cls)), who)
+    groups = getattr(cls, "GROUPS", None)
+    if groups is None:
+        return cls(**given)
+    parts = {field: group(**{k: v for k, v in given.items() if k in option_names(group)})
+             for field, group in groups.items()}
+    return cls(**parts, given=frozenset(k for k, v in given.items() if v is not None))
 
 
 class NotGiven:
@@ -50,7 +64,7 @@ def spelled_out(declared: Any, defaults: Any) -> Callable[[T], T]:
     `defaults.NOT_GIVEN` (one that means more given than left out) shows `<not given>`. The options stay
     declared once; this only shows them where a reader looks."""
     unset = getattr(defaults, "NOT_GIVEN", ())
-    values = {f.name: NotGiven() if f.name in unset else f.default for f in dataclasses.fields(defaults)}
+    values = {name: NotGiven() if name in unset else default for name, default in option_names(defaults).items()}
 
     def spell(target: T) -> T:
         function: Any = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]

@@ -26,10 +26,10 @@ from ..core.store import Location
 from ..loader import (AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, LoaderStalledError,
                       WindowLoader)
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
-from ..loader.plan import PlanSettings
+from ..loader.options import ShuffleOptions
 from .activity import outcome_of
 from .limits import MiB
-from .protocol import SAMPLES, TICKET_BYTES, Ticket
+from .protocol import SAMPLES, TICKET_BYTES, Ticket, TicketPlan
 from .serving import Serving
 
 log = logging.getLogger("zarrfeed.serve")
@@ -167,7 +167,7 @@ class Feeding:
 
     def _info(self, ds: Dataset, table: str) -> flight.FlightInfo:
         descriptor = flight.FlightDescriptor.for_path(*([self.name] if self.name else []), table)
-        ticket = Ticket(table, PlanSettings(65_536, shuffle=False), commit=ds.commit,  # in row order
+        ticket = Ticket(table, TicketPlan(65_536, ShuffleOptions(shuffle=False)), commit=ds.commit,  # in row order
                         dataset=self.name or None).encode()
         endpoint = flight.FlightEndpoint(ticket, [self._url()])
         rows = ds.rows[table]
@@ -202,9 +202,7 @@ class Feeding:
                 ds = self.dataset(t.commit)
                 self._check_limits(t, ds)
                 transform = self.transforms.resolve(t.transform, t.transform_args) if t.transform else None
-                plan = {k: v for k, v in dataclasses.asdict(t.plan).items()  # what the client did not give: defaults
-                        if not (k == "shuffle_bytes" and v is None)}
-                options: dict[str, Any] = dict(**plan, num_workers=self.workers,
+                options: dict[str, Any] = dict(**t.plan.as_options(), num_workers=self.workers,
                                                transform=transform, copy=True,
                                                cache_bytes=self.limits.stream_cache_bytes(),
                                                stall_timeout=self.limits.stream_stall_timeout)

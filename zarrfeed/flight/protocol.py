@@ -15,8 +15,8 @@ import pyarrow.flight as flight
 from ..core.arrow_records import arrow_schema, from_arrow, records_to_arrow
 from ..core.keys import Key, check_key, key_from_json, key_to_json
 from ..core.schema import dtype_from_descr
+from ..loader.options import ShardOptions, ShuffleOptions
 from ..loader.order import ORDERS, VERSION as ORDER
-from ..loader.plan import PlanSettings
 
 
 # --------------------------------------------------------------------------------------------- tickets
@@ -37,13 +37,57 @@ AGENTS_ONLY = ("threshold", "min_history", "min_future")
 
 
 @dataclass(frozen=True)
+class TicketPlan:
+    """What decides a remote loader's batches, as its ticket carries them: the batch size, the order and the
+    share. On the wire one flat JSON object of those loader options (`shuffle_window` null: the server loader's
+    default window; `shuffle_bytes` null: not given)."""
+
+    batch_size: int = 256
+    shuffling: ShuffleOptions = field(default_factory=ShuffleOptions)
+    shard: ShardOptions = field(default_factory=ShardOptions)
+    bytes_given: bool = False  # the client gave shuffle_bytes (it widens some loaders' default windows)
+
+    def to_dict(self) -> dict[str, Any]:
+        o, r = self.shuffling, self.shard
+        return {"batch_size": self.batch_size, "shuffle": o.shuffle, "seed": o.seed, "shuffle_window": o.shuffle_window,
+                "rank": r.rank, "world_size": r.world_size, "drop_last": r.drop_last, "order": o.order,
+                "shuffle_bytes": o.shuffle_bytes if self.bytes_given else None}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "TicketPlan":
+        """A plan from its JSON object (checked by `Ticket.check_plan` first: the options' own checks then
+        pass); a field it does not have raises TypeError."""
+        shuffle = {k: doc[k] for k in ("shuffle", "seed", "shuffle_window", "order") if k in doc}
+        if doc.get("shuffle_bytes") is not None:
+            shuffle["shuffle_bytes"] = doc["shuffle_bytes"]
+        unknown = set(doc) - {"batch_size", "shuffle_bytes", *shuffle, "rank", "world_size", "drop_last"}
+        if unknown:
+            raise TypeError(f"unexpected plan field {sorted(unknown)[0]!r}")
+        return cls(doc.get("batch_size", 256), ShuffleOptions(**shuffle),
+                   ShardOptions(**{k: doc[k] for k in ("rank", "world_size", "drop_last") if k in doc}),
+                   doc.get("shuffle_bytes") is not None)
+
+    def as_options(self) -> dict[str, Any]:
+        """The loader options that make these batches (those the client did not give left out: defaults)."""
+        return {k: v for k, v in self.to_dict().items() if not (k == "shuffle_bytes" and v is None)}
+
+    @property
+    def rank(self) -> int:
+        return self.shard.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.shard.world_size
+
+
+@dataclass(frozen=True)
 class Ticket:
     """What a do_get stream is: a loader's arguments (`kind` "batches": Loader, "windows": WindowLoader,
     "agents": AgentSampleLoader, "ego": EgoSampleLoader; the plan's settings as a local loader takes them), the
     commit and where to start. Sent as JSON."""
 
     table: str
-    plan: PlanSettings = field(default_factory=PlanSettings)
+    plan: TicketPlan = field(default_factory=TicketPlan)
     fields: list[str] | None = None
     commit: int | None = None
     epoch: int = 0
@@ -67,7 +111,7 @@ class Ticket:
         return flight.Ticket(self.to_json())
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
+        return json.dumps({**asdict(self), "plan": self.plan.to_dict()}).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "Ticket":
@@ -83,8 +127,9 @@ class Ticket:
         if not isinstance(plan, dict):
             raise ValueError("ticket: plan must be an object of the plan's settings")
         plan.setdefault("order", doc["order"])  # a client from before order 2 names it once, outside the plan
+        check_plan(plan, doc["order"])
         try:
-            ticket = cls(**doc, plan=PlanSettings(**plan))
+            ticket = cls(**doc, plan=TicketPlan.from_dict(plan))
         except TypeError as exc:
             raise ValueError(f"ticket: {exc}") from None
         ticket.check()
@@ -93,35 +138,18 @@ class Ticket:
     def check(self) -> None:
         """Refuse, in one line naming the field, a value of the wrong type or out of its range (JSON gives
         floats, strings and huge numbers as readily as the integers a loader needs)."""
-        p = self.plan
-        for name, value, lo, hi in (("plan.batch_size", p.batch_size, 1, MAX_BATCH_ROWS),
-                                    ("plan.seed", p.seed, 0, 2**64 - 1),
-                                    ("plan.world_size", p.world_size, 1, 1 << 20),
-                                    ("plan.rank", p.rank, 0, p.world_size - 1 if _integer(p.world_size) else 0),
-                                    ("epoch", self.epoch, 0, 2**31 - 1), ("batch", self.batch, 0, 2**63 - 1),
+        check_plan(self.plan.to_dict(), self.order)
+        for name, value, lo, hi in (("epoch", self.epoch, 0, 2**31 - 1), ("batch", self.batch, 0, 2**63 - 1),
                                     ("history", self.history, 0, 1 << 16), ("future", self.future, 0, 1 << 16),
                                     ("min_history", self.min_history, 0, 1 << 16),
                                     ("min_future", self.min_future, 0, 1 << 16)):
             if not _integer(value) or not lo <= value <= hi:
                 raise ValueError(f"ticket: {name} must be an integer in [{lo}, {hi}], got {value!r}")
-        if p.shuffle_window is not None and (not _integer(p.shuffle_window) or not 1 <= p.shuffle_window <= 1 << 20):
-            raise ValueError(f"ticket: plan.shuffle_window must be an integer in [1, {1 << 20}] or null (the "
-                             f"loader's default), got {p.shuffle_window!r}")
-        if p.shuffle_bytes is not None and (not _integer(p.shuffle_bytes) or not 1 <= p.shuffle_bytes <= 1 << 50):
-            raise ValueError(f"ticket: plan.shuffle_bytes must be an integer in [1, {1 << 50}] or null (the "
-                             f"loader's default), got {p.shuffle_bytes!r}")
         if self.commit is not None and (not _integer(self.commit) or self.commit < 0):
             raise ValueError(f"ticket: commit must be a commit number (an integer >= 0) or null, got {self.commit!r}")
-        for name, value in (("plan.shuffle", p.shuffle), ("plan.drop_last", p.drop_last), ("row_ids", self.row_ids),
-                            ("whole_windows", self.whole_windows)):
+        for name, value in (("row_ids", self.row_ids), ("whole_windows", self.whole_windows)):
             if not isinstance(value, bool):
                 raise ValueError(f"ticket: {name} must be true or false, got {value!r}")
-        if _integer(self.order) and _integer(p.order) and p.order != self.order:
-            raise ValueError(f"ticket: plan.order {p.order!r} and order {self.order!r} differ (one epoch order)")
-        if not _integer(self.order) or self.order not in ORDERS or p.order != self.order:
-            raise ValueError(f"ticket: epoch order {self.order!r}; this server orders epochs with orders "
-                             f"{', '.join(map(str, ORDERS))} (a client and server of different zarrfeed releases: "
-                             "upgrade the older one)")
         if self.row_ids and self.kind != "batches":
             raise ValueError("ticket: row_ids is for batches of rows (a window's row is its frame_row)")
         if self.kind not in KINDS:
@@ -150,6 +178,35 @@ class Ticket:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Ticket) if f.name in AGENTS_ONLY}
+
+
+def check_plan(p: Mapping[str, Any], order: Any) -> None:
+    """Refuse, in one line naming the field, a ticket's plan (its JSON object) that a loader would not take;
+    `order`: the ticket's own epoch order, which the plan's must equal."""
+    for name, lo, hi in (("batch_size", 1, MAX_BATCH_ROWS), ("seed", 0, 2**64 - 1), ("world_size", 1, 1 << 20),
+                         ("rank", 0, p.get("world_size", 1) - 1 if _integer(p.get("world_size", 1)) else 0)):
+        value = p.get(name, _PLAN_DEFAULTS[name])
+        if not _integer(value) or not lo <= value <= hi:
+            raise ValueError(f"ticket: plan.{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    for name, most in (("shuffle_window", 1 << 20), ("shuffle_bytes", 1 << 50)):
+        value = p.get(name)
+        if value is not None and (not _integer(value) or not 1 <= value <= most):
+            raise ValueError(f"ticket: plan.{name} must be an integer in [1, {most}] or null (the loader's "
+                             f"default), got {value!r}")
+    for name in ("shuffle", "drop_last"):
+        value = p.get(name, _PLAN_DEFAULTS[name])
+        if not isinstance(value, bool):
+            raise ValueError(f"ticket: plan.{name} must be true or false, got {value!r}")
+    mine = p.get("order", order)
+    if _integer(order) and _integer(mine) and mine != order:
+        raise ValueError(f"ticket: plan.order {mine!r} and order {order!r} differ (one epoch order)")
+    if not _integer(order) or order not in ORDERS or mine != order:
+        raise ValueError(f"ticket: epoch order {order!r}; this server orders epochs with orders "
+                         f"{', '.join(map(str, ORDERS))} (a client and server of different zarrfeed releases: "
+                         "upgrade the older one)")
+
+
+_PLAN_DEFAULTS = TicketPlan().to_dict()
 
 
 def _integer(value: Any) -> bool:

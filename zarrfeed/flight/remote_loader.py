@@ -26,11 +26,11 @@ from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
 from ..loader.batches import ROW_ID, LoaderError
 from ..core.schema import field_names
-from ..loader.order import ORDERS
+from ..loader.resume import Cursor, adopt_order
 from ..loader.state import LOADED_WHILE_ITERATING, LoaderState
 from .liveness import Stalled, Watch, probe
 from .remote_options import Remote, RemoteOptions
-from .protocol import Ticket, _json_args, call_options, connect, describe, server_message, unreachable
+from .protocol import Ticket, TicketPlan, _json_args, call_options, connect, describe, server_message, unreachable
 
 
 class _RemoteFeed:
@@ -39,15 +39,12 @@ class _RemoteFeed:
     _ticket: Ticket
 
     def _connect(self, url: str, o: Remote) -> None:
-        given: frozenset[str] = getattr(o, "given", frozenset())
-        self._order_given, self._window_given = "order" in given, o.shuffle_window is not None
+        self.options = o
         self._iterating = False  # a loop over this loader is running (a state is not loaded under it)
-        token, output, tls_root_certs, timeout = o.token, o.output, o.tls_root_certs, o.timeout
-        reconnect_timeout, dataset, stall_timeout = o.reconnect_timeout, o.dataset, o.stall_timeout
-        if output not in ("numpy", "arrow"):
-            raise ValueError(f"output must be 'numpy' or 'arrow', got {output!r}")
-        if reconnect_timeout < 0:
-            raise ValueError(f"reconnect_timeout must be >= 0 seconds, got {reconnect_timeout}")
+        c = o.connection
+        token, output, tls_root_certs, timeout = c.token, o.stream.output, c.tls_root_certs, c.timeout
+        reconnect_timeout, dataset, stall_timeout = c.reconnect_timeout, c.dataset, c.stall_timeout
+        self.transform = o.stream.transform
         self.url, self.output, self.reconnect_timeout, self.dataset = url, output, reconnect_timeout, dataset
         self._token, self.timeout = token, timeout
         self._options = call_options(token, timeout)
@@ -58,12 +55,24 @@ class _RemoteFeed:
         self._client = connect(url, **self._tls)
         self.info = self._call(lambda: describe(self._client, self._options, dataset))
         self.dataset_id, self.commit = self.info["dataset_id"], self.info["commit"]
-        self.epoch, self._position = 0, 0
-        # an epoch resumed on more ranks than it had rows left, of which this rank reads nothing (a loader state
-        # with no spans): this loader yields nothing for it and goes on with the next
-        self._empty_epoch: int | None = None
+        # the server plans an epoch's usual shares only; a cursor with spans has none of its epoch (a state of an
+        # epoch resumed on more ranks than it had rows left): this loader yields nothing for it
+        self._cursor = Cursor()
         self.reconnects = 0  # times a stream was lost and taken up again
         self._plans: dict[int, tuple[LoaderState, int]] = {}
+
+    def _ticket_for(self, table: str, batch_size: int, **kind: Any) -> Ticket:
+        """The ticket of this loader's streams: the table, the plan, the commit, and what its kind adds."""
+        o = self.options
+        plan = TicketPlan(batch_size, o.shuffling, o.shard, "shuffle_bytes" in o.given)
+        return Ticket(table, plan, commit=self.commit, transform=o.stream.transform,
+                      transform_args=_json_args(o.stream.transform_args), dataset=o.connection.dataset,
+                      order=o.shuffling.order, **kind)
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+        return self._cursor.epoch
 
     def _call(self, fn: Any) -> Any:
         """`fn()`, with Flight's errors as one line (see `_error`)."""
@@ -103,10 +112,10 @@ class _RemoteFeed:
 
     def __len__(self) -> int:
         """Batches in the current epoch for this rank (0 in an epoch whose rest this rank has no share of)."""
-        return 0 if self.epoch == self._empty_epoch else self._plan(self.epoch)[1]
+        return 0 if self._cursor.no_share else self._plan(self.epoch)[1]
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._position, self._empty_epoch = int(epoch), 0, None
+        self._cursor = Cursor(int(epoch))
 
     def _convert(self, rb: pa.RecordBatch) -> Any:
         raise NotImplementedError
@@ -120,9 +129,9 @@ class _RemoteFeed:
             while True:
                 try:
                     if reader is None:  # from the batch after the last one yielded: nothing twice, nothing skipped
-                        if self._position >= len(self):
+                        if self._cursor.batch >= len(self):
                             break
-                        ticket = replace(self._ticket, epoch=self.epoch, batch=self._position)
+                        ticket = replace(self._ticket, epoch=self.epoch, batch=self._cursor.batch)
                         reader = self._watch.run(lambda: self._client.do_get(ticket.encode(), self._stream_options))
                     chunk = self._watch.run(reader.read_chunk, cancel=reader.cancel)
                 except StopIteration:
@@ -138,14 +147,14 @@ class _RemoteFeed:
                         raise self._error(exc, LoaderError) from None
                     continue
                 lost_since = None
-                self._position += 1
+                self._cursor = self._cursor.at(self._cursor.batch + 1)
                 yield chunk.data if self.output == "arrow" else self._convert(chunk.data)
         finally:
             self._iterating = False
             if reader is not None:
                 reader.cancel()  # a loop left early: the server stops making this stream's batches
-        if self._position >= len(self):
-            self.epoch, self._position = self.epoch + 1, 0
+        if self._cursor.batch >= len(self):
+            self._cursor = self._cursor.next_epoch()
 
     def _reconnect(self, lost_since: float) -> bool:
         """Wait for the server to answer again (a restart, a moment of "busy"), with backoff from 0.1 to 2 s,
@@ -198,8 +207,8 @@ class _RemoteFeed:
         besides the position is the same in every epoch: a plan already asked for serves, so that a checkpoint
         at an epoch's end needs no call to the server."""
         known = next(iter(self._plans.values()), None) or self._plan(self.epoch)
-        return replace(known[0], epoch=self.epoch, batch=self._position,
-                       spans=[] if self.epoch == self._empty_epoch else None)
+        at = self._cursor
+        return replace(known[0], epoch=at.epoch, batch=at.batch, spans=[] if at.no_share else None)
 
     def state_dict(self) -> dict[str, Any]:
         """The same state a local loader with these arguments saves: either can resume the other's."""
@@ -226,25 +235,14 @@ class _RemoteFeed:
         except BaseException:
             self._ticket, self._plans = before
             raise
-        self.epoch, self._position = int(saved.epoch), int(saved.batch)
-        self._empty_epoch = self.epoch if empty else None
+        self._cursor = Cursor.of(saved)
 
     def _adopt_order(self, saved: LoaderState) -> None:
-        """As `Loader`'s: a state's order and window are taken unless this loader was given them (an order 1
-        state's window unless a window was given; another default window unless `shuffle_window` or
-        `shuffle_bytes` was)."""
-        plan, was = self._ticket.plan, self._ticket.plan
-        window = saved.settings.get("shuffle_window")
-        window = window if isinstance(window, int) and not isinstance(window, bool) and window >= 1 else None
-        if saved.order != plan.order and saved.order in ORDERS and not self._order_given:
-            if not self._window_given and window is not None:
-                plan = replace(plan, shuffle_window=window)
-            plan = replace(plan, order=saved.order)
-        elif (saved.order == plan.order and window is not None and not self._window_given
-              and plan.shuffle_bytes is None and window != plan.shuffle_window):
-            plan = replace(plan, shuffle_window=window)
-        if plan != was:
-            self._ticket = replace(self._ticket, plan=plan, order=plan.order)
+        """The order a resumed run keeps (`loader.resume.adopt_order`, as a local loader's)."""
+        plan = self._ticket.plan
+        shuffling = adopt_order(saved, plan.shuffling, self.options.given)
+        if shuffling != plan.shuffling:
+            self._ticket = replace(self._ticket, plan=replace(plan, shuffling=shuffling), order=shuffling.order)
             self._plans = {}
 
     def close(self) -> None:
@@ -309,10 +307,8 @@ class RemoteLoader(_RemoteFeed):
             self.dtype = np.dtype([(f, self.dtype[f]) for f in fields])
         if row_ids:  # the server's Loader adds it (and refuses a table with a field of that name)
             self.dtype = np.dtype(self.dtype.descr + [(ROW_ID, "<i8")])
-        self.transform = o.transform
-        self._ticket = Ticket(table, o.plan(batch_size), list(fields) if fields else None, self.commit,
-                              transform=o.transform, transform_args=_json_args(o.transform_args), dataset=o.dataset,
-                              row_ids=bool(row_ids), order=o.order)
+        self._ticket = self._ticket_for(table, batch_size, fields=list(fields) if fields else None,
+                                        row_ids=bool(row_ids))
         self._plan(0)  # the server checks the arguments (and the transform's name) now
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
@@ -342,10 +338,9 @@ class RemoteWindowLoader(_RemoteFeed):
                  whole_windows: bool = False, **options: Unpack[RemoteOptions]) -> None:
         o = Remote.of(options, "RemoteWindowLoader")
         self._connect(url, o)
-        self.history, self.future, self.transform = history, future, o.transform
-        self._ticket = Ticket("frames", o.plan(batch_size), None, self.commit, kind="windows", history=history,
-                              future=future, transform=o.transform, transform_args=_json_args(o.transform_args),
-                              dataset=o.dataset, whole_windows=bool(whole_windows), order=o.order)
+        self.history, self.future = history, future
+        self._ticket = self._ticket_for("frames", batch_size, kind="windows", history=history, future=future,
+                                        whole_windows=bool(whole_windows))
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:
@@ -362,10 +357,9 @@ class _RemoteSamples(_RemoteFeed):
     def _start(self, url: str, history: int, future: int, step_time: float, selection: dict[str, Any],
                batch_size: int, o: Remote) -> None:
         self._connect(url, o)
-        self.history, self.future, self.transform = history, future, o.transform
-        self._ticket = Ticket(self.TABLE, o.plan(batch_size), None, self.commit, kind=self.KIND, history=history,
-                              future=future, transform=o.transform, transform_args=_json_args(o.transform_args),
-                              dataset=o.dataset, step_time=step_time, order=o.order, **selection)
+        self.history, self.future = history, future
+        self._ticket = self._ticket_for(self.TABLE, batch_size, kind=self.KIND, history=history, future=future,
+                                        step_time=step_time, **selection)
         self._plan(0)
 
     def _convert(self, rb: pa.RecordBatch) -> dict[str, np.ndarray]:

@@ -1,17 +1,16 @@
-"""The options every remote loader takes, declared once (issue 39 item 8), as `loader.options` declares the
-local loaders': `RemoteOptions` names, types and documents them (`**options: Unpack[RemoteOptions]` in each
-constructor, listed on each page by griffe's `unpack_typeddict` extension); `Remote` holds their defaults and
-checks them once. The options that decide the batches are the local loaders' (`LoaderOptions`), sent to the
-server in the ticket; the server's own workers and cache make them.
+"""The options every remote loader takes, declared once, as `loader.options` declares the local loaders':
+`RemoteOptions` names, types and documents them (`**options: Unpack[RemoteOptions]` in each constructor, listed
+on each page by griffe's `unpack_typeddict` extension); `Remote` holds them as groups, each checked once. The
+options that decide the batches are the local loaders' own groups (`ShuffleOptions`, `ShardOptions`), sent to
+the server in the ticket; the server's own workers and cache make them.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Mapping, TypedDict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, TypedDict
 
-from ..core.keywords import choice, mapping, seconds, text, taken
-from ..loader.options import Options, OrderOptions
+from ..core.keywords import choice, mapping, option_names, seconds, text, taken
+from ..loader.options import Options, ShardOptions, ShuffleOptions
 from .liveness import STALL_TIMEOUT
 
 
@@ -28,7 +27,7 @@ class RemoteOptions(TypedDict, total=False):
     shuffle_bytes: int
     """As `LoaderOptions`' (default 1 GiB): the decoded bytes the default window holds."""
     order: int
-    """As `LoaderOptions`': the epoch order's algorithm (default 2; 1: before 2026-11-27)."""
+    """As `LoaderOptions`': the epoch order's algorithm (default 2)."""
     drop_last: bool
     """As `LoaderOptions`' (default False)."""
     rank: int
@@ -61,13 +60,10 @@ class RemoteOptions(TypedDict, total=False):
 
 
 @dataclass(frozen=True)
-class Remote(OrderOptions):
-    """`RemoteOptions` with their defaults (the same names: a test holds the two equal)."""
+class ConnectionOptions:
+    """How a remote loader reaches its server and how long it waits for it."""
 
     token: str | None = None
-    output: str = "numpy"
-    transform: str | None = None
-    transform_args: dict[str, Any] | None = None
     tls_root_certs: bytes | None = None
     timeout: float = 30.0
     reconnect_timeout: float = 60.0
@@ -75,26 +71,52 @@ class Remote(OrderOptions):
     stall_timeout: float = STALL_TIMEOUT
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         put = object.__setattr__
         for name in ("token", "dataset"):
             text(getattr(self, name), name)
-        choice(self.output, "output", ("numpy", "arrow"))
-        if self.transform is not None and not isinstance(self.transform, str):
-            raise ValueError(f"transform: a remote loader names one of the server's transforms (zarrfeed serve "
-                             f"--transforms MODULE), a string; got {self.transform!r}")
-        mapping(self.transform_args, "transform_args")
         if self.tls_root_certs is not None and not isinstance(self.tls_root_certs, bytes):
             raise ValueError(f"tls_root_certs must be PEM bytes (or None), got {self.tls_root_certs!r}")
         put(self, "timeout", seconds(self.timeout, "timeout"))
         put(self, "reconnect_timeout", seconds(self.reconnect_timeout, "reconnect_timeout", zero=True))
         put(self, "stall_timeout", seconds(self.stall_timeout, "stall_timeout"))
 
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What the server does to each batch (a named transform) and what the loader yields."""
+
+    output: str = "numpy"
+    transform: str | None = None
+    transform_args: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        choice(self.output, "output", ("numpy", "arrow"))
+        if self.transform is not None and not isinstance(self.transform, str):
+            raise ValueError(f"transform: a remote loader names one of the server's transforms (zarrfeed serve "
+                             f"--transforms MODULE), a string; got {self.transform!r}")
+        mapping(self.transform_args, "transform_args")
+
+
+@dataclass(frozen=True)
+class Remote:
+    """`RemoteOptions` as a remote loader holds them: its groups, and which options the user gave (a test holds
+    the names equal to `RemoteOptions`')."""
+
+    GROUPS: ClassVar[dict[str, type]] = {"shuffling": ShuffleOptions, "shard": ShardOptions,
+                                         "connection": ConnectionOptions, "stream": StreamOptions}
+    NOT_GIVEN: ClassVar[tuple[str, ...]] = Options.NOT_GIVEN
+
+    shuffling: ShuffleOptions = field(default_factory=ShuffleOptions)
+    shard: ShardOptions = field(default_factory=ShardOptions)
+    connection: ConnectionOptions = field(default_factory=ConnectionOptions)
+    stream: StreamOptions = field(default_factory=StreamOptions)
+    given: frozenset[str] = frozenset()
+
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Remote":
         """The options `who` was given; an unknown one refused as the local loaders refuse it (a local loader's
         option that the server decides, such as `num_workers`, says so)."""
-        server = {f.name for f in dataclasses.fields(Options)} - {f.name for f in dataclasses.fields(cls)}
+        server = set(option_names(Options)) - set(option_names(cls))
         for name in set(given) & server:
             raise TypeError(f"{who}.__init__(): {name!r} is the server's to decide (its loaders run with the "
                             "server's own workers, caches and store), not a remote loader's")
