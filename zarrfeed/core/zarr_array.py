@@ -170,7 +170,7 @@ class Array:
     def _stored(self) -> dict[str, int]:
         """Every object stored under the array (its chunks in sub-folders too, with the '/' separator), by its
         name below the array -> bytes. Counted from a listing, so its cost grows with what is stored, not with
-        the chunks the shape could hold (a shape of 2**62 rows once looped for ever)."""
+        the chunks the shape could hold (which may be 2**62 rows)."""
         nested = self.meta.dimension_separator == "/" and len(self.shape) > 1
         return self.store.sizes(self.path, recursive=nested)
 
