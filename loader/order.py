@@ -1,5 +1,5 @@
 """zarrfeed's epoch order: a permutation of [0, n) that zarrfeed specifies, so that no numpy upgrade, build
-or machine can change which rows an epoch visits in which order.
+or machine can change which rows an epoch visits in which order (docs/architecture.md#order).
 
 NumPy promises `Generator`'s streams only on the same build, environment and machine (NEP 19): an order
 drawn from it could make a run resumed after an upgrade skip or repeat rows with exit 0. This order is

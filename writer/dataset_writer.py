@@ -1,6 +1,6 @@
 """`DatasetWriter`: append episodes to one dataset with a pool of writer processes, committing as it goes.
 
-How it works. The writer first takes the dataset's lease (one writer at a time, on any store). The parent
+How it works. The writer first takes the dataset's lease (docs/architecture.md#lease). The parent
 checks each episode, reserves its rows in every table (so its intervals can be relocated at once) and copies
 its records into shared-memory segments, one table's row stream at a time. A segment ends on a chunk
 boundary, so whole chunks have exactly one writer and need no lock. Full segments go to the least busy
@@ -8,8 +8,7 @@ worker, which compresses and writes them; only the parent touches the metadata. 
 seconds the parent also sends partly filled segments (so little is ever uncommitted); the chunk such a
 segment shares with the next one is written under zarr's per-chunk file lock, in a folder outside the
 dataset. When every row of an episode is written, the episode is committed: a new manifest holding the row
-counts and the journal of episode keys is published in one atomic write. Readers trust those counts, never
-the array shapes.
+counts and the journal of episode keys is published in one atomic write (docs/architecture.md#commits).
 """
 from __future__ import annotations
 

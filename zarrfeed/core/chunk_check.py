@@ -1,4 +1,5 @@
-"""Every chunk a reader reads, checked against the size and digest its commit recorded (on by default).
+"""Every chunk a reader reads, checked against the size and digest its commit recorded (on by default;
+docs/architecture.md#chunk-checks).
 
 A reader takes, when it opens a dataset, the records of the chunks below its rows (`ChunkCheck`) and the
 identity of what it opened: the dataset's id, its commit, and the newest commit then. Each chunk it reads
