@@ -50,15 +50,11 @@ class DatasetWriter:
     """Writes episodes to the dataset at `path` (a directory or any fsspec URL, with `storage_options`) with
     `workers` processes (0: in this process).
 
-    mode "w" creates the dataset (refusing a non-empty location unless `overwrite`, and refusing to overwrite
-    anything that is not a zarr dataset); mode "a" appends to it, first dropping rows that were written but
-    never committed. Either way the writer holds the dataset's lease until it is closed: a second writer is
-    refused. Episodes land in submission order, so the dataset is the same for any number of workers.
-    Use as a context manager, or call `close()`. What is committed, and when, is its `committer`'s.
-    Every argument after `path` and `schema` is keyword-only.
-
-    It takes every writer's options (`WriteOptions`, listed below: mode, overwrite, compressor, chunks,
-    on_error, progress, commit_interval, storage_options, durable), keyword-only.
+    It holds the dataset's lease until it is closed: a second writer is refused. Episodes land in submission
+    order, so the dataset is the same for any number of workers (docs/architecture.md#episodes). Use as a
+    context manager, or call `close()`. What is committed, and when, is its `committer`'s. Every argument
+    after `path` and `schema` is keyword-only, and it takes every writer's options
+    ([`WriteOptions`][zarrfeed.writer.WriteOptions], listed below: `mode` creates or appends, `durable`, ...).
 
     Args:
         path: Where the dataset is: a local directory, any fsspec URL (`s3://bucket/prefix`), or a `Location`.
