@@ -103,7 +103,7 @@ def zarrfeed(ds: Dataset, batch: int, cache_bytes: int | None = None, cache: str
 
 
 def windows_zarrfeed(ds: Dataset, cache_bytes: int | None = None, cache: str = "host") -> tuple[float, int, int]:
-    # whole windows, as the L5Kit-style baseline below reads them (the series stays comparable with earlier runs)
+    # whole windows, as the L5Kit-style baseline below reads them (and as compare_revisions.py's older revisions do)
     with WindowLoader(ds, history=10, future=50, batch_size=32, num_workers=2, seed=0, whole_windows=True,
                       cache_bytes=cache_bytes, cache=cache) as loader:
         for _ in loader:  # the first epoch
@@ -111,7 +111,7 @@ def windows_zarrfeed(ds: Dataset, cache_bytes: int | None = None, cache: str = "
         t = time.perf_counter()
         samples = agents = 0
         for b in loader:
-            samples += len(b["frame_row"] if "frame_row" in b else b["frame_index"])  # (its name before 0.3)
+            samples += len(b["frame_row"] if "frame_row" in b else b["frame_index"])  # (0.2's name)
             agents += len(b["agents/centroid"])
         return time.perf_counter() - t, samples, agents
 
@@ -173,7 +173,7 @@ def main() -> None:
                 paired.setdefault(epoch, []).append((rc / sc) / (ru / su))
             if args.check_only:
                 continue
-            r = zarrfeed(ds, 4096, cache="process")  # the cache of its own it kept before the host cache
+            r = zarrfeed(ds, 4096, cache="process")  # a cache of the loader's own, not the host's
             runs.setdefault("zarrfeed 4096 own cache", []).append(r["epoch2"])
             runs.setdefault("zarrfeed 4096 own epoch 1", []).append(r["epoch1"])
             runs.setdefault("(a) pool batch 256", []).append(pool_baseline(apath, 256, n, args.pool_items))

@@ -1,5 +1,5 @@
 """Window orders: zarrfeed's own permutation (loader/order.py) against numpy's Generator.shuffle and
-Generator.permutation, which the loader used before, for a window of 160,000 rows (8 chunks of 20,000),
+Generator.permutation (order 0's generator), for a window of 160,000 rows (8 chunks of 20,000),
 alternated, medians of --repeat; ns per row, ratios last (target: zarrfeed <= 10 ns per row).
 
     python bench/bench_order.py [--repeat 5]

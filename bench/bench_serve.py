@@ -2,8 +2,7 @@
 - feeding: RemoteLoader from a `zarrfeed serve` process (2 loader workers per stream) against a local
   Loader(num_workers=2), batch 4096 of agents, one epoch each (target: remote >= 0.7x local). Both are on
   this host, so the server's streams and the local Loader share the host cache: after the warm-up epoch
-  neither decodes, and the ratio is the wire's cost alone (measured with the server's streams on caches of
-  their own, decoding every epoch as before the host cache: 0.69-0.70x; with it, 0.55-0.58x, both faster);
+  neither decodes, and the ratio is the wire's cost alone (docs/figures.json: serve.feed_vs_local);
 - ingestion: RemoteWriter from 2 producer processes against a local DatasetWriter(workers=2) ingesting the
   same episodes (target: remote >= 0.6x local);
 - cost: the server's CPU-seconds (its process and workers) per GB fed and per GB ingested, against the

@@ -13,11 +13,11 @@ On a synthetic L5Kit dataset stored scene after scene (as L5Kit's is), the agent
           MosaicML Streaming's py1e (its default) and py1br at the same memory: a shuffle block of as many
               samples as the budget holds (one node, shards of a chunk's rows), if it is installed
               (pip install mosaicml-streaming)
-          order 1 (zarrfeed before 2026-11-27) with its default window of 8 chunks, and a uniform permutation of
-              the epoch (what torch's RandomSampler gives)
+          order 1 (one Fisher-Yates shuffle per window; states saved in it resume in it) with its window of 8
+              chunks, and a uniform permutation of the epoch (what torch's RandomSampler gives)
   cost    cached-epoch rows/s with 2 workers, in the same run, of the default at each budget and of order 1's
           window 8, and their ratio to the latter
-Issue 38's targets: as mixed as the uniform permutation whenever the epoch fits the loader's memory, at >= 0.9x
+Targets: as mixed as the uniform permutation whenever the epoch fits the loader's memory, at >= 0.9x
 order 1's window 8 cached throughput; zarrfeed's mixing at least Streaming's at every budget. Medians of
 --repeat for speeds. --plot draws mixing against memory and the throughput.
 """

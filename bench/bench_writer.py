@@ -3,13 +3,13 @@
     python bench/bench_writer.py [--scenes 100] [--repeat 3] [--out DIR] [--plot writer.png]
 
 Each variant runs in its own process (so peak RSS is its own) on the same synthetic episodes, generated in
-memory before the clock starts (100 scenes = 2.1 M agents, 290 MB; issue 12 measures 360 scenes, 1 GB):
+memory before the clock starts (100 scenes = 2.1 M agents, 290 MB; the writer_360 figures are of 360 scenes, 1 GB):
   zarrfeed-N    DatasetWriter(workers=N).ingest(episodes): every commit durable (fsynced) on the local disk
   zarrfeed-2-scratch  the same with durable=False (commits survive a killed process, not a power loss)
   zarr-bulk     zarr's write, in one process, of the rows already relocated and concatenated before the clock
   concat+bulk   what a user does instead: relocate and concatenate with numpy, then the same bulk write
   zarr-append   `Array.append` per table and episode
-Targets on 2 cores: 2 workers >= 1.3x 1 worker, >= 0.9x without durability (issue 37) and >= 1.0x zarr-bulk; >= 3x
+Targets on 2 cores: 2 workers >= 1.3x 1 worker, >= 0.9x without durability and >= 1.0x zarr-bulk; >= 3x
 concat+bulk; >= 10x append.
 Variants alternate within each repeat; medians of --repeat runs; ratios printed last.
 """
@@ -79,7 +79,7 @@ def run_variant(variant: str, scenes: int, out: Path) -> dict:
     steady, worker_kb = None, 0
     if variant.startswith("zarrfeed"):
         workers, durable = int(variant.split("-")[1]), not variant.endswith("-scratch")
-        # a revision before issue 37 (compare_revisions.py) has no `durable`: it never fsynced, as durable=False
+        # a revision without `durable` (compare_revisions.py) never fsyncs, as durable=False
         scratch = {"durable": False} if "durable" in inspect.signature(DatasetWriter).parameters else {}
         with DatasetWriter(out, workers=workers, **({} if durable else scratch)) as w:
             steady = w.ingest(episodes)["seconds"]  # first submit to last commit: no start-up or close

@@ -52,7 +52,7 @@ def _batch_schema(key: tuple) -> tuple[pa.Schema, list[tuple[pa.DataType | None,
 def to_arrow(batch: Mapping[str, np.ndarray] | np.ndarray) -> pa.RecordBatch:
     """A batch (dict of columns) or a structured array as a RecordBatch; no copy of numeric columns of a
     columnar batch, so the RecordBatch is valid as long as the batch is (for a Loader batch with
-    `copy=False`: until the next batch). The schema is built once per kind of batch.
+    `copy=False`: until the next batch, docs/architecture.md#views). The schema is built once per kind of batch.
 
     Args:
         batch: A dict of columns (field -> array whose first axis is the rows; subarray fields become

@@ -11,8 +11,8 @@ go first). Entries are named by what they contain: the digest their commit recor
 of a dataset, an overwritten one, or another dataset never reads another's chunk (a name that copies share,
 such as the dataset's id, would let them), and only chunks with a recorded digest are cached: sealed ones,
 which no writer changes any more. What is fetched is checked against the record before it is cached or
-used, and a hit is checked again when read (a disk can flip bits too; XXH3 costs ~0.1 ms per chunk against
-1-2 ms to decode it). We write this small cache ourselves because fsspec's caching filesystems have no bound
+used, and a hit is checked again when read (a disk can flip bits too; hashing a chunk costs a small
+fraction of decoding it). We write this small cache ourselves because fsspec's caching filesystems have no bound
 in bytes and name entries by path.
 """
 from __future__ import annotations

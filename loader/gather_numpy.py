@@ -2,7 +2,7 @@
 
 Same calls, same checks, same results as the C kernel, in two passes per call (the rows' bytes with one
 `take`, then one strided copy per field) instead of one: about 10 times slower per row (`python
-bench/bench_gather.py`: 640 against 61 ns per 116-byte row), which is why this one warns once.
+bench/bench_gather.py` measures both), which is why this one warns once.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Per-job budgets for the host caches of a user on a machine, within one ceiling: each dataset's cache gets
 what its loaders asked for (`cache_bytes`), as long as the caches together stay within the host's ceiling,
 the largest `cache_bytes` that any live process using a host cache asked for. So one job's small budget never
-shrinks another's (a job asking for 1 byte once capped every cache on the host at what its loaders need at
+shrinks another's (a job asking for 1 byte does not cap every cache on the host at what its loaders need at
 once), and several jobs asking for a quarter of the memory each still hold a quarter together.
 
 A cache counts against the ceiling what it holds up to what its loaders asked for; a cache that holds more (its

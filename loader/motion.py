@@ -194,15 +194,14 @@ class AgentPool:
     """The agents of many groups of samples (one group per agents chunk) in one set of arrays, so that a batch
     of agent samples drawn from any number of groups is computed in one vectorised pass (`samples`).
 
-    Why: the stratified order puts every group of a window in proportion into each batch, and computing a batch
-    group by group cost a call per group (measured on 30 scenes, one process: 7,449 samples/s with the whole
-    table as the window, against 19,983 with windows of 4 groups; on 100 scenes, where the 64 contexts a worker
-    kept could not hold the window, 26x slower). Each group's (frame, track) index is one sorted run of a
-    single key array: its keys (local frame x tracks + track code, below 2**40) prefixed by the group's
-    insertion number, so runs appended in insertion order keep the array sorted and one `searchsorted` finds
-    every sample's track in every frame of its window. Per sample, what does not change (its track, its
-    track's code, its row at t, its frame's timestamp) is computed once, when its group is added. Groups are
-    dropped least recently used beyond `capacity` agent rows (48 bytes each)."""
+    Why: the stratified order puts every group of a window in proportion into each batch, and computing a batch group
+    by group costs a call per group: with the whole table as the window, several times slower than with windows of 4
+    groups (bench/bench_windows.py measures the sample loaders). Each group's (frame, track) index is one sorted run
+    of a single key array: its keys (local frame x tracks + track code, below 2**40) prefixed by the group's insertion
+    number, so runs appended in insertion order keep the array sorted and one `searchsorted` finds every sample's
+    track in every frame of its window. Per sample, what does not change (its track, its track's code, its row at t,
+    its frame's timestamp) is computed once, when its group is added. Groups are dropped least recently used beyond
+    `capacity` agent rows (48 bytes each)."""
 
     SHIFT = 40
     ROW_BYTES = 48  # a key, its row in its run, centroid (2 x f8), yaw (f4), extent (3 x f4)

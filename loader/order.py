@@ -1,9 +1,9 @@
 """zarrfeed's epoch order: a permutation of [0, n) that zarrfeed specifies, so that no numpy upgrade, build
-or machine can change which rows an epoch visits in which order.
+or machine can change which rows an epoch visits in which order (docs/architecture.md#order).
 
-NumPy promises `Generator`'s streams only on the same build, environment and machine (NEP 19), and the
-loader's orders came from it: a run resumed after an upgrade could skip or repeat rows with exit 0. This
-order is arithmetic on 64-bit integers, specified here:
+NumPy promises `Generator`'s streams only on the same build, environment and machine (NEP 19): an order
+drawn from it could make a run resumed after an upgrade skip or repeat rows with exit 0. This order is
+arithmetic on 64-bit integers, specified here:
 
 - the key of (seed, epoch, stream): k = mix(mix(mix(TAG ^ seed) ^ epoch) ^ stream), where mix is SplitMix64's
   finaliser and `stream` is a window's number (or CHUNKS for the order of the chunks);
@@ -12,16 +12,14 @@ order is arithmetic on 64-bit integers, specified here:
 
 Random access is by window: the rows at any positions of an epoch, or the positions of any rows, are found
 by making only the orders of the windows they fall in (`EpochPlan.row_at`, `position_of`), never the epoch's
-whole order, and nothing before them is replayed. A keyed bijection (a Feistel network with cycle walking, as
-Grain's index_shuffle) was measured first: 4 rounds correlated an order with its identity at 3x a random
-permutation's spread (0.0095 against 0.0032 at n = 100,000) and small domains badly (-0.16 instead of -0.07
-between neighbours at n = 16); 6 rounds fixed the first but cost 17.5 ns per element against 10 for a
-window's order before. Fisher-Yates is exactly uniform given its generator and takes 2.5 ns per element
-(numpy's shuffle: 11; the C shuffle this replaces: 10).
+whole order, and nothing before them is replayed. Not a keyed bijection (a Feistel network with cycle
+walking, as Grain's index_shuffle): with few rounds it correlates an order with its identity and mixes small
+domains badly, and with enough rounds it costs more per element than Fisher-Yates, which is exactly uniform
+given its generator and a few ns per element (bench/bench_order.py measures it against numpy's).
 
-Order 2 (stratified, the default since 2026-11-27) orders a window's rows so that every stretch of the
+Order 2 (stratified, the default) orders a window's rows so that every stretch of the
 epoch holds each chunk's rows in proportion to its size, as a uniform shuffle only does on average, and
-costs no pass over the whole window (a window may be the whole table: issue 38). For a window of chunks
+costs no pass over the whole window (a window may be the whole table). For a window of chunks
 j = 0..m-1 (in the chunk order) with s_j rows each, S in all:
 
 - the window is cut into T = ceil(S / BLOCK_ROWS) blocks; block t takes from chunk j its rows numbered

@@ -2,8 +2,8 @@
 
 zarrfeed's own worker processes decode and gather, so the DataLoader needs none (`num_workers=0`); it would
 pickle the loader into each of its workers, which then read the same batches, so that is refused with one
-line. Batches are dicts of tensors sharing memory with the ring slot (`torch.from_numpy`: valid until the next
-batch, like the Loader's views; `copy=True` on the Loader gives owned tensors). Under `torch.distributed`,
+line. Batches are dicts of tensors sharing memory with the ring slot (`torch.from_numpy`: valid as long as the
+Loader's views, docs/architecture.md#views; `copy=True` on the Loader gives owned tensors). Under `torch.distributed`,
 a Loader made with the default rank 0 of 1 takes its rank and world size from the process group.
 """
 from __future__ import annotations

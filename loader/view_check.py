@@ -1,4 +1,5 @@
-"""A debug mode for the classic bug of a zero-copy loader: using a batch's views after asking for the next.
+"""A debug mode for the classic bug of a zero-copy loader: using a batch's views after asking for the next
+(docs/architecture.md#views).
 
 With `check_views=True` (or the environment variable ZARRFEED_CHECK_VIEWS=1) each batch is copied into a page
 of memory of its own, and when the next batch is asked for, that memory is made unreadable (`mprotect`

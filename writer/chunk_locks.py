@@ -1,9 +1,9 @@
 """The locks under which a chunk that two writers share is read, merged and written back.
 
-`ChunkLocks(folder)[key]` is an inter-process file lock for chunk `key` (fasteners), the file named after the
-key inside `folder`: what zarr 2's `ProcessSynchronizer` is, kept as it was now that zarr-python is no longer
-imported. Picklable, so worker processes lock the same files as their parent. `private_folder()` makes the
-folder a writer's locks live in, and removes those of writers that were killed before they could.
+`ChunkLocks(folder)[key]` is an inter-process file lock for chunk `key` (fasteners), the file named after the key
+inside `folder`: what zarr 2's `ProcessSynchronizer` is, without importing zarr-python. Picklable, so worker processes
+lock the same files as their parent. `private_folder()` makes the folder a writer's locks live in, and removes those
+of writers that were killed before they could.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ places rows here and writes them on the cluster; the server's ingestion writes t
 Commit protocol. Rows are placed in order; an episode is committed once every row of it, in every table, is
 stored, and only after every episode placed before it. A commit publishes the committed row counts, the
 journal, and in a new commit log segment the keys and the digests of the chunks sealed since the last
-commit. Readers trust those counts, never the array shapes.
+commit. Readers trust those counts, never the array shapes (docs/architecture.md#commits).
 """
 from __future__ import annotations
 

@@ -209,10 +209,10 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
     dataset. A bad episode (with on_error="raise") or a source that raises ends the ingest there: everything
     before it is committed and `IngestError` names it (source, episode, table/field/row); fix it and resume.
     With on_error="skip", bad episodes are left out and listed in the summary. Resume loads every source
-    again (to know its episodes' positions) and writes only what is not committed. `durable` as for
-    `DatasetWriter`: on a local disk every commit survives a power loss once `ingest` returns (or, if it
-    raises, the commits it reports); False for scratch data (commits survive a killed process only). It takes
-    every writer's options (`WriteOptions`, listed below), keyword-only.
+    again (to know its episodes' positions) and writes only what is not committed. With `durable` (the
+    default) every commit survives a power loss once `ingest` returns (or, if it raises, the commits it
+    reports). It takes every writer's options ([`WriteOptions`][zarrfeed.writer.WriteOptions], listed below),
+    keyword-only.
 
     Args:
         client: The Dask client of the cluster.

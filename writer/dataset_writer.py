@@ -1,6 +1,6 @@
 """`DatasetWriter`: append episodes to one dataset with a pool of writer processes, committing as it goes.
 
-How it works. The writer first takes the dataset's lease (one writer at a time, on any store). The parent
+How it works. The writer first takes the dataset's lease (docs/architecture.md#lease). The parent
 checks each episode, reserves its rows in every table (so its intervals can be relocated at once) and copies
 its records into shared-memory segments, one table's row stream at a time. A segment ends on a chunk
 boundary, so whole chunks have exactly one writer and need no lock. Full segments go to the least busy
@@ -8,8 +8,7 @@ worker, which compresses and writes them; only the parent touches the metadata. 
 seconds the parent also sends partly filled segments (so little is ever uncommitted); the chunk such a
 segment shares with the next one is written under zarr's per-chunk file lock, in a folder outside the
 dataset. When every row of an episode is written, the episode is committed: a new manifest holding the row
-counts and the journal of episode keys is published in one atomic write. Readers trust those counts, never
-the array shapes.
+counts and the journal of episode keys is published in one atomic write (docs/architecture.md#commits).
 """
 from __future__ import annotations
 
@@ -51,15 +50,11 @@ class DatasetWriter:
     """Writes episodes to the dataset at `path` (a directory or any fsspec URL, with `storage_options`) with
     `workers` processes (0: in this process).
 
-    mode "w" creates the dataset (refusing a non-empty location unless `overwrite`, and refusing to overwrite
-    anything that is not a zarr dataset); mode "a" appends to it, first dropping rows that were written but
-    never committed. Either way the writer holds the dataset's lease until it is closed: a second writer is
-    refused. Episodes land in submission order, so the dataset is the same for any number of workers.
-    Use as a context manager, or call `close()`. What is committed, and when, is its `committer`'s.
-    Every argument after `path` and `schema` is keyword-only.
-
-    It takes every writer's options (`WriteOptions`, listed below: mode, overwrite, compressor, chunks,
-    on_error, progress, commit_interval, storage_options, durable), keyword-only.
+    It holds the dataset's lease until it is closed: a second writer is refused. Episodes land in submission
+    order, so the dataset is the same for any number of workers (docs/architecture.md#episodes). Use as a
+    context manager, or call `close()`. What is committed, and when, is its `committer`'s. Every argument
+    after `path` and `schema` is keyword-only, and it takes every writer's options
+    ([`WriteOptions`][zarrfeed.writer.WriteOptions], listed below: `mode` creates or appends, `durable`, ...).
 
     Args:
         path: Where the dataset is: a local directory, any fsspec URL (`s3://bucket/prefix`), or a `Location`.

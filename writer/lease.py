@@ -1,4 +1,5 @@
-"""One writer at a time per dataset: a lease taken before anything changes, kept fresh by a heartbeat.
+"""One writer at a time per dataset (docs/architecture.md#lease): a lease taken before anything changes, kept fresh
+by a heartbeat.
 
 The lease document (`zarrfeed.lease` in the dataset: host, pid, process start time, start, heartbeat) says who
 holds it. What makes it exclusive depends on the store:

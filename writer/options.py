@@ -1,6 +1,6 @@
-"""The options every writer of a dataset takes, declared once (issue 39 item 8, as `loader.options` declares the
-loaders'): `WriteOptions` names, types and documents them (`DatasetWriter` and `zarrfeed.writer.dask.ingest`
-take `**options: Unpack[WriteOptions]`, and the API reference lists them on each page); `Writes` holds their
+"""The options every writer of a dataset takes, declared once (as `loader.options` declares the loaders'):
+`WriteOptions` names, types and documents them (`DatasetWriter` and `zarrfeed.writer.dask.ingest` take
+`**options: Unpack[WriteOptions]`, and the API reference lists them on each page); `Writes` holds their
 defaults and checks them once.
 """
 from __future__ import annotations

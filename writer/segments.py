@@ -78,7 +78,7 @@ class SegmentBuffers:
 
     def fill(self, seg: Segment, rows: np.ndarray) -> int:
         """Copy as many of `rows` (records of the segment's table, contiguous) as `seg` has room for; return
-        how many. Bytes, not records: a uint8 copy runs at memcpy speed, a structured one about 30x slower."""
+        how many. Bytes, not records: a uint8 copy runs at memcpy speed, a structured one far slower."""
         take = min(seg.capacity - seg.n, len(rows))
         size = rows.dtype.itemsize
         self._bytes[seg.block][seg.n * size:(seg.n + take) * size] = rows[:take].view(np.uint8).reshape(-1)

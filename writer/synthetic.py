@@ -47,7 +47,7 @@ def episode(index: int, seed: int = 0, frames: int = 248, agents_per_frame: floa
 
     # Ego: smooth drive, yaw rate and speed varying slowly; timestamps 100 ms apart with jitter.
     timestamps = _BASE_NS + index * 30_000_000_000 + np.cumsum(_DT_NS + rng.integers(-300_000, 300_000, frames))
-    yaw0 = rng.uniform(-np.pi, np.pi)  # drawn before the turns: the seeded stream stays as it was
+    yaw0 = rng.uniform(-np.pi, np.pi)  # drawn before the turns: the order of draws decides a seed's scenes
     yaw = yaw0 + np.cumsum(np.convolve(rng.normal(0, 0.01, frames), np.ones(min(20, frames)) / 20, "same"))
     speed = np.clip(8 + np.cumsum(rng.normal(0, 0.15, frames)), 0, 20)
     xy = rng.uniform(-2000, 2000, 2) + np.cumsum(np.stack([np.cos(yaw), np.sin(yaw)], -1) * speed[:, None] * 0.1, 0)

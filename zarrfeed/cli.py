@@ -46,15 +46,15 @@ def _exit_keeps_the_code(code: int) -> None:
     """From now on, a Ctrl+C (SIGINT: a terminal sends it to every process of the command) ends the process at
     once with `code`: the command's work and output are done, and what is left is Python's exit, which waits
     for the threads that are not daemons, runs the atexit functions (multiprocess stops its processes there),
-    then tears the interpreter down. A KeyboardInterrupt raised in the first two printed a traceback ("Exception
+    then tears the interpreter down. A KeyboardInterrupt raised in the first two would print a traceback ("Exception
     ignored in ..."), and in the teardown Python has already put back SIGINT's default action (it drops its own
-    handlers before it collects the last objects and frees the modules, a tenth of a second and more under
-    load): a Ctrl+C there killed the process by the signal, with nothing said (returncode -2, issue 35). For
+    handlers before it collects the last objects and frees the modules, a tenth of a second and more under load): a
+    Ctrl+C there would kill the process by the signal, with nothing said (returncode -2). For
     the teardown, which waits for nothing, SIGINT is ignored (`_teardown_ignores_sigint`).
-    A Python signal handler runs in the main thread only, and only once that thread wakes: while it waits for
-    another thread to end, a SIGINT that the kernel delivers to that other thread wakes nothing (seen as a hang
-    beside a second copy of the suite). So the signal's number also goes to a pipe (`signal.set_wakeup_fd`,
-    written by the C-level handler in whichever thread takes it), which a daemon thread reads and acts on."""
+    A Python signal handler runs in the main thread only, and only once that thread wakes: while it waits for another
+    thread to end, a SIGINT that the kernel delivers to that other thread wakes nothing (a hang). So the signal's
+    number also goes to a pipe (`signal.set_wakeup_fd`, written by the C-level handler in whichever thread takes it),
+    which a daemon thread reads and acts on."""
     def exit_now(*_: Any) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:

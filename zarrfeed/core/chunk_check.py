@@ -1,10 +1,11 @@
-"""Every chunk a reader reads, checked against the size and digest its commit recorded (on by default).
+"""Every chunk a reader reads, checked against the size and digest its commit recorded (on by default;
+docs/architecture.md#chunk-checks).
 
 A reader takes, when it opens a dataset, the records of the chunks below its rows (`ChunkCheck`) and the
 identity of what it opened: the dataset's id, its commit, and the newest commit then. Each chunk it reads
-later is hashed (XXH3-64 of the stored bytes, before anything is decoded: ~10 us for a chunk whose decode
-takes ~400 us) and compared. A chunk that was changed, swapped with another, or is another dataset's (one
-put in this one's place since it was opened, by `ingest --overwrite` or `mv`) raises `ChunkError`, one line
+later is hashed (XXH3-64 of the stored bytes, before anything is decoded: a small fraction of the decode's cost, which
+bench/bench_loader.py measures) and compared. A chunk that was changed, swapped with another, or is another dataset's
+(one put in this one's place since it was opened, by `ingest --overwrite` or `mv`) raises `ChunkError`, one line
 naming table, chunk key and place; nothing of it reaches a batch. HDFS and ZFS check every read too.
 
 A table's last, partly filled chunk is rewritten by a writer that appends (its rows below the reader's stay
@@ -13,8 +14,8 @@ it closes never does. Each commit also records the digest of that chunk's commit
 (`manifest.TAILS`): a last chunk that does not match its stored bytes' record (or has none) is decoded
 and its rows below the reader's count compared with that digest, whatever writer changed the chunk since.
 
-Chunks with no record are read unchecked, as before digests existed: datasets written by other tools
-(L5Kit's) or by a zarrfeed before digests, and the last chunk of a commit made before its rows were
+Chunks with no record are read unchecked: datasets written by other tools (L5Kit's) or by a zarrfeed
+whose format records no digests, and the last chunk of a commit made before its rows were
 recorded: that one is read only once the latest manifest shows the dataset the reader opened (the same id,
 no older commit, no fewer rows, every chunk the reader has a record of recorded alike); then its bytes
 must match the latest record if there is one. A dataset put in its place raises `ChunkError`.
@@ -107,7 +108,7 @@ class ChunkCheck:
             return raw
         if not self.tail(table, index):
             if record is None:
-                return raw  # nothing recorded: readable as before digests (see the module docstring)
+                return raw  # nothing recorded: read unchecked (see the module docstring)
             raise _changed(table, key, raw, record, self.where)
         if table in self.tails:  # the rows read are those committed (the rest of the chunk is no commit's)
             self._rows_check(array, index, key, raw)
@@ -145,7 +146,7 @@ class ChunkCheck:
                                  "read; the dataset is incomplete (zarrfeed validate lists every missing chunk)"
                                  ) from None
             if latest is None:
-                return now  # a writer is in it, its record withdrawn: unchecked, as before digests
+                return now  # a writer is in it, its record withdrawn: unchecked
             if len(now) == latest[0] and digest(now) == latest[1]:
                 self._later[(table, index)] = latest
                 return now

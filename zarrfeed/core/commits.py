@@ -54,12 +54,12 @@ def write_manifest(store: Store, doc: dict[str, Any], log_objects: dict[str, byt
     """Publish commit `doc["commit"]`: the new commit log segments it lists, then the whole manifest as one
     object, then its row counts as an immutable numbered object. Each is one atomic write on every store (a
     PUT; a temporary file renamed on local disks), and readers only ever start from the manifest, so they see
-    the old commit or the new one, never a mixture. The numbered object comes last and is created only if
-    absent (`record_commit`): so every commit object has a number the manifest reached, an existing one is
-    never rewritten, and one found above the manifest's number means the number went backwards. `retry`: this
-    writer's earlier call for the same number may have landed (it timed out), so its object is replaced. Log
-    segments merged into a new one are deleted by the writer only once this returned (a call that timed out
-    may still land, and must not delete what the next attempt lists)."""
+    the old commit or the new one, never a mixture (docs/architecture.md#commits). The numbered object comes
+    last and is created only if absent (`record_commit`): so every commit object has a number the manifest
+    reached, an existing one is never rewritten, and one found above the manifest's number means the number went
+    backwards. `retry`: this writer's earlier call for the same number may have landed (it timed out), so its
+    object is replaced. Log segments merged into a new one are deleted by the writer only once this returned (a
+    call that timed out may still land, and must not delete what the next attempt lists)."""
     number = int(doc["commit"])
     if log_objects:
         store.put_many(dict(log_objects))

@@ -2,7 +2,7 @@
 
 A table's `.zarray` is checked as strictly as the manifest (`array_meta`), and a dataset's schema comes from
 its manifest (`manifest`, read by `commits`), else L5Kit's when it looks like L5Kit, else its arrays. zarr shows
-a grown shape before the rows are written, so readers trust the committed count, not the shape; datasets
+a grown shape before the rows are written, so readers trust the committed count (docs/architecture.md#commits); datasets
 written by other tools have no manifest, and their shapes are their row counts. Arrays, groups and their
 documents are zarrfeed's own (`zarr_array`, `zarr_meta`): zarr-python is not needed to read or write a dataset.
 """

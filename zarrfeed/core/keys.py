@@ -33,7 +33,7 @@ Key = Union[str, int, Position]
 
 @functools.lru_cache(maxsize=256)
 def _dtype_text(dtype: np.dtype) -> str:
-    """str() of a record dtype, once per dtype: it costs ~0.3 ms, as much as the rest of a fingerprint."""
+    """str() of a record dtype, once per dtype: it costs as much as the rest of a fingerprint."""
     return str(dtype)
 
 

@@ -2,8 +2,9 @@
 
 A package's `__init__` that imported every module would make each worker process load all of them: importing
 `zarrfeed.writer.write_worker` runs `zarrfeed.writer`'s `__init__` first, and an eager one pulls in pyarrow and
-the pool's parent side, which a worker never uses (measured: the fork server started 60 ms later). With this, a
-worker loads what its own module imports, and `from zarrfeed.writer import DatasetWriter` works as before.
+the pool's parent side, which a worker never uses (and which delays the fork server's start). With this, a
+worker loads what its own module imports, and `from zarrfeed.writer import DatasetWriter` works as an eager
+import would.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ def history_problem(store: Store, doc: dict[str, Any]) -> str | None:
     number = doc["commit"]
     later = [n for n in commit_numbers(store) if n > number]
     if later:
-        # zarrfeed before format checks stored the commit object first: one killed in between left just N + 1
+        # a writer older than zarrfeed's format checks stores the commit object first: killed then, it leaves N + 1
         orphan = (f"; or, if a writer older than zarrfeed's format checks was killed while committing, remove "
                   f"{commit_key(later[-1])}") if later == [number + 1] else ""
         return (f"{commit_key(later[-1])}: commit {later[-1]} was made, but {MANIFEST_KEY} says the latest commit "

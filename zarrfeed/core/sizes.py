@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def decimal_size(n: float, unit: str = "B") -> str:
     """A size (or a size per second) in decimal units with three significant digits: 340 MB, 12.5 kB, 87 B
-    (a small table exported in 0.01 s read "0 MB ... (0 MB/s)")."""
+    (never "0 MB" for a small table)."""
     for prefix in ("", "k", "M", "G", "T"):
         if abs(n) < 999.5 or prefix == "T":
             return f"{n:.3g} {prefix}{unit}"

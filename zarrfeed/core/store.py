@@ -35,12 +35,12 @@ def s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
     configuration, or botocore's retries in its environment variables).
 
     Why: left to themselves the layers multiply. s3fs tries a call 5 times after a timeout, botocore tries
-    each of those up to 5 times (its "legacy" mode) with 5 s connect and 15 s read timeouts, and the loader
-    tried a window's chunks 4 times on top: a killed server was reported after 74 to 79 s, a paused one after
-    more than 6 minutes. Here botocore tries once (s3fs's retries remain, with their backoff of under 2 s a
-    call) and the connect and read timeouts are a tenth of the budget; on S3 the loader fetches once
-    (`Location.fetch_tries`), which is at most two calls (a read-ahead, then one more). A refused connection
-    fails at once."""
+    each of those up to 5 times (its "legacy" mode) with 5 s connect and 15 s read timeouts, and a loader that
+    tries a window's chunks again multiplies them once more: a killed server would be reported after more than
+    a minute, a paused one after several. Here botocore tries once (s3fs's retries remain, with their backoff
+    of under 2 s a call) and the connect and read timeouts are a tenth of the budget; on S3 the loader fetches
+    once (`Location.fetch_tries`), which is at most two calls (a read-ahead, then one more). A refused
+    connection fails at once."""
     import fsspec.config
 
     try:
@@ -64,8 +64,8 @@ def _retry_connect_timeouts() -> None:
     """Have s3fs try again a call whose connection timed out. s3fs retries a call that timed out reading
     (botocore's `ReadTimeoutError`) but not one that timed out connecting (`ConnectTimeoutError` is not among
     its retryable errors), and botocore tries once here: a single lost SYN (retransmitted after 1 s) or a process
-    starved for the 1.5 s connect timeout under load failed the call at once (seen as a failed read in a test run
-    beside other jobs). Nothing was sent on a connection never made, so another try is safe; `add_retryable_error`
+    starved for the 1.5 s connect timeout under load would fail the call at once. Nothing is sent on a
+    connection never made, so another try is safe; `add_retryable_error`
     is s3fs's own way to say so (it applies to the process's s3fs, which gains nothing but these retries)."""
     try:
         import s3fs.core

@@ -170,7 +170,7 @@ class Array:
     def _stored(self) -> dict[str, int]:
         """Every object stored under the array (its chunks in sub-folders too, with the '/' separator), by its
         name below the array -> bytes. Counted from a listing, so its cost grows with what is stored, not with
-        the chunks the shape could hold (a shape of 2**62 rows once looped for ever)."""
+        the chunks the shape could hold (which may be 2**62 rows)."""
         nested = self.meta.dimension_separator == "/" and len(self.shape) > 1
         return self.store.sizes(self.path, recursive=nested)
 
@@ -296,7 +296,8 @@ class Array:
 
     def write(self, start: int, rows: np.ndarray) -> None:
         """Write `rows` at `start` along the first axis, within the shape: chunks wholly covered are encoded and
-        stored; one partly covered is read, merged and written back (no lock: one writer at a time)."""
+        stored; one partly covered is read, merged and written back (no lock: one writer at a time,
+        docs/architecture.md#lease)."""
         if self.read_only:
             raise PermissionError(f"'{self.path}': opened read-only")
         stop = start + len(rows)
@@ -326,7 +327,7 @@ class Array:
         self.store.delete([self.chunk_key(i) for i in range(self.meta.nchunks, old)])
 
     def append(self, rows: np.ndarray) -> None:
-        """Rows added at the end (one writer at a time)."""
+        """Rows added at the end (one writer at a time: docs/architecture.md#lease)."""
         start = self.shape[0]
         self.resize(start + len(rows))
         self.write(start, np.asarray(rows, self.dtype))

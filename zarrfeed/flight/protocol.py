@@ -398,7 +398,7 @@ def encode_episode(episode: Mapping[str, np.ndarray], key: Key, schema: pa.Schem
 
 def _one_string(text: str) -> pa.Array:
     """A one-value string array, made from its buffers: `pa.array([text])` imports pandas the first time it
-    runs in a process (measured: 0.4 s, paid by every new producer)."""
+    runs in a process (a fraction of a second, paid by every new producer)."""
     data = text.encode()
     offsets = pa.py_buffer(np.array([0, len(data)], np.int32))
     return pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)])

@@ -3,10 +3,10 @@
 An episode travels as one row of a record batch: a `key` column (the episode's key, as JSON) and, per table,
 a column holding that table's records, each table's numpy dtype in the schema metadata; many episodes
 stream in one do_put call and the server checks, relocates and writes each through its DatasetWriter.
-RemoteWriter sends each table's records as their bytes (a binary value in the dtype's layout): measured,
-converting to Arrow columns and back cost about 8 ms of CPU per 2.6 MB episode on the two sides, more than
-the server's own work. Producers in other languages may send list<struct> columns as the Arrow bridge
-writes them (`episode_schema(..., records=False)`); the server reads both.
+RemoteWriter sends each table's records as their bytes (a binary value in the dtype's layout): converting to Arrow
+columns and back would cost the two sides more CPU than the server's own work (bench/bench_serve.py measures the
+server's CPU per GB ingested). Producers in other languages may send list<struct> columns as the Arrow bridge writes
+them (`episode_schema(..., records=False)`); the server reads both.
 
 `submit` returns once the server has accepted the episode (its ack comes back on the same call); `sync()`
 and `close()` return once every accepted episode is committed. Keys make retries safe: the server's writer

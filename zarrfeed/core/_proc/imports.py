@@ -35,9 +35,9 @@ def fork_server_imports_with_our_path() -> None:
     multiprocessing, not in multiprocess): it would import a folder named `zarrfeed` in the working directory (an
     empty one, the clone of this project seen from the folder holding it) in place of this package, and no worker
     forked from it could start. So the server's command sets our path first. It also names PosixPath, which the
-    command holds when sys.path does (`sys.path.append(Path(...))`: the import ignores such an entry, but the server
-    failed to start, "NameError: name 'PosixPath' is not defined"). Installed once per process (multiprocess starts
-    its processes through `util.spawnv_passfds`; other commands pass unchanged)."""
+    command holds when sys.path does (`sys.path.append(Path(...))`: the import ignores such an entry, but without the
+    name the server would fail to start, "NameError: name 'PosixPath' is not defined"). Installed once per process
+    (multiprocess starts its processes through `util.spawnv_passfds`; other commands pass unchanged)."""
     spawnv = util.spawnv_passfds
     if getattr(spawnv, "zarrfeed_path", False):
         return

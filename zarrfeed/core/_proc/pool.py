@@ -193,11 +193,11 @@ def _answer(wid: int, conn: Any, parent_pid: int, direct: bool, setup: Callable[
         send(reply)
 
 
-# Imported once by the fork server, not by each worker: fsspec and numcodecs (a worker that opened its first
-# array imported them: 52 ms of a worker's start, most of the time to the first batch), numpy 2 imports
+# Imported once by the fork server, not by each worker: fsspec and numcodecs (else a worker imports them when it
+# opens its first array: most of a worker's start, most of the time to the first batch), numpy 2 imports
 # numpy.random on first use, and whichever pool starts the server first decides the list for every later pool
-# of the process (measured: a Loader's workers forked from a server started by a writer imported the loader
-# themselves, 40 ms of CPU each before the first batch).
+# of the process (a Loader's workers forked from a server a writer started would import the loader themselves,
+# before the first batch).
 _PRELOAD = {"numpy", "numpy.random", "numcodecs", "fsspec", "zarrfeed.core.zarr_array"}
 
 
@@ -307,10 +307,10 @@ def context(start_method: str | None, setup: Callable | None = None) -> Any:
     one. Why not "fork", the fastest: the process that starts workers has threads (the writer's lease
     heartbeat, fsspec's event loop, Blosc, the user's own), and a forked child may inherit a lock one of them
     held and deadlock; Python 3.12 warns of it and 3.14 stops defaulting to it. The fork server is started
-    once per process with the worker modules (`_PRELOAD`) and `setup`'s imported, so later workers start in
-    about 0.05 s more than forked ones (measured: the first batch of a Loader 0.1 s against 0.03 s; the first
-    pool of a process pays about 0.5 s to start the server). Pass start_method="fork" to trade that safety
-    for speed."""
+    once per process with the worker modules (`_PRELOAD`) and `setup`'s imported, so later workers start only a little
+    later than forked ones, and the first pool of a process pays for starting the server (see `start_fork_server`;
+    bench/bench_loader.py measures the time to the first batch). Pass start_method="fork" to trade that safety for
+    speed."""
     _leave_if_rerunning_the_script()
     methods = mp.get_all_start_methods()
     ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else None))

@@ -18,10 +18,10 @@ know of shares a memfd between unrelated processes without a broker process.
 The lookup lock. Two processes that look up one name at once must not both create the file, so a lookup
 holds a lock. It is an OFD lock (see `ofd`: released by the kernel when the process dies) on one byte, chosen
 by the name, of an empty file `lookup.lock` in a directory of this user's only: `/tmp/zarrfeed-<uid>` (made
-with mode 0700), or `~/.cache/zarrfeed` where that one is another user's, open to others or a link. An
-abstract socket name served as the lock before: another user could bind it first (the name is in
-/proc/net/unix for all to see) and hold every lookup of this user's caches for ever; a directory that only
-this user can write cannot be squatted, and one that is not this user's, or a lock file in it that is not,
+with mode 0700), or `~/.cache/zarrfeed` where that one is another user's, open to others or a link. Not an
+abstract socket name: another user could bind it first (the name is in /proc/net/unix for all to see) and
+hold every lookup of this user's caches for ever; a directory that only this user can write cannot be
+squatted, and one that is not this user's, or a lock file in it that is not,
 is never used.
 
 Namespaces. `ZARRFEED_CACHE_NAMESPACE` (letters, digits, '.', '_', '-') puts this process's names in a

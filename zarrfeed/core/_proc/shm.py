@@ -48,7 +48,7 @@ class SharedBlock:
     """`size` bytes of shared memory, as `buf` (a writable memoryview). With `populate` (default) every page
     is mapped now, in one go, instead of one page fault per 4 KiB on first touch; without it, pages are
     mapped as they are first written (for large blocks filled a little at a time, such as a cache that keeps
-    a whole table: populating 240 MB delays the first batch by 0.1 s in each process that maps it)."""
+    a whole table: populating it would delay the first batch in each process that maps it)."""
 
     def __init__(self, size: int, fd: int | None = None, populate: bool = True) -> None:
         self.size = max(int(size), 64)
