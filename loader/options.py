@@ -147,6 +147,8 @@ class ShardOptions:
         object.__setattr__(self, "drop_last", flag(self.drop_last, "drop_last"))
         object.__setattr__(self, "rank", count(self.rank, "rank", 0))
         object.__setattr__(self, "world_size", count(self.world_size, "world_size", 1))
+        if not self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
 
 
 @dataclass(frozen=True)

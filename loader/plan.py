@@ -57,8 +57,6 @@ class PlanConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if s.shuffle_window is None or s.shuffle_window < 1:
             raise ValueError(f"shuffle_window must be >= 1, got {s.shuffle_window}")
-        if not 0 <= self.shard.rank < self.shard.world_size:
-            raise ValueError(f"rank must be in [0, world_size={self.shard.world_size}), got {self.shard.rank}")
         if s.order not in ORDERS:
             raise ValueError(f"epoch order {s.order!r}: this zarrfeed orders epochs with orders {ORDERS}")
 
