@@ -13,8 +13,8 @@ import pyarrow as pa
 from ..core import chunk_check, commits, dataset_format, log_reads, not_a_dataset
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
-from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, read_coordinates, read_rows
-from ..core.dataset_format import FormatError
+from ..core.chunks import Check, check_chunk, read_coordinates, read_rows
+from ..core.errors import ChunkChanged, ChunkError, FormatError
 from ..core.links import Violation, link_checker, require_link
 from ..core.schema import Schema, field_names
 from ..core.store import Location, bounded

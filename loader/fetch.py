@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.chunks import ChunkError, check_chunk, digest
+from ..core.chunks import check_chunk, digest
+from ..core.errors import ChunkError
 from ..core.store import Location
 
 Record = tuple[int, str]  # a chunk's recorded size and digest

@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import xxhash
 
+from .errors import ChunkChanged, ChunkError
 from .zarr_array import Array
 
 
@@ -38,14 +39,6 @@ def rows_digests(array: Array, key: str, raw: bytes | None, rows: Sequence[int])
     buf = np.empty(array.chunks[0] * array.dtype.itemsize, np.uint8)
     decode_chunk_into(array, key, raw, buf)
     return [digest(buf[:n * array.dtype.itemsize].data) for n in rows]
-
-
-class ChunkError(ValueError):
-    """A chunk cannot be read; the message names the table and the chunk key."""
-
-
-class ChunkChanged(ChunkError):
-    """A chunk's stored bytes are not those its commit recorded (changed, swapped, or another dataset's)."""
 
 
 # what a reader checks each chunk's stored bytes with before decoding them (`chunk_check.ChunkCheck.check`):

@@ -7,7 +7,7 @@ from typing import Any
 from .commit_log import LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
 from .commits import commit_numbers, read_manifest
 from .manifest import DIGEST, EVERY_CHUNK, MANIFEST_KEY, commit_key
-from .store import FormatError
+from .errors import FormatError
 from .stores import Store
 
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from .errors import FormatError, StoreTimeout
 from .refusals import read_only_mount, why_unwritable
-from .stores import DirectoryStore, FsspecStore, Store, StoreUnreachable, ZipStore, reaching
+from .stores import DirectoryStore, FsspecStore, Store, ZipStore, reaching
 
 log = logging.getLogger("zarrfeed")
 T = TypeVar("T")
@@ -82,28 +83,9 @@ def missing_credentials(exc: BaseException) -> bool:
     return any(c.__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in type(exc).__mro__)
 
 
-class FormatError(ValueError):
-    """A dataset cannot be read or written as asked; the message is one line saying what and where. Where it
-    says what to do instead, `str()` says it in Python's words (`mode='a'`) and `cli`, when set, in the command
-    line's (`--append`): the command line prints `cli` (`in_cli_words`).
-
-    Args:
-        message: The line.
-        cli: The line in the command line's words, where they differ.
-    """
-
-    def __init__(self, message: str, cli: str | None = None) -> None:
-        super().__init__(message)
-        self.cli = cli
-
-
 def in_cli_words(exc: BaseException) -> str:
     """An error's message as the command line shows it: its `cli` wording if it has one."""
     return getattr(exc, "cli", None) or str(exc)
-
-
-class StoreTimeout(StoreUnreachable):
-    """A store did not answer within the time allowed; the message is one line naming the store and the call."""
 
 
 def bounded(seconds: float | None, fn: Callable[[], T], what: str) -> T:

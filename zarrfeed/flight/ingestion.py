@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ..core._proc.pool import WorkerError
+from ..core.errors import WorkerError
 from ..core.keys import key_to_json
 from ..core.store import Location
 from ..writer.dataset_writer import DatasetWriter
