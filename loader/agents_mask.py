@@ -27,7 +27,7 @@ from ..core._proc.pool import Failed, WorkerPool, describe_exit, preload_in_work
 from ..core.errors import WorkerError
 from ..core.chunk_check import ChunkCheck
 from ..core.refusals import refusal
-from ..core.store import Location
+from ..core.location import Location
 from ..core.zarr_array import Array
 from ..core.zarr_meta import ArrayMeta
 from .dataset import Dataset

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core.chunks import check_chunk, digest
 from ..core.errors import ChunkError
-from ..core.store import Location
+from ..core.location import Location
 
 Record = tuple[int, str]  # a chunk's recorded size and digest
 

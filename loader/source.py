@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ..core.chunk_check import ChunkCheck
-from ..core.store import Location
+from ..core.location import Location
 from . import read_worker
 from .chunk_cache import ProcessChunks
 from .dataset import Dataset

@@ -41,7 +41,7 @@ from ..core import dataset_format
 from ..core.errors import IngestError
 from ..core.keys import Position, fingerprint
 from ..core.schema import L5KIT_SCHEMA, Schema, Table
-from ..core.store import Location
+from ..core.location import Location
 from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer
 from .episode import as_tables, check_episode, relocate_all

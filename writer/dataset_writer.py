@@ -34,7 +34,7 @@ from .chunk_locks import ChunkLocks
 from ..core.schema import Schema
 from ..core.sizes import decimal_size
 from ..core.refusals import FULL, refusal, write_refused
-from ..core.store import Location
+from ..core.location import Location
 from . import write_worker
 from .write_worker import WriteSegment
 from .chunk_write import ChunkWrite, write_rows
@@ -110,7 +110,7 @@ class DatasetWriter:
         self._buffers: SegmentBuffers | None = None
         self._lock_dir: str | None = None
         self._pool: WorkerPool | None = None
-        # the parent's own calls on an object store are bounded like the workers' (see store.bounded)
+        # the parent's own calls on an object store are bounded like the workers' (see bounded_calls.bounded)
         self.committer = Committer(self.location, schema, mode=mode, overwrite=overwrite, chunks=chunks,
                                    compressor=compressor, coordinator=coordinator, lease_timeout=lease_timeout,
                                    store_timeout=self.location.settings.bound(stall_timeout),

@@ -36,7 +36,9 @@ import fasteners
 
 from ..core._proc.shm import SharedBlock
 from ..core.errors import LeaseHeld, LeaseLost
-from ..core.store import FormatError, Location, bounded, within
+from ..core.bounded_calls import bounded, within
+from ..core.errors import FormatError
+from ..core.location import Location
 
 log = logging.getLogger("zarrfeed.writer")
 

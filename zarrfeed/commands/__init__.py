@@ -20,9 +20,8 @@ from typing import Sequence
 
 from .. import __version__
 from ..core.errors import FormatError, LeaseLost, LoaderError, ShmSpaceError, WorkerError
-from ..core.store import in_cli_words
 from . import demo, export, info, ingest, load, mask, plot, serve, status, validate
-from .common import CommandParser, Help, TopParser, plural
+from .common import CommandParser, Help, TopParser, in_cli_words, plural
 
 COMMANDS = (demo, ingest, load, mask, export, info, status, serve, plot, validate)  # in the order --help lists
 

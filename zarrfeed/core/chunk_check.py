@@ -29,7 +29,7 @@ from typing import Any
 from .chunks import digest, rows_digest
 from .commit_log import ChunkRecord
 from .manifest import DIGEST, TAILS
-from .log_reads import latest_log
+from .commit_log_reads import latest_log
 from .errors import ChunkChanged, ChunkError, FormatError
 from .stores import Store
 from .zarr_array import Array

@@ -17,11 +17,12 @@ import numcodecs
 import numpy as np
 
 from . import array_meta
-from .commits import read_manifest, write_manifest
+from .manifest_io import read_manifest, write_manifest
 from .manifest import DIGEST, EVERY_CHUNK, MANIFEST_KEY, TAILS, new_dataset_id, new_manifest
 from .schema import L5KIT_SCHEMA, SCHEMA_CODEC, Schema, Table, dtype_difference
 from .errors import FormatError, MetaError
-from .store import Location, missing_credentials
+from .location import Location
+from .s3 import missing_credentials
 from .stores import MemoryStore, Store, connection_failure, unreachable
 from .zarr_array import Array, Group
 from .record_view import RecordArray

@@ -11,7 +11,7 @@ import json
 
 from .replay_buffer import DATA, META, is_replay_buffer
 from .errors import FormatError
-from .store import Location
+from .location import Location
 from .zarr_array import Group
 
 READS = ("zarrfeed reads a dataset it wrote, an L5Kit dataset, a Diffusion Policy replay buffer (a group with "
