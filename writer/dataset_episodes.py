@@ -24,7 +24,7 @@ def root_table(schema: Schema) -> str:
     roots = [t for t in schema.tables if t not in children]
     if len(roots) != 1:
         raise FormatError(f"schema '{schema.name}' has {len(roots)} root tables ({', '.join(roots)}); "
-                                 "splitting into episodes needs exactly one")
+                          "splitting into episodes needs exactly one")
     return roots[0]
 
 
@@ -71,7 +71,7 @@ class Episodes:
                 if link.kind == ENDS:  # cumulative ends: this row's steps begin where the row before ended
                     if parent != self.root:
                         raise FormatError(f"link {link}: splitting into episodes follows an ends "
-                                                         "link from the root table only")
+                                          "link from the root table only")
                     start, end = previous[link.field], int(values[-1])
                 else:
                     start, end = (int(values[0, 0]), int(values[-1, 1])) if len(values) else (0, 0)
