@@ -50,7 +50,7 @@ MODULES: dict[str, list[str]] = {
     "zarrfeed/core/keys.py": ["test_keys.py", "test_committer.py", "test_journal.py", "test_write.py"],
     "zarrfeed/core/commit_log.py": ["test_commit_log.py", "test_committer.py", "test_digests.py", "test_never_lose.py"],
     "zarrfeed/core/links.py": ["test_links.py", "test_write.py", "test_dataset.py"],
-    "zarrfeed/writer/commit.py": ["test_committer.py", "test_never_lose.py", "test_digests.py"],
+    "zarrfeed/writer/commit_tracking.py": ["test_committer.py", "test_never_lose.py", "test_digests.py"],
     "zarrfeed/writer/journal.py": ["test_journal.py", "test_committer.py"],
     "zarrfeed/writer/committer.py": ["test_committer.py", "test_committer_rules.py", "test_never_lose.py"],
     "zarrfeed/writer/lease.py": ["test_lease_rules.py"],  # test_lease.py: the same end to end, minutes a mutant

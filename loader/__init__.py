@@ -1,9 +1,8 @@
 """zarrfeed's reading side: open, describe and check datasets; load shuffled batches; Arrow and Parquet out."""
 from ..core.arrow_records import from_arrow
-from ..core.dataset_format import FormatError
-from ..core.stores import StoreUnreachable
+from ..core.errors import FormatError, LoaderError, LoaderStalledError, StoreUnreachable
 from .arrow_bridge import to_arrow
-from .batches import Loader, LoaderError, LoaderStalledError
+from .batches import Loader
 from .dataset import Dataset, ValidationReport
 from .options import LoaderOptions
 from .parquet_export import export_parquet

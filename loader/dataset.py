@@ -10,14 +10,15 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..core import chunk_check, commits, dataset_format, log_reads, not_a_dataset
+from ..core import chunk_check, commit_log_reads, dataset_format, manifest_io, not_a_dataset
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
-from ..core.chunks import Check, ChunkChanged, ChunkError, check_chunk, read_coordinates, read_rows
-from ..core.dataset_format import FormatError
+from ..core.chunks import Check, check_chunk, read_coordinates, read_rows
+from ..core.errors import ChunkChanged, ChunkError, FormatError
 from ..core.links import Violation, link_checker, require_link
 from ..core.schema import Schema, field_names
-from ..core.store import Location, bounded
+from ..core.bounded_calls import bounded
+from ..core.location import Location
 from ..core.zarr_array import Array, Group
 from .arrow_bridge import ArrowStream, table_batches
 
@@ -171,7 +172,7 @@ class Dataset:
                           f"({schema.name})", stacklevel=2)
         tables = {name: arrays[name] if name in arrays else dataset_format.empty_table(table)
                   for name, table in schema.tables.items()}
-        doc = commits.read_manifest(group.store, commit)
+        doc = manifest_io.read_manifest(group.store, commit)
         rows = dataset_format.readable_rows(schema, tables, doc)
         for name, n in rows.items():
             if n > tables[name].shape[0]:
@@ -179,7 +180,7 @@ class Dataset:
         ds = cls(location, group, tables, rows, schema, doc["commit"] if doc else None,
                  doc.get("dataset_id") if doc else None)
         ds.others = others
-        ds.commit_tag = commits.commit_tag(doc)
+        ds.commit_tag = manifest_io.commit_tag(doc)
         if read_check:  # the records as of this opening: a dataset put in its place later is told apart
             try:
                 ds._check = chunk_check.read(group.store, str(location), doc, rows,
@@ -403,15 +404,15 @@ class Dataset:
         object or log segment made before (the next append would reuse it). None for a dataset without
         zarrfeed commits."""
         store = self.group.store
-        doc = commits.read_manifest(store)
+        doc = manifest_io.read_manifest(store)
         if doc is None:
             return []
         found = []
-        why = log_reads.history_problem(store, doc)
+        why = commit_log_reads.history_problem(store, doc)
         if why:
             found.append(why)
         try:
-            log_reads.latest_log(store)
+            commit_log_reads.latest_log(store)
         except FormatError as exc:
             found.append(str(exc))
         return [Violation(where, None, None, what) for where, _, what in (f.partition(": ") for f in found)]
@@ -429,7 +430,7 @@ class Dataset:
 
     def digests(self, tail: bool = True) -> dict[str, dict[int, tuple[int, str]]] | None:
         """The size and digest its commit recorded for each chunk of this dataset's rows that can be checked
-        (see `log_reads.sealed_chunks`; `tail=False` leaves out each table's last, partly filled chunk,
+        (see `commit_log_reads.sealed_chunks`; `tail=False` leaves out each table's last, partly filled chunk,
         which the next writer rewrites); None if it records none. Those taken when it was opened (see `check`),
         else read now."""
         if not self._digests_read:
@@ -441,7 +442,7 @@ class Dataset:
                 for t, recs in self._digests.items()}
 
     def _sealed(self) -> dict[str, dict[int, tuple[int, str]]] | None:
-        return log_reads.sealed_chunks(self.group.store, self.rows,
+        return commit_log_reads.sealed_chunks(self.group.store, self.rows,
                                             {t: a.chunks[0] for t, a in self.tables.items()}, self.commit)
 
     def verify(self, progress: Callable[[int], None] | None = None, batch: int = 16) -> VerifyReport:

@@ -42,6 +42,7 @@ import numpy as np
 from ..core._proc import rendezvous
 from ..core._proc.ofd import ProcessLocks
 from ..core._proc.shm import SharedBlock
+from ..core.errors import CacheInvariantError
 from ..core.sizes import binary_size
 from . import host_budget
 from .chunk_cache import Key, Pin
@@ -55,11 +56,6 @@ _HEADER = 4096
 _LOCK_BASE = 1 << 40  # lock bytes lie beyond the end of the file (see core._proc.ofd)
 _GLOBAL = _LOCK_BASE
 _PAGE = 4096  # the slots start on a page
-
-
-class CacheInvariantError(RuntimeError):
-    """The host cache's slot table contradicts itself (a bug, never bad input); the message names the slot and
-    the chunk. Raised instead of handing out a slot that may hold another chunk's rows."""
 
 
 def _proc_lock(p: int) -> int:

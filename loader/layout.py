@@ -12,13 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import TransformOutputError
 from ..core.schema import field_names
-
-
-class TransformOutputError(TypeError):
-    """A transform's output does not fit the batch slots (not a dict of arrays, other keys, another dtype or
-    shape than the first batch's): zarrfeed's own check, whose message says all there is, so it reaches the
-    user as one line naming the transform, without a traceback through zarrfeed's worker."""
 
 
 def transform_name(fn: Any) -> str:

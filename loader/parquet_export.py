@@ -19,7 +19,7 @@ from ..core._proc.pool import context
 from ..core.arrow_records import records_to_arrow, schema_metadata
 from ..core.chunk_check import ChunkCheck
 from ..core.refusals import refused_writes
-from ..core.store import Location, exists
+from ..core.location import Location, exists
 from .dataset import Dataset
 
 __all__ = ["export_parquet"]

@@ -27,7 +27,7 @@ from ..core._proc.shm import SharedBlock, check_room
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import decode_chunk_into
 from ..core.schema import Table
-from ..core.store import Location
+from ..core.location import Location
 from .chunk_cache import ChunkMemory
 from .fetch import ChunkFetcher, FetchOptions
 from .gather import gather

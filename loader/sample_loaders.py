@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core._proc.pool import preload_in_workers
 from ..core.chunk_check import ChunkCheck
-from ..core.store import Location
+from ..core.location import Location
 from . import agents_mask, read_worker
 from .batches import Loader, fetch_options, open_dataset
 from .dataset import Dataset

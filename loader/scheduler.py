@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core._proc.rendezvous import RendezvousError
 from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, is_stopped, process_state
-from ..core.chunks import ChunkError
+from ..core.errors import ChunkError, LoaderError, LoaderStalledError
 from ..core.sizes import binary_size
 from . import host_cache
 from .chunk_cache import ChunkCache, ChunkSlots
@@ -47,43 +47,6 @@ _GROUP_ROWS_TRANSFORM = 4096
 _RING_BYTES = 8 << 20
 
 
-class LoaderError(RuntimeError):
-    """A worker died, a chunk could not be read, or a transform failed; the message says which. When code
-    raised, in a worker or here, `remote` holds that exception (`remote.exc`: the object itself when it could
-    be carried, `remote.traceback`), also chained as `__cause__`.
-
-    Args:
-        message: What happened.
-        remote: The exception raised, in a worker or here.
-        advice: What the loader's user can do, after "; " in the line (`what` is the line without it: a server
-            running the loader says what its own client can do instead).
-    """
-
-    def __init__(self, message: str, remote: RemoteError | None = None, advice: str = "") -> None:
-        super().__init__(f"{message}; {advice}" if advice else message)
-        self.what, self.advice, self.remote = message, advice, remote
-
-
-class LoaderStalledError(LoaderError):
-    """A batch waited `stall_timeout` seconds on a process that is stopped (the loader's own worker, or
-    another process holding the host cache); `pids` are those processes. Raised only with a `stall_timeout`.
-
-    Args:
-        waiting: What waited (a batch, a window).
-        seconds: The stall_timeout it waited.
-        stopped: The stopped processes, said (each "... (pid N) (stopped)").
-        pids: The stopped processes.
-    """
-
-    def __init__(self, waiting: str, seconds: float, stopped: str, pids: list[int]) -> None:
-        them = "it" if len(pids) == 1 else "them"
-        super().__init__(f"{waiting} waited over stall_timeout={seconds:g} s on {stopped}",
-                         advice=f"`kill -CONT {' '.join(map(str, pids))}` resumes {them}, or pass stall_timeout=None "
-                                "to wait")
-        self.waiting, self.seconds, self.stopped, self.pids = waiting, seconds, stopped, pids
-
-    def __reduce__(self) -> tuple:  # (pickled across processes, e.g. by a torch DataLoader worker)
-        return type(self), (self.waiting, self.seconds, self.stopped, self.pids)
 
 
 @dataclass

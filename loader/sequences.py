@@ -27,7 +27,7 @@ from ..core._proc.pool import preload_in_workers
 from ..core.chunk_check import ChunkCheck
 from ..core.replay_buffer import END, EPISODES
 from ..core.schema import field_names
-from ..core.store import FormatError, Location
+from ..core.location import FormatError, Location
 from . import read_worker
 from .batches import Loader, fetch_options, open_dataset
 from .dataset import Dataset

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ..core.chunk_check import ChunkCheck
-from ..core.store import Location
+from ..core.location import Location
 from . import read_worker
 from .chunk_cache import ChunkMemory
 from .dataset import Dataset

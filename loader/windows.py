@@ -24,7 +24,7 @@ import numpy as np
 
 from ..core._proc.pool import preload_in_workers
 from ..core.chunk_check import ChunkCheck
-from ..core.store import Location
+from ..core.location import Location
 from . import read_worker
 from .batches import Loader, fetch_options, open_dataset
 from .chunk_cache import ChunkMemory

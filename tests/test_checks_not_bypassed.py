@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from expected import expected_tables
 from test_checked_reads import NAMED, SMALL, cli, damage, episodes, one_line_error
-from zarrfeed.core.store import FormatError
+from zarrfeed.core.errors import FormatError
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Group
 from zarrfeed.loader import Dataset, Loader, LoaderError

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from zarrfeed.core.commit_log import LOG_PREFIX, MAX_ENTRIES, CommitLog, Segment
-from zarrfeed.core.store import FormatError
+from zarrfeed.core.errors import FormatError
 
 
 def test_a_segments_length_counts_every_entry():

@@ -11,7 +11,7 @@ from zarrfeed.writer.committer import Committer
 from zarrfeed.writer.episode import relocate
 
 from zarrfeed.core.keys import Position, fingerprint
-from zarrfeed.core.store import Location
+from zarrfeed.core.location import Location
 
 
 def episodes(n: int, seed: int) -> list[dict]:
@@ -156,7 +156,7 @@ def test_a_committer_that_fails_commits_what_is_durable_first(tmp_path):
 def test_the_episodes_touching_a_range_are_those_with_rows_inside_it():
     """Which uncommitted episodes a failed write of rows [start, end) concerns (they are reported as lost):
     an episode ending where the range starts, or starting where it ends, has no row in it."""
-    from zarrfeed.writer.commit import CommitTracker
+    from zarrfeed.writer.commit_tracking import CommitTracker
     t = CommitTracker({"agents": 0})
     t.add_episode("a", {"agents": 0}, {"agents": 10})
     t.add_episode("b", {"agents": 10}, {"agents": 20})
@@ -171,7 +171,7 @@ def test_the_last_write_of_a_shared_chunk_is_told_by_its_links_or_not_at_all():
     """Which write of a chunk came last, from the `replaced` links alone: the one no other write replaced; when
     two writes both look last (a link missing), no digest is recorded rather than a wrong one."""
     from zarrfeed.writer.chunk_write import ChunkWrite
-    from zarrfeed.writer.commit import _last
+    from zarrfeed.writer.commit_tracking import _last
     first = ChunkWrite("agents", 0, 10, "d1", None, True)
     second = ChunkWrite("agents", 0, 20, "d2", "d1", True)
     third = ChunkWrite("agents", 0, 30, "d3", "d2", True)
@@ -185,7 +185,7 @@ def test_a_chunk_is_sealed_once_its_rows_are_committed_and_forgotten_once_record
     committed, the table's last chunk too when the writer closes (`tail`) if any of its rows is committed, never a
     chunk past the committed rows; `forget` drops what a published commit recorded."""
     from zarrfeed.writer.chunk_write import ChunkWrite
-    from zarrfeed.writer.commit import ChunkDigests
+    from zarrfeed.writer.commit_tracking import ChunkDigests
     digests = ChunkDigests({"agents": 10})
     digests.add([ChunkWrite("agents", i, 100 + i, f"d{i}") for i in range(4)])
     assert digests.seal({"agents": 19}) == {"agents": {0: (100, "d0")}}

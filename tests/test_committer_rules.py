@@ -16,10 +16,11 @@ from zarrfeed.writer import L5KIT_SCHEMA
 from zarrfeed.writer.chunk_write import write_rows
 from zarrfeed.writer.committer import Committer, key_order
 
-from zarrfeed.core import commits, dataset_format, log_reads, manifest
+from zarrfeed.core import manifest_io as commits, dataset_format, commit_log_reads as log_reads, manifest
 from zarrfeed.core.keys import Position, fingerprint
 from zarrfeed.core.schema import Schema, Table
-from zarrfeed.core.store import FormatError, Location, StoreTimeout
+from zarrfeed.core.errors import FormatError, StoreTimeout
+from zarrfeed.core.location import Location
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Array
 
@@ -554,7 +555,7 @@ def test_the_lease_files_of_a_writer_that_died_starting_are_no_dataset(tmp_path)
     import sys
     path = tmp_path / "d.zarr"
     subprocess.run([sys.executable, "-c", "import os, sys\nfrom zarrfeed.writer.lease import Lease\n"
-                    "from zarrfeed.core.store import Location\nLease(Location.of(sys.argv[1])).acquire()\n"
+                    "from zarrfeed.core.location import Location\nLease(Location.of(sys.argv[1])).acquire()\n"
                     "os._exit(0)", str(path)], check=True)
     assert sorted(p.name for p in path.iterdir()) == [".zarrfeed.lock", "zarrfeed.lease"]
     loc = Location.of(path)

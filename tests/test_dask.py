@@ -289,7 +289,7 @@ def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp
     raises LeaseLost and no chunk of the rows is stored; with the holder's token the same call stores them.
     In this process, with the cluster's locks (the client fixture), as a worker runs it."""
     from zarrfeed.core.keys import Position
-    from zarrfeed.core.store import Location
+    from zarrfeed.core.location import Location
     from zarrfeed.writer.committer import Committer
     from zarrfeed.writer.lease import LeaseLost
 

@@ -16,7 +16,7 @@ from zarrfeed.writer.dataset_writer import DatasetWriter
 
 from zarrfeed.core.manifest import MANIFEST_KEY
 
-from zarrfeed.core.commits import read_manifest
+from zarrfeed.core.manifest_io import read_manifest
 from zarrfeed.core.stores import DirectoryStore
 
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}

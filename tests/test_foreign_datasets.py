@@ -7,7 +7,8 @@ import pytest
 
 from zarrfeed import Dataset, DatasetWriter
 from zarrfeed.core.schema import Schema
-from zarrfeed.core.store import FormatError, Location
+from zarrfeed.core.errors import FormatError
+from zarrfeed.core.location import Location
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Array, Group
 from zarrfeed.core.zarr_meta import ArrayMeta

@@ -64,7 +64,7 @@ def imports() -> dict[str, set[str]]:
 
 def test_each_layer_imports_only_the_layers_below_it():
     graph = imports()
-    assert {"zarrfeed.core.store", "zarrfeed.writer.dataset_writer", "zarrfeed.loader.batches",
+    assert {"zarrfeed.core.location", "zarrfeed.writer.dataset_writer", "zarrfeed.loader.batches",
             "zarrfeed.flight.server", "zarrfeed.cli"} <= set(graph)  # the walk sees every layer
     for name, deps in graph.items():
         if name == "zarrfeed":  # the package's __init__ names both sides lazily
@@ -112,12 +112,12 @@ def test_version_and_entry_points():
 def test_only_the_store_module_asks_what_kind_of_place_a_dataset_is():
     """Issue 36: per-store choices (segment size, growth step, timeouts, read-ahead, the lease's backend) are
     settings of each kind of store (`Location.settings`), not checks of the location's kind spread over the
-    package: none outside zarrfeed/core/store.py and stores.py."""
+    package: none outside zarrfeed/core/location.py and stores.py."""
     asks = ("is_local", "is_zip", "protocol in", "FSStore", "DirectoryStore", "ZipStore", "FsspecStore")
     found = []
     for folder in FOLDERS:
         for path in (ROOT / folder).glob("*.py"):
-            if path.relative_to(ROOT).as_posix() in ("zarrfeed/core/store.py", "zarrfeed/core/stores.py"):
+            if path.relative_to(ROOT).as_posix() in ("zarrfeed/core/location.py", "zarrfeed/core/stores.py"):
                 continue
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if any(a in line for a in asks) and not line.lstrip().startswith("#"):

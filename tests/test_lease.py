@@ -118,7 +118,7 @@ def test_an_s3_renewal_whose_earlier_reply_was_lost_keeps_the_lease(s3):
     own. The document's token says so; the writer must not stop as if another had taken it over."""
     from zarrfeed.writer.lease import Lease
 
-    from zarrfeed.core.store import Location
+    from zarrfeed.core.location import Location
 
     bucket, server = s3
     lease = Lease(Location.of(f"{bucket}/x.zarr", server.options), timeout=60)
@@ -139,7 +139,7 @@ def test_a_lease_is_judged_by_its_holders_own_timeout(s3):
     and the refusal quotes that timeout."""
     import json
 
-    from zarrfeed.core.store import Location
+    from zarrfeed.core.location import Location
     from zarrfeed.writer.lease import LEASE_KEY, Holder, Lease
 
     bucket, server = s3
@@ -200,7 +200,7 @@ def test_the_fence_stops_a_worker_process_once_the_lease_is_released_or_lost(tmp
     import multiprocess
     from zarrfeed.writer.lease import Lease, LeaseLost
 
-    from zarrfeed.core.store import Location
+    from zarrfeed.core.location import Location
 
     lease = Lease(Location.of(tmp_path / "d.zarr"), timeout=60)
     lease.acquire()
@@ -307,7 +307,7 @@ def test_a_lease_document_this_process_let_go_is_taken_over_at_once_on_s3(s3, ca
     """A release the store did not answer, or a renewal that landed after it, leaves a document naming this
     very process: it is not a live writer (its token is no lease held here), so the next writer of this process
     takes it over at once instead of waiting for the timeout (a resume after a paused S3 server was refused)."""
-    from zarrfeed.core.store import Location
+    from zarrfeed.core.location import Location
     from zarrfeed.writer.lease import LEASE_KEY, Lease
 
     bucket, server = s3

@@ -28,7 +28,8 @@ from zarrfeed.writer.lease import (
     check_held,
 )
 
-from zarrfeed.core.store import FormatError, Location
+from zarrfeed.core.errors import FormatError
+from zarrfeed.core.location import Location
 
 HOST = socket.gethostname()
 
@@ -293,7 +294,7 @@ def test_a_local_lease_of_a_dead_holder_is_taken_over_and_a_live_ones_never(tmp_
 
 def test_a_local_lease_refused_by_the_lock_of_another_process(tmp_path):
     loc = Location.of(tmp_path / "d.zarr")
-    code = ("import sys, time; from zarrfeed.writer.lease import Lease; from zarrfeed.core.store import Location\n"
+    code = ("import sys, time; from zarrfeed.writer.lease import Lease; from zarrfeed.core.location import Location\n"
             f"lease = Lease(Location.of({str(tmp_path / 'd.zarr')!r}), timeout=60); lease.acquire()\n"
             "print('held', flush=True); sys.stdin.readline()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -313,7 +314,7 @@ def test_a_stopped_local_holder_is_not_promised_a_takeover_that_never_comes(tmp_
     long it is silent; the refusal promised a takeover "after 1 s without a heartbeat" all the same. It says
     what is true: the holder is alive but silent, how to resume it, and that only its exit frees the lease."""
     loc = Location.of(tmp_path / "d.zarr")
-    code = ("import sys; from zarrfeed.writer.lease import Lease; from zarrfeed.core.store import Location\n"
+    code = ("import sys; from zarrfeed.writer.lease import Lease; from zarrfeed.core.location import Location\n"
             f"Lease(Location.of({str(tmp_path / 'd.zarr')!r}), timeout=1, interval=0.1).acquire()\n"
             "print('held', flush=True); sys.stdin.readline()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -553,7 +554,7 @@ def test_a_local_lease_whose_document_is_gone_is_still_this_processes(tmp_path):
 
 
 def test_a_released_local_lease_lets_another_process_in(tmp_path):
-    code = ("from zarrfeed.writer.lease import Lease; from zarrfeed.core.store import Location\n"
+    code = ("from zarrfeed.writer.lease import Lease; from zarrfeed.core.location import Location\n"
             f"with Lease(Location.of({str(tmp_path / 'd.zarr')!r}), timeout=60): print('taken')")
     with Lease(Location.of(tmp_path / "d.zarr"), timeout=60):
         held = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -13,7 +13,7 @@ from zarrfeed.writer.dataset_writer import DatasetWriter
 
 from zarrfeed.core.manifest import MANIFEST_KEY
 from zarrfeed.core.keys import Position, fingerprint
-from zarrfeed.core.store import Location
+from zarrfeed.core.location import Location
 
 SMALL_CHUNKS = {"agents": 300, "frames": 20, "scenes": 2, "traffic_light_faces": 100}
 WORKERS = pytest.mark.parametrize("workers", [0, 2])  # refused in the parent either way: both must agree

@@ -18,7 +18,7 @@ from zarrfeed.writer.lease import LeaseHeld
 
 from zarrfeed.cli import main
 from zarrfeed.core.dataset_format import consolidate
-from zarrfeed.core.commits import read_manifest
+from zarrfeed.core.manifest_io import read_manifest
 from zarrfeed.core.stores import DirectoryStore
 
 HERE = Path(__file__).parent
@@ -350,7 +350,7 @@ def test_a_lease_that_cannot_be_renewed_stops_commits_before_another_writer_may_
     expires for everyone else; otherwise two writers could both commit."""
     from zarrfeed.writer.lease import Lease, LeaseLost
 
-    from zarrfeed.core.store import Location
+    from zarrfeed.core.location import Location
 
     (tmp_path / "d").mkdir()
     lease = Lease(Location.of(tmp_path / "d"), timeout=0.6)
@@ -372,7 +372,8 @@ def test_a_lease_that_cannot_be_renewed_stops_commits_before_another_writer_may_
 
 
 def test_a_store_call_that_never_returns_is_one_line_after_its_bound():
-    from zarrfeed.core.store import StoreTimeout, bounded
+    from zarrfeed.core.bounded_calls import bounded
+    from zarrfeed.core.errors import StoreTimeout
 
     t0 = time.monotonic()
     with pytest.raises(StoreTimeout) as err:

@@ -23,7 +23,8 @@ import pytest
 
 from zarrfeed.cli import main
 from zarrfeed.core.files import Files
-from zarrfeed.core.refusals import WriteRefused, refusal
+from zarrfeed.core.errors import WriteRefused
+from zarrfeed.core.refusals import refusal, write_refused
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.loader import Dataset
 from zarrfeed.loader import parquet_export
@@ -115,7 +116,7 @@ def test_what_a_refusal_names(exc, said):
     """The place the user named and why, never the file the system refused; a refusal of a file that is not
     that place's is no refusal of it (it keeps its own words)."""
     assert refusal(exc, "/data/d.zarr") == said
-    made = WriteRefused.of(exc, "/data/d.zarr", "the episodes cannot be written to it")
+    made = write_refused(exc, "/data/d.zarr", "the episodes cannot be written to it")
     assert made is None if said is None else (str(made) == f"/data/d.zarr: the episodes cannot be written to it "
                                               f"({said})" and made.errno == exc.errno)
 

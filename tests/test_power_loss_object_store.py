@@ -26,9 +26,9 @@ from object_store_crash import ObjectStoreCrash, Op, S3Crash, order_problems
 from power_loss import PowerLoss
 
 from zarrfeed import Dataset, DatasetWriter
-from zarrfeed.core import commits
+from zarrfeed.core import manifest_io as commits
 from zarrfeed.core.manifest import MANIFEST_KEY
-from zarrfeed.core.store import FormatError
+from zarrfeed.core.errors import FormatError
 from zarrfeed.core.stores import FsspecStore
 from zarrfeed.writer import lease as leases
 from zarrfeed.writer import synthetic

@@ -35,7 +35,7 @@ from power_loss import PowerLoss, SimulatedDisk
 
 from zarrfeed import Dataset
 from zarrfeed.core.keys import Position, fingerprint
-from zarrfeed.core.store import Location
+from zarrfeed.core.location import Location
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.flight import FeedServer, RemoteWriter
 from zarrfeed.writer import synthetic, write_dataset

@@ -208,7 +208,7 @@ KILLED_BEFORE_ITS_MANIFEST = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from test_replay_buffer_writer import KEYS, dp_episodes
-from zarrfeed.core import commits
+from zarrfeed.core import manifest_io as commits
 from zarrfeed.writer import DatasetWriter, replay_buffer_schema
 
 eps = dp_episodes(8, seed=11)

@@ -19,7 +19,7 @@ from zarrfeed.writer.lease import LeaseHeld
 
 from zarrfeed.cli import main
 from zarrfeed.core.chunks import ChunkError
-from zarrfeed.core.store import Location
+from zarrfeed.core.location import Location
 
 HERE = Path(__file__).parent
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}

@@ -11,7 +11,8 @@ from zarrfeed.writer import synthetic, write_dataset
 from zarrfeed.writer.dataset_writer import DatasetWriter
 
 from zarrfeed.cli import main
-from zarrfeed.core.store import FormatError, Location
+from zarrfeed.core.errors import FormatError
+from zarrfeed.core.location import Location
 from zarrfeed.core.stores import DirectoryStore, MemoryStore
 
 CHUNKS = {"agents": 500, "frames": 20, "scenes": 2, "traffic_light_faces": 100}
@@ -224,7 +225,7 @@ def test_an_existing_commit_object_is_never_rewritten(ds_path):
     """The last guard, below the check on open: a commit object is created only if absent, on every store."""
 
 
-    from zarrfeed.core import commits
+    from zarrfeed.core import manifest_io as commits
 
     store = DirectoryStore(ds_path)
     first = (ds_path / "zarrfeed.commits" / "0000000001.json").read_bytes()
@@ -302,7 +303,7 @@ def test_a_commit_whose_object_landed_before_its_call_failed_is_published_by_the
     number is this writer's own retry, and replaces the object instead of taking it for a number gone backwards."""
     from zarrfeed.writer.committer import Committer
 
-    from zarrfeed.core import commits
+    from zarrfeed.core import manifest_io as commits
 
     path = tmp_path / "d.zarr"
     c = Committer(Location.of(path), commit_interval=0)

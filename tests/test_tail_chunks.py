@@ -383,7 +383,7 @@ def test_a_file_url_with_storage_options_writes_through_a_directory_store(tmp_pa
     """Adversary 3.01: `file://` with storage options went through fsspec's local file system, which writes files in
     place: the committer (and readers) read a last chunk half-written by a worker ("cannot be decoded"). A local
     path spelled as a URL is a directory store (writes renamed into place) whatever the options."""
-    from zarrfeed.core.store import Location
+    from zarrfeed.core.location import Location
 
     url = f"file://{tmp_path}/d.zarr"
     assert Location.of(url, {"auto_mkdir": True}).is_local

@@ -13,8 +13,8 @@ __all__ = ["AGENT_DTYPE", "Coordinator", "DatasetWriter", "FRAME_DTYPE", "Format
            "Table", "Violation", "WorkerError", "WriteOptions", "WriteRefused", "check_episode", "ingest_parquet",
            "relocate", "replay_buffer_schema", "synthetic", "write_dataset"]
 __getattr__, __dir__ = lazy_names(__name__, {
-    "WorkerError": "..core._proc.pool", "FormatError": "..core.dataset_format", "Violation": "..core.links",
-    "StoreUnreachable": "..core.stores", "WriteRefused": "..core.refusals",
+    **dict.fromkeys(["FormatError", "StoreUnreachable", "WorkerError", "WriteRefused"], "..core.errors"),
+    "Violation": "..core.links",
     "replay_buffer_schema": "..core.replay_buffer",
     **dict.fromkeys(["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE",
                      "TL_FACE_DTYPE", "Link", "Schema", "Table"], "..core.schema"),
@@ -24,14 +24,11 @@ __getattr__, __dir__ = lazy_names(__name__, {
 }, modules=("synthetic",))
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors and docs
-    from ..core._proc.pool import WorkerError
-    from ..core.dataset_format import FormatError
+    from ..core.errors import FormatError, StoreUnreachable, WorkerError, WriteRefused
     from ..core.links import Violation
-    from ..core.refusals import WriteRefused
     from ..core.replay_buffer import replay_buffer_schema
     from ..core.schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE,
                                TL_FACE_DTYPE, Link, Schema, Table)
-    from ..core.stores import StoreUnreachable
     from . import synthetic
     from .coordinator import Coordinator, LocalCoordinator
     from .dataset_writer import DatasetWriter

@@ -26,21 +26,23 @@ from ..core import dataset_format
 
 from ..core import manifest
 
-from ..core import log_reads
+from ..core import commit_log_reads
 
-from ..core import commits
+from ..core import manifest_io
 from ..core.chunks import digest, read_rows, rows_digest, rows_digests
 from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
 from ..core.refusals import refusal, refused_writes
-from ..core.store import FormatError, Location, bounded, within
+from ..core.bounded_calls import bounded, within
+from ..core.errors import FormatError
+from ..core.location import Location
 from ..core.manifest import MANIFEST_KEY
 from ..core.stores import PARTIAL, Store
 from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite
-from .commit import ChunkDigests, CommitTracker
+from .commit_tracking import ChunkDigests, CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
 from .journal import Journal
 from .lease import LEASE_KEY, LOCK_FILE, TIMEOUT, Fence, Lease
@@ -71,7 +73,7 @@ class Committer:
         self._tag = manifest.new_commit_tag()  # that commit's tag (manifest.COMMIT_TAG)
         # chunks whose rows were all there before this dataset's first commit with digests (another tool's, an
         # older zarrfeed's), per table: the first commit records them as unknown (None), as every full chunk
-        # of a log with digests has an entry (see `log_reads.read_log`)
+        # of a log with digests has an entry (see `commit_log_reads.read_log`)
         self._adopted: dict[str, int] = {}
         # whether the log records every chunk whose rows are all committed (see manifest.EVERY_CHUNK): a
         # dataset this zarrfeed made or adopted; not one an earlier zarrfeed adopted without recording its chunks
@@ -199,7 +201,7 @@ class Committer:
                 raise FormatError(f"{self.location}: table '{name}' does not match the schema to append")
         if [str(x) for x in found.links] != [str(x) for x in schema.links]:
             raise FormatError(f"{self.location}: its links differ from the schema to append")
-        doc = commits.read_manifest(group.store)
+        doc = manifest_io.read_manifest(group.store)
         self._log = CommitLog()
         if doc is None:  # written by another tool: its shapes are its rows
             for name, arr in arrays.items():
@@ -218,11 +220,11 @@ class Committer:
                 if n > held:
                     raise FormatError(f"{self.location}: table '{name}': {n} rows committed but the array holds "
                                       f"{held}; the dataset is damaged")
-            why = log_reads.history_problem(group.store, doc)
+            why = commit_log_reads.history_problem(group.store, doc)
             if why:
                 raise FormatError(f"{self.location}: {why}; nothing is appended to it")
             try:
-                self._log = log_reads.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
+                self._log = commit_log_reads.read_log(group.store, doc)  # no other writer: nothing merges it meanwhile
             except KeyError as exc:
                 raise FormatError(f"{self.location}: commit log segment {exc} is missing; the dataset is damaged") \
                     from None
@@ -239,9 +241,9 @@ class Committer:
             self._journal, self._commit_no, self._dataset_id = Journal(), 0, manifest.new_dataset_id()
             return found, committed
         # a writer stopped just after publishing left no commit object; one of a zarrfeed that kept no tags, none
-        commits.tag_latest_commit(group.store, doc)
+        manifest_io.tag_latest_commit(group.store, doc)
         listed = {ref.key for ref in self._log.refs}  # segments of commits that never published: not needed
-        orphans = [k for k in log_reads.log_keys(group.store) if k not in listed]
+        orphans = [k for k in commit_log_reads.log_keys(group.store) if k not in listed]
         if orphans:
             within(FAIL_SECONDS, lambda: group.store.delete(orphans))
         logged = self._log.whole()
@@ -515,7 +517,7 @@ class Committer:
             self._bounded(lambda: self.store.sync_names(t.array_path for t in self.schema.tables.values()),
                           "syncing the chunks' names")
             self._lengths_as_committed(committed)
-            self._bounded(lambda: commits.write_manifest(self.store, doc, objects, retry=retry),
+            self._bounded(lambda: manifest_io.write_manifest(self.store, doc, objects, retry=retry),
                           f"publishing commit {self._commit_no + 1}")
         except BaseException:
             self._log.refs, self._log.contents = before
@@ -538,7 +540,7 @@ class Committer:
         """Whether the manifest stored is `doc` (a commit whose publication failed after its manifest; the next
         writer records its number, see `_open_existing`). A store that cannot say counts as no."""
         try:
-            return commits.read_manifest(self.store) == json.loads(json.dumps(doc))
+            return manifest_io.read_manifest(self.store) == json.loads(json.dumps(doc))
         except Exception:
             return False
 

@@ -38,24 +38,16 @@ import numpy as np
 from ..core.keywords import spelled_out
 from .options import WriteOptions, Writes
 from ..core import dataset_format
+from ..core.errors import IngestError
 from ..core.keys import Position, fingerprint
 from ..core.schema import L5KIT_SCHEMA, Schema, Table
-from ..core.store import Location
+from ..core.location import Location
 from .chunk_write import ChunkWrite, write_rows
 from .committer import Committer
 from .episode import as_tables, check_episode, relocate_all
 from .lease import check_held
 
 log = logging.getLogger("zarrfeed")
-
-
-class IngestError(ValueError):
-    """The source where an ingest ended (the message, one line, names source, episode and what is wrong);
-    every episode before it is committed. `failures` holds it; fix it and resume."""
-
-    def __init__(self, message: str, failures: list["SourceFailure"]) -> None:
-        super().__init__(message)
-        self.failures = failures
 
 
 @dataclass(frozen=True)

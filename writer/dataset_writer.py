@@ -25,14 +25,15 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..core.keywords import count, seconds, spelled_out
-from ..core._proc.pool import Failed, WorkerError, WorkerPool, describe_exit
+from ..core._proc.pool import Failed, WorkerPool, describe_exit
+from ..core.errors import WorkerError, WriteRefused
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
 from .chunk_locks import ChunkLocks
 from ..core.schema import Schema
 from ..core.sizes import decimal_size
-from ..core.refusals import FULL, WriteRefused, refusal
-from ..core.store import Location
+from ..core.refusals import FULL, refusal, write_refused
+from ..core.location import Location
 from . import write_worker
 from .write_worker import WriteSegment
 from .chunk_write import ChunkWrite, write_rows
@@ -104,7 +105,7 @@ class DatasetWriter:
         self._buffers: SegmentBuffers | None = None
         self._lock_dir: str | None = None
         self._pool: WorkerPool | None = None
-        # the parent's own calls on an object store are bounded like the workers' (see store.bounded)
+        # the parent's own calls on an object store are bounded like the workers' (see bounded_calls.bounded)
         self.committer = Committer(self.location, schema, mode=mode, overwrite=overwrite, chunks=chunks,
                                    compressor=compressor, coordinator=coordinator, lease_timeout=lease_timeout,
                                    store_timeout=self.location.settings.bound(stall_timeout),
@@ -478,13 +479,13 @@ class DatasetWriter:
         cause = _cause(exc)
         fix = "Free space on it" if getattr(cause, "errno", None) in FULL else "Make it writable"
         if not resumable:
-            return WriteRefused.of(cause, self.location, "the episodes cannot be written to it",
-                                   f"; nothing of this input is recorded. {fix}, then write it again.",
-                                   f"; nothing of this input is recorded. {fix}, then run the same command again.")
-        return WriteRefused.of(cause, self.location, "the episodes cannot be written to it",
-                               f"; {self._kept()}. {fix}, then reopen with mode='a' and re-send missing() (or "
-                               "ingest(..., resume=True)).",
-                               f"; {self._kept()}. {fix}, then run the same command again with --resume to finish.")
+            return write_refused(cause, self.location, "the episodes cannot be written to it",
+                                 f"; nothing of this input is recorded. {fix}, then write it again.",
+                                 f"; nothing of this input is recorded. {fix}, then run the same command again.")
+        return write_refused(cause, self.location, "the episodes cannot be written to it",
+                             f"; {self._kept()}. {fix}, then reopen with mode='a' and re-send missing() (or "
+                             "ingest(..., resume=True)).",
+                             f"; {self._kept()}. {fix}, then run the same command again with --resume to finish.")
 
     def _fail(self, exc: BaseException | None, remove: bool | None = None) -> None:
         """Stop at once after an error: kill the workers, commit what is durable, free the buffers. A dataset

@@ -36,7 +36,10 @@ from typing import Any, Callable
 import fasteners
 
 from ..core._proc.shm import SharedBlock
-from ..core.store import FormatError, Location, bounded, within
+from ..core.errors import LeaseHeld, LeaseLost
+from ..core.bounded_calls import bounded, within
+from ..core.errors import FormatError
+from ..core.location import Location
 
 log = logging.getLogger("zarrfeed.writer")
 
@@ -46,14 +49,6 @@ TIMEOUT = 60.0
 _held_here: set[str] = set()  # local leases held by this process
 _live_tokens: set[str] = set()  # tokens of the leases this process holds now, on any store
 _held_lock = threading.Lock()
-
-
-class LeaseHeld(FormatError):
-    """Another writer holds the dataset's lease; the message names it."""
-
-
-class LeaseLost(RuntimeError):
-    """This writer's lease was taken over (its heartbeat stopped for longer than the timeout)."""
 
 
 class Fence:

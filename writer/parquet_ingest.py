@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 from ..core.arrow_records import _field_type, from_arrow
 from ..core.keywords import spelled_out
 from ..core.schema import L5KIT_SCHEMA, Schema
-from ..core.store import Location
+from ..core.location import Location
 from .dataset_writer import DatasetWriter
 from .options import WriteOptions, Writes
-from .source import Episodes
+from .dataset_episodes import Episodes
 
 
 def _fix_lists(data: pa.Table, dtype: np.dtype, where: str) -> pa.Table:

@@ -10,7 +10,7 @@ from ..core._proc.pool import preload_in_workers
 from ..core._proc.shm import SharedBlock
 from ..core import dataset_format
 from ..core.schema import Table
-from ..core.store import Location
+from ..core.location import Location
 from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite, write_rows
 from .lease import Fence

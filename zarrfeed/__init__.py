@@ -6,7 +6,8 @@ Layers, each importing only those below it:
 (reading: `Dataset`, `Loader`, `WindowLoader`, the Arrow bridge), which never import each other, then what
 composes them: `zarrfeed.flight` (the Flight service and its clients) and the command line
 (`zarrfeed.cli`). The main names of both sides are importable from here too (`from zarrfeed import
-DatasetWriter, Loader`); they are imported on first use, so `zarrfeed --version` starts without numpy or zarr.
+DatasetWriter, Loader`), and every exception zarrfeed raises of its own, `zarrfeed.Error` at their base; they are
+imported on first use, so `zarrfeed --version` starts without numpy or zarr.
 """
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ __version__ = "0.2.0"
 
 _NAMES = {
     "zarrfeed.writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
-               "FormatError", "StoreUnreachable", "WriteRefused", "synthetic"],
-    "zarrfeed.loader": ["Dataset", "Loader", "LoaderError", "LoaderStalledError", "WindowLoader", "AgentSampleLoader",
+               "synthetic"],
+    "zarrfeed.loader": ["Dataset", "Loader", "WindowLoader", "AgentSampleLoader",
                "SequenceLoader",
                "EgoSampleLoader", "ValidationReport", "export_parquet",
                "from_arrow", "to_arrow"],
-    "zarrfeed.core._proc.pool": ["WorkerError"],
+    # every exception zarrfeed raises of its own, `Error` at their base (zarrfeed/core/errors.py imports nothing
+    # heavy)
+    "zarrfeed.core.errors": ["Error", "FormatError", "MetaError", "ChunkError", "ChunkChanged", "StoreUnreachable",
+                             "StoreTimeout", "WriteRefused", "LeaseHeld", "LeaseLost", "IngestError", "WorkerError",
+                             "RendezvousError", "ShmSpaceError", "LoaderError", "LoaderStalledError",
+                             "TransformOutputError", "CacheInvariantError"],
 }
 _HOME = {name: package for package, names in _NAMES.items() for name in names}
 __all__ = ["__version__", *_HOME]

@@ -19,14 +19,9 @@ import warnings
 from typing import Sequence
 
 from .. import __version__
-from ..core._proc.pool import WorkerError
-from ..core._proc.shm import ShmSpaceError
-from ..core.dataset_format import FormatError
-from ..core.store import in_cli_words
-from ..loader import LoaderError
-from ..writer.lease import LeaseLost
+from ..core.errors import FormatError, LeaseLost, LoaderError, ShmSpaceError, WorkerError
 from . import demo, export, info, ingest, load, mask, plot, serve, status, validate
-from .common import CommandParser, Help, TopParser, plural
+from .common import CommandParser, Help, TopParser, in_cli_words, plural
 
 COMMANDS = (demo, ingest, load, mask, export, info, status, serve, plot, validate)  # in the order --help lists
 

@@ -1,19 +1,36 @@
-"""What the commands share: how they open a dataset and read their options, the argument types, the help
-layout and the parser of a command, and how they print sizes, counts and tables."""
+"""What the commands share: how they open a dataset and read their options (`--storage-option KEY=VALUE`), the
+argument types, the help layout and the parser of a command, how they print sizes, counts and tables, and an
+error's message in the command line's words (`in_cli_words`)."""
 from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import re
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
-from ..core.store import parse_storage_option
 from ..loader import Dataset
 
 Command = Callable[..., argparse.ArgumentParser]  # makes a command's parser: (name, help, description=None)
+
+
+def parse_storage_option(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` from the command line; VALUE is read as JSON when it is JSON (true, 3, {"a": 1}), else text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--storage-option: expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def in_cli_words(exc: BaseException) -> str:
+    """An error's message as the command line shows it: its `cli` wording if it has one."""
+    return getattr(exc, "cli", None) or str(exc)
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:

@@ -6,10 +6,10 @@ import sys
 
 
 from .. import writer
-from ..core.store import Location
+from ..core.location import Location
 from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
-from ..writer.source import DatasetSource
+from ..writer.dataset_episodes import DatasetSource, dataset_episodes
 from ..core.sizes import decimal_size
 from .common import (Command, Sized, chunks_arg, count_arg, plural, positive_arg, rows_text, show_progress,
                      store_options)
@@ -102,7 +102,7 @@ def ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Schem
     if args.from_path:
         src = Location.of(args.from_path, store_options(args))
         sources: list[tuple] = [(src.url, src.storage_options, lo, hi) for lo, hi in ranges]
-        read = writer.source.dataset_episodes
+        read = dataset_episodes
     else:
         sources, read = [(args.seed, lo, hi) for lo, hi in ranges], writer.synthetic.scenes
     if args.scheduler:

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 
-from ..core.store import Location
+from ..core.location import Location
 from .common import (Command, bytes_arg, count_arg, file_arg, port_arg, rows_text, seconds_arg,
                      store_options)
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from .chunks import ChunkChanged, ChunkError, digest, rows_digest
+from .chunks import digest, rows_digest
 from .commit_log import ChunkRecord
 from .manifest import DIGEST, TAILS
-from .log_reads import latest_log
-from .store import FormatError
+from .commit_log_reads import latest_log
+from .errors import ChunkChanged, ChunkError, FormatError
 from .stores import Store
 from .zarr_array import Array
 

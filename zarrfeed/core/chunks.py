@@ -1,13 +1,9 @@
-"""Writing rows to a table at a global row offset.
-
-Whole chunks have one writer (the rows were reserved for it), so they are encoded here and stored directly,
-with no lock and no read: exactly the bytes zarr would store (the array's filters, then its compressor); on
-an object store all whole chunks of a segment are sent at once (concurrent PUTs), since one at a time waits
-on the network for each.
-A chunk that the rows only partly cover is shared with another reservation, so it is read, merged and
-written back under the synchronizer's per-chunk lock. The store writes every chunk file to a temporary name
-and renames it, so a chunk is never torn. Every chunk stored is reported with the size and digest of its
-bytes, which the committer records in the commit (see `commit.ChunkDigests`).
+"""Chunks as they are stored: the digest of a chunk object's bytes (`digest`, recorded at each commit;
+`rows_digest` for a table's last, partly filled chunk), the check of stored bytes against their record
+(`check_chunk`), and a table's rows read chunk by chunk from those bytes (`read_rows`, `read_coordinates`,
+`decode_chunk_into`). Below the committed rows a chunk that is missing or cannot be decoded raises `ChunkError`
+naming the table and the chunk, never reads as fill values. Writing chunks is the writer's
+(`zarrfeed.writer.chunk_write`).
 """
 from __future__ import annotations
 
@@ -16,6 +12,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import xxhash
 
+from .errors import ChunkChanged, ChunkError
 from .zarr_array import Array
 
 
@@ -38,14 +35,6 @@ def rows_digests(array: Array, key: str, raw: bytes | None, rows: Sequence[int])
     buf = np.empty(array.chunks[0] * array.dtype.itemsize, np.uint8)
     decode_chunk_into(array, key, raw, buf)
     return [digest(buf[:n * array.dtype.itemsize].data) for n in rows]
-
-
-class ChunkError(ValueError):
-    """A chunk cannot be read; the message names the table and the chunk key."""
-
-
-class ChunkChanged(ChunkError):
-    """A chunk's stored bytes are not those its commit recorded (changed, swapped, or another dataset's)."""
 
 
 # what a reader checks each chunk's stored bytes with before decoding them (`chunk_check.ChunkCheck.check`):

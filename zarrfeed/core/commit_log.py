@@ -56,7 +56,7 @@ class Segment:
     def from_json(cls, raw: bytes, key: str) -> "Segment":
         """The segment stored under `key`, its every entry checked as strictly as the manifest's fields (readers
         trust its sizes and digests to tell a changed chunk; `FormatError` naming the file and the entry)."""
-        from .store import FormatError
+        from .errors import FormatError
 
         try:
             doc = json.loads(bytes(raw))

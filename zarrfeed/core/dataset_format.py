@@ -17,15 +17,17 @@ import numcodecs
 import numpy as np
 
 from . import array_meta
-from .commits import read_manifest, write_manifest
+from .manifest_io import read_manifest, write_manifest
 from .manifest import DIGEST, EVERY_CHUNK, MANIFEST_KEY, TAILS, new_dataset_id, new_manifest
 from .schema import L5KIT_SCHEMA, SCHEMA_CODEC, Schema, Table, dtype_difference
-from .store import FormatError, Location, missing_credentials
+from .errors import FormatError, MetaError
+from .location import Location
+from .s3 import missing_credentials
 from .stores import MemoryStore, Store, connection_failure, unreachable
 from .zarr_array import Array, Group
 from .record_view import RecordArray
 from .replay_buffer import is_replay_buffer, open_replay_buffer, rows_by_ends
-from .zarr_meta import ArrayMeta, MetaError, consolidated
+from .zarr_meta import ArrayMeta, consolidated
 
 __all__ = ["FormatError", "Location", "create", "detect_schema", "open_group", "open_store", "open_table"]
 

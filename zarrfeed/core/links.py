@@ -124,7 +124,7 @@ def require_link(link: Link, intervals: np.ndarray, n_child: int, consequence: s
     """Raise `FormatError` if one link's intervals over its parent's committed rows do not tile the child's
     committed rows: one line naming the first violation (table, field, row), and `consequence` (what the
     caller does not do)."""
-    from .store import FormatError
+    from .errors import FormatError
 
     violations, count = check_link(link, intervals, n_child, limit=1)
     if count:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .commit_log import DIGEST_HEX
 from .schema import Schema
-from .store import FormatError
+from .errors import FormatError
 
 
 MANIFEST_KEY = "zarrfeed.json"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 
 from .replay_buffer import DATA, META, is_replay_buffer
-from .store import FormatError, Location
+from .errors import FormatError
+from .location import Location
 from .zarr_array import Group
 
 READS = ("zarrfeed reads a dataset it wrote, an L5Kit dataset, a Diffusion Policy replay buffer (a group with "

@@ -3,13 +3,15 @@ up), said in the user's words: what could not be written, where the user named i
 `first.zarr: the agents mask cannot be stored in it (a read-only file system: first.zarr)`. The system's own
 words name a file the user never heard of (a lock file, a chunk), sometimes as a bytes repr
 (`[Errno 30] Read-only file system: b'first.zarr/.zarrfeed.lock'`). Every command and writer that writes
-says a refusal through `refusal` and `WriteRefused`, so the wording is one."""
+says a refusal through `refusal` and `write_refused`, so the wording is one."""
 from __future__ import annotations
 
 import errno
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator
+
+from .errors import WriteRefused
 
 # why, by the system's error number
 _WHY = {errno.EROFS: "a read-only file system", errno.EACCES: "no permission to write",
@@ -57,39 +59,15 @@ def _within(path: str, where: str) -> bool:
     return path == where or path.startswith(where.rstrip(os.sep) + os.sep)
 
 
-class WriteRefused(OSError, RuntimeError):
-    """A write the operating system refused, in one line: what could not be written where, and why, in the
-    user's words (`str()`; `cli`, when set, in the command line's); `errno` and `strerror` are the system's.
-    A `RuntimeError` too, as every error that stops a writer is (`WorkerError`, `LeaseLost`), so that code that
-    catches a stopped writer catches this one.
-
-    Args:
-        message: The line.
-        code: The system's error number (`errno.ENOSPC`, ...).
-        cli: The line in the command line's words, where they differ.
-    """
-
-    def __init__(self, message: str, code: int | None, cli: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.cli = message, cli
-        self.errno, self.strerror = code, os.strerror(code) if code else None
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.message, self.errno, self.cli)
-
-    @classmethod
-    def of(cls, exc: BaseException | None, where: Any, what: str, then: str = "", cli_then: str | None = None
-           ) -> "WriteRefused | None":
-        """"WHERE: WHAT (WHY)" and `then` (what is kept, what to do; `cli_then` in the command line's words) if
-        `exc` is a refusal (see `refusal`), else None."""
-        why = refusal(exc, where)
-        if why is None:
-            return None
-        said = f"{where}: {what} ({why})"
-        return cls(said + then, getattr(exc, "errno", None), said + cli_then if cli_then is not None else None)
+def write_refused(exc: BaseException | None, where: Any, what: str, then: str = "", cli_then: str | None = None
+                  ) -> WriteRefused | None:
+    """`WriteRefused`: "WHERE: WHAT (WHY)" and `then` (what is kept, what to do; `cli_then` in the command
+    line's words) if `exc` is a refusal (see `refusal`), else None."""
+    why = refusal(exc, where)
+    if why is None:
+        return None
+    said = f"{where}: {what} ({why})"
+    return WriteRefused(said + then, getattr(exc, "errno", None), said + cli_then if cli_then is not None else None)
 
 
 @contextmanager
@@ -98,7 +76,7 @@ def refused_writes(where: Any, what: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        refused = WriteRefused.of(exc, where, what)
+        refused = write_refused(exc, where, what)
         if refused is None:
             raise
         raise refused from None

@@ -24,10 +24,9 @@ import numpy as np
 
 from .record_view import RecordArray, step_dtype
 from .schema import ENDS, Link, Schema, Table
-from .store import FormatError
+from .errors import FormatError, MetaError
 from .stores import Store
 from .zarr_array import Array, Group
-from .zarr_meta import MetaError
 
 EPISODES, END = "episodes", "end"
 DATA, META = "data", "meta"

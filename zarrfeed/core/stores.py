@@ -21,6 +21,7 @@ import zipfile
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
+from .errors import StoreUnreachable
 from .files import OS_FILES, Files
 
 PARTIAL = ".partial"  # the suffix of a local temporary file being written (never a key)
@@ -30,11 +31,6 @@ PARTIAL = ".partial"  # the suffix of a local temporary file being written (neve
 _CONNECTION_ERRORS = {"ConnectionError", "EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
                       "ClientConnectorDNSError", "ServerDisconnectedError", "gaierror", "ProxyConnectionError"}
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class StoreUnreachable(OSError):
-    """A store cannot be reached (a connection refused, a host that does not resolve, no network, no answer in
-    time); the message is one line naming the store and what the client said. Nothing was read or written."""
 
 
 def connection_failure(exc: BaseException) -> bool:

@@ -16,7 +16,8 @@ import numcodecs
 import numpy as np
 
 from .stores import Store
-from .zarr_meta import ZARRAY, ZATTRS, ZGROUP, ArrayMeta, MetaError, codec, group_problem, json_bytes, load_json
+from .errors import MetaError
+from .zarr_meta import ZARRAY, ZATTRS, ZGROUP, ArrayMeta, codec, group_problem, json_bytes, load_json
 
 
 def _join(path: str, name: str) -> str:

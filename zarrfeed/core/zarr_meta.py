@@ -26,15 +26,13 @@ from typing import Any, Mapping
 import numcodecs
 import numpy as np
 
+from .errors import MetaError
+
 ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
 # zarrfeed decodes a chunk whole, into memory: a chunk larger than this decoded is refused when its array is
 # opened (Blosc, zarr's default compressor, cannot hold more than 2 GiB in one buffer either)
 MAX_CHUNK_BYTES = 2 << 30
 META_NAMES = (ZARRAY, ZGROUP, ZATTRS)
-
-
-class MetaError(ValueError):
-    """A zarr v2 document that zarrfeed cannot read or will not write; one line naming the document."""
 
 
 def _numpy_number(value: Any) -> Any:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from ..core.arrow_records import arrow_schema
-from ..core.store import Location
+from ..core.location import Location
 from ..loader import (AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, LoaderStalledError,
                       WindowLoader)
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow

@@ -20,9 +20,9 @@ from typing import Any, Callable, Iterator, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ..core._proc.pool import WorkerError
+from ..core.errors import WorkerError
 from ..core.keys import key_to_json
-from ..core.store import Location
+from ..core.location import Location
 from ..writer.dataset_writer import DatasetWriter
 from .activity import UploadRecord, outcome_of
 from .limits import MiB

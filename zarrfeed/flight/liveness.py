@@ -17,12 +17,15 @@ from typing import Any, Callable, TypeVar
 
 import pyarrow.flight as flight
 
+from ..core.errors import Error
+
 T = TypeVar("T")
 STALL_TIMEOUT = 10.0  # seconds; the clients' default
 
 
-class Stalled(Exception):
-    """The server did not answer a probe within its deadline while a call waited."""
+class Stalled(Error):
+    """The server did not answer a probe within its deadline while a call waited (the clients say it as a
+    `ConnectionError`; it never reaches their callers)."""
 
 
 def probe(client: flight.FlightClient, options: flight.FlightCallOptions) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow.flight as flight
 import xxhash
 
+from ..core.errors import Error
 from ..core.keys import Key, Position, check_key, fingerprint
 from ..core.schema import Schema, dtype_from_descr
 from ..writer.episode import as_tables, check_episode
@@ -471,13 +472,16 @@ def _refused_here(i: int, exc: Exception) -> Exception:
     return type(exc)(f"episode {i} of this ingest: {exc} (the {i} before it were sent; nothing after it was)")
 
 
-class Refused(ValueError):
+class Refused(Error, ValueError):
     """The server refused an uploaded episode (bad input) and ended the call; `answered`: what it had answered
-    on that call before."""
+    on that call before. (Here, not in `core.errors`: it carries the protocol's `Answered`.)"""
 
     def __init__(self, message: str, answered: Answered | None) -> None:
         super().__init__(message)
         self.answered = answered
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.answered)
 
 
 def _content(episode: Mapping[str, np.ndarray]) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import pyarrow.flight as flight
 
-from ..core.store import Location
+from ..core.location import Location
 from ..transforms import Transforms
 from .access import PYTHON, Access, AccessCheck, grants_of
 from .serving import Serving

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 import multiprocess as mp
 
+from ..errors import WorkerError
 from .imports import (NOT_IN_A_FILE, PACKAGE, fork_server_imports_with_our_path, missing_from_a_script_not_in_a_file,
                       script_unnamed_if_unreadable, script_workers_cannot_read, shadowing_folder)
 
@@ -61,32 +62,6 @@ class RemoteError:
     def __str__(self) -> str:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
         return f"{self.type_name}: {first}" if first else self.type_name
-
-
-class WorkerError(RuntimeError):
-    """A worker died or failed; the message (one line) says which and what was lost. When it raised,
-    `remote` is the worker's exception (`remote.exc`, `remote.traceback`), also chained as `__cause__`.
-
-    Args:
-        message: The line.
-        remote: The worker's exception, when it raised.
-        cli: The line in the command line's words, where they differ.
-    """
-
-    def __init__(self, message: str, remote: RemoteError | None = None, cli: str | None = None) -> None:
-        super().__init__(message)
-        self.remote = remote
-        self.cli = cli  # the message in the command line's words, where they differ (`store.in_cli_words`)
-
-    @property
-    def remote_traceback(self) -> str | None:
-        """The worker's traceback as text when it raised; None when it died or stalled without raising."""
-        return self.remote.traceback if self.remote else None
-
-
-# A public error, raised to users from either side: named where users import it (`zarrfeed.WorkerError`, which
-# is also where pickle finds it), not after this private module.
-WorkerError.__module__ = "zarrfeed"
 
 
 @dataclass(frozen=True, slots=True)

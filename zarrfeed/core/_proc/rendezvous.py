@@ -42,6 +42,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
+from ..errors import RendezvousError
 from .ofd import ProcessLocks
 
 _PREFIX = "zarrfeed"
@@ -50,10 +51,6 @@ _ASK_TIMEOUT = 1.0  # seconds a server may take to answer before the next one is
 NAMESPACE_ENV = "ZARRFEED_CACHE_NAMESPACE"
 _NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _LOCK_FILE = "lookup.lock"
-
-
-class RendezvousError(OSError):
-    """The shared memory file could not be found or made (the message says why)."""
 
 
 def namespace() -> str:

@@ -15,13 +15,11 @@ import os
 import sys
 from typing import Any
 
+from ..errors import ShmSpaceError
+
 if not hasattr(os, "memfd_create"):  # Linux only: say so at import, not with an AttributeError mid-ingest
     raise ImportError(f"zarrfeed runs on Linux (it shares memory through memfd_create and reads /proc); this "
                       f"is {sys.platform}. On macOS or Windows, run it in a Linux container or VM.")
-
-
-class ShmSpaceError(MemoryError):
-    """Not enough memory for the shared buffers asked for."""
 
 
 def available_memory() -> int:

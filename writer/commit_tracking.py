@@ -1,4 +1,7 @@
-"""Deciding what is committed: an episode is committed once all of its rows, in every table, are durable.
+"""What the committer tracks between commits: which rows are durable, and so which episodes commit
+(`CommitTracker`), and which bytes each chunk holds (`ChunkDigests`).
+
+An episode is committed once all of its rows, in every table, are durable.
 
 Segments of a table finish out of order (several workers); a table's durable prefix ends where the first
 unfinished segment starts. Episodes commit in the order they were placed, so committed row counts always end

@@ -9,140 +9,16 @@ and only a key that does not exist reads as missing (a network error is never re
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import os
 import shutil
-import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence
 
+from .errors import FormatError
 from .refusals import read_only_mount, why_unwritable
-from .stores import DirectoryStore, FsspecStore, Store, StoreUnreachable, ZipStore, reaching
-
-log = logging.getLogger("zarrfeed")
-T = TypeVar("T")
-
-TIMEOUT_OPTION = "zarrfeed_timeout"  # a storage option of zarrfeed's own (taken out before fsspec sees them)
-S3_TIMEOUT = 15.0  # seconds: its default
-S3_TRIES = 10  # tries of a call that gets no answer within the budget: s3fs's 5, twice (see s3_defaults)
-
-
-def s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
-    """S3 storage options with timeouts and retries that report a store that stops answering within about
-    `zarrfeed_timeout` seconds (default 15), for those the user has not set (in `options`, in fsspec's
-    configuration, or botocore's retries in its environment variables).
-
-    Why: left to themselves the layers multiply. s3fs tries a call 5 times after a timeout, botocore tries
-    each of those up to 5 times (its "legacy" mode) with 5 s connect and 15 s read timeouts, and a loader that
-    tries a window's chunks again multiplies them once more: a killed server would be reported after more than
-    a minute, a paused one after several. Here botocore tries once (s3fs's retries remain, with their backoff
-    of under 2 s a call) and the connect and read timeouts are a tenth of the budget; on S3 the loader fetches
-    once (`Location.fetch_tries`), which is at most two calls (a read-ahead, then one more). A refused
-    connection fails at once."""
-    import fsspec.config
-
-    try:
-        budget = float(options.get(TIMEOUT_OPTION, S3_TIMEOUT))
-    except (TypeError, ValueError):
-        budget = 0.0
-    if not budget > 0:
-        raise FormatError(f"storage option {TIMEOUT_OPTION} must be a number of seconds > 0, "
-                          f"got {options.get(TIMEOUT_OPTION)!r}")
-    configured = fsspec.config.conf.get("s3", {})
-    config = {**configured.get("config_kwargs", {}), **options.get("config_kwargs", {})}
-    config.setdefault("connect_timeout", budget / S3_TRIES)
-    config.setdefault("read_timeout", budget / S3_TRIES)
-    if not {"AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"} & set(os.environ):
-        config.setdefault("retries", {"total_max_attempts": 1})
-    _retry_connect_timeouts()
-    return {**options, "config_kwargs": config}
-
-
-def _retry_connect_timeouts() -> None:
-    """Have s3fs try again a call whose connection timed out. s3fs retries a call that timed out reading
-    (botocore's `ReadTimeoutError`) but not one that timed out connecting (`ConnectTimeoutError` is not among
-    its retryable errors), and botocore tries once here: a single lost SYN (retransmitted after 1 s) or a process
-    starved for the 1.5 s connect timeout under load would fail the call at once. Nothing is sent on a
-    connection never made, so another try is safe; `add_retryable_error`
-    is s3fs's own way to say so (it applies to the process's s3fs, which gains nothing but these retries)."""
-    try:
-        import s3fs.core
-        from botocore.exceptions import ConnectTimeoutError
-    except ImportError:  # no s3fs: `Location.filesystem` says to install it
-        return
-    if not issubclass(ConnectTimeoutError, s3fs.core.S3_RETRYABLE_ERRORS):
-        s3fs.core.add_retryable_error(ConnectTimeoutError)
-
-
-def missing_credentials(exc: BaseException) -> bool:
-    """Whether `exc` is botocore's "no credentials" (or "partial credentials") error, by name: botocore is
-    only there with s3fs."""
-    return any(c.__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in type(exc).__mro__)
-
-
-class FormatError(ValueError):
-    """A dataset cannot be read or written as asked; the message is one line saying what and where. Where it
-    says what to do instead, `str()` says it in Python's words (`mode='a'`) and `cli`, when set, in the command
-    line's (`--append`): the command line prints `cli` (`in_cli_words`).
-
-    Args:
-        message: The line.
-        cli: The line in the command line's words, where they differ.
-    """
-
-    def __init__(self, message: str, cli: str | None = None) -> None:
-        super().__init__(message)
-        self.cli = cli
-
-
-def in_cli_words(exc: BaseException) -> str:
-    """An error's message as the command line shows it: its `cli` wording if it has one."""
-    return getattr(exc, "cli", None) or str(exc)
-
-
-class StoreTimeout(StoreUnreachable):
-    """A store did not answer within the time allowed; the message is one line naming the store and the call."""
-
-
-def bounded(seconds: float | None, fn: Callable[[], T], what: str) -> T:
-    """`fn()`, or `StoreTimeout` if it has not returned after `seconds` (None: no bound).
-
-    Written here because no client library bounds every call: aiohttp waits for the "100 Continue" that
-    botocore asks for on each PUT with no timeout at all (`read_timeout` arms only once the body is sent), so
-    an S3 server that accepts connections and never answers would hang a writer for ever. The call goes on in
-    a daemon thread; if it lands later, it is a complete write of a valid object, never half of one."""
-    if seconds is None:
-        return fn()
-    box: list = []
-
-    def run() -> None:
-        try:
-            box.append((True, fn()))
-        except BaseException as exc:  # handed to the caller's thread below
-            box.append((False, exc))
-
-    t = threading.Thread(target=run, name="zarrfeed-store-call", daemon=True)
-    t.start()
-    t.join(seconds)
-    if not box:
-        raise StoreTimeout(f"{what}: no answer in {seconds:g} s")
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
-
-
-def within(seconds: float | None, fn: Callable[[], Any]) -> bool:
-    """Run `fn()` for its effect, giving up after `seconds`; True if it finished without an exception (any
-    other outcome is logged at debug level: for cleanup after an error, where nothing more can be done)."""
-    try:
-        bounded(seconds, fn, getattr(fn, "__name__", "a store call"))
-        return True
-    except Exception as exc:
-        log.debug("%s failed: %s: %s", getattr(fn, "__name__", fn), type(exc).__name__, exc)
-        return False
+from .s3 import S3_TIMEOUT, TIMEOUT_OPTION, s3_defaults
+from .stores import DirectoryStore, FsspecStore, Store, ZipStore, reaching
 
 
 def exists(fs: Any, path: str) -> bool:
@@ -153,17 +29,6 @@ def exists(fs: Any, path: str) -> bool:
         return True
     except FileNotFoundError:
         return False
-
-
-def parse_storage_option(text: str) -> tuple[str, Any]:
-    """`KEY=VALUE` from the command line; VALUE is read as JSON when it is JSON (true, 3, {"a": 1}), else text."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--storage-option: expected KEY=VALUE, got {text!r}")
-    try:
-        return key.strip(), json.loads(value)
-    except ValueError:
-        return key.strip(), value
 
 
 @dataclass(frozen=True)

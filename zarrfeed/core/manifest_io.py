@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from .manifest import COMMIT_TAG, COMMITS_PREFIX, KEEP_COMMITS, MANIFEST_KEY, TAILS, parse, commit_key
-from .store import FormatError
+from .errors import FormatError
 from .stores import Store
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .commit_log import LOG_PREFIX, ChunkRecord, CommitLog, Segment, SegmentRef
-from .commits import commit_numbers, read_manifest
+from .manifest_io import commit_numbers, read_manifest
 from .manifest import DIGEST, EVERY_CHUNK, MANIFEST_KEY, commit_key
-from .store import FormatError
+from .errors import FormatError
 from .stores import Store
 
 

@@ -10,9 +10,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core import chunk_check, commits, dataset_format
+from ..core import chunk_check, dataset_format, manifest_io
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import read_rows
+from ..core.errors import FormatError
 from ..core.schema import ENDS, Schema
 from ..core.zarr_array import Array
 
@@ -22,8 +23,8 @@ def root_table(schema: Schema) -> str:
     children = {link.child for link in schema.links}
     roots = [t for t in schema.tables if t not in children]
     if len(roots) != 1:
-        raise dataset_format.FormatError(f"schema '{schema.name}' has {len(roots)} root tables ({', '.join(roots)}); "
-                                 "splitting into episodes needs exactly one")
+        raise FormatError(f"schema '{schema.name}' has {len(roots)} root tables ({', '.join(roots)}); "
+                          "splitting into episodes needs exactly one")
     return roots[0]
 
 
@@ -69,8 +70,8 @@ class Episodes:
                 values = out[parent][link.field]
                 if link.kind == ENDS:  # cumulative ends: this row's steps begin where the row before ended
                     if parent != self.root:
-                        raise dataset_format.FormatError(f"link {link}: splitting into episodes follows an ends "
-                                                         "link from the root table only")
+                        raise FormatError(f"link {link}: splitting into episodes follows an ends "
+                                          "link from the root table only")
                     start, end = previous[link.field], int(values[-1])
                 else:
                     start, end = (int(values[0, 0]), int(values[-1, 1])) if len(values) else (0, 0)
@@ -90,7 +91,7 @@ class DatasetSource(Episodes):
         group = dataset_format.open_group(location, storage_options=storage_options)
         schema, arrays, _ = dataset_format.open_tables(group)  # other arrays are not episodes' (not copied)
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
-        doc = commits.read_manifest(group.store)
+        doc = manifest_io.read_manifest(group.store)
         rows = dataset_format.readable_rows(schema, tables, doc)
         # every chunk read is checked as every reader checks it (a copy must not carry on a changed chunk as
         # valid data), each table's last chunk by its committed rows while a writer appending meanwhile rewrites it
