@@ -16,7 +16,7 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from test_cli import zarrfeed
+from cli_process import zarrfeed
 from zarrfeed.core.chunks import ChunkError
 from zarrfeed.core.dataset_format import FormatError
 from zarrfeed.loader import Dataset, Loader

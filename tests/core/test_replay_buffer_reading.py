@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import zarr
-from test_cli import zarrfeed
+from cli_process import zarrfeed
 from zarrfeed.loader import Dataset, from_arrow
 
 KEYS = ["action", "img", "keypoint", "n_contacts", "state"]

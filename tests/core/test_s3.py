@@ -6,7 +6,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from zarrfeed.cli import main
 from zarrfeed.core.chunks import ChunkError
 from zarrfeed.core.store import Location
 
-HERE = Path(__file__).parent
+from repo_paths import SUPPORT
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 CHILD_EPISODES = dict(seed=5, frames=40, agents_per_frame=300)  # what writer_child.py writes
 
@@ -40,7 +39,7 @@ def decoded(ds: Dataset) -> dict[str, bytes]:
 
 
 def child(url: str, server, *args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), url, *args],
+    return subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), url, *args],
                             env={**os.environ, **server.env}, **kw)
 
 

@@ -17,7 +17,7 @@ from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 from zarrfeed.writer.lease import LeaseHeld
 
-HERE = Path(__file__).parent
+from repo_paths import SUPPORT
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 CHILD_EPISODES = dict(seed=5, frames=40, agents_per_frame=300)  # what writer_child.py writes
 
@@ -93,7 +93,7 @@ class TestEveryStore:
                 DatasetWriter(url, workers=0)
             return
         env = {**os.environ, **store.env}
-        run = [sys.executable, str(HERE / "writer_child.py"), url, "30", "2"]
+        run = [sys.executable, str(SUPPORT / "writer_child.py"), url, "30", "2"]
         proc = subprocess.Popen([*run, "0.03"], env=env, stdout=subprocess.PIPE, text=True)
         proc.stdout.readline()
         wait_for_scenes(url, 4, store.options)

@@ -9,7 +9,7 @@ import zipfile
 import numcodecs
 import numpy as np
 import pytest
-from conftest import REAL_SCENE
+from repo_paths import REAL_SCENE
 
 from zarrfeed.core.stores import DirectoryStore, MemoryStore, ZipStore
 from zarrfeed.core.zarr_array import Array, Group

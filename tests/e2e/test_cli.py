@@ -9,16 +9,12 @@ import sys
 import numcodecs
 import numpy as np
 import pytest
+from cli_process import zarrfeed
 from expected import session, shared_memory_held
 
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Array, Group
 from zarrfeed.core.zarr_meta import ArrayMeta
-
-
-def zarrfeed(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "zarrfeed.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
 
 
 def test_info_table_and_json(real_scene):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import ROOT
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

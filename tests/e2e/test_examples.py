@@ -2,11 +2,11 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from repo_paths import ROOT
+EXAMPLES = ROOT / "examples"
 
 
 def test_quickstart(tmp_path):

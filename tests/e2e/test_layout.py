@@ -5,13 +5,12 @@ inside functions count too, type annotations under `if TYPE_CHECKING:` do not)."
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import zarrfeed
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import ROOT
 # folder -> the package it installs as (pyproject's package-dir)
 FOLDERS = {"zarrfeed": "zarrfeed", "zarrfeed/core": "zarrfeed.core", "zarrfeed/flight": "zarrfeed.flight",
            "zarrfeed/commands": "zarrfeed.commands",

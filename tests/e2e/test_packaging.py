@@ -10,7 +10,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import ROOT
 
 
 def run(command: list, env: dict | None = None) -> None:
@@ -37,7 +37,8 @@ def build(kind: str, out: Path, env: dict | None = None) -> Path:
 
 def test_sdist_carries_what_its_tests_need(tmp_path):
     names = tarfile.open(build("sdist", tmp_path)).getnames()
-    for need in ("tests/conftest.py", "tests/expected.py", "tests/s3server.py", "tests/writer_child.py",
+    for need in ("tests/conftest.py", "tests/support/expected.py", "tests/support/s3server.py",
+                 "tests/support/writer_child.py",
                  "loader/_gather.c", "loader/_order.c", "LICENSE", "examples/quickstart.py", "bench/common.py",
                  ".ci/run", "backend/zarrfeed_backend.py"):
         assert any(n.endswith("/" + need) for n in names), need

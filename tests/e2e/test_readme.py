@@ -5,9 +5,9 @@ The guides' examples run in test_docs.py."""
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from repo_paths import ROOT
+README = ROOT / "README.md"
 
 
 def test_readme_python_blocks_run(tmp_path):

@@ -23,7 +23,7 @@ from zarrfeed.core.zarr_meta import ArrayMeta
 from zarrfeed.loader import Dataset, agents_mask
 from zarrfeed.writer import L5KIT_SCHEMA, DatasetWriter, synthetic
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import ROOT
 INSTALL_TIMEOUT = 900
 
 

@@ -354,7 +354,7 @@ def test_a_server_that_never_answers_is_given_up_after_the_timeout():
 
 
 def test_over_tls(target, tmp_path):
-    from test_serve import self_signed
+    from serve_process import self_signed
     cert, key = self_signed(tmp_path)
     tls, port = (cert.read_bytes(), key.read_bytes()), free_port()
     server = serve(target, port, tls=tls)

@@ -17,8 +17,8 @@ import pytest
 from zarrfeed.flight import FeedServer, RemoteLoader, RemoteWriter
 from zarrfeed.flight import ingestion
 from zarrfeed.writer import synthetic, write_dataset
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _dataset(where: Path) -> Path:

@@ -15,7 +15,7 @@ filesystem directly), and record each operation in order, with its begin and end
   request (one operation per key, begun and ended together). s3fs sends a batch of PUTs at once, so several
   may be in flight when the machine dies: each that was sent lands (the server had it), none is sent after.
 Requests are counted from 1; at request `crash_at` the machine dies: the request lands or not (chosen from
-`seed` and `crash_at`, so a case replays), `PowerLoss` (from tests/power_loss.py) is raised there, and every
+`seed` and `crash_at`, so a case replays), `PowerLoss` (from tests/support/power_loss.py) is raised there, and every
 later call, read or write, raises it too.
 
 `durable()` rebuilds what the store holds after the crash from the record alone (the operations that returned,

@@ -3,7 +3,7 @@
 the whole path of `zarrfeed serve --host 0.0.0.0` (options, the exposure check, --insecure's warning, the
 "serving on" line) without binding beyond loopback. Any other address but loopback is refused.
 
-    python tests/serve_loopback.py serve PATH --host 0.0.0.0 --insecure ...
+    python tests/support/serve_loopback.py serve PATH --host 0.0.0.0 --insecure ...
 """
 import sys
 

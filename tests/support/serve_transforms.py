@@ -1,4 +1,4 @@
-"""Named transforms for the serve tests (`zarrfeed serve --transforms tests/serve_transforms.py`)."""
+"""Named transforms for the serve tests (`zarrfeed serve --transforms tests/support/serve_transforms.py`)."""
 import numpy as np
 
 

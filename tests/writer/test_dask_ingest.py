@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 from itertools import chain
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from zarrfeed.loader import Dataset  # noqa: E402
 from zarrfeed.writer import dask as zdask  # noqa: E402
 from zarrfeed.writer.dataset_writer import DatasetWriter  # noqa: E402
 
-HERE = Path(__file__).parent
+from repo_paths import SUPPORT
 SOURCES = list(range(8))
 
 
@@ -207,7 +206,7 @@ def test_client_killed_mid_ingest_then_resume_finishes(cluster, client, tmp_path
               "from zarrfeed.writer import dask\n"
               f"with Client({cluster.scheduler_address!r}) as c:\n"
               f"    dask.ingest(c, {sources!r}, src.slow, {str(path)!r}, chunks=src.SMALL, commit_interval=0.1)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(HERE)},
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(SUPPORT)},
                             stderr=subprocess.DEVNULL)
     try:
         wait_for_scenes(path, 4, alive=lambda: proc.poll() is None)

@@ -23,7 +23,7 @@ from zarrfeed.core.keys import Position, fingerprint
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Group
 
-HERE = Path(__file__).parent
+from repo_paths import SUPPORT
 SMALL_CHUNKS = {"agents": 3000, "frames": 200, "scenes": 5, "traffic_light_faces": 700}
 
 
@@ -212,7 +212,7 @@ def test_killed_worker_raises_within_seconds_then_resume_completes(tmp_path):
 
 def test_killed_parent_then_resume_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "60", "2", "0.03"],
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "60", "2", "0.03"],
                              stdout=subprocess.PIPE, text=True)
     workers = [int(x) for x in child.stdout.readline().split()[1:]]
     wait_for_scenes(out, 8)  # a few commits, then kill the parent mid-ingest
@@ -229,7 +229,7 @@ def test_killed_parent_then_resume_loses_and_duplicates_nothing(tmp_path):
         missing = w.missing()
     assert missing and missing[0] == Position(fingerprint(eps[0]), ds.rows["scenes"])  # one scene per episode
 
-    resumed = subprocess.run([sys.executable, str(HERE / "writer_child.py"), str(out), "60", "2", "0", "--resume"],
+    resumed = subprocess.run([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "60", "2", "0", "--resume"],
                              capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     ds = Dataset.open(out)
@@ -240,7 +240,7 @@ def test_killed_parent_then_resume_loses_and_duplicates_nothing(tmp_path):
 
 def test_readers_see_only_committed_rows_during_ingest(tmp_path):
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.04"],
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "40", "2", "0.04"],
                              stdout=subprocess.PIPE, text=True)
     child.stdout.readline()
     want = expected_tables(list(synthetic.episodes(40, seed=5, frames=40, agents_per_frame=300)))
@@ -264,7 +264,7 @@ def test_killed_parent_workers_exit_quietly(tmp_path, method):
     SIGKILLed with replies unread (the parent's death is the message). The parent is paused first, so that
     replies wait unread in every worker's pipe when it dies."""
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "200", "2", "0",
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "200", "2", "0",
                               "--start-method", method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers = [int(x) for x in child.stdout.readline().split()[1:]]
     wait_for_scenes(out, 4)

@@ -21,7 +21,7 @@ from zarrfeed.core.dataset_format import consolidate
 from zarrfeed.core.commits import read_manifest
 from zarrfeed.core.stores import DirectoryStore
 
-HERE = Path(__file__).parent
+from repo_paths import SUPPORT
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 
 
@@ -63,14 +63,14 @@ def test_append_then_resume_writes_every_episode_once(tmp_path):
 
 def test_resume_after_a_partial_commit_of_a_killed_process(tmp_path):
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "30", "2", "0.03"],
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "30", "2", "0.03"],
                              stdout=subprocess.PIPE, text=True)
     child.stdout.readline()
     wait_for_scenes(out, 5)
     child.send_signal(signal.SIGKILL)
     child.wait()
     for _ in range(2):  # resume, then resume again
-        r = subprocess.run([sys.executable, str(HERE / "writer_child.py"), str(out), "30", "2", "0", "--resume"],
+        r = subprocess.run([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "30", "2", "0", "--resume"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     assert_holds(out, list(synthetic.episodes(30, seed=5, frames=40, agents_per_frame=300)))
@@ -94,7 +94,7 @@ def test_two_writers_at_once_the_second_is_refused_and_changes_nothing(tmp_path)
 
 def test_a_writer_in_another_process_holds_the_lease_until_it_dies(tmp_path):
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "200", "1", "0.05"],
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "200", "1", "0.05"],
                              stdout=subprocess.PIPE, text=True)
     child.stdout.readline()
     try:
@@ -227,10 +227,11 @@ def test_resume_with_other_input_is_refused_before_anything_changes(tmp_path, ca
 def crash_after(out: Path, script: str) -> None:
     """Run `script` (with `out`, the dataset's path, and `small_episodes` defined) in a process that is then SIGKILLed:
     a real crash, nothing cleaned up."""
-    code = ("import os, signal, sys\nsys.path.insert(0, sys.argv[2])\nfrom test_never_lose import small_episodes\n"
+    code = ("import os, signal, sys\nsys.path[:0] = sys.argv[2:4]\nfrom test_write_safety_local import small_episodes\n"
             "from zarrfeed.writer.dataset_writer import DatasetWriter\nout = sys.argv[1]\n" + script +
             "\nos.kill(os.getpid(), signal.SIGKILL)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(out), str(Path(__file__).parent)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", code, str(out), str(Path(__file__).parent), str(SUPPORT)],
+                       capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
 

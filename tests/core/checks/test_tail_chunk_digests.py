@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import xxhash
 from expected import expected_tables
+from repo_paths import SUPPORT
 from zarrfeed.loader import Dataset, Loader, LoaderError
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
@@ -42,8 +43,8 @@ def killed_mid_ingest(out: Path, committed: int, more: int = 2) -> None:
     its close (the seal of the last chunks) runs."""
     code = f"""
 import os, signal, sys, time
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_tail_chunks import CHUNKS, episodes
+sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(SUPPORT)!r}]
+from test_tail_chunk_digests import CHUNKS, episodes
 from zarrfeed.writer.dataset_writer import DatasetWriter
 w = DatasetWriter(sys.argv[1], workers=1, chunks=CHUNKS, commit_interval=0)
 eps = episodes({committed + more})

@@ -17,7 +17,7 @@ from zarrfeed.writer.dataset_writer import DatasetWriter
 from expected import running
 from zarrfeed.core._proc.pool import context
 
-HERE = Path(__file__).parent
+from repo_paths import ROOT, SUPPORT
 METHODS = ["fork", "forkserver", "spawn"]
 
 
@@ -30,7 +30,7 @@ def small(n: int, seed: int = 0) -> list[dict]:
 
 def run_script(script: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          cwd=HERE.parent)
+                          cwd=ROOT)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -59,7 +59,7 @@ def test_loader_workers_outlive_an_idle_second(tmp_path, method):
 
 
 def test_forkserver_workers_exit_when_their_parent_is_killed(tmp_path):
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(tmp_path / "d.zarr"), "200", "2",
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), str(tmp_path / "d.zarr"), "200", "2",
                               "0.05", "--start-method", "forkserver"], stdout=subprocess.PIPE, text=True)
     try:
         workers = [int(x) for x in child.stdout.readline().split()[1:]]

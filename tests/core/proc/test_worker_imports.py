@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from zarrfeed.loader import Dataset
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import ROOT
 GUARD = "put its top-level code under `if __name__ == \"__main__\":`"
 NOT_A_FILE = "the script was read from standard input or given with -c, not from a file"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from expected import dev_shm_held, session, shared_memory_held
+from repo_paths import SUPPORT
 from zarrfeed.core._proc import rendezvous
 from zarrfeed.loader import Dataset, Loader, WindowLoader, host_budget, host_cache
 from zarrfeed.writer import DatasetWriter, synthetic
@@ -85,8 +86,8 @@ def rank_epochs(path, rank: int, world: int, url: str, cache: str) -> dict:
 
 SPAWNED = """
 import json, sys
-sys.path.insert(0, {tests!r})
-from test_host_cache import rank_epochs
+sys.path[:0] = [{tests!r}, {support!r}]
+from test_host_cache_sharing import rank_epochs
 if __name__ == "__main__":
     print(json.dumps(rank_epochs({path!r}, int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])))
 """
@@ -94,8 +95,8 @@ if __name__ == "__main__":
 FORKED = """
 import json, sys
 import torch.multiprocessing as mp
-sys.path.insert(0, {tests!r})
-from test_host_cache import rank_epochs
+sys.path[:0] = [{tests!r}, {support!r}]
+from test_host_cache_sharing import rank_epochs
 
 def rank_main(rank, world, url, cache, out):
     with open(f"{{out}}/{{rank}}.json", "w") as f:
@@ -112,7 +113,8 @@ def run_ranks(how: str, data, tmp_path, cache: str) -> list[dict]:
     torch.multiprocessing from one parent ("fork", "spawn": as mp.spawn does)."""
     url = f"tcp://127.0.0.1:{free_port()}"
     script = tmp_path / "ranks.py"
-    script.write_text((SPAWNED if how == "shells" else FORKED).format(tests=str(HERE), path=str(data)))
+    script.write_text((SPAWNED if how == "shells" else FORKED).format(tests=str(HERE), support=str(SUPPORT),
+                                                                             path=str(data)))
     if how == "shells":
         cmds = [[sys.executable, str(script), str(r), "4", url, cache] for r in range(4)]
     else:
@@ -317,7 +319,7 @@ def test_four_remote_ranks_through_one_server_decode_each_chunk_once(data):
     counts what its streams decoded)."""
     import threading
 
-    from test_serve import Server
+    from serve_process import Server
     from zarrfeed.flight import RemoteLoader
     from zarrfeed.flight.protocol import call_options, connect
 

@@ -2,14 +2,13 @@
 and the loaders give the same batches with either."""
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from zarrfeed.loader import _gather as c
 from zarrfeed.loader import gather_numpy as py
 
-HERE = Path(__file__).parent
+from repo_paths import ROOT
 
 
 def setup(rng):
@@ -120,7 +119,7 @@ if __name__ == "__main__":
     runs = {}
     for env in ("c", "numpy"):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
-                             cwd=HERE.parent, env={"ZARRFEED_GATHER": env, "PATH": "/usr/bin:/bin"})
+                             cwd=ROOT, env={"ZARRFEED_GATHER": env, "PATH": "/usr/bin:/bin"})
         assert out.returncode == 0, out.stderr
         kernel, digest = out.stdout.split()
         runs[kernel] = digest

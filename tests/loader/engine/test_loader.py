@@ -17,7 +17,7 @@ from zarrfeed.writer import synthetic, write_dataset
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Array
 
-HERE = Path(__file__).parent
+from repo_paths import SUPPORT
 
 
 def plain(path, table: str = "agents") -> np.ndarray:
@@ -298,7 +298,7 @@ def test_nothing_left_when_the_consumer_is_killed(data):
 
 def test_reads_only_committed_rows_while_a_writer_ingests(tmp_path):
     out = tmp_path / "d.zarr"
-    child = subprocess.Popen([sys.executable, str(HERE / "writer_child.py"), str(out), "40", "2", "0.04"],
+    child = subprocess.Popen([sys.executable, str(SUPPORT / "writer_child.py"), str(out), "40", "2", "0.04"],
                              stdout=subprocess.PIPE, text=True)
     child.stdout.readline()
     want = np.concatenate([e["agents"] for e in synthetic.episodes(40, seed=5, frames=40, agents_per_frame=300)])

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 from zarrfeed.loader import Dataset, Loader, WindowLoader
 
 torch = pytest.importorskip("torch")
-HERE = Path(__file__).parent
 
 
 def in_shared_memory(address: int) -> bool:
@@ -90,7 +90,7 @@ if __name__ == "__main__":
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), f"tcp://127.0.0.1:{port}"], cwd=HERE.parent,
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), f"tcp://127.0.0.1:{port}"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
@@ -116,16 +116,16 @@ if __name__ == "__main__":
         print("stale read", float(first.sum()), flush=True)  # the bug: `first` is no longer this batch
 """)
     ok = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True, timeout=120,
-                        cwd=HERE.parent)
+                        cwd=ROOT)
     assert ok.returncode == 0 and "stale read" in ok.stdout
     bad = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True, timeout=120,
-                         cwd=HERE.parent)
+                         cwd=ROOT)
     assert bad.returncode == -11 and "stale read" not in bad.stdout
     assert "Segmentation fault" in bad.stderr and 'stale.py", line 9' in bad.stderr
     env = {**os.environ, "ZARRFEED_CHECK_VIEWS": "1"}  # the same from the environment, code unchanged
     script.write_text(script.read_text().replace('check_views=sys.argv[1] == "1"', "check_views=None"))
     bad = subprocess.run([sys.executable, str(script), "x"], capture_output=True, text=True, timeout=120,
-                         cwd=HERE.parent, env=env)
+                         cwd=ROOT, env=env)
     assert bad.returncode == -11
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Group
-from conftest import REAL_SCENE
+from repo_paths import REAL_SCENE
 from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader
 from zarrfeed.loader import agents_mask
 from zarrfeed.loader.motion import (AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, agent_samples,

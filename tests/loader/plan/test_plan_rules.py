@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_plan import batches
+from test_plan_contract import batches
 from zarrfeed.loader.order import permutation, shuffle
 from zarrfeed.loader.plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 

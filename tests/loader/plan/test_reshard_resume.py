@@ -220,7 +220,7 @@ def test_a_remote_loader_resumes_an_empty_share_as_a_local_one(small_dataset):
     """A remote loader given the state of a rank whose share of the rest is empty (saved before its empty loop)
     yields nothing for that epoch and goes on at batch 0 of the next, as a local loader does; a state with rows
     left in a resharded epoch is still refused (the server plans usual shares only)."""
-    from test_serve import Server
+    from serve_process import Server
 
     from zarrfeed.flight import RemoteLoader
     path = small_dataset(1, 5, chunks={"agents": 7}, frames=30, agents_per_frame=5)
@@ -259,7 +259,7 @@ def test_a_remote_loader_that_reconnects_to_another_copy_refuses_to_go_on(small_
     import shutil
     import time
 
-    from test_serve import TRANSFORMS, Server
+    from serve_process import TRANSFORMS, Server
 
     from zarrfeed.flight import RemoteLoader
     from zarrfeed.writer import DatasetWriter, synthetic
@@ -305,7 +305,7 @@ def test_a_remote_loaders_state_at_an_epochs_end_needs_no_call_to_the_server(sma
     import os
     import signal
 
-    from test_serve import Server
+    from serve_process import Server
 
     from zarrfeed.flight import RemoteLoader
     path = small_dataset(1, 5, chunks={"agents": 7}, frames=30, agents_per_frame=5)

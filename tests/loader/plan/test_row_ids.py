@@ -60,7 +60,7 @@ def test_row_ids_with_a_transform_and_as_arrow(data):
 
 
 def test_remote_batches_carry_their_rows(data):
-    from test_serve import Server
+    from serve_process import Server
     from zarrfeed.flight import RemoteLoader
 
     s = Server(data)

@@ -10,7 +10,7 @@ import threading
 import numcodecs
 import numpy as np
 import pytest
-from test_committer import episodes, rows_of, write
+from test_commit_protocol import episodes, rows_of, write
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import L5KIT_SCHEMA
 from zarrfeed.writer.chunk_write import write_rows

@@ -14,7 +14,7 @@ from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 from zarrfeed.writer.lease import LOCK_FILE, LeaseHeld
 
-HERE = Path(__file__).parent
+from repo_paths import SUPPORT
 SMALL = {"agents": 2000, "frames": 100, "scenes": 4, "traffic_light_faces": 500}
 
 
@@ -23,7 +23,7 @@ def small_episodes(n: int, seed: int) -> list[dict]:
 
 
 def lease_child(url: str, timeout: float, env: dict | None = None, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, str(HERE / "lease_child.py"), url, str(timeout), *extra],
+    proc = subprocess.Popen([sys.executable, str(SUPPORT / "lease_child.py"), url, str(timeout), *extra],
                             env={**os.environ, **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "created", proc.stderr.read()
