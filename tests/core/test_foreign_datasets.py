@@ -1,6 +1,5 @@
-"""Datasets and places another tool made, met by zarrfeed's writer and stores (issue 36's adversarial pass):
-appending to tables another tool compressed, table names that would be paths, URLs fsspec reads as patterns,
-fsspec's `local://` URLs."""
+"""Datasets and places another tool made, met by zarrfeed's writer and stores: appending to tables another tool
+compressed, table names that would be paths, URLs fsspec reads as patterns, fsspec's `local://` URLs."""
 import numcodecs
 import numpy as np
 import pytest

@@ -1,11 +1,11 @@
-"""Issue 50, items 2 and 3: nothing that is not a dataset passes as one, and `validate --deep` says what it checked.
+"""Nothing that is not a dataset passes as one, and `validate --deep` says what it checked.
 
 - A group with no table zarrfeed reads (an empty group, a replay buffer's `data/` or `meta/`, xarray's output)
-  validated "valid ()", showed an empty `info` and exported nothing, each exiting 0: now one line saying what the
-  folder is and what zarrfeed reads, exit 2, and the same `FormatError` from `Dataset.open`.
-- `validate --deep` called a replay buffer INVALID for the chunks zarr 3 leaves out when they hold only the fill
-  value, which every reader reads as that value (the manifest records such tables as `missing_is_fill`).
-- `validate --deep` on chunks with no recorded digest exited 0: it exits 3 unless `--allow-unverified`, so that
+  is one line saying what the folder is and what zarrfeed reads, exit 2, and the same `FormatError` from
+  `Dataset.open` (not "valid ()", an empty `info` or an empty export with exit 0).
+- `validate --deep` reads a replay buffer's chunks that zarr 3 leaves out when they hold only the fill value as
+  that value, as every reader does (the manifest records such tables as `missing_is_fill`), not as INVALID.
+- `validate --deep` on chunks with no recorded digest exits 3 unless `--allow-unverified`, so that
   `zarrfeed validate --deep && publish` never publishes a dataset whose chunks were not checked.
 """
 import shlex

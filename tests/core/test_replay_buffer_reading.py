@@ -1,5 +1,5 @@
-"""Issue 40, part 1: Diffusion Policy's replay buffers open as they are: a steps table per `data/<key>` array,
-episodes from `meta/episode_ends`; `info`, `validate` and the Arrow bridge work on them, nothing is copied."""
+"""Diffusion Policy's replay buffers open as they are: a steps table per `data/<key>` array, episodes from
+`meta/episode_ends`; `info`, `validate` and the Arrow bridge work on them, nothing is copied."""
 import json
 
 import numpy as np

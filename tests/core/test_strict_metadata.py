@@ -1,5 +1,5 @@
 """A dataset's metadata is checked as strictly as its manifest, and nothing is appended onto a dataset that does
-not validate (issue 35, items 4-5: each of these was accepted, read as data, or built on, with exit 0)."""
+not validate: each case here is refused, never read as data or built on with exit 0."""
 import json
 from pathlib import Path
 from typing import Any, Callable

@@ -1,6 +1,6 @@
-"""Issue 36: the zarr v2 format read and written by zarrfeed itself (`zarrfeed.core.zarr_meta`, `zarr_array`,
-`stores`), checked against documents and chunks that other tools wrote (L5Kit's scene, written by zarr 2, and
-Diffusion Policy's replay buffer) and against the v2 specification, without zarr-python."""
+"""The zarr v2 format read and written by zarrfeed itself (`zarrfeed.core.zarr_meta`, `zarr_array`, `stores`),
+checked against documents and chunks that other tools wrote (L5Kit's scene, written by zarr 2, and Diffusion
+Policy's replay buffer) and against the v2 specification, without zarr-python."""
 import base64
 import json
 import math

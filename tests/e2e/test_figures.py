@@ -1,7 +1,7 @@
-"""Every measured figure the docs quote comes from one place, docs/figures.json (issue 39 item 7): a number
-marked in a page is the recorded one, every marker names a figure, every figure is quoted somewhere, a bench
-run's --json output computes the figures its script records (bench/figures.py), and every figure's speeds are
-ones its script writes."""
+"""Every measured figure the docs quote comes from one place, docs/figures.json: a number marked in a page is the
+recorded one, every marker names a figure, every figure is quoted somewhere, a bench run's --json output
+computes the figures its script records (bench/figures.py), and every figure's speeds are ones its script
+writes."""
 import importlib.util
 import json
 from pathlib import Path

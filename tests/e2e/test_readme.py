@@ -1,7 +1,6 @@
 """The README's Python examples run as written, in order, in a fresh folder (the README stays true); each
-block on its own (its own imports), saved as a script and run as a reader who copies one would run it (a
-block that starts worker processes must then guard its top-level code: found by an adversarial pass).
-The guides' examples run in test_docs.py."""
+block on its own (its own imports), saved as a script and run as a reader who copies one would run it (so a
+block that starts worker processes must guard its top-level code). The guides' examples run in test_docs.py."""
 import re
 import subprocess
 import sys

@@ -1,5 +1,5 @@
-"""Issue 36: zarr-python is not a run-time dependency. Every command runs, in every process it starts, where
-`import zarr` fails (a `sitecustomize` on PYTHONPATH refuses it, so the fork server and workers refuse it too)."""
+"""zarr-python is not a run-time dependency. Every command runs, in every process it starts, where `import zarr`
+fails (a `sitecustomize` on PYTHONPATH refuses it, so the fork server and workers refuse it too)."""
 import os
 import subprocess
 import sys

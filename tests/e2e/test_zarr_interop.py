@@ -1,4 +1,4 @@
-"""Issue 36: interoperability of zarrfeed's own zarr v2 format layer with zarr-python 3, zarr-python 2 and the
+"""Interoperability of zarrfeed's own zarr v2 format layer with zarr-python 3, zarr-python 2 and the
 newest xarray; zarr 2 and xarray each in an environment this test makes (`pip install`, from the registry).
 
 - zarr-python 3, installed beside zarrfeed by the test extra, opens the plain-dtype arrays zarrfeed writes (the

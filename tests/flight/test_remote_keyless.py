@@ -1,4 +1,4 @@
-"""Key-less RemoteWriter episodes exactly once across server restarts (issue 35): a key-less episode's key is
+"""Key-less RemoteWriter episodes exactly once across server restarts: a key-less episode's key is
 its position in the input, and a submit that raised ConnectionError has not taken its position, so the same
 episode submitted again lands there once (passed over if the server had committed it), whatever the producer
 does next: another episode in its place is refused in one line, two identical episodes submitted on purpose

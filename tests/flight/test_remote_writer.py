@@ -1,7 +1,7 @@
-"""RemoteWriter against a FeedServer in this process (issue 26): every call's path, quickly: keys and retries,
+"""RemoteWriter against a FeedServer in this process: every call's path, quickly: keys and retries,
 keyless inputs, refusals and what stays usable after them, syncing by size, a server stopped and started again
-on the same port, tokens, several datasets. tests/test_serve.py does the same end to end with `zarrfeed serve`
-in its own process; a wrong line here drops or duplicates a producer's episodes."""
+on the same port, tokens, several datasets. flight/test_serve_ingest.py does the same end to end with
+`zarrfeed serve` in its own process; a wrong line here drops or duplicates a producer's episodes."""
 import socket
 import time
 

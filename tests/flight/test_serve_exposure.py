@@ -1,4 +1,4 @@
-"""FeedServer from Python refuses to serve beyond loopback without the tokens that keep it private (issue 35),
+"""FeedServer from Python refuses to serve beyond loopback without the tokens that keep it private,
 as `zarrfeed serve` does, before anything is opened or listens. No test here binds another address than
 loopback (127.0.0.1, and ::1 where the machine has it): a server that gets as far as listening is stopped at
 that point by a class in its MRO (`NoListen`), so the tests see whether it would listen, and where, without a

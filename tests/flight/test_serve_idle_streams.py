@@ -1,7 +1,7 @@
 """Streams whose client stops reading but keeps its connection (a trainer paused, hung or stopped) give up their
-slot and loader after the server's stream_idle_timeout (adversarial pass of issue 35: with --max-streams of
-them, every other trainer was refused "busy" for good). The idle client, reading on, reconnects and gets exactly
-the batches due. A FeedServer in this process on 127.0.0.1, port 0."""
+slot and loader after the server's stream_idle_timeout, so that --max-streams of them do not refuse every other
+trainer "busy" for good. The idle client, reading on, reconnects and gets exactly the batches due. A FeedServer
+in this process on 127.0.0.1, port 0."""
 import dataclasses
 import json
 import time

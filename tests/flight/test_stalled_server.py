@@ -1,7 +1,7 @@
 """A `zarrfeed serve` that stops answering while its connections stay open (SIGSTOPped here; a frozen machine, a
 network that drops packets silently): its clients notice within 2 x stall_timeout and behave as for a server that
-went away (adversarial pass of issue 35: they waited as long as it was stopped, silently). The server runs in its
-own process group on 127.0.0.1, port 0, and is SIGKILLed with its workers at the end."""
+went away, rather than wait silently as long as it is stopped. The server runs in its own process group on
+127.0.0.1, port 0, and is SIGKILLed with its workers at the end."""
 import os
 import signal
 import subprocess

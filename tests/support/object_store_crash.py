@@ -1,4 +1,4 @@
-"""A crash of the writer's machine on an object store (issue 37 part 2), for `memory://` and S3 datasets.
+"""A crash of the writer's machine on an object store, for `memory://` and S3 datasets.
 
 An object store keeps no page cache and tears no object: a PUT, a conditional create or a DELETE that returned
 is durable, and one in flight when the machine dies either happened entirely or not at all; nothing the dead

@@ -1,6 +1,6 @@
 """The folders of chunk locks: a writer removes its own when closed; those of writers killed before they could
-are removed by the next writer on the machine, and nothing of a live one (issue 37's crash passes found
-thousands left in the temporary directory by killed writers)."""
+are removed by the next writer on the machine, and nothing of a live one, so killed writers do not leave
+thousands of them in the temporary directory."""
 import os
 import signal
 import subprocess

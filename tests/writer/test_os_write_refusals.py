@@ -1,11 +1,12 @@
-"""Issue 50 item 5: writes the operating system refuses (a read-only file system, a full disk) are said in the
+"""Writes the operating system refuses (a read-only file system, a full disk) are said in the
 user's words, in one line naming what could not be written and where (not a lock file's bytes repr), and leave
 nothing half-made; an ingest that runs out of space keeps every committed episode, and `--resume` once there is
 space finishes it exactly: every episode once, as in the source.
 
 A full disk is always tested through a store whose file operations fail with ENOSPC after a budget of bytes (it
 cannot skip); a real one (a small tmpfs) and a read-only bind mount are tested where this process may mount
-(root; chmod does not stop root), each unmounted after, else skipped saying why."""
+(root; chmod does not stop root), each unmounted after, else skipped saying why.
+"""
 from __future__ import annotations
 
 import contextlib

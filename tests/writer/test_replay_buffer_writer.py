@@ -1,4 +1,4 @@
-"""Issue 40, part 4: replay buffers written crash-safely in Diffusion Policy's own layout: the same commit protocol
+"""Replay buffers written crash-safely in Diffusion Policy's own layout: the same commit protocol
 as every dataset (lease, keys, exactly once, resume), and Diffusion Policy's reader conventions after every
 commit (every data array as long as `episode_ends[-1]`, chunks along time only)."""
 import os

@@ -1,5 +1,6 @@
-"""Paths that used to lose, duplicate or mix rows with exit 0: each is now impossible or refused before anything
-changes (issue 8, items 1-7, on local disks; test_s3.py has the object-store side)."""
+"""On local disks, every path that could lose, duplicate or mix rows is impossible or refused before anything
+changes: resume and append, killed writers, two writers at once, overwrites, ingest from itself, pinned
+commits, leases that cannot be renewed (core/test_s3.py has the object-store side)."""
 import json
 import os
 import signal

@@ -1,8 +1,7 @@
-"""Ways around the chunk check that an adversarial pass found (issue 35, after its first work): each reads a
-changed chunk as data with no error unless closed. A checked reader must never use what an unchecked one
-decoded, an append must not launder a changed tail chunk, a manifest or commit log edited to record nothing
-must not turn the checks off, a `.zarray` must not add filters the schema does not know, and validate and
-`Dataset.chunks` must check what they decode."""
+"""The chunk check has no way around it: each test changes a chunk and reads it through a path that could skip
+the check. A checked reader never uses what an unchecked one decoded, an append does not launder a changed tail
+chunk, a manifest or commit log edited to record nothing does not turn the checks off, a `.zarray` adds no
+filters the schema does not know, and validate and `Dataset.chunks` check what they decode."""
 from __future__ import annotations
 
 import json

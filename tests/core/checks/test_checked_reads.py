@@ -1,9 +1,9 @@
-"""Issue 35, item 2: every read checks each chunk against the size and digest its commit recorded.
+"""Every read checks each chunk against the size and digest its commit recorded.
 
-Before, only `validate --deep` and `ingest --from` compared: with the chunk files `agents/3` and `agents/4`
-swapped (or one byte of `agents/3` flipped so that it still decodes), a Loader (cache off, process, host),
-`to_arrow`, `zarrfeed load`, `zarrfeed export`, the window and sample loaders, the agents mask and a served
-stream all gave rows that are not the rows they claim to be, with no error. Each test here read them so.
+With the chunk files `agents/3` and `agents/4` swapped (or one byte of `agents/3` flipped so that it still
+decodes), a Loader (cache off, process, host), `to_arrow`, `zarrfeed load`, `zarrfeed export`, the window and
+sample loaders, the agents mask and a served stream each refuse the chunk instead of giving rows that are not
+the rows they claim to be.
 """
 import os
 import shutil

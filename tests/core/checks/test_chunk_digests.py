@@ -1,6 +1,6 @@
-"""Issue 19, items 4, 5, 7 and 8: every commit records each chunk's size and digest, `validate --deep` and
-`Dataset.verify()` check them, `ingest --from` and the disk cache read only what was committed, the manifest's
-shape is checked, and a commit costs the same after thousands of keyed episodes as after one."""
+"""Every commit records each chunk's size and digest, `validate --deep` and `Dataset.verify()` check them,
+`ingest --from` and the disk cache read only what was committed, the manifest's shape is checked, and a commit
+costs the same after thousands of keyed episodes as after one."""
 import json
 import os
 import shutil

@@ -1,6 +1,6 @@
-"""Issue 19, item 2: below the committed rows a missing chunk is a lost one, never zeros. Every reader (the
-Loader, WindowLoader, the Arrow bridge, Parquet export, `to_dask`, `ingest --from`, the server) refuses it with
-one line naming the table and the chunk, and writes nothing."""
+"""Below the committed rows a missing chunk is a lost one, never zeros. Every reader (the Loader, WindowLoader,
+the Arrow bridge, Parquet export, `to_dask`, `ingest --from`, the server) refuses it with one line naming the
+table and the chunk, and writes nothing."""
 import os
 import subprocess
 import sys

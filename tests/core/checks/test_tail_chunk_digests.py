@@ -1,10 +1,9 @@
-"""Issue 35, item 02 of its adversarial pass: a table's last, partly filled chunk is checked on every read too.
+"""A table's last, partly filled chunk is checked on every read too.
 
 A writer withdraws that chunk's record before it rewrites it and seals it again when it closes; one SIGKILLed
-mid-ingest never does, so the chunk was left with no record until someone resumed: a later change to its
-committed rows (one that still decodes) was read as data by every reader, with exit 0, and a resume sealed the
-change under a fresh digest. Each commit now records the digest of those rows, decoded (`tails`), and readers,
-`validate` and a writer that appends or resumes compare it.
+mid-ingest never does. Each commit records the digest of those rows, decoded (`tails`), and readers, `validate`
+and a writer that appends or resumes compare it: a later change to the committed rows of that chunk (one that
+still decodes) is refused, and a resume does not seal it under a fresh digest.
 """
 import json
 import os

@@ -1,7 +1,7 @@
 """Ctrl+C while processes start is held until they are started (`_proc.pool.sigint_held`), whichever thread the
-kernel gives the signal to. Found by an acceptance run: blocking SIGINT in the main thread alone let the kernel
-give it to another thread (a pool's), Python raised KeyboardInterrupt in the main thread mid-start all the same,
-and a child forked meanwhile printed the fork server's "EOFError: Ran out of input" traceback."""
+kernel gives the signal to: blocking SIGINT in the main thread alone would let the kernel give it to another
+thread (a pool's), raise KeyboardInterrupt in the main thread mid-start all the same, and leave a child forked
+meanwhile printing the fork server's "EOFError: Ran out of input" traceback."""
 import signal
 import threading
 import time

@@ -1,11 +1,11 @@
-"""Issue 50 item 4: a folder named `zarrfeed` in the working directory, a script read from standard input, and the
-install seen from the folder that holds the clone.
+"""Where workers import zarrfeed from: a folder named `zarrfeed` in the working directory, a script read from
+standard input, and the install seen from the folder that holds the clone.
 
-Workers start whatever the working directory holds (the fork server imported with the working directory first on
-its sys.path, and took a folder named zarrfeed there for this package); a guarded script read from standard input
-starts its workers (each tried to run "<stdin>" again); the editable install imports from the folder holding the
-clone; and a worker that cannot start says why: a folder that shadows the package, a script that is in no file, a
-script whose top-level code is not guarded. Every test runs real processes, from folders the test makes.
+Workers start whatever the working directory holds (the fork server does not take a folder named zarrfeed there
+for this package); a guarded script read from standard input starts its workers; the editable install imports
+from the folder holding the clone; and a worker that cannot start says why: a folder that shadows the package, a
+script that is in no file, a script whose top-level code is not guarded. Every test runs real processes, from
+folders the test makes.
 """
 import os
 import re

@@ -1,8 +1,8 @@
-"""Issue 37 part 2: on an object store a commit survives the writer's machine dying, in the order the protocol
+"""On an object store a commit survives the writer's machine dying, in the order the protocol
 promises. The writer (in this process, workers=0) writes episodes by key to a `memory://` dataset, which takes
 the object-store path (`FsspecStore`: one PUT per object, no renames, conditional creates) and whose every
-store operation goes through the simulator of tests/object_store_crash.py; the machine dies at one of those
-operations, chosen at random among all of them (seeded: a failure prints the seed and the operation; set
+store operation goes through the simulator of tests/support/object_store_crash.py; the machine dies at one of
+those operations, chosen at random among all of them (seeded: a failure prints the seed and the operation; set
 ZARRFEED_CRASH_SEED and ZARRFEED_CRASH_AT to replay it), the operation in flight landing or not (a few cases
 run on a real S3 server too, moto on loopback, where s3fs's requests are the operations). A new writer
 then opens what the store holds (the operations that returned, and the one in flight if it landed) and the same

@@ -1,9 +1,9 @@
-"""Issue 37 for the two other ways in: a commit of the Dask path (`zarrfeed.writer.dask.ingest`) and of the server's
-ingestion (`zarrfeed serve`, `RemoteWriter`) survives a power loss, as tests/test_power_loss.py shows for the local
-writer. Both run in this process, so that every file operation goes through the simulated disk of
-tests/power_loss.py: the Dask path on a `LocalCluster` of one worker thread (processes=False) on 127.0.0.1, the
-server as a `FeedServer` on 127.0.0.1 whose handlers run in its threads, writing with workers=0. The power fails at
-one of the file operations, chosen at random among all of them (seeded: a failure prints the path, the seed and the
+"""A commit of the Dask path (`zarrfeed.writer.dask.ingest`) and of the server's ingestion (`zarrfeed serve`,
+`RemoteWriter`) survives a power loss, as test_power_loss_local_writer.py shows for the local writer. Both run in
+this process, so that every file operation goes through the simulated disk of tests/support/power_loss.py: the
+Dask path on a `LocalCluster` of one worker thread (processes=False) on 127.0.0.1, the server as a `FeedServer`
+on 127.0.0.1 whose handlers run in its threads, writing with workers=0. The power fails at one of
+the file operations, chosen at random among all of them (seeded: a failure prints the path, the seed and the
 operation; ZARRFEED_CRASH_POINTS sets how many per path); the disk as it would be after a restart is recovered and
 opened, and the same episodes are sent again. Every wait is bounded: a hang fails the test at its crash point.
 

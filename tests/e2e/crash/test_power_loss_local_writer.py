@@ -1,5 +1,5 @@
-"""Issue 37: a commit survives a power loss. The writer (in this process, so that every file operation goes
-through the simulated disk of tests/power_loss.py) writes episodes by key and acknowledges them with `sync()`;
+"""A commit survives a power loss. The writer (in this process, so that every file operation goes
+through the simulated disk of tests/support/power_loss.py) writes episodes by key and acknowledges them with `sync()`;
 the power fails at one of its file operations, chosen at random among all of them (seeded: a failure prints the
 seed and the operation, which replay it); the disk as it would be after a restart is recovered, and the same
 episodes are sent again. Always: every acknowledged episode was committed before the episodes were sent again,

@@ -1,6 +1,6 @@
-"""The host cache where an adversarial pass broke it (issue 22): copies put in a dataset's place, one relative
-path in two directories, a plain zarr rewritten in place, another user serving a cache, the 257th process, a
-loader left open at exit, a stopped holder. Each failed before its fix; the docstrings say what is expected."""
+"""The host cache at its edges: copies put in a dataset's place, one relative path in two directories, a plain
+zarr rewritten in place, another user serving a cache, the 257th process, a loader left open at exit, a
+stopped holder. The docstrings say what is expected."""
 import contextlib
 import errno
 import fcntl

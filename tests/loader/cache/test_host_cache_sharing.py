@@ -1,4 +1,4 @@
-"""One decoded copy per host (issue 22): ranks in separate processes share one chunk cache, a decode is done
+"""One decoded copy per host: ranks in separate processes share one chunk cache, a decode is done
 once per host, a process that dies mid-decode leaves nothing read as decoded, nothing outlives the last
 process, datasets and commits never mix, and another user cannot open the cache."""
 import hashlib

@@ -1,4 +1,4 @@
-"""The host cache's slot table under every order of events (issue 35): pins, releases, decodes that finish or
+"""The host cache's slot table under every order of events: pins, releases, decodes that finish or
 fail, claims given up, and processes killed (idle or in the middle of a decode), by several processes at once
 on budgets of 1 to 3 slots. After every step the table's invariants hold (`HostSegment.check()`, in this
 process and in each live one), every chunk read holds its own bytes, and a pin is refused exactly when the

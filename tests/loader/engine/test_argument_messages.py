@@ -1,4 +1,4 @@
-"""What a user sees when an argument or a transform is wrong (issue 35): one line naming the parameter, the
+"""What a user sees when an argument or a transform is wrong: one line naming the parameter, the
 transform, the field, the shapes; never zarrfeed's own traceback, never a message about something else."""
 import functools
 import re

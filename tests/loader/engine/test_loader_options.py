@@ -1,4 +1,4 @@
-"""Every loader's options are declared once (issue 39 item 8): `LoaderOptions` (names, types, docs) and `Options`
+"""Every loader's options are declared once: `LoaderOptions` (names, types, docs) and `Options`
 (defaults) hold the same names; every local loader takes all of them, keyword-only, checks them the same way
 and refuses an unknown one in one line naming the close one."""
 import dataclasses

@@ -1,6 +1,6 @@
-"""Issue 50 item 7: each refusal and log line names the option the user gave, as the user gave it: not an
-internal setting (`partial_windows`), not an option the user never passed (`rows=`), not advice for an object
-that does not exist yet ("call again: this writer reconnects"), not a size rounded to "0 MiB"."""
+"""Each refusal and log line names the option the user gave, as the user gave it: not an internal setting
+(`partial_windows`), not an option the user never passed (`rows=`), not advice for an object that does not
+exist yet ("call again: this writer reconnects"), not a size rounded to "0 MiB"."""
 import logging
 import socket
 

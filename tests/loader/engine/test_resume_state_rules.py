@@ -1,6 +1,5 @@
-"""The resume state's rules one by one (found by a fresh mutation run of loader/state.py: the loader tests load
-states a loader saved, so the refusals of hand-made or edited states, their lines, and the stored digest's exact
-value went unchecked), and the process chunk cache's room check."""
+"""The resume state's rules one by one (loader/state.py, in this process): the refusals of hand-made or edited
+states and their lines, the stored digest's exact value; and the process chunk cache's room check."""
 import numpy as np
 import pytest
 from zarrfeed.loader.state import LoaderState, selection_digest

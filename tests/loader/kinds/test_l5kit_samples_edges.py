@@ -1,5 +1,5 @@
-"""L5Kit samples at the edges an adversarial pass found (issue 25): resume on other ranks, masks half-written or
-missing a chunk, scenes without traffic lights, a track id twice in a frame."""
+"""L5Kit samples at their edges: resume on other ranks, masks half-written or missing a chunk, scenes without
+traffic lights, a track id twice in a frame."""
 import numpy as np
 import pytest
 from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader

@@ -1,4 +1,4 @@
-"""Issue 40, part 2: `SequenceLoader` yields exactly the samples Diffusion Policy's `SequenceSampler` gives
+"""`SequenceLoader` yields exactly the samples Diffusion Policy's `SequenceSampler` gives
 (the goldens in ../shared/data were made by its own code, PushT settings: sequence_length 16, pad_before 1,
 pad_after 7), in its order unshuffled, plus a padding mask; shuffled, sharded, resumable like every loader."""
 import subprocess

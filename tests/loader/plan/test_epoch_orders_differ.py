@@ -1,4 +1,4 @@
-"""No part of an epoch's order repeats the last epoch's (issue 50, item 9: two planted bugs survived the suite).
+"""No part of an epoch's order repeats the last epoch's.
 
 With a table in one chunk, or windows of one chunk, the chunk order cannot change between epochs: what changes
 an epoch's order is then the window's own shuffle alone. Order 1 shuffles a window with the epoch in its seed;

@@ -1,4 +1,4 @@
-"""zarrfeed's epoch order (issue 24): a permutation zarrfeed specifies, the same in C and in Python, equal to
+"""zarrfeed's epoch order: a permutation zarrfeed specifies, the same in C and in Python, equal to
 stored golden orders (a change of the algorithm fails here), with random access by window, versioned in
 loader states and tickets, and statistically as good a shuffle as numpy's."""
 import hashlib

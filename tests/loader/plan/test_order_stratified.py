@@ -1,4 +1,4 @@
-"""Order 2 (issue 38): batches as mixed as a true shuffle whenever the table fits the loader's shuffle_bytes.
+"""Order 2: batches as mixed as a true shuffle whenever the table fits the loader's shuffle_bytes.
 The order is specified (loader/order.py) and held to stored golden blocks, the same in C and Python, a
 permutation of every epoch's rows with random access per block; a loader's default window is the whole table
 up to shuffle_bytes (a function of the dataset and options, recorded in its state); a state saved in order 1

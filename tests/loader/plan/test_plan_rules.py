@@ -1,6 +1,6 @@
-"""The epoch plan's and the order's rules one by one (found by a fresh mutation run of loader/plan.py and
-loader/order.py: the property test in test_plan.py checked that every row comes once, not which batches read a
-window, nor the refusals' lines, nor that drop_last never repeats a row)."""
+"""The epoch plan's and the order's rules one by one (loader/plan.py and loader/order.py, in this process): which
+batches read a window, the refusals' lines, and that drop_last never repeats a row. test_plan_contract.py holds
+the plan to its contract as a whole."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -1,9 +1,9 @@
-"""An epoch resumed on another number of ranks when little of it is left (issue 50): a rank whose share of the
+"""An epoch resumed on another number of ranks when little of it is left: a rank whose share of the
 rest is empty yields nothing for that epoch and goes on at batch 0 of the next, like every other rank, for
 every loader; the rows read before the save and after it are the uninterrupted epoch's, each once.
 
-The tests before these always left more rows than new ranks, so no share was empty: a rank with nothing to
-read took its position (0 of 0 batches) for a finished epoch and read the whole of its next one instead."""
+The cases leave fewer rows than new ranks, so some share is empty: such a rank must not take its position
+(0 of 0 batches) for a finished epoch and read the whole of its next one instead."""
 from collections import Counter
 
 import numpy as np

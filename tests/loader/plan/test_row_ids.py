@@ -1,4 +1,4 @@
-"""Which rows a batch holds (issue 22): `row_ids=True` adds `_row`, each row's index in its table, computed
+"""Which rows a batch holds: `row_ids=True` adds `_row`, each row's index in its table, computed
 from the plan; it names exactly the rows the batch holds, every row of an epoch once, across a resume, with a
 transform, as Arrow, and through the server."""
 import numpy as np

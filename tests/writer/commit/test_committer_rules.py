@@ -1,7 +1,7 @@
-"""The committer's rules one by one, in this process (found by the mutation run of writer/committer.py: the
-end-to-end tests reach these lines through worker processes, where a wrong line goes unseen): how it opens, what
-it refuses and with which line, how far it grows arrays, what a commit publishes and what it withdraws, and what
-is left after close, fail and a store that does not answer."""
+"""The committer's rules one by one, in this process (the end-to-end tests reach these lines through worker
+processes, where a wrong line goes unseen): how it opens, what it refuses and with which line, how far it grows
+arrays, what a commit publishes and what it withdraws, and what is left after close, fail and a store that does
+not answer."""
 import contextlib
 import json
 import shutil

@@ -1,6 +1,5 @@
-"""The journal of committed episodes, tested in this process (issue 26: its mutants had no test that reaches them,
-since the writer's tests run it in the writer's own processes). A wrong line here commits an episode twice or
-never on a resume."""
+"""The journal of committed episodes, tested in this process (the writer's tests run it in the writer's own
+processes). A wrong line here commits an episode twice or never on a resume."""
 import random
 
 import pytest

@@ -1,5 +1,5 @@
-"""The write lease (issue 19, items 1 and 6): a writer that lost its lease deletes and commits nothing, and the
-lease document, not the lock file, says who holds a local dataset."""
+"""The write lease between writers in processes of their own: a writer that lost its lease deletes and commits
+nothing, and the lease document, not the lock file, says who holds a local dataset."""
 import os
 import signal
 import subprocess

@@ -1,6 +1,7 @@
-"""The lease's rules, tested in this process, one by one (issue 26): who is gone and why, what each store's
-backend does on take, renew and release, the fence, the messages. tests/test_lease.py tries the same end to end
-with writers in their own processes; a wrong line here lets two writers into one dataset, or none ever again."""
+"""The lease's rules, tested in this process, one by one: who is gone and why, what each store's
+backend does on take, renew and release, the fence, the messages. test_lease_between_processes.py tries the same
+end to end with writers in their own processes; a wrong line here lets two writers into one dataset, or none ever
+again."""
 import json
 import logging
 import os
