@@ -45,7 +45,7 @@ GOOD = "0123456789abcdef"
     ([], "field 'chunks' is not an object of tables"),
 ])
 def test_a_segment_entry_is_checked_as_strictly_as_the_manifest(chunks, why):
-    """Issue 35: a segment recording a chunk of -5 bytes (or 10.0, or "10", or True) was accepted: `int()`
+    """A segment recording a chunk of -5 bytes (or 10.0, or "10", or True) was accepted: `int()`
     turned each into a size. Every entry is checked, and the message names the file and the entry."""
     raw = json.dumps({"committed": [], "skipped": [], "chunks": chunks}).encode()
     with pytest.raises(FormatError) as err:

@@ -4,7 +4,7 @@ import pytest
 
 
 def test_a_change_in_any_table_or_field_changes_the_fingerprint():
-    """Issue 26: a fingerprint that left out a table (the last one, traffic-light faces) passed the suite, and
+    """A fingerprint that left out a table (the last one, traffic-light faces) passed the suite, and
     an input differing only there would have been taken for one ingested before. A change of one value in any
     table and any field, in its first or its last row, changes the fingerprint; so does a row more or less."""
     from zarrfeed.core.keys import fingerprint
@@ -67,7 +67,7 @@ def test_a_key_is_a_string_an_integer_or_a_position(bad, tmp_path):
 def test_fingerprints_are_the_same_in_every_release():
     """Fingerprints are stored (a manifest's inputs and pending episodes): a release that computed them another
     way would refuse to resume every dataset written before it. Fixed values of fixed episodes, so a change
-    fails here (found by the mutation run: the tests above compare fingerprints with each other only). The
+    fails here (the tests above compare fingerprints with each other only). The
     middle of a long table is not read, as documented: a change there leaves the fingerprint as it was."""
     from zarrfeed.core.keys import fingerprint
     big = {"agents": np.arange(5000, dtype="<i8"), "scenes": np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8", (2,))])}
@@ -83,7 +83,7 @@ def test_fingerprints_are_the_same_in_every_release():
 
 def test_fingerprints_of_int_table_names_and_many_dimensional_tables():
     """Table names are ordered as text (ints and strs may mix: 10 before 2), and a many-dimensional table is read
-    as its bytes, first and last 4 KiB (found by the mutation run: every table in the tests was flat and named
+    as its bytes, first and last 4 KiB (every table in the tests was flat and named
     by a str). numpy reads reshape(-2) as reshape(-1): that mutant is listed as equivalent."""
     from zarrfeed.core.keys import fingerprint
     assert fingerprint({10: np.arange(3), 2: np.arange(4), "x": np.arange(2)}) == "907c27854c008d19"

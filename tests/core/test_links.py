@@ -58,7 +58,7 @@ def test_streamed_chunks_count_like_brute_force(pairs, n_child, chunk):
 
 
 def test_every_violation_is_said_where_and_what_in_one_line():
-    """The exact lines (found by the mutation run: only their presence was tested): row numbers count across
+    """The exact lines (only their presence was tested): row numbers count across
     feeds, empty intervals and intervals starting at 0 are fine, the limit keeps the first ones and counts all."""
     from zarrfeed.core.links import Violation
     c = IntervalChecker(LINK, 10, limit=20)
@@ -88,7 +88,7 @@ def test_every_violation_is_said_where_and_what_in_one_line():
 
 
 def test_defaults_and_edges_of_each_rule():
-    """What the mutation run left alive: the default limit (20), an empty interval that is wrong only for where
+    """The rules' defaults and edges: the default limit (20), an empty interval that is wrong only for where
     it starts, an interval starting at 0 that overlaps, and intervals compared as integers past 2**53 (where a
     float would round two different row numbers to one)."""
     iv = np.array([[1, 2]] * 25)

@@ -225,7 +225,7 @@ def test_validates_help_documents_the_exit_status_and_the_option():
 
 
 def test_a_chunk_that_cannot_be_decoded_is_invalid_exit_1(small_dataset, tmp_path):
-    """Found by an adversarial pass: a corrupt chunk made `validate` (and `--deep`) stop with an error, exit 2,
+    """A corrupt chunk made `validate` (and `--deep`) stop with an error, exit 2,
     the status of "not a dataset"; it is a dataset, and an invalid one: INVALID, exit 1, the chunk named."""
     import shutil
     path = tmp_path / "c.zarr"

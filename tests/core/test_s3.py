@@ -254,7 +254,7 @@ def test_fetch_retries_a_pause_and_names_the_key_when_the_store_stays_down(s3):
 
 @pytest.mark.parametrize("how", ["killed", "paused"])
 def test_a_store_that_goes_away_mid_read_is_reported_within_its_timeout(how):
-    """Issue 19 item 9: a killed S3 server was reported after 74-79 s (botocore's, s3fs's and the loader's
+    """A killed S3 server was reported after 74-79 s (botocore's, s3fs's and the loader's
     retries multiplied), a paused one after more than 6 minutes; now within `zarrfeed_timeout` (15 s) and
     about a read-ahead's fetch more, as one line naming the chunk."""
     from s3server import S3Server
@@ -282,7 +282,7 @@ def test_a_store_that_goes_away_mid_read_is_reported_within_its_timeout(how):
 
 
 def test_opening_a_dataset_on_a_paused_store_is_reported_within_its_budget():
-    """Found by an adversarial pass: `info`, `load` and `validate --deep` on a paused S3 server took 38 s
+    """`info`, `load` and `validate --deep` on a paused S3 server took 38 s
     (18 s with zarrfeed_timeout=5): each call had the budget, and opening makes several."""
     from s3server import S3Server
 
@@ -319,7 +319,7 @@ def test_the_store_timeout_is_an_option_and_set_options_win(s3):
 
 
 def test_missing_credentials_are_one_line_saying_where_they_are_read_from(s3, tmp_path):
-    """Issue 19 item 9: S3 without credentials printed botocore's traceback ("Unable to locate credentials")."""
+    """S3 without credentials printed botocore's traceback ("Unable to locate credentials")."""
     bucket, server = s3
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env |= {"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}  # no ~/.aws, no instance role
@@ -437,7 +437,7 @@ def _closed_port() -> int:
                                      ["ingest", "--synthetic", "1", "-q", "--append"], ["load", "-q"],
                                      ["export", "OUT.parquet", "-q"], ["mask", "-q"]])
 def test_an_unreachable_endpoint_is_one_line_for_every_command(command, tmp_path):
-    """Issue 39 item 2: `ingest` onto an endpoint where nothing listens printed 161 lines of botocore's
+    """`ingest` onto an endpoint where nothing listens printed 161 lines of botocore's
     traceback and exited 1; every command now says in one line that the store cannot be reached, exit 2."""
     name, *rest = command
     rest = [str(tmp_path / a) if a == "OUT.parquet" else a for a in rest]

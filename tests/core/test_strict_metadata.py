@@ -151,7 +151,7 @@ def segment(path: Path) -> Path:
 
 
 def test_a_segment_recording_a_negative_chunk_size_is_refused_by_validate_and_append(ds_path, capsys):
-    """Issue 35 item 4: a segment whose record says a chunk has -5 bytes was accepted (plain `validate` never
+    """A segment whose record says a chunk has -5 bytes was accepted (plain `validate` never
     read it; `--deep` then called a healthy chunk changed)."""
     seg = segment(ds_path)
     edit(seg, lambda d: d["chunks"]["agents"][0].__setitem__(1, -5))

@@ -187,7 +187,7 @@ def test_fortran_order_in_one_dimension_is_the_same_layout_and_is_read():
     assert meta.to_json() == doc  # written back as it was
 
 
-# ---------------------------------------------------------------- found by the adversarial pass of issue 36
+# ---------------------------------------------------------------- edges: indices, bounds, listings, odd documents
 def _nd(store, separator=None, shape=(10, 3, 4)):
     arr = Array.create(store, "img", ArrayMeta.new(shape, 4, np.dtype("<i4"), numcodecs.Blosc(),
                                                    dimension_separator=separator))

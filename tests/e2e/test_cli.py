@@ -27,7 +27,7 @@ def test_info_table_and_json(real_scene):
 
 @pytest.mark.parametrize("entry", ["python -m zarrfeed", "console script"])
 def test_the_entry_points_users_run_keep_the_exit_codes(real_copy, tmp_path, entry):
-    """Issue 26: every CLI test ran `zarrfeed.cli`, so `python -m zarrfeed` exiting 0 whatever happened went
+    """Every CLI test ran `zarrfeed.cli`, so `python -m zarrfeed` exiting 0 whatever happened went
     unseen. The commands users run exit 0 (valid), 1 (invalid) and 2 (unreadable)."""
     from pathlib import Path
     command = [sys.executable, "-m", "zarrfeed"] if entry == "python -m zarrfeed" else \
@@ -107,7 +107,7 @@ def test_ingest_refuses_to_overwrite_and_resumes(tmp_path):
     assert zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "2", "-q").returncode == 0
     again = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "2", "-q")
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
-    # issue 39 item 3: what to type here, not Python's keywords
+    # what to type here, not Python's keywords
     assert "(--append)" in again.stderr and "(--resume)" in again.stderr and "(--overwrite)" in again.stderr
     assert "mode=" not in again.stderr and "=True" not in again.stderr
     resumed = zarrfeed("ingest", tmp_path / "d.zarr", "--synthetic", "3", "--resume", "-q")
@@ -167,7 +167,7 @@ sys.exit(main())
 
 
 def test_ctrl_c_while_the_command_imports_is_one_line_and_exit_130(real_scene):
-    """Issue 35: a Ctrl+C in the command's first half second (numpy, zarr and pyarrow being imported, by
+    """A Ctrl+C in the command's first half second (numpy, zarr and pyarrow being imported, by
     `from zarrfeed.cli import main` itself) printed KeyboardInterrupt's traceback through importlib."""
     out = subprocess.run([sys.executable, "-c", IMPORT_INTERRUPTED.format(path=str(real_scene))],
                          capture_output=True, text=True, timeout=120)
@@ -176,14 +176,14 @@ def test_ctrl_c_while_the_command_imports_is_one_line_and_exit_130(real_scene):
 
 @pytest.mark.parametrize("command", ["load", "mask"])
 def test_ctrl_c_to_every_process_while_workers_start_is_one_line_and_exit_130(request, tmp_path, command):
-    """Issue 35: a terminal's Ctrl+C reaches every process of the command (a process group), and a fork server
+    """A terminal's Ctrl+C reaches every process of the command (a process group), and a fork server
     or worker still importing its modules printed a KeyboardInterrupt traceback of its own. Sent at moments
     from the first process the command starts to well after, to the whole group; each run exits 130 with one
     line (or 0, having finished first), and leaves no process behind."""
     import contextlib
     import signal
     import time
-    if command == "load":  # epochs no machine gets through: every Ctrl+C comes while it runs (issue 50: a fast
+    if command == "load":  # epochs no machine gets through: every Ctrl+C comes while it runs (a fast
         # machine loaded 500 epochs of this scene in about a second, and the last try finished first)
         args = ["load", request.getfixturevalue("real_scene"), "--epochs", str(10**9), "--workers", "2", "-q"]
     else:
@@ -249,7 +249,7 @@ sys.exit(main())
 
 @pytest.mark.parametrize("where", ["teardown", "thread"])
 def test_ctrl_c_while_the_process_exits_keeps_the_exit_code(tmp_path, where):
-    """Issue 35: a Ctrl+C that came once the command was done, as Python tore the interpreter down, killed
+    """A Ctrl+C that came once the command was done, as Python tore the interpreter down, killed
     the process by SIGINT, silently (returncode -2; seen for `mask` under load): Python puts back the signal's
     default action before it frees the last objects and the modules. And one while Python's exit waited for a
     thread printed a KeyboardInterrupt traceback. The command is done: its exit code stands, at once."""
@@ -291,7 +291,7 @@ def speed(batch):
 
 @pytest.mark.parametrize("stuck", ["at exit", "in stop"])
 def test_serve_never_ignores_sigterm(tmp_path, stuck):
-    """Issue 35: `zarrfeed serve` ignored two SIGTERMs for 10 minutes. Its handler only set an event, and stayed
+    """`zarrfeed serve` ignored two SIGTERMs for 10 minutes. Its handler only set an event, and stayed
     installed while Python's exit waited for a thread that never ended (an upload call, a thread of a
     --transforms module): every later SIGTERM went to it. A stopped server exits once its stop is done, and a
     second SIGTERM ends a stop that cannot finish."""
@@ -447,7 +447,7 @@ def test_interrupted_is_the_last_line_after_what_the_interrupted_frames_held(mon
 
 
 def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tmp_path):
-    """Issue 39 item 4: `--synthtic 2` was reported only as "one of --synthetic --from is required", and an
+    """`--synthtic 2` was reported only as "one of --synthetic --from is required", and an
     unknown flag after a command printed the top-level usage."""
     r = zarrfeed("ingest", tmp_path / "d.zarr", "--synthtic", "2")
     assert r.returncode == 2 and r.stderr.startswith("usage: zarrfeed ingest ")
@@ -481,7 +481,6 @@ def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tm
     (["mask", "D", "--threshold", "2"],
      "zarrfeed mask: error: argument --threshold: expected a number in [0, 1), got 2"),
     (["plot", "D", "--dpi", "0"], "zarrfeed plot: error: argument --dpi: expected a number >= 1, got 0"),
-    # found by the adversarial pass
     (["serve", "D", "--metrics-port", "70000"],
      "zarrfeed serve: error: argument --metrics-port: expected a port 0-65535, got 70000"),
     (["load", "D", "--batch-size", "-5"],
@@ -501,7 +500,7 @@ def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tm
      "zarrfeed: error: plot: give one of --scene N (a scene from above) or --summary (the dataset at a glance)"),
 ])
 def test_mistakes_are_said_in_the_command_lines_words(tmp_path, args, said):
-    """Issue 39: `load --batch-size 0` said "batch_size must be >= 1", `--chunks agents=0` "chunk_rows",
+    """`load --batch-size 0` said "batch_size must be >= 1", `--chunks agents=0` "chunk_rows",
     `--chunks nope=10` printed a list, `mask --threshold 2` drew its bar before refusing, `zarrfeed lod` got no
     suggestion, `ingest --out D` suggested --quiet. Each is one line in the flags' words, and nothing written."""
     (tmp_path / "notpem").write_text("not a certificate\n")
@@ -517,13 +516,13 @@ def test_mistakes_are_said_in_the_command_lines_words(tmp_path, args, said):
 @pytest.mark.parametrize("command", ["ingest", "load", "mask", "export", "info", "validate", "demo", "status",
                                      "serve", "plot"])
 def test_every_data_command_takes_quiet(command):
-    """Issue 39 item 4: `zarrfeed mask ... -q` was refused while every other data command took it."""
+    """`zarrfeed mask ... -q` was refused while every other data command took it."""
     r = zarrfeed(command, "--help")
     assert r.returncode == 0 and ("-q, --quiet" in r.stdout) == (command not in ("status", "serve", "plot"))
 
 
 def test_export_refuses_to_write_binary_to_a_terminal(small_dataset, tmp_path):
-    """Issue 39 item 4: `export ... - --format arrow` wrote the binary stream to a terminal."""
+    """`export ... - --format arrow` wrote the binary stream to a terminal."""
     import pty
 
     small_dataset = small_dataset(2, 0)
@@ -544,7 +543,7 @@ def test_export_refuses_to_write_binary_to_a_terminal(small_dataset, tmp_path):
 
 
 def test_help_and_refusals_a_newcomer_meets(tmp_path):
-    """Issue 39 item 4: `status --help` cut a sentence, `demo --help` omitted half of what the demo does,
+    """`status --help` cut a sentence, `demo --help` omitted half of what the demo does,
     `demo --out plaindir` announced its work before refusing, `load grpc://` said "Protocol not known"."""
     status = zarrfeed("status", "--help").stdout
     assert "signed the server's certificate" in " ".join(status.split())
@@ -565,7 +564,7 @@ def test_help_and_refusals_a_newcomer_meets(tmp_path):
 
 
 def test_sizes_are_never_printed_as_zero(small_dataset, tmp_path):
-    """Issue 39 item 7: a small table's export printed "0 MB of records ... (0 MB/s)"."""
+    """A small table's export printed "0 MB of records ... (0 MB/s)"."""
     from zarrfeed.core.sizes import decimal_size
 
     assert [decimal_size(n) for n in (0, 87, 999, 1000, 12_500, 3.4e8, 2.2e9)] == \
@@ -577,7 +576,7 @@ def test_sizes_are_never_printed_as_zero(small_dataset, tmp_path):
 
 @pytest.mark.parametrize("flags, fsyncs", [([], True), (["--no-fsync"], False)])
 def test_ingest_fsyncs_its_commits_unless_told_not_to(tmp_path, monkeypatch, capsys, flags, fsyncs):
-    """Issue 37: commits are durable by default; `--no-fsync` (scratch data) writes the same dataset, syncing
+    """Commits are durable by default; `--no-fsync` (scratch data) writes the same dataset, syncing
     nothing."""
     from zarrfeed.cli import main
 
@@ -592,7 +591,7 @@ def test_ingest_fsyncs_its_commits_unless_told_not_to(tmp_path, monkeypatch, cap
 
 
 def test_the_writers_bar_says_a_slow_rate_in_its_unit(tmp_path, capsys):
-    """Issue 39 item 7: the ingest bar read "0.00 M rows/s, 0 MB/s" for small or slow ingests."""
+    """The ingest bar read "0.00 M rows/s, 0 MB/s" for small or slow ingests."""
     import time
 
     from zarrfeed.writer import synthetic, write_dataset
@@ -609,7 +608,7 @@ def test_the_writers_bar_says_a_slow_rate_in_its_unit(tmp_path, capsys):
 
 
 def test_export_refuses_a_folder_inside_its_dataset_and_a_file(small_dataset, tmp_path):
-    """Found by the adversarial pass: `export D D` wrote part files among the dataset's chunks, with exit 0;
+    """`export D D` wrote part files among the dataset's chunks, with exit 0;
     an output that is a file was a bare "[Errno 20] Not a directory"."""
     path = small_dataset(1, 3)
     before = sorted(p.relative_to(path) for p in path.rglob("*"))

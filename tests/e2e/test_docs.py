@@ -77,7 +77,7 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path):
     top = (site / "reference" / "zarrfeed" / "index.html").read_text()
     for name in zarrfeed.__all__:
         assert f"<code>{name}</code>" in top, f"zarrfeed.{name} is not in the reference"
-    # every public constructor's page lists every parameter it takes, its own and every loader's (issue 39 item 8)
+    # every public constructor's page lists every parameter it takes, its own and every loader's
     import inspect
 
     shared = {cls: zarrfeed.loader.LoaderOptions for cls in (zarrfeed.loader.Loader, zarrfeed.loader.WindowLoader,

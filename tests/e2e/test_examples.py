@@ -55,7 +55,7 @@ def test_scaling_out(s3_server):
 
 @pytest.mark.parametrize("name", ["object_store.py", "scaling_out.py"])
 def test_examples_without_their_arguments_print_their_usage(name):
-    """Issue 19 item 9: they printed an IndexError traceback."""
+    """They printed an IndexError traceback."""
     if name == "scaling_out.py":
         pytest.importorskip("distributed")
     out = subprocess.run([sys.executable, EXAMPLES / name], capture_output=True, text=True, timeout=120)

@@ -73,7 +73,7 @@ def test_a_bench_run_computes_its_figures(tmp_path, monkeypatch):
 
 
 def test_set_refuses_what_a_page_cannot_quote_and_record_says_what_a_run_misses(tmp_path, monkeypatch):
-    """Found by the adversarial pass: `set NAME "~0.2"` then `sync` grew a '~' per sync; `record` of a run
+    """`set NAME "~0.2"` then `sync` grew a '~' per sync; `record` of a run
     without the speeds its figures need was a KeyError traceback, and `record bench/bench_loader.py` (a path)
     recorded nothing with exit 0."""
     import subprocess
@@ -99,7 +99,7 @@ def test_set_refuses_what_a_page_cannot_quote_and_record_says_what_a_run_misses(
                                   "~~~\nspeed 12.5<!--fig:loader.cached_4096-->\n~~~\n",
                                   "the speed `12.5<!--fig:loader.cached_4096-->` here\n"])
 def test_a_marker_in_a_code_block_is_named(tmp_path, monkeypatch, page):
-    """(a ~~~ fence and inline code were missed: adversarial pass)"""
+    """A ~~~ fence and inline code are code too."""
     figures, _ = figures_of_page(page, tmp_path, monkeypatch)
     assert any("a marker in a code block" in p for p in figures.check())
 
@@ -249,7 +249,7 @@ def test_record_takes_the_figures_of_the_run_s_arguments(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bad", [float("nan"), -0.2, 0, "12", None, True, float("inf")])
 def test_record_refuses_a_speed_that_is_not_a_positive_number(tmp_path, monkeypatch, bad):
-    """Found by the adversarial pass: nan and negative speeds were recorded (then `sync` grew a '-' per run, and
+    """nan and negative speeds were recorded (then `sync` grew a '-' per run, and
     'nan' broke every marker), a string or null was a TypeError traceback, 0 a ZeroDivisionError."""
     figures, store = figures_of_copy(tmp_path, monkeypatch)
     keys = {k for f in figures.load().values() if f.get("script") == "bench_loader.py" and not f.get("args")

@@ -109,7 +109,7 @@ def test_version_and_entry_points():
 
 
 def test_only_the_store_module_asks_what_kind_of_place_a_dataset_is():
-    """Issue 36: per-store choices (segment size, growth step, timeouts, read-ahead, the lease's backend) are
+    """Per-store choices (segment size, growth step, timeouts, read-ahead, the lease's backend) are
     settings of each kind of store (`Location.settings`), not checks of the location's kind spread over the
     package: none outside zarrfeed/core/store.py and stores.py."""
     asks = ("is_local", "is_zip", "protocol in", "FSStore", "DirectoryStore", "ZipStore", "FsspecStore")
@@ -125,7 +125,7 @@ def test_only_the_store_module_asks_what_kind_of_place_a_dataset_is():
 
 
 def test_each_command_is_a_module_with_its_parser_and_run_side_by_side():
-    """Issue 39 item 10: ten commands, the server's start-up checks and the shared helpers were one module of
+    """Ten commands, the server's start-up checks and the shared helpers were one module of
     765 lines; each command is now a module of `zarrfeed.commands` with `add` (its parser) and `run`, listed
     by `zarrfeed --help` in the order of `COMMANDS`."""
     import argparse
@@ -144,7 +144,7 @@ def test_each_command_is_a_module_with_its_parser_and_run_side_by_side():
 
 def test_worker_modules_load_only_what_workers_use():
     """A writer worker process imports its own module, not the whole side: `zarrfeed.writer` names its exports
-    lazily, so the fork server starts without pyarrow or the parent's classes (issue 37)."""
+    lazily, so the fork server starts without pyarrow or the parent's classes."""
     code = ("import sys, zarrfeed.writer.write_worker; "
             "print(sorted(m for m in ('pyarrow', 'zarrfeed.writer.dataset_writer', 'zarrfeed.writer.parquet_ingest')"
             " if m in sys.modules))")

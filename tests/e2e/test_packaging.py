@@ -96,7 +96,7 @@ def test_the_wheel_and_the_sdist_pass_twine_check(tmp_path):
 
 
 def test_the_test_extra_pulls_no_gpu_stack():
-    """Issue 39 item 9: the test extra pinned torch==2.13.0 on every Python; on 3.12 and 3.13 no CPU build of it
+    """The test extra pinned torch==2.13.0 on every Python; on 3.12 and 3.13 no CPU build of it
     is at hand and pip took a CUDA build (19 packages, a 5.8 GB environment). torch comes with the test extra only
     where its CPU build is (3.11); the torch tests run wherever torch is installed."""
     import tomllib

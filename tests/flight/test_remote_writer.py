@@ -451,7 +451,7 @@ def busy_server(target) -> FeedServer:
 
 
 def test_episodes_a_busy_server_turned_away_are_sent_by_the_next_call(target):
-    """Found by an adversarial pass (as a mutant): a writer told busy must re-send what that call sent, or a
+    """A writer told busy must re-send what that call sent, or a
     sync that follows confirms episodes the server never got."""
     more = eps(4, seed=24)
     with busy_server(target) as server:
@@ -539,7 +539,7 @@ def test_a_sync_answered_by_an_instance_that_accepted_only_some_sends_the_others
 
 
 def test_a_replay_buffer_is_ingested_exactly_once_through_the_server(tmp_path):
-    """Issue 40: a robot's episodes as Diffusion Policy's dicts (key -> steps), through `zarrfeed serve`'s
+    """A robot's episodes as Diffusion Policy's dicts (key -> steps), through `zarrfeed serve`'s
     ingestion: keys and retries as for any dataset, Diffusion Policy's layout on disk, a bad episode one line
     naming its key; and the same episodes are one input whichever path wrote them."""
     import numpy as np
@@ -572,7 +572,7 @@ def test_a_replay_buffer_is_ingested_exactly_once_through_the_server(tmp_path):
 def test_a_sync_after_an_ingest_that_stopped_covers_every_episode_sent(target, monkeypatch, how):
     """An ingest that stops mid-window, here, with answers unread on the call (an episode this producer cannot
     encode, an iterator that raises): a sync that followed returned once the server had taken only the
-    episodes it had read so far (3 of 14 tries in the adversarial pass) and forgot the others, which a server
+    episodes it had read so far (3 of 14 tries) and forgot the others, which a server
     dying before they were committed would lose. The answers are read first (a refused episode) or the next
     call sends the unconfirmed episodes again (anything else): the sync covers all of them, once each."""
     from zarrfeed.writer.dataset_writer import DatasetWriter

@@ -48,7 +48,7 @@ def test_resume_across_remote_and_local(server, data):
 
 
 def test_a_state_of_order_1_resumes_remotely_in_order_1(server, data):
-    """Found by the adversarial pass: a RemoteLoader refused an order-1 state a local Loader resumes; and a
+    """A RemoteLoader refused an order-1 state a local Loader resumes; and a
     refused state changes nothing."""
     with Loader(data, "agents", batch_size=400, seed=5, num_workers=0, copy=True, order=1, shuffle_window=8) as old:
         it = iter(old)

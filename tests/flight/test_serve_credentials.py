@@ -55,7 +55,7 @@ def test_tls(tmp_path):
         with RemoteLoader(s.url, "agents", batch_size=500, seed=1, token="tls-token", tls_root_certs=root) as remote, \
                 Loader(data, "agents", batch_size=500, seed=1, num_workers=0, copy=True) as local:
             assert equal_batches(remote, local) == len(local)
-        # issue 21: a certificate the client does not trust read "no zarrfeed server answers"
+        # a certificate the client does not trust read "no zarrfeed server answers"
         with pytest.raises(ConnectionError, match="the TLS handshake failed: certificate verify failed: "
                                                   "self-signed certificate .tls_root_certs= must hold"):
             RemoteLoader(s.url, "agents", token="tls-token")
@@ -77,7 +77,7 @@ def test_tls(tmp_path):
 
 
 def test_reading_and_ingesting_have_separate_credentials(data, tmp_path):
-    """Issue 21: one token granted everything, so a trainer's token could ingest into the dataset. Now the
+    """One token granted everything, so a trainer's token could ingest into the dataset. Now the
     read token reads, only the ingest token uploads, and a server ingests only when told to."""
     import shutil
 
@@ -207,7 +207,7 @@ def test_serve_on_a_busy_port_or_with_a_bad_certificate_is_one_line(data, tmp_pa
 
 
 def test_a_token_with_a_newline_is_refused_in_one_line_before_any_call():
-    """Found by an adversarial pass: RemoteWriter(token="x\\n") failed on the client's side with an invalid
+    """RemoteWriter(token="x\\n") failed on the client's side with an invalid
     header, reported as "the server went away ... call again", and every call again repeated it."""
     from zarrfeed.flight import RemoteWriter
 

@@ -54,7 +54,7 @@ def test_a_reading_client_keeps_its_stream_and_the_limit_is_checked(data):
 
 
 def test_a_stopping_server_closes_its_kept_loaders_all_at_once():
-    """Issue 39 item 5: a SIGTERM once took 2.18 s against the documented 2 s: the loaders kept for a next
+    """A SIGTERM once took 2.18 s against the documented 2 s: the loaders kept for a next
     epoch (8 by default, each waiting for its workers to exit) were closed one after another, then the server
     waited its full grace. Each now closes in a thread of its own: here each close waits until all of them are
     closing at once, which one after another would never reach (the barrier breaks instead)."""

@@ -262,7 +262,7 @@ def test_server_killed_during_ingest_then_restarted_every_episode_exactly_once(t
 
 
 def test_episodes_passed_over_leave_no_commit_lag(target):
-    """Issue 26 (a planted bug the suite missed): the status counted every episode uploaded as accepted, so
+    """The status counted every episode uploaded as accepted, so
     episodes passed over (their keys committed) showed as a commit lag that never went away: an operator
     waits for commits that will never come. Two producers send the same keys: once all is synced the lag is
     0 and the second producer's episodes were passed over, not written again."""
@@ -288,7 +288,7 @@ def test_episodes_passed_over_leave_no_commit_lag(target):
 
 @pytest.mark.parametrize("sync_first", [True, False])
 def test_a_sync_after_a_server_restart_sends_again_what_the_old_one_never_committed(target, sync_first):
-    """Found by an adversarial pass: 3 episodes acknowledged, the server SIGKILLed before its commit and
+    """3 episodes acknowledged, the server SIGKILLed before its commit and
     restarted on the same port; gRPC reconnected by itself, the new server answered sync with its committed
     rows, and the producer dropped the 3 episodes and exited 0. A sync is confirmed only by the server
     instance that accepted them; otherwise they are sent again (the committed ones passed over by key)."""

@@ -15,7 +15,7 @@ from serve_process import TRANSFORMS, Server
 
 
 def test_streams_beyond_the_cap_are_told_busy_not_left_hanging(data):
-    """Issue 21: every stream started its own loader processes, with no cap. Beyond --max-streams a trainer
+    """Every stream started its own loader processes, with no cap. Beyond --max-streams a trainer
     gets "busy, retry" in one line; once a stream ends its place is free again."""
     s = Server(data, "--max-streams", "1", "--transforms", str(TRANSFORMS))
     try:
@@ -68,7 +68,7 @@ def test_tickets_over_the_servers_limits_are_refused(data):
             RemoteLoader(s.url, "agents", transform="speed", transform_args={"scale": 1.0, "pad": "x" * 200})
         with RemoteLoader(s.url, "agents", batch_size=5_000) as remote:  # within them: served
             assert sum(len(b["centroid"]) for b in remote) == Dataset.open(data).rows["agents"]
-        # found by an adversarial pass: a window batch was counted as one row per frame (its agents not at all:
+        # a window batch was counted as one row per frame (its agents not at all:
         # 150 MiB batches under a 2 MiB cap), a field named 200 times sized the ring 200 times over, and a
         # 10 MB ticket was parsed (and a 200 MB one took the server to 21 GB)
         with pytest.raises(ValueError, match=r"a batch of 64 takes up to \d+ MiB, over the server's "

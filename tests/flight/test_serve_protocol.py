@@ -117,7 +117,7 @@ def test_clients_get_one_line_never_a_traceback(server, data):
 
 
 def test_several_datasets_by_name(tmp_path):
-    """Issue 21: one dataset per server. `serve train=A val=B` serves both: tickets, descriptors and actions
+    """One dataset per server. `serve train=A val=B` serves both: tickets, descriptors and actions
     name one; each has its own commit pin and writer lease; naming none, or one not served, is one line."""
     from zarrfeed.flight import RemoteWriter
 
@@ -156,7 +156,7 @@ def test_several_datasets_by_name(tmp_path):
     link = Path(paths["val"]).parent / "link.zarr"
     link.symlink_to(paths["val"])
     val = Path(paths["val"])
-    # found by an adversarial pass: only the same spelling was refused
+    # only the same spelling was refused
     for other in (val, f"{val}/", val.parent / ".." / val.parent.name / val.name, link):
         r = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "serve", f"a={val}", f"b={other}",
                             "--port", "0"], capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -164,7 +164,7 @@ def test_several_datasets_by_name(tmp_path):
 
 
 def test_a_url_that_is_not_a_servers_is_one_line():
-    """Found by an adversarial pass: `zarrfeed status s3://...` printed pyarrow's ArrowKeyError traceback."""
+    """`zarrfeed status s3://...` printed pyarrow's ArrowKeyError traceback."""
     from zarrfeed.flight import RemoteWriter
 
     for url in ("s3://bucket/x", "http://127.0.0.1:1"):

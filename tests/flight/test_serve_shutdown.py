@@ -70,7 +70,7 @@ os.kill(os.getpid(), signal.SIGSTOP)  # a trainer that stopped reading mid-strea
 
 
 def test_sigterm_stops_within_two_seconds_whatever_the_clients_do(data, target):
-    """Issue 21: with a trainer stopped mid-stream (SIGSTOP: it never reads again) the server kept serving
+    """With a trainer stopped mid-stream (SIGSTOP: it never reads again) the server kept serving
     after SIGTERM, and an idle producer held it until it left. Now it commits what it acknowledged, ends the
     streams it can, and exits within 2 s."""
     from zarrfeed.flight import RemoteWriter
@@ -108,7 +108,7 @@ def test_a_stream_ends_with_server_shutting_down(data):
 
 @pytest.mark.parametrize("windows", [False, True])
 def test_a_trainer_survives_a_server_restart_mid_epoch(data, windows):
-    """Issue 21: a server restarted mid-epoch ended the trainer's epoch with an error. Now RemoteLoader and
+    """A server restarted mid-epoch ended the trainer's epoch with an error. Now RemoteLoader and
     RemoteWindowLoader reconnect and go on from the batch after the last one they yielded: the epoch is
     exactly the local loader's."""
     import serve_transforms
@@ -146,7 +146,7 @@ def test_a_trainer_survives_a_server_restart_mid_epoch(data, windows):
 
 
 def test_sigterm_ends_the_server_even_when_a_writer_worker_died(target):
-    """Found by an adversarial pass: with a producer connected and a writer worker SIGKILLed (as the OOM
+    """With a producer connected and a writer worker SIGKILLed (as the OOM
     killer might), the last commit at SIGTERM raised, the shutdown after it never ran, and the server served
     on. Now it stops within seconds all the same, says in one line that the last commit failed, exits 1."""
     from zarrfeed.flight import RemoteWriter
@@ -185,7 +185,7 @@ def stream_with_its_workers_signalled(s: "Server", sig: int) -> tuple:
 
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
 def test_a_stopped_or_dead_server_worker_fails_the_stream_in_one_line_for_the_client(small_dataset, sig):
-    """Adversarial pass (issue 38): a server's loader worker stopped (SIGSTOP) mid-stream left the remote client
+    """A server's loader worker stopped (SIGSTOP) mid-stream left the remote client
     waiting for good with nothing raised (the server answered its probes; the server's loader waited as long as
     the worker was stopped, saying so only in the server's log). The stream now fails after the server's
     --stream-stall-timeout, and the client raises its one line, naming the stopped process. A worker killed
@@ -233,7 +233,7 @@ def test_a_stopped_or_dead_server_worker_fails_the_stream_in_one_line_for_the_cl
 
 
 def test_a_server_stopped_with_a_stream_held_up_by_a_stopped_worker_leaves_no_process(small_dataset):
-    """Adversarial pass (issue 38): SIGTERM while a stream waited on a stopped loader worker: the server exited,
+    """SIGTERM while a stream waited on a stopped loader worker: the server exited,
     but the stopped worker stayed, and with it the fork server and resource tracker (they wait for it)."""
     data = small_dataset(8, 9, chunks={"agents": 900}, frames=100, agents_per_frame=40)
     s = Server(data, "--stream-stall-timeout", "60", "--kept-loaders", "0")

@@ -15,7 +15,7 @@ from serve_process import Server
 
 
 def test_status_and_the_access_log_show_who_is_connected(tmp_path):
-    """Issue 21: an operator could not see who is connected, how fast batches go or how far ingestion lags.
+    """An operator could not see who is connected, how fast batches go or how far ingestion lags.
     `zarrfeed status URL` (the action "status") says it; every stream and upload leaves one access-log line."""
     from zarrfeed.flight import RemoteWriter
 
@@ -61,7 +61,7 @@ def test_status_and_the_access_log_show_who_is_connected(tmp_path):
 
 
 def test_kept_loaders_are_an_option_and_shown_by_status(data):
-    """Issue 39 item 5: an idle server kept up to 8 loaders' workers for 120 s (755 MiB in one run) and neither
+    """An idle server kept up to 8 loaders' workers for 120 s (755 MiB in one run) and neither
     `status` nor the guide said so. `--kept-loaders` and `--kept-loader-seconds` set both; `status` shows them."""
     def status() -> dict:
         out = subprocess.run([sys.executable, "-m", "zarrfeed.cli", "status", s.url, "--json"], capture_output=True,

@@ -95,7 +95,7 @@ def test_committed_count_not_shape_is_what_readers_see(tmp_path):
 
 
 def test_validate_checks_links_against_the_committed_rows_not_the_arrays_length(tmp_path):
-    """Issue 26 (a planted bug the suite missed): the links were checked against the child array's length.
+    """The links were checked against the child array's length.
     A writer mid-append grows the arrays before it commits: the committed rows must still validate, and a
     frame whose agents run into the uncommitted rows (rows a reader never sees) must be a violation."""
     write_dataset(tmp_path / "d.zarr", synthetic.episodes(2))

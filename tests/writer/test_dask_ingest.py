@@ -171,7 +171,7 @@ def test_a_source_that_raises_ends_a_skip_mode_ingest_too(client, tmp_path):
 
 def test_a_source_that_exits_ends_the_ingest_there_instead_of_hanging(client, tmp_path):
     """A `to_episodes` that raises a BaseException (here `sys.exit`) escaped the task, and the client waited for
-    it for ever (found by issue 37's crash pass); it is reported as any failing source is."""
+    it for ever; it is reported as any failing source is."""
     with pytest.raises(zdask.IngestError, match=r"source 3 \(3\), episode 1: SystemExit: no more logs"):
         zdask.ingest(client, SOURCES, src.Exits(), tmp_path / "d.zarr", chunks=src.SMALL)
     assert Dataset.open(tmp_path / "d.zarr").rows["scenes"] == sum(len(list(src.small(s))) for s in range(3)) + 1
@@ -180,7 +180,7 @@ def test_a_source_that_exits_ends_the_ingest_there_instead_of_hanging(client, tm
 def test_an_interrupted_ingest_leaves_no_task_holding_episodes_on_the_cluster(client, tmp_path):
     """Ctrl-C in the client (KeyboardInterrupt) while sources load: every task the ingest submitted is cancelled,
     so no worker keeps the sources' episodes in memory while the interrupt is held (as a notebook holds it
-    before the user resumes with the same client). Found by issue 37's crash pass: they stayed pinned."""
+    before the user resumes with the same client)."""
     import _thread
     import threading
     import time
@@ -248,7 +248,7 @@ def test_cli_ingest_on_a_scheduler_equals_a_local_ingest(cluster, tmp_path, caps
 
 @pytest.mark.parametrize("scenes", [1, 11])
 def test_cli_ingest_on_a_scheduler_keeps_the_scene_past_a_whole_source(cluster, tmp_path, capsys, scenes):
-    """Issue 26 (a planted bug the suite missed): the CLI cuts the scenes into sources of 10; a range that
+    """The CLI cuts the scenes into sources of 10; a range that
     stopped one short (`range(0, n - 1, 10)`) dropped the last scene when it began a source of its own, and
     23 scenes (the test above) never did. 1 and 11 scenes: every one written, as a local ingest writes them."""
     from zarrfeed.cli import main
@@ -324,7 +324,7 @@ def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp
 
 
 def test_cluster_ingest_of_a_replay_buffer_is_chunk_for_chunk_a_local_ingest(client, tmp_path):
-    """Issue 40: episodes of a replay buffer (Diffusion Policy's dicts) ingested on the cluster land as a local
+    """Episodes of a replay buffer (Diffusion Policy's dicts) ingested on the cluster land as a local
     writer puts them, in Diffusion Policy's layout."""
     import zarr
     from zarrfeed.writer import replay_buffer_schema

@@ -260,7 +260,7 @@ def test_readers_see_only_committed_rows_during_ingest(tmp_path):
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_killed_parent_workers_exit_quietly(tmp_path, method):
-    """Issue 19 item 9: each worker printed a ConnectionResetError/BrokenPipeError traceback when its parent was
+    """Each worker printed a ConnectionResetError/BrokenPipeError traceback when its parent was
     SIGKILLed with replies unread (the parent's death is the message). The parent is paused first, so that
     replies wait unread in every worker's pipe when it dies."""
     out = tmp_path / "d.zarr"
@@ -291,7 +291,7 @@ def test_killed_parent_workers_exit_quietly(tmp_path, method):
 
 
 def test_a_folder_holding_only_a_lock_file_is_a_new_dataset(tmp_path):
-    """Found by an adversarial pass: a writer that failed while starting its workers could leave a folder
+    """A writer that failed while starting its workers could leave a folder
     holding only `.zarrfeed.lock`, which mode "w", mode "a" and overwrite all refused."""
     from zarrfeed.writer.lease import LOCK_FILE
 
@@ -304,7 +304,7 @@ def test_a_folder_holding_only_a_lock_file_is_a_new_dataset(tmp_path):
 
 
 def test_every_argument_after_path_and_schema_is_keyword_only(tmp_path):
-    """Issue 39 item 8: 17 arguments could be passed by position (`DatasetWriter(p, s, 2, "a")`), where two
+    """17 arguments could be passed by position (`DatasetWriter(p, s, 2, "a")`), where two
     swapped ones go unnoticed."""
     import inspect
 

@@ -55,7 +55,7 @@ def test_refuses_to_overwrite_a_dataset(tmp_path):
 
 
 def test_each_kind_of_bad_episode_is_one_exact_line():
-    """check_episode's lines (found by the mutation run: only their start was tested)."""
+    """check_episode's lines (only their start was tested)."""
     from zarrfeed.writer.episode import check_episode
     good = synthetic.episode(0)
 

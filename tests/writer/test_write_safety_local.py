@@ -152,7 +152,7 @@ class Killed(BaseException):
 
 
 def test_an_overwrite_killed_while_it_clears_is_finished_by_overwriting_again(tmp_path, monkeypatch, capsys):
-    """Issue 37's adversarial pass: an overwrite killed after its clear had deleted `.zgroup` (entries went in
+    """An overwrite killed after its clear had deleted `.zgroup` (entries went in
     the directory's order) left a folder every option refused: `--overwrite` as "not a zarr dataset",
     `--append`/`--resume` as "not a zarr group". The marks of a dataset now go last, so at whichever deletion
     the writer dies, `--overwrite` again finishes the job."""
@@ -188,7 +188,7 @@ def test_an_overwrite_killed_while_it_clears_is_finished_by_overwriting_again(tm
 
 
 def test_a_writer_killed_while_writing_its_first_manifest_leaves_nothing_in_the_way(tmp_path, capsys):
-    """Issue 37's adversarial pass: killed during the fsync of its first manifest's temporary file, a writer left
+    """Killed during the fsync of its first manifest's temporary file, a writer left
     the lease's files and `zarrfeed.json.<uuid>.partial`; that file counted as data, so a new ingest, `--resume`
     and `--overwrite` were all refused. Temporary files are leftovers, as the lease's are: a new ingest goes on
     and removes them."""

@@ -94,7 +94,7 @@ def test_ingest_from_refuses_a_chunk_that_is_not_the_committed_one(written, tmp_
 
 
 def test_a_dataset_without_digests_is_not_verifiable_rather_than_valid(real_scene):
-    r = cli("validate", str(real_scene), "--deep", "-q")  # exit 3: not checked (issue 50, item 3)
+    r = cli("validate", str(real_scene), "--deep", "-q")  # exit 3: not checked
     assert r.returncode == 3 and "not verifiable" in r.stdout and ": valid" not in r.stdout, r
     assert not Dataset.open(real_scene).verify().recorded
 
@@ -178,7 +178,7 @@ def _set(path: str, value):
     (_set("journal.pending", [[{"a": 1}, "fp"]]), "'journal.pending'"),
     (_set("journal.inputs", {"x": {"committed": [[5, 2]]}}), "'journal.inputs.x'")])
 def test_a_manifest_whose_parts_have_the_wrong_shape_is_one_line_naming_them(written, edit, named):
-    """Found by an adversarial pass: schema parts of the wrong type gave tracebacks in every command, wrong
+    """Schema parts of the wrong type gave tracebacks in every command, wrong
     journal entries in --append, and a future format, an unknown digest or a backwards range were accepted."""
     doc = json.loads((written / MANIFEST_KEY).read_bytes())
     edit(doc)
@@ -243,7 +243,7 @@ def test_a_segment_of_a_commit_that_never_published_is_removed_by_the_next_write
 
 
 def test_a_writer_that_appends_nothing_leaves_every_chunk_verifiable(written):
-    """Found by a probe: a resume with nothing left to write withdrew the last chunks' records at open and
+    """A resume with nothing left to write withdrew the last chunks' records at open and
     never sealed them again ("3 not verifiable")."""
     with DatasetWriter(written, workers=2, mode="a") as w:
         assert w.committed == Dataset.open(written).rows
@@ -253,7 +253,7 @@ def test_a_writer_that_appends_nothing_leaves_every_chunk_verifiable(written):
 
 @pytest.mark.parametrize("how", ["refused", "failed"])
 def test_a_refused_or_failed_append_that_wrote_nothing_leaves_every_chunk_verifiable(written, how):
-    """Found by an adversarial pass: opening for append published a commit withdrawing the last chunks'
+    """Opening for append published a commit withdrawing the last chunks'
     records; an append refused ("ingested before") or failing before any write left them withdrawn for good,
     and a chunk swapped in there later validated --deep "valid". Now they are withdrawn only just before the
     first write into them."""
@@ -272,7 +272,7 @@ def test_a_refused_or_failed_append_that_wrote_nothing_leaves_every_chunk_verifi
 
 
 def test_an_append_refuses_a_dataset_whose_committed_rows_are_not_in_its_arrays(written):
-    """Found by an adversarial pass: with a manifest committing more rows than an array holds (readers refuse
+    """With a manifest committing more rows than an array holds (readers refuse
     it), --append grew the array and committed the gap as zero rows, exit 0."""
     recount(written, "agents", json.loads((written / MANIFEST_KEY).read_text())["committed"]["agents"] + 77)
     before = sorted(p.name for p in written.rglob("*"))
@@ -283,7 +283,7 @@ def test_an_append_refuses_a_dataset_whose_committed_rows_are_not_in_its_arrays(
 
 
 def test_a_copys_loader_state_is_refused(written, tmp_path):
-    """Found by an adversarial pass: two copies of a dataset, appended differently to the same commit number,
+    """Two copies of a dataset, appended differently to the same commit number,
     share its id and commit number, so a state saved on one resumed on the other (one epoch of two datasets)."""
     x, y = tmp_path / "x.zarr", tmp_path / "y.zarr"
     shutil.copytree(written, x)
@@ -308,7 +308,7 @@ def test_a_copys_loader_state_is_refused(written, tmp_path):
 
 
 def test_a_state_resumes_on_its_pinned_commit_after_appends_and_copies_stay_apart(written, tmp_path):
-    """Found by an adversarial pass: a pinned commit took the tag of the latest commit's log, so a state saved at
+    """A pinned commit took the tag of the latest commit's log, so a state saved at
     commit c was refused as "another copy" by `Loader(..., commit=c)` once anything was appended (the advice the
     refusal of another commit gives). A commit's tag is recorded with it and never changes; a copy appended
     differently to the same number is still told apart, pinned or not."""
@@ -367,7 +367,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_copies_whose_commit_adds_no_log_segment_are_told_apart(tmp_path):
-    """Found by a second adversarial pass: a commit's tag was its newest log segment's key, and a commit that
+    """A commit's tag was its newest log segment's key, and a commit that
     adds no segment (rows that fill no chunk, no keys) kept the one before: two copies appended differently to
     the same commit number had one tag, and a state saved on one resumed on the other (rows of both in one
     epoch). Each commit has a tag of its own now."""
@@ -396,7 +396,7 @@ def _as_before_tags(path):
 
 
 def test_a_state_of_a_commit_made_before_tags_still_tells_the_copies_apart(written, tmp_path):
-    """Found by a second adversarial pass: copies appended differently to commit c by a zarrfeed that recorded
+    """Copies appended differently to commit c by a zarrfeed that recorded
     no tags; a state saved on one (tagged with the newest log segment, as such readers saw it) was refused on the
     other until that one was appended to, then taken by `Loader(commit=c)` there (the commit object had no tag:
     not checked). The first writer of this zarrfeed records the latest commit's tag in its object."""

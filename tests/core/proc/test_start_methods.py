@@ -79,7 +79,7 @@ def test_forkserver_workers_exit_when_their_parent_is_killed(tmp_path):
 @pytest.mark.parametrize("method", [None, *METHODS])
 @pytest.mark.parametrize("guarded", [True, False])
 def test_a_guarded_script_works_and_an_unguarded_one_gets_one_line(tmp_path, method, guarded):
-    """Issue 19 item 10: a script that starts workers from unguarded top-level code got about a hundred lines
+    """A script that starts workers from unguarded top-level code got about a hundred lines
     (multiprocessing's RuntimeError printed by every worker and the fork-server thread, then zarrfeed's hint).
     Under "forkserver" (the default) and "spawn" each worker runs the script again, so it cannot work: the
     workers now leave quietly and the script gets exactly one line saying how to fix it. Under "fork" it works."""

@@ -239,7 +239,7 @@ def test_on_s3_too(s3, reference):
 
 
 def test_a_create_stopped_between_its_documents_is_finished(place, reference):
-    """Found by this test: a create is its manifest (commit 0, no rows), then `.zgroup`, `.zattrs` and each table's
+    """A create is its manifest (commit 0, no rows), then `.zgroup`, `.zattrs` and each table's
     `.zarray`, separate PUTs on an object store; the machine dying among them left `.zgroup` without every
     `.zarray`, which a writer appending refused ("table 'frames': missing from the dataset") where it finishes a
     create stopped before `.zgroup` (`dataset_format.interrupted_create`). Here it dies at the second `.zarray`."""

@@ -43,7 +43,7 @@ def _robot(i: int) -> dict[str, np.ndarray]:
 
 
 L5KIT = Kind("l5kit", EPISODES, chunks=CHUNKS)
-# issue 40: a replay buffer's arrays are also set to each commit's lengths, just before its manifest
+# a replay buffer's arrays are also set to each commit's lengths, just before its manifest
 ROBOT = Kind("replay buffer", [_robot(i) for i in range(10)],
              replay_buffer_schema({"img": (np.uint8, (6, 6, 3)), "action": (np.float32, (2,))}, chunk_rows=16))
 

@@ -120,7 +120,7 @@ def test_a_slot_is_polled_until_decoded_and_names_its_chunk():
 
 
 def test_a_slot_given_to_another_chunk_is_not_ready_until_decoded_again():
-    """Found by an adversarial pass: a slot taken from an unpinned chunk kept its "decoded" mark, so the new
+    """A slot taken from an unpinned chunk kept its "decoded" mark, so the new
     chunk would have been gathered from the old one's bytes."""
     slots = ChunkSlots(1, 64)
     [pin] = slots.pin_window(0, [("a", 0)])

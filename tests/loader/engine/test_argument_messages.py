@@ -79,7 +79,7 @@ def scaled(batch, scale):
 ])
 def test_a_transforms_wrong_shape_is_one_line_naming_it_the_field_and_both_shapes(data, workers, transform, name,
                                                                                     got, want):
-    """Issue 35: the message carried zarrfeed's internal traceback (read_worker.py, layout.py) although the
+    """The message carried zarrfeed's internal traceback (read_worker.py, layout.py) although the
     transform raised nothing: it is zarrfeed's check of the output, and its one line says it all."""
     with pytest.raises(LoaderError) as caught:
         with Loader(data, batch_size=100, shuffle=False, transform=transform, num_workers=workers) as loader:

@@ -453,7 +453,7 @@ def test_resume_state_is_named_versioned_and_exact(data, tmp_path):
 
 
 def test_a_state_past_the_end_of_its_epoch_is_refused(data):
-    """Issue 19 item 9: a resume state whose batch is past its epoch's end was accepted silently (and the
+    """A resume state whose batch is past its epoch's end was accepted silently (and the
     loader went on with the next epoch). The end itself (every batch of the epoch read) is a valid state."""
     with Loader(data, batch_size=100, num_workers=0, seed=3) as loader:
         n = len(loader)
@@ -465,7 +465,7 @@ def test_a_state_past_the_end_of_its_epoch_is_refused(data):
     resumed = Loader(data, batch_size=100, num_workers=2, seed=3)
     resumed.load_state_dict(at_end)
     # the rest of epoch 0 is nothing: that loop reads none of it (it read all of epoch 1, putting a rank that
-    # saved here an epoch ahead of ranks with batches left, issue 50), then epoch 1 is read whole
+    # saved here an epoch ahead of ranks with batches left), then epoch 1 is read whole
     assert collect(resumed) == [] and resumed.epoch == 1
     assert len(collect(resumed)) == n and resumed.epoch == 2
     resumed.close()
@@ -477,7 +477,7 @@ def test_a_state_past_the_end_of_its_epoch_is_refused(data):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_empty_row_list_is_an_empty_epoch(data, workers):
-    """Issue 19 item 9: `rows=[]` (a Python list, which numpy makes float64) was refused as float64."""
+    """`rows=[]` (a Python list, which numpy makes float64) was refused as float64."""
     with Loader(data, batch_size=100, rows=[], num_workers=workers) as loader:
         assert len(loader) == 0 and list(loader) == [] and loader.worker_pids == []
         state = loader.state_dict()
@@ -487,7 +487,7 @@ def test_an_empty_row_list_is_an_empty_epoch(data, workers):
 
 
 def test_lossy_dtypes_are_refused_unless_asked_for(data):
-    """Issue 19 item 9: `dtypes={"centroid": "int8"}` wrapped values silently (300.0 became 44)."""
+    """`dtypes={"centroid": "int8"}` wrapped values silently (300.0 became 44)."""
     table = plain(data)
     with pytest.raises(ValueError, match=r"^dtypes: casting field 'centroid' from float64 to int8 can change its "
                                          r"values \(refused by default\); pass casting='unsafe' to allow it$"):
@@ -511,7 +511,7 @@ def test_lossy_dtypes_are_refused_unless_asked_for(data):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_transform_returning_objects_is_a_loader_error_naming_the_field(data, workers):
-    """Issue 19 item 9: an object array from a transform gave numpy's raw ValueError ("cannot create an OBJECT
+    """An object array from a transform gave numpy's raw ValueError ("cannot create an OBJECT
     array from memory buffer")."""
     def objects(batch):
         return {"xy": batch["centroid"], "names": np.array([f"agent {i}" for i in batch["track_id"]], object)}
@@ -536,7 +536,7 @@ def test_a_state_field_of_the_wrong_kind_is_named_with_the_kinds_it_takes(field,
 
 
 def test_a_state_missing_a_setting_is_refused_naming_it(small_dataset):
-    """Found by an adversarial pass: comparing only the settings a saved state holds let a state without its
+    """Comparing only the settings a saved state holds let a state without its
     seed resume another seed's epoch, in another order."""
     path = small_dataset(2, seed=1, frames=30, agents_per_frame=10)
     with Loader(path, table="agents", batch_size=32, seed=3, num_workers=0) as a:

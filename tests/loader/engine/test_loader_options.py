@@ -91,7 +91,7 @@ def test_writers_declare_theirs_once(tmp_path):
                                         r"agents, traffic_light_faces\)$"):  # (it printed a Python list)
         DatasetWriter(tmp_path / "d.zarr", chunks={"nope": 10}, workers=0)
     with pytest.raises(TypeError, match=r"^schema must be a zarrfeed Schema \(such as L5KIT_SCHEMA\) or None, got 2$"):
-        write_dataset(tmp_path / "d.zarr", [], 2)  # (an AttributeError deep inside: adversarial pass)
+        write_dataset(tmp_path / "d.zarr", [], 2)  # (not an AttributeError deep inside)
     assert not (tmp_path / "d.zarr").exists()
     assert not (tmp_path / "d.zarr").exists()
 
@@ -114,7 +114,7 @@ def test_writers_declare_theirs_once(tmp_path):
     ({"commit": "3"}, "commit must be an integer >= 0"),
 ])
 def test_bad_option_values_are_one_line_at_construction(small_dataset, kwargs, message):
-    """Found by the adversarial pass of issue 39: strings taken as True, types failing deep inside or at the
+    """Strings taken as True, types failing deep inside or at the
     first batch; each option is checked once, for every loader."""
     path = small_dataset(3, 2, chunks={"agents": 500})
     for cls, args in ((Loader, (path,)), (WindowLoader, (path, 2, 3)), (EgoSampleLoader, (path, 2, 3))):
@@ -135,7 +135,7 @@ def test_bad_option_values_are_one_line_at_construction(small_dataset, kwargs, m
     ({"segment_bytes": -1}, "segment_bytes must be an integer >= 1"),
 ])
 def test_bad_write_options_are_one_line_before_anything_changes(small_dataset, tmp_path, kwargs, message):
-    """Found by the adversarial pass of issue 39: `overwrite="no"` replaced a 3-scene dataset with a 1-scene
+    """`overwrite="no"` replaced a 3-scene dataset with a 1-scene
     one (a string is true to Python)."""
     from zarrfeed.loader import Dataset
     from zarrfeed.writer import DatasetWriter, synthetic, write_dataset
@@ -166,7 +166,7 @@ def _spelled_out():
 
 @pytest.mark.parametrize("target, declared, defaults", _spelled_out(), ids=lambda t: getattr(t, "__name__", ""))
 def test_help_and_signature_list_every_option_with_its_default(target, declared, defaults):
-    """Issue 39: `help(Loader)` and `inspect.signature` showed `**options` and none of the options."""
+    """`help(Loader)` and `inspect.signature` showed `**options` and none of the options."""
     import pydoc
 
     sig = inspect.signature(target)

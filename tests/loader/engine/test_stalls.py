@@ -55,7 +55,7 @@ def cont(pids) -> None:
 
 
 def test_a_stopped_worker_is_said_in_the_log_and_the_loader_goes_on_when_it_resumes(data, monkeypatch, caplog):
-    """Found by an adversarial pass: a Loader whose worker was SIGSTOPped waited silently. Now the log names the
+    """A Loader whose worker was SIGSTOPped waited silently. Now the log names the
     worker, its pid, that it is stopped and `kill -CONT PID`; after SIGCONT it says it goes on, and the batches
     are those of a loader never stopped."""
     monkeypatch.setattr(stalls, "STALL", 0.5)
@@ -108,7 +108,7 @@ def test_stall_timeout_raises_naming_the_stopped_worker(data, caplog):
 
 
 def test_stall_timeout_raises_when_the_stopped_worker_s_pipe_is_full(small_dataset):
-    """Adversarial pass (issue 38): a WindowLoader whose only worker was stopped went on sending it messages until
+    """A WindowLoader whose only worker was stopped went on sending it messages until
     the pipe was full, then waited inside the send, where neither the log nor `stall_timeout` looked: it hung
     for good, saying nothing (the server's streams too). Sending now waits for room while watching the stall."""
     from zarrfeed.loader import WindowLoader
@@ -139,7 +139,7 @@ def test_stall_timeout_raises_when_the_stopped_worker_s_pipe_is_full(small_datas
 
 
 def test_a_stopped_process_pinning_the_host_cache_is_said_in_the_log(data, monkeypatch, caplog):
-    """Found by an adversarial pass: a process stopped while it pins every slot of a dataset's host cache made
+    """A process stopped while it pins every slot of a dataset's host cache made
     every other loader of that dataset wait for room silently. Now the log names that process, that it is
     stopped, how many slots it pins, and `kill -CONT PID`; once it is gone the loader goes on (and says so)
     with the right batches."""

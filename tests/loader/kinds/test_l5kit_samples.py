@@ -262,7 +262,7 @@ def test_every_samples_availabilities_are_its_tracks_at_chunk_edges(small_datase
     """Small chunks (16 frames, 160 agents), so that groups of samples end at many chunk edges, and every
     sample checked (not a draw): each target and history availability is whether the sample's track has a
     row in that frame of its scene, found by brute force from the raw tables. A group that reads one frame too
-    few past its last sample's t + future loses that frame's availability (found by a planted bug)."""
+    few past its last sample's t + future loses that frame's availability."""
     path = small_dataset(2, 31, chunks={"agents": 160, "frames": 16, "traffic_light_faces": 500}, frames=80,
                          agents_per_frame=10)
     g = Group.open(DirectoryStore(path))
@@ -381,7 +381,7 @@ def test_mask_command_errors_are_one_line(tmp_path, real_zip):
 
 
 def test_mask_on_a_read_only_dataset_is_one_line_and_changes_nothing(scenes, tmp_path):
-    """Issue 35: `zarrfeed mask` on a read-only dataset (a read-only bind mount: real EROFS, even for root)
+    """`zarrfeed mask` on a read-only dataset (a read-only bind mount: real EROFS, even for root)
     printed zarr's KeyError traceback, after computing the whole mask. One line, before the work; a mask stored
     earlier is left as it was, and still read."""
     src, ro = tmp_path / "src", tmp_path / "ro"

@@ -134,7 +134,7 @@ def test_a_dataset_in_hand_and_its_steps(dp_buffer):
 
 
 def test_options_that_are_not_what_they_look_like_are_refused(dp_buffer, tmp_path):
-    """Adversarial pass: sequence_length=4.5 ran as 4, a float pad raised numpy's TypeError, a 0/1 mask given
+    """sequence_length=4.5 ran as 4, a float pad raised numpy's TypeError, a 0/1 mask given
     as integers sampled episodes 0 and 1 (indices, repeated), a data key named as a column the loader adds
     replaced that column, and a state of another mask was refused naming chunk_rows."""
     with pytest.raises(ValueError, match="sequence_length must be a whole number, got 4.5"):

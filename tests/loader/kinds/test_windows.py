@@ -17,7 +17,7 @@ def check_against_numpy(path, batches, history, future):
     T = history + 1 + future
     seen = []
     for b in batches:
-        # issue 39 item 6: the global row is `frame_row`, as in EgoSampleLoader, whose `frame_index` is the
+        # the global row is `frame_row`, as in EgoSampleLoader, whose `frame_index` is the
         # index within the scene (L5Kit's meaning); the name is never used for both
         assert "frame_index" not in b
         assert b["frames/ego_rotation"].shape == (len(b["frame_row"]), T, 3, 3)
@@ -145,7 +145,7 @@ def test_empty_tables_and_scenes_shorter_than_a_window(tmp_path):
 
 
 def test_a_scene_exactly_one_window_long_has_one_whole_window(tmp_path):
-    """Issue 26 (a planted bug the suite missed): `whole_windows` kept scenes longer than a window (`>` for
+    """`whole_windows` kept scenes longer than a window (`>` for
     `>=`) and nothing noticed, since no test had a scene exactly T frames long. Such a scene has one whole
     window, its middle frame's, and it must be sampled; a scene one frame shorter has none."""
     write_dataset(tmp_path / "e.zarr", synthetic.episodes(2, frames=5, agents_per_frame=2))
@@ -218,7 +218,7 @@ def test_states_of_whole_windows_resume_only_whole_windows(scenes):
 
 
 def test_an_empty_row_list_is_an_empty_epoch_of_windows(scenes):
-    """Issue 19 item 9: `rows=[]` was refused as float64; it selects no frames."""
+    """`rows=[]` was refused as float64; it selects no frames."""
     with WindowLoader(scenes, history=2, future=2, rows=[], num_workers=2) as loader:
         assert len(loader) == 0 and list(loader) == []
 
@@ -234,7 +234,7 @@ def test_a_window_transform_returning_objects_is_a_loader_error(scenes):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_frames_that_all_hold_the_same_agents_fill_every_batch_exactly(tmp_path, workers):
-    """Issue 26: a WindowLoader sized one history frame short was caught only by chance (the C and numpy
+    """A WindowLoader sized one history frame short was caught only by chance (the C and numpy
     kernels overflowed differently). With exactly 10 agents and 2 faces in every frame, a full batch needs
     every byte the sizing gives it: the windows must still be L5Kit's, every one of them."""
     episodes = []

@@ -163,7 +163,7 @@ def test_a_ticket_of_another_order_is_refused():
 
 @pytest.mark.parametrize("python", [False, True])
 def test_numpy_integer_seeds_are_the_same_seed_and_others_are_one_line(python, monkeypatch, small_dataset):
-    """Found by an adversarial pass: np.int64 seeds overflowed, np.uint64 crashed the C path and gave another
+    """np.int64 seeds overflowed, np.uint64 crashed the C path and gave another
     order in Python, a float seed raised a raw TypeError."""
     from zarrfeed.loader import Loader
 

@@ -63,8 +63,8 @@ def test_c_and_python_give_the_same_blocks_and_every_row_once(sizes, monkeypatch
 def test_multipliers_spread_the_rows_a_block_takes():
     """Each chunk's multiplier is coprime to its rows (a bijection) and its multiples k*a (k up to 256) stay
     s/(16k) from a multiple of the chunk's rows, so a block's share of a chunk is spread over it, never a few
-    tight runs. (Found by the adversarial pass with the first 8 multiples only: a = 1891 of 20,802 rows put a
-    block's 325 rows in 11 runs.)"""
+    tight runs. (Checking the first 8 multiples only is not enough: a = 1891 of 20,802 rows put a block's 325
+    rows in 11 runs.)"""
     sizes = np.array([20802, 4096, 65, 97, 1000, 99991], np.int64)
     for epoch in range(20):
         mults, offsets = strata(sizes, 0, epoch, 0)
@@ -183,7 +183,7 @@ def test_sequence_loader_default_window_is_16_groups(dp_buffer):
 
 
 def test_window_and_sequence_states_saved_with_their_old_default_windows_go_on_in_them(small_dataset, dp_buffer):
-    """WindowLoader's default window was 4 groups and SequenceLoader's 8 until late on 2026-11-27 (8 and 16
+    """WindowLoader's default window was 4 groups and SequenceLoader's 8 in earlier releases (8 and 16
     now): a run saved then resumes in its window with today's defaults, the same samples next."""
     path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
     made = [(lambda **k: WindowLoader(path, 2, 3, batch_size=16, num_workers=0, seed=3, **k), 4, "frame_row"),
@@ -223,7 +223,7 @@ def test_a_state_saved_in_order_1_goes_on_in_order_1(small_dataset):
 
 
 def test_an_order_given_against_a_state_at_an_epoch_start_is_taken_with_its_own_window(small_dataset):
-    """Adversarial pass: at an epoch's start any order goes on (no row of the epoch was read), but an order
+    """At an epoch's start any order goes on (no row of the epoch was read), but an order
     given with a state of another order and window was refused naming shuffle_window, and passing it gave a
     loader of neither run's order. The given order goes on in its own window."""
     path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
@@ -239,7 +239,7 @@ def test_an_order_given_against_a_state_at_an_epoch_start_is_taken_with_its_own_
 
 
 def test_the_resume_log_names_only_what_was_taken_from_the_state(small_dataset, caplog):
-    """Adversarial pass: the log said a state's shuffle_window was taken whenever its order was, also when the
+    """The log said a state's shuffle_window was taken whenever its order was, also when the
     window was the loader's own (given) or unchanged."""
     import logging
 
@@ -270,7 +270,7 @@ def test_the_resume_log_names_only_what_was_taken_from_the_state(small_dataset, 
 
 
 def test_a_state_saved_with_another_default_window_goes_on_in_it(small_dataset):
-    """AgentSampleLoader's default window was 4 groups before 2026-11-27 and is the whole table now: a run saved
+    """AgentSampleLoader's default window was 4 groups in earlier releases and is the whole table now: a run saved
     then resumes with today's defaults in its window (the same samples next), locally and from a server; a loader
     given shuffle_window or shuffle_bytes is held to the state."""
     from zarrfeed.flight import FeedServer, RemoteAgentSampleLoader
@@ -316,7 +316,7 @@ def test_a_window_this_machine_cannot_hold_is_one_line_naming_the_option(small_d
 
 
 def test_the_last_window_is_as_large_as_the_others():
-    """Found by the adversarial pass: 11 chunks and a window of 10 left a last window of 1 chunk, whose
+    """11 chunks and a window of 10 left a last window of 1 chunk, whose
     batches held one scene each, every epoch: order 2's windows are of equal size to a chunk."""
     p = plan(11 * 20000, 20000, 4096, 10)
     assert [len(w) for w in p.windows] == [6, 5]
@@ -335,7 +335,7 @@ def test_the_last_window_is_as_large_as_the_others():
     ({"shuffle_bytes": -1, "shuffle_window": 3}, "shuffle_bytes must be an integer >= 1, got -1"),
 ])
 def test_bad_order_options_are_one_line_at_construction(small_dataset, kwargs, message):
-    """Found by the adversarial pass: 0 ran as 1, floats failed deep inside, True was an order."""
+    """0 ran as 1, floats failed deep inside, True was an order."""
     path = small_dataset(3, 2, chunks={"agents": 500})
     for cls, args in ((Loader, (path,)), (WindowLoader, (path, 2, 3))):
         with pytest.raises(ValueError, match=message):
@@ -354,8 +354,8 @@ def test_numpy_integers_are_plain_in_the_state(small_dataset):
 
 
 def test_row_order_and_order_1_default_to_windows_of_8_chunks(small_dataset):
-    """Found by the adversarial pass: shuffle=False decoded the whole table before its first batch (the window
-    changes no order there), and order=1 alone was not the order before 2026-11-27 (windows of 8)."""
+    """shuffle=False reads in windows of 8 chunks, not the whole table decoded before its first batch (the window
+    changes no order there), and order=1 alone is the order of earlier releases (windows of 8)."""
     path = small_dataset(12, 5, chunks={"agents": 500})
     with Loader(path, num_workers=0, shuffle=False) as rows, Loader(path, num_workers=0, order=1) as old, \
             Loader(path, num_workers=0, order=1, shuffle_window=8) as explicit:
@@ -364,7 +364,7 @@ def test_row_order_and_order_1_default_to_windows_of_8_chunks(small_dataset):
 
 
 def test_a_refused_state_changes_nothing(small_dataset):
-    """Found by the adversarial pass: an order-1 state of another seed was refused but left the loader in
+    """An order-1 state of another seed was refused but left the loader in
     order 1 with its window."""
     path = small_dataset(12, 5, chunks={"agents": 500})
     with Loader(path, "agents", shuffle_window=8, order=1, seed=1, num_workers=0, batch_size=300) as old:
@@ -394,7 +394,7 @@ def test_an_order_given_is_not_changed_by_a_state(small_dataset):
 
 
 def test_an_order_given_against_a_mid_epoch_state_is_named_first(small_dataset):
-    """Adversarial pass: `order=1` given with an order-2 state of another window was refused naming
+    """`order=1` given with an order-2 state of another window was refused naming
     shuffle_window; following that hint, the next refusal said to finish the epoch with the release that saved
     it (this one). The order is named first, and it says to pass the state's order or leave it out."""
     path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})
@@ -421,7 +421,7 @@ def test_another_shuffle_bytes_is_named_when_a_state_is_refused(small_dataset):
 
 
 def test_a_state_loaded_inside_a_loop_is_refused_and_changes_nothing(small_dataset):
-    """Found by the adversarial pass: a state loaded while a loop ran was dropped by the loop (which went on
+    """A state loaded while a loop ran was dropped by the loop (which went on
     from its own place), or, changing the window, crashed it with an IndexError (its workers restarted under
     it); a remote loop went on with its stream while its position jumped. Refused in one line, locally and
     remotely; after the loop, the same state loads and the loader goes on from it."""
@@ -451,8 +451,8 @@ def test_a_state_loaded_inside_a_loop_is_refused_and_changes_nothing(small_datas
 
 def test_a_window_whose_agent_index_does_not_fit_is_one_line(small_dataset, monkeypatch):
     """AgentSampleLoader's workers each hold their window's agents (`motion.AgentPool`), each group those of the
-    frames around its samples: with dense frames several times the window's agents (5.7x in the adversarial
-    pass). The room check counted only the decoded chunks, so such a window ran the machine out of memory
+    frames around its samples: with dense frames several times the window's agents (5.7x in one
+    case). The room check counted only the decoded chunks, so such a window ran the machine out of memory
     instead of being refused naming the option."""
     import zarrfeed.loader.batches as batches
     from zarrfeed.core._proc.shm import ShmSpaceError

@@ -101,7 +101,7 @@ def test_selection_by_mask_and_index():
 
 
 def test_each_epoch_orders_a_window_anew():
-    """Issue 26: a window order keyed without its epoch went unseen (only batch 0 of a many-chunk table was
+    """A window order keyed without its epoch went unseen (only batch 0 of a many-chunk table was
     compared across epochs, where the chunk order differs anyway). On a table of one window, every epoch's
     order of its rows differs, and so do the batches a Loader yields."""
     config = PlanConfig(n_rows=5_000, chunk_rows=1_000, batch_size=100, seed=3, shuffle_window=8)

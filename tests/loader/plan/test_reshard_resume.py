@@ -112,7 +112,7 @@ def test_every_row_of_a_resharded_epoch_once_whatever_is_left(tables, data):
 
 
 def test_the_issues_loader_case_reads_row_25_once(small_dataset):
-    """The issue's case: 50 rows in chunks of 7, batches of 4, saved after 12 of 13 batches, resumed on 3 ranks
+    """50 rows in chunks of 7, batches of 4, saved after 12 of 13 batches, resumed on 3 ranks
     (rank 0 read 5 batches, ranks 1 and 2 one each, row 25 twice)."""
     path = small_dataset(1, 5, chunks={"agents": 7}, frames=30, agents_per_frame=5)
 
@@ -201,7 +201,7 @@ def check_last_batch_left(make, old, new, key):
 
 @pytest.mark.parametrize("old, new, episodes", [(1, 2, None), (2, 3, [0, 1]), (1, 4, [2])])
 def test_sequence_loader_resumed_with_little_left(dp_buffer, old, new, episodes):
-    """The issue's SequenceLoader case (batches of 6, rank 0's last batch unread, resumed on more ranks: rank 0
+    """A SequenceLoader case (batches of 6, rank 0's last batch unread, resumed on more ranks: rank 0
     read the next epoch's half, 2,824 samples twice); fewer episodes, for smaller remainders."""
     def make(r, w):
         return SequenceLoader(dp_buffer, sequence_length=4, batch_size=6, num_workers=0, rank=r, world_size=w,
@@ -252,7 +252,7 @@ def test_a_remote_loader_resumes_an_empty_share_as_a_local_one(small_dataset):
 
 
 def test_a_remote_loader_that_reconnects_to_another_copy_refuses_to_go_on(small_dataset, tmp_path):
-    """Issue 50: two copies of one dataset, appended differently (the same id and commit number, other rows),
+    """Two copies of one dataset, appended differently (the same id and commit number, other rows),
     served one after the other on one port as a failover to a replica would be: the loader reading an epoch
     from the first, reconnected to the second, finished the epoch with its rows. It raises one line now, with
     no batch of the second copy yielded."""
@@ -299,7 +299,7 @@ def test_a_remote_loader_that_reconnects_to_another_copy_refuses_to_go_on(small_
 
 
 def test_a_remote_loaders_state_at_an_epochs_end_needs_no_call_to_the_server(small_dataset):
-    """Found by an adversarial pass: a checkpoint after an epoch asked the server for the next epoch's plan, so
+    """A checkpoint after an epoch asked the server for the next epoch's plan, so
     with the server stopped (a restart, a pause) `state_dict()` waited for the call's timeout, then raised a line
     naming no server. The state holds nothing that depends on the epoch besides the position."""
     import os

@@ -93,7 +93,7 @@ def epoch_rows(path, world, epoch=0, **kw):
                                                                   (3, 3, 150, 3), (4, 3, 700, 8), (2, 3, 1100, 2)])
 def test_an_epoch_resumed_on_another_number_of_ranks_reads_every_remaining_row_once(data, old, new, batch_size,
                                                                                      shuffle_window):
-    """Issue 22: the states of all N old ranks, mid-epoch (each at its own batch), resume on M ranks: the rows
+    """The states of all N old ranks, mid-epoch (each at its own batch), resume on M ranks: the rows
     read before and after are exactly those of the uninterrupted epoch (its rows once, and the few rows a run
     repeats to even out its ranks), each batch holds the rows it names, and the next epoch is the usual one of
     M ranks. (The row ids come from the consumer's plan and the rows from the workers': checking one against
@@ -229,8 +229,8 @@ def _old_run(data, world, steps, **kw):
 
 def test_states_loaded_before_use_ranks_are_shared_out_among_the_new_ranks(data):
     """A Loader made with the default rank 0 of 1 takes its rank later (`use_ranks`, as `to_torch()` does under
-    torch.distributed): the states loaded before are shared out again among those ranks (found by the
-    adversarial pass: every new rank read every remaining row)."""
+    torch.distributed): the states loaded before are shared out again among those ranks (not every new
+    rank reading every remaining row)."""
     from collections import Counter
     kw = dict(batch_size=300, seed=7, shuffle_window=3)
     table = Dataset.open(data)["agents"][:]

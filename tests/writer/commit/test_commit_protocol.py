@@ -181,7 +181,7 @@ def test_the_last_write_of_a_shared_chunk_is_told_by_its_links_or_not_at_all():
 
 
 def test_a_chunk_is_sealed_once_its_rows_are_committed_and_forgotten_once_recorded():
-    """ChunkDigests.seal at its bounds (found by the mutation run): a chunk is sealed when its last row is
+    """ChunkDigests.seal at its bounds: a chunk is sealed when its last row is
     committed, the table's last chunk too when the writer closes (`tail`) if any of its rows is committed, never a
     chunk past the committed rows; `forget` drops what a published commit recorded."""
     from zarrfeed.writer.chunk_write import ChunkWrite
@@ -198,7 +198,7 @@ def test_a_chunk_is_sealed_once_its_rows_are_committed_and_forgotten_once_record
 
 
 def test_a_give_up_interrupted_while_removing_still_releases_the_lease(tmp_path, monkeypatch):
-    """Found by the object-store crash pass (issue 37): `abandon` released the lease only if removing the dataset
+    """`abandon` released the lease only if removing the dataset
     it created returned, so an interrupt there left the lease held, its heartbeat running, in this process."""
     c = Committer(Location.of(tmp_path / "d.zarr"))
 

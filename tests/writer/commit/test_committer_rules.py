@@ -512,7 +512,7 @@ def test_resuming_a_dataset_whose_last_input_is_not_recorded(tmp_path):
 
 
 def test_a_manifest_that_does_not_count_a_table_is_refused_before_anything_changes(tmp_path):
-    """Issue 35: such a table used to count 0 committed rows, and an append wrote it again from row 0 over the
+    """Such a table used to count 0 committed rows, and an append wrote it again from row 0 over the
     rows it held. zarrfeed never writes such a manifest (its first commit counts every table, one made by the
     append included), so it is damage: refused, and the dataset left as it was."""
     path = tmp_path / "d.zarr"
@@ -528,7 +528,7 @@ def test_a_manifest_that_does_not_count_a_table_is_refused_before_anything_chang
 
 
 def test_a_dataset_made_while_a_writer_waits_for_the_lease_is_never_removed(tmp_path, monkeypatch):
-    """Found by an adversarial pass: a writer that found the location empty, then took the lease after another
+    """A writer that found the location empty, then took the lease after another
     writer had made and committed a dataset there, refused (right) and then removed the location as its own
     (the other's committed rows gone). What it made is decided with the lease held."""
     from zarrfeed.writer.lease import Lease

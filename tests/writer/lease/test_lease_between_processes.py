@@ -242,7 +242,7 @@ def test_a_cluster_task_writes_only_while_its_client_holds_the_lease(tmp_path):
 
 
 def test_a_writer_dead_on_another_host_is_taken_over_by_its_heartbeat_end_to_end(s3, caplog):
-    """Issue 26: every dead holder in the suite was a dead pid on this host or a file lock, so a lease whose
+    """Every dead holder in the suite was a dead pid on this host or a file lock, so a lease whose
     holder stopped heartbeating on another machine was never taken over in any test (with that rule gone, a
     writer dying elsewhere locks an S3 dataset for ever). A lease document from another host with an old
     heartbeat is taken over by a DatasetWriter, saying so; a fresh one is not."""
@@ -276,7 +276,7 @@ def test_a_writer_dead_on_another_host_is_taken_over_by_its_heartbeat_end_to_end
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_writer_whose_lease_document_was_deleted_commits_nothing_more(where, request, tmp_path):
-    """Found by an adversarial pass: with writer A alive, its lease document deleted by hand let writer B in at
+    """With writer A alive, its lease document deleted by hand let writer B in at
     once, and A's next commit (before its next heartbeat) still landed and said "closed": rows its producer
     believed committed, then written over by B. A commit now renews the lease on the store first."""
     env, options = {}, None

@@ -310,7 +310,7 @@ def test_a_local_lease_refused_by_the_lock_of_another_process(tmp_path):
 
 
 def test_a_stopped_local_holder_is_not_promised_a_takeover_that_never_comes(tmp_path):
-    """Issue 35: a SIGSTOPped writer keeps its file lock, so its lease is not taken over while it lives, however
+    """A SIGSTOPped writer keeps its file lock, so its lease is not taken over while it lives, however
     long it is silent; the refusal promised a takeover "after 1 s without a heartbeat" all the same. It says
     what is true: the holder is alive but silent, how to resume it, and that only its exit frees the lease."""
     loc = Location.of(tmp_path / "d.zarr")
@@ -427,7 +427,7 @@ def test_an_s3_lease_taken_renewed_and_released(s3, caplog):
     assert Holder.parse(fs.cat(key)).token == "fresh"
 
 
-# ---------------------------------------------------------------- what the mutation run found untested
+# ---------------------------------------------------------------- the rest of the rules, line by line
 LEGACY = {"timeout": None}  # a document written before holders recorded their timeout: the taker's applies
 
 
@@ -543,7 +543,7 @@ def test_a_local_lease_on_a_path_not_made_yet_and_two_datasets_in_one_process(tm
 def test_a_local_lease_whose_document_is_gone_is_still_this_processes(tmp_path):
     """The registry of this process's leases refuses a second writer even when the document is gone (the
     lock file does not exclude within a process); and the refusal says 'another writer', and no timeout after
-    which it would be taken over: the registry holds it until it is released, however silent (issue 35)."""
+    which it would be taken over: the registry holds it until it is released, however silent."""
     loc = Location.of(tmp_path / "d.zarr")
     with Lease(loc, timeout=60):
         (tmp_path / "d.zarr" / LEASE_KEY).unlink()
