@@ -47,21 +47,32 @@ TARGET = 0.9  # issue 26: at least 90% of each module's mutants caught
 
 # module (as installed) -> the test files that exercise it
 MODULES: dict[str, list[str]] = {
-    "zarrfeed/core/keys.py": ["test_keys.py", "test_committer.py", "test_journal.py", "test_write.py"],
-    "zarrfeed/core/commit_log.py": ["test_commit_log.py", "test_committer.py", "test_digests.py", "test_never_lose.py"],
-    "zarrfeed/core/links.py": ["test_links.py", "test_write.py", "test_dataset.py"],
-    "zarrfeed/writer/commit_tracking.py": ["test_committer.py", "test_never_lose.py", "test_digests.py"],
-    "zarrfeed/writer/journal.py": ["test_journal.py", "test_committer.py"],
-    "zarrfeed/writer/committer.py": ["test_committer.py", "test_committer_rules.py", "test_never_lose.py"],
-    "zarrfeed/writer/lease.py": ["test_lease_rules.py"],  # test_lease.py: the same end to end, minutes a mutant
-    "zarrfeed/writer/episode.py": ["test_write.py", "test_keys.py", "test_dataset_writer.py"],
-    "zarrfeed/loader/plan.py": ["test_plan.py", "test_plan_rules.py", "test_row_ids.py", "test_order.py"],
-    "zarrfeed/loader/order.py": ["test_order.py", "test_plan.py", "test_plan_rules.py"],
-    "zarrfeed/loader/state.py": ["test_state_rules.py", "test_loader.py", "test_row_ids.py"],
-    "zarrfeed/loader/chunk_cache.py": ["test_chunk_cache.py", "test_state_rules.py", "test_loader.py"],
-    "zarrfeed/loader/gather_numpy.py": ["test_gather.py"],
-    "zarrfeed/core/arrow_records.py": ["test_arrow.py", "test_arrow_rules.py"],
-    "zarrfeed/flight/remote_writer.py": ["test_remote_writer.py"],  # test_serve.py: end to end, a minute a mutant
+    "zarrfeed/core/keys.py": ["core/test_keys.py", "writer/commit/test_commit_protocol.py",
+                              "writer/commit/test_journal.py", "writer/test_write_dataset.py"],
+    "zarrfeed/core/commit_log.py": ["core/test_commit_log.py", "writer/commit/test_commit_protocol.py",
+                                    "core/checks/test_chunk_digests.py", "writer/test_write_safety_local.py"],
+    "zarrfeed/core/links.py": ["core/test_links.py", "writer/test_write_dataset.py", "loader/test_dataset.py"],
+    "zarrfeed/writer/commit_tracking.py": ["writer/commit/test_commit_protocol.py", "writer/test_write_safety_local.py",
+                                  "core/checks/test_chunk_digests.py"],
+    "zarrfeed/writer/journal.py": ["writer/commit/test_journal.py", "writer/commit/test_commit_protocol.py"],
+    "zarrfeed/writer/committer.py": ["writer/commit/test_commit_protocol.py", "writer/commit/test_committer_rules.py",
+                                     "writer/test_write_safety_local.py"],
+    # writer/lease/test_lease_between_processes.py: the same end to end, minutes a mutant
+    "zarrfeed/writer/lease.py": ["writer/lease/test_lease_rules.py"],
+    "zarrfeed/writer/episode.py": ["writer/test_write_dataset.py", "core/test_keys.py",
+                                   "writer/test_dataset_writer.py"],
+    "zarrfeed/loader/plan.py": ["loader/plan/test_plan_contract.py", "loader/plan/test_plan_rules.py",
+                                "loader/plan/test_row_ids.py", "loader/plan/test_order.py"],
+    "zarrfeed/loader/order.py": ["loader/plan/test_order.py", "loader/plan/test_plan_contract.py",
+                                 "loader/plan/test_plan_rules.py"],
+    "zarrfeed/loader/state.py": ["loader/engine/test_resume_state_rules.py", "loader/engine/test_loader.py",
+                                 "loader/plan/test_row_ids.py"],
+    "zarrfeed/loader/chunk_cache.py": ["loader/cache/test_process_chunk_cache.py",
+                                       "loader/engine/test_resume_state_rules.py", "loader/engine/test_loader.py"],
+    "zarrfeed/loader/gather_numpy.py": ["loader/engine/test_gather.py"],
+    "zarrfeed/core/arrow_records.py": ["loader/test_arrow_bridge.py", "core/test_arrow_records.py"],
+    # flight/test_serve_ingest.py: end to end, a minute a mutant
+    "zarrfeed/flight/remote_writer.py": ["flight/test_remote_writer.py"],
 }
 
 
@@ -88,7 +99,7 @@ def stage(module: str, fresh: bool) -> Path:
     tests = [f"tests/{t}" for t in MODULES[module]]
     # mutmut maps tests to the functions they reach once, by test name: a test changed under the same name
     # keeps its old map (and is not run for mutants it now reaches), so changed tests make it map them again
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((ROOT / "tests").glob("*.py")))).hexdigest()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((ROOT / "tests").rglob("*.py")))).hexdigest()
     seen = where / "tests.sha256"
     if not seen.exists() or seen.read_text() != digest:
         (where / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
@@ -103,7 +114,8 @@ def stage(module: str, fresh: bool) -> Path:
         # threads of the Flight tests), remote_writer's mutants segfaulted
         'process_isolation = "forkserver"\n'
         "[tool.pytest.ini_options]\n"
-        'testpaths = ["tests"]\n')
+        'testpaths = ["tests"]\n'
+        'pythonpath = ["tests/support"]\n')
     return where
 
 

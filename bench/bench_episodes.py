@@ -16,7 +16,7 @@ of 50 to 200 steps, as PushT's, images of a disc and a block moving on a flat ba
               the copy's time is reported, and compared with zarrfeed's first batch)
 The sampler here is written from Diffusion Policy's documented behaviour (`create_indices`, `sample_sequence`)
 and checked against zarrfeed's samples on the same buffer before anything is timed (zarrfeed's own are checked
-against samples DP's unmodified code made: tests/test_sequences.py). Targets: zarrfeed >= 100x (z) and
+against samples DP's unmodified code made: tests/loader/kinds/test_sequences.py). Targets: zarrfeed >= 100x (z) and
 >= 0.5x (m), first batch sooner than the copy. Medians of --repeat, runs alternating.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from common import parser, print_ratios  # noqa: E402
 from s3server import S3Server  # noqa: E402
 from zarrfeed.loader import Dataset, Loader  # noqa: E402

@@ -3,7 +3,7 @@ the performance page's loader, samples, episodes, ranks, writer, Dask, serving a
 loading, writing, Dask and serving guides; what no bench script's --json gives, such as compare_revisions.py's
 ratios between revisions, chunk counts and memory, is still written by hand). A figure is quoted in a page as
 its number followed by a marker, `45.6<!--fig:loader.cached_4096--> M rows/s` (the comment shows in neither
-GitHub nor the site); tests/test_figures.py fails when a quoted number is not the recorded one, when a marker
+GitHub nor the site); tests/e2e/test_figures.py fails when a quoted number is not the recorded one, when a marker
 names no figure, when a figure is quoted nowhere, or when a figure names a speed its script does not write, so
 that the pages cannot drift apart.
 

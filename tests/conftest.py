@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import working_tree
+from repo_paths import DP_BUFFER, DP_SAMPLES, REAL_SCENE
 from s3server import S3Server
 from zarrfeed.writer import synthetic, write_dataset
 
@@ -42,8 +43,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 _TREE_BEFORE = pytest.StashKey["set[str] | None"]()
 
-REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
-                  or Path(__file__).resolve().parents[2] / "shared" / "data" / "l5kit_single_scene.zarr")
 
 
 @pytest.fixture(scope="session")
@@ -54,10 +53,6 @@ def real_scene() -> Path:
             pytest.fail(f"the real L5Kit scene is missing at {REAL_SCENE} (required under CI)")
         pytest.skip(f"the real L5Kit scene is not at {REAL_SCENE}")
     return REAL_SCENE
-
-
-DP_BUFFER = REAL_SCENE.parent / "dp_replay_small.zarr"
-DP_SAMPLES = REAL_SCENE.parent / "dp_samples_s16_b1_a7.npz"
 
 
 @pytest.fixture(scope="session")
