@@ -7,6 +7,7 @@ is loaded, after `unpack_typeddict` has listed the options."""
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 from griffe import Class, DocstringSectionParameters, ExprSubscript, Extension, Function, ParameterKind
@@ -38,15 +39,15 @@ class OptionDefaults(Extension):
 
 
 def _fill(func: Any, holder: Any) -> None:
-    """`func`'s parameters (and their docstring entries) defaulting to "..." get the dataclass `holder`'s: a
-    module constant's own value (`1 << 30`, not `DEFAULT_SHUFFLE_BYTES`), and "<not given>" for the options
-    its `NOT_GIVEN` names (as `help()` shows them: `zarrfeed.core.keywords.spelled_out`)."""
+    """`func`'s parameters (and their docstring entries) defaulting to "..." get the defaults of `holder`'s
+    option dataclasses (its `GROUPS`, or itself): a module constant's own value (`1 << 30`, not
+    `DEFAULT_SHUFFLE_BYTES`), and "<not given>" for the options its `NOT_GIVEN` names (as `help()` shows them:
+    `zarrfeed.core.keywords.spelled_out`)."""
     if not isinstance(holder, Class):
         return
     members = holder.all_members
     unset = ast.literal_eval(str(members["NOT_GIVEN"].value)) if "NOT_GIVEN" in members else ()
-    values = {n: "<not given>" if n in unset else _value(holder, str(m.value)) for n, m in members.items()
-              if getattr(m, "value", None) is not None and n != "NOT_GIVEN"}
+    values = {n: "<not given>" if n in unset else v for n, v in _defaults(holder).items()}
     for parameter in func.parameters:
         if parameter.default == "..." and parameter.name in values:
             parameter.default = values[parameter.name]
@@ -55,6 +56,20 @@ def _fill(func: Any, holder: Any) -> None:
             for documented in section.value:
                 if documented.value == "..." and documented.name in values:
                     documented.value = values[documented.name]
+
+
+def _defaults(holder: Any) -> dict[str, str]:
+    """Option name -> its default as written, of an option dataclass or of one made of groups (`GROUPS`: a dict
+    of field -> group class, each resolved in the holder's module)."""
+    members = holder.all_members
+    if "GROUPS" in members:
+        out: dict[str, str] = {}
+        for name in re.findall(r":\s*(\w+)", str(members["GROUPS"].value)):
+            group = holder.module.members[name]
+            out.update(_defaults(getattr(group, "final_target", group)))
+        return out
+    return {n: _value(holder, str(m.value)) for n, m in members.items()
+            if getattr(m, "value", None) is not None and n not in ("NOT_GIVEN", "GROUPS") and not m.is_function}
 
 
 def _value(holder: Class, text: str) -> str:

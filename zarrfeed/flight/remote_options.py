@@ -104,7 +104,7 @@ class Remote:
 
     GROUPS: ClassVar[dict[str, type]] = {"shuffling": ShuffleOptions, "shard": ShardOptions,
                                          "connection": ConnectionOptions, "stream": StreamOptions}
-    NOT_GIVEN: ClassVar[tuple[str, ...]] = Options.NOT_GIVEN
+    NOT_GIVEN: ClassVar[tuple[str, ...]] = ("shuffle_bytes", "order")  # as `Options.NOT_GIVEN`
 
     shuffling: ShuffleOptions = field(default_factory=ShuffleOptions)
     shard: ShardOptions = field(default_factory=ShardOptions)
