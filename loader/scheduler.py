@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -64,13 +65,7 @@ class Run:
         try:  # (a ring too large for this machine's shared memory left the host cache held until exit)
             self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, n_slots, self.regions)
             self.ring = Ring(self.shared.ring, self.layout, source.config.batch_size)
-            setup, args = source.worker(self.shared, outputs, self.workers.transform)
-            self.pool: Pool
-            if self.workers.num_workers == 0:
-                self.pool = InlinePool(setup(0, *args))
-            else:
-                self.pool = WorkerPool(self.workers.num_workers, setup, args, "loader worker",
-                                       self.workers.start_method)
+            self.pool = self._pool(*source.worker(self.shared, outputs, self.workers.transform))
         except BaseException:
             self.free()
             raise
@@ -100,6 +95,12 @@ class Run:
                 self.chunk_slots = segment.n_slots
                 return host_cache.HostSlots(segment, key)
         return ChunkSlots(self.chunk_slots, source.chunk_bytes)
+
+    def _pool(self, setup: Callable[..., Callable[[Any], Any]], args: tuple) -> Pool:
+        """The workers, each made by `setup(wid, *args)`: processes, or this process with num_workers=0."""
+        if self.workers.num_workers == 0:
+            return InlinePool(setup(0, *args))
+        return WorkerPool(self.workers.num_workers, setup, args, "loader worker", self.workers.start_method)
 
     def fits(self, plan: EpochPlan) -> bool:
         """Whether this run's cache and index are large enough for `plan`."""
