@@ -41,7 +41,7 @@ class Pool(Protocol):
         ...
 
 
-class InlinePool:
+class InlinePool(Pool):
     """The worker protocol run in this process: each message is handled by `handle` when sent, its reply
     (or `Failed`, if it raises) kept for the next `poll`. Its one worker never dies nor stops."""
 
