@@ -17,17 +17,19 @@ from typing import Any, Callable, Iterator, Unpack, cast
 import numpy as np
 
 from ..core.keywords import spelled_out
-from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, start_fork_server
+from ..core._proc.pool import start_fork_server
 from ..core._proc.shm import ShmSpaceError, available_memory
-from . import read_worker, view_check
+from . import probe, read_worker, view_check
 from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
-from .layout import Layout, TransformOutputError, transform_name
+from .layout import Layout
 from .options import CacheOptions, LoaderOptions, Options, ReadOptions, WorkerOptions
 from .plan import MIN_WINDOW, EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
 from .resume import Cursor, adopt_order, reshard
-from .scheduler import Epoch, LoaderError, LoaderStalledError, Run, Sizing
+from .resources import Sizing
+from .ring import Handout
+from .scheduler import Epoch, LoaderError, LoaderStalledError, Run
 from .source import BatchSource, RowSource
 from .state import LOADED_WHILE_ITERATING, LoaderState, selection_digest
 
@@ -127,7 +129,8 @@ class Loader:
                              f"(fields: {', '.join(c.name for c in records.columns)})")
         _Cast.check({c.name: c.dtype for c in records.columns}, dtypes or {}, casting)
         fetch = fetch_options(ds, o.caching)
-        source = RowSource(ds, table, config, selection, records, read_worker.Source.of(ds, fetch))
+        reader = read_worker.DatasetOpener.of(ds, fetch)
+        source = RowSource(ds, table, config, selection, records, reader)
         transform = _Cast.around(o.workers.transform, dtypes)
         self._start(source, o, dataclasses.replace(o.workers, transform=transform), fetch=fetch, output=output)
         if row_ids and ROW_ID in {c.name for c in records.columns}:
@@ -203,8 +206,7 @@ class Loader:
     @property
     def worker_pids(self) -> list[int]:
         """The reader processes' pids while they run (from the first batch until `close()`); else empty."""
-        pool = self._run.pool if self._run is not None else None
-        return pool.pids() if isinstance(pool, WorkerPool) else []
+        return self._run.pool.pids() if self._run is not None else []
 
     @property
     def chunks_decoded(self) -> int:
@@ -327,22 +329,18 @@ class Loader:
             self.close()  # this epoch's windows need a larger cache than the last one's: start anew
         if self._run is None:
             self._check_window_room(plan)
-            outputs = self._output_layout(plan, first) if self.transform else None
+            outputs = probe.output_layout(self.source, plan, first, self.workers) if self.transform else None
             self._run = Run(self.source, self.sizing, outputs, plan)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, self._run.free)
         sched = Epoch(self._run, plan, first, keep_cache=self.cache_bytes > 0)
-        checker = view_check.ViewChecker() if self.check_views else None
+        handout = Handout(self.copy, self.check_views)
         finished = False
         self._active = True
         try:
             for k in range(first, len(plan)):
-                batch = sched.get(k)
+                batch = handout.give(sched.get(k))
                 self._cursor = self._cursor.at(k + 1)
-                if self.copy:
-                    batch = {n: a.copy() for n, a in batch.items()}
-                elif checker is not None:
-                    batch = checker.hand_out(batch)
                 if self.row_ids:  # from the plan, here: no worker needs to know
                     batch[ROW_ID] = plan.batch_row_ids(k)
                 yield to_arrow(batch) if self.output == "arrow" else batch
@@ -351,8 +349,7 @@ class Loader:
             self._cursor = self._cursor.next_epoch()
         finally:
             self._active = False
-            if checker is not None:
-                checker.seal()
+            handout.close()
             # broken out of, an exception, or garbage collected: stop the workers now; not once the interpreter
             # is exiting (modules are being torn down: the kernel frees the memory and the workers see their
             # parent gone)
@@ -374,36 +371,6 @@ class Loader:
                                 f"{workers} in memory at once, but this machine has {free / 2**20:.0f} MiB available: "
                                 f"pass a smaller {option.split('=')[0]} than {option} (the batch order changes with "
                                 "it)")
-
-    def _output_layout(self, plan: EpochPlan, k: int) -> Layout:
-        """The ring slots' layout for the transform's output, from one run of it on batch k. It runs in a
-        process of its own (here only with num_workers=0), so that whatever the transform initialises (CUDA,
-        a thread pool) is never initialised in this process before workers are started from it."""
-        make_batch, transform = self.source.probe_batch(plan, k), self.transform
-        assert transform is not None  # sizing is for a transform's output
-        rows_of = self.source.rows_column
-        if self.num_workers == 0:
-            try:
-                columns = _probe(make_batch, transform, k, rows_of)
-            except Exception as exc:
-                err = RemoteError.capture(exc)
-                raise LoaderError(self._probe_failed(k, plan, err), err) from exc
-        else:
-            columns = _probe_in_process(make_batch, transform, k, self.start_method,
-                                        lambda err: self._probe_failed(k, plan, err), rows_of)
-        for name, dtype, _ in columns:  # a dtype of Python objects cannot live in shared memory (numpy would
-            if np.dtype(dtype).hasobject:  # say only "cannot create an OBJECT array from memory buffer")
-                raise LoaderError(f"transform output {name!r} of batch {k} of epoch {plan.epoch} (table "
-                                  f"'{self.table}') is an array of Python objects (dtype {np.dtype(dtype)}); "
-                                  "batches live in shared memory: return numbers, bools or fixed-width strings")
-        return Layout([(name, dtype, shape, -1) for name, dtype, shape in columns], self.batch_size)
-
-    def _probe_failed(self, k: int, plan: EpochPlan, err: RemoteError) -> str:
-        if isinstance(err.exc, TransformOutputError):  # zarrfeed's check of the output: its one line says it all
-            return f"transform {transform_name(self.transform)!r}: {err.message} (epoch {plan.epoch}, table " \
-                   f"'{self.table}')"
-        return (f"transform failed on batch {k} of epoch {plan.epoch} (table '{self.table}'), run once to size "
-                f"the batch slots: {err}\ntraceback:\n{err.traceback}")
 
     def close(self) -> None:
         """Stop the workers (within 2 s) and free the shared memory."""
@@ -454,43 +421,3 @@ class _Cast:
             raise ValueError(f"dtypes: no field {missing[0]!r} in the batch (fields: {', '.join(batch)})")
         batch = {k: v.astype(self.dtypes[k]) if k in self.dtypes else v for k, v in batch.items()}
         return self.then(batch) if self.then is not None else batch
-
-
-def _probe(make_batch: Callable[[], dict[str, np.ndarray]], transform: Callable, k: int,
-           rows_of: str | None = None) -> list[tuple[str, str, tuple[int, ...]]]:
-    """Run `transform` on batch k; its output's columns (name, dtype, shape per row), checked as the workers
-    check every later batch against them. `rows_of` names the batch column whose length is the batch's rows
-    (default: the first)."""
-    batch = make_batch()
-    rows = len(batch[rows_of] if rows_of else next(iter(batch.values())))
-    out = transform(batch)
-    if not isinstance(out, dict) or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in out.values()):
-        got = type(out).__name__ if not isinstance(out, dict) else \
-            f"a dict of {', '.join(sorted({type(a).__name__ for a in out.values()}))}"
-        raise TransformOutputError("transform must return a dict of numpy arrays whose first axis is the batch's "
-                                   f"rows, got {got}")
-    Layout.of_arrays(out, rows).check(out, k, rows)
-    return [(name, a.dtype.str, a.shape[1:]) for name, a in out.items()]
-
-
-def _probe_setup(wid: int, make_batch: Callable, transform: Callable, k: int, rows_of: str | None) -> Callable:
-    return lambda msg: _probe(make_batch, transform, k, rows_of)
-
-
-def _probe_in_process(make_batch: Callable, transform: Callable, k: int, start_method: str | None,
-                      describe: Callable[[RemoteError], str], rows_of: str | None = None) -> list:
-    """`_probe` in a worker process of its own, started as the loader's workers are; a failure of the
-    transform raises LoaderError carrying the worker's exception, a dead process LoaderError at once."""
-    pool = WorkerPool(1, _probe_setup, (make_batch, transform, k, rows_of), "transform probe", start_method)
-    try:
-        pool.send(0, "probe")
-        while True:
-            for reply in pool.poll(1.0):
-                if isinstance(reply, Failed):
-                    raise LoaderError(describe(reply.error), reply.error) from reply.error.exc
-                return reply
-            if pool.dead():
-                raise LoaderError(describe_exit("transform probe", *pool.dead()[0]) + " (running the transform "
-                                  "once to size the batch slots)")
-    finally:
-        pool.stop()

@@ -42,7 +42,9 @@ class ChunkMemory(Protocol):
 
 class ChunkCache(Protocol):
     """Which chunk is in which slot, as the scheduler sees a cache (`ChunkSlots`: a loader's own;
-    `host_cache.HostSlots`: the host's, shared by every loader of a dataset commit on the machine)."""
+    `host_cache.HostSlots`: the host's, shared by every loader of a dataset commit on the machine; both pass
+    tests/loader/cache/test_chunk_cache_conformance.py). Fetched bytes kept on disk are a layer below, in the
+    workers (`fetch.DiskCache`)."""
 
     @property
     def memory(self) -> ChunkMemory:
@@ -55,7 +57,8 @@ class ChunkCache(Protocol):
         ...
 
     def new_epoch(self, keep: bool = True) -> None:
-        """An epoch begins: nothing is pinned; `keep=False` forgets what is decoded."""
+        """An epoch begins: nothing is pinned; with `keep=False` this loader keeps nothing decoded (its own
+        cache forgets it; the host's keeps it for the other loaders of the machine)."""
         ...
 
     def pin_window(self, window: int, keys: list[Key]) -> list["Pin"] | None:

@@ -42,7 +42,12 @@ class FetchOptions:
 
 
 class DiskCache:
-    """Chunk objects in one folder, each named by its recorded size and digest, at most `limit` bytes in all."""
+    """Chunk objects in one folder, each named by its recorded size and digest, at most `limit` bytes in all.
+
+    A layer below the chunk caches (`chunk_cache.ChunkCache`: decoded chunks in shared memory, which the
+    scheduler pins): this one keeps the stored bytes a worker fetched, so that a chunk decoded again (in a later
+    epoch, by another loader or run) is read from local disk rather than the object store. Only the worker's
+    fetcher uses it; the scheduler never sees it."""
 
     def __init__(self, folder: str, limit: int) -> None:
         self.folder, self.limit = folder, int(limit)

@@ -35,6 +35,7 @@ from .layout import Layout
 from .messages import (Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherRows, GatherWindows, IndexFilled,
                        TransformFailed)
 from .plan import PlanConfig, WorkerPlans
+from .ring import RingMemory
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
@@ -42,33 +43,32 @@ preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 class Shared:
     """The shared memory of one loader: its decoded chunks (`chunks`: this loader's own, `ProcessChunks`, or
     the host's, `HostSegment`), an index of cache rows (`index_regions` regions of `region_rows`), and a ring
-    of `n_slots` batch slots."""
+    of `n_slots` batch slots (`ring`, see `loader.ring`)."""
 
     def __init__(self, chunks: ChunkMemory, region_rows: int, index_regions: int,
                  batch_bytes: int, n_slots: int) -> None:
         self.chunks, self.slot_bytes = chunks, chunks.slot_bytes
-        self.region_rows, self.batch_bytes, self.n_slots = region_rows, batch_bytes, n_slots
+        self.region_rows = region_rows
         check_room(8 * region_rows * index_regions + batch_bytes * n_slots,
                    f"the loader's index and ring ({n_slots} batch slots)")
         self.index = SharedBlock(8 * region_rows * index_regions)
-        self.ring = SharedBlock(batch_bytes * n_slots)
+        self.ring = RingMemory(batch_bytes, n_slots)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return self.chunks.array(), np.frombuffer(self.index.buf, np.int64)
 
     def slot(self, k: int) -> memoryview:
         """The ring slot of batch k."""
-        s = k % self.n_slots
-        return self.ring.buf[s * self.batch_bytes:(s + 1) * self.batch_bytes]
+        return self.ring.slot(k)
 
     def close(self) -> None:
         """Free the index and ring (the chunks belong to the cache that made them)."""
-        for block in (self.index, self.ring):
-            block.close()
+        self.index.close()
+        self.ring.close()
 
 
 @dataclass(frozen=True)
-class Source:
+class DatasetOpener:
     """What a reader worker needs to open the dataset its parent opened and fetch from it: the location with
     its storage options, the committed rows the parent read (its pinned commit), how to fetch, with a disk
     cache the size and digest recorded for each sealed chunk (what cached chunks are named by and checked
@@ -83,7 +83,7 @@ class Source:
     tables: dict[str, Table] | None = None  # the schema's, for tables whose arrays are not at their names
 
     @classmethod
-    def of(cls, ds, fetch: FetchOptions) -> "Source":
+    def of(cls, ds, fetch: FetchOptions) -> "DatasetOpener":
         cached = fetch.cache_dir is not None and ds.location.settings.remote
         at_paths = {n: t for n, t in ds.schema.tables.items() if t.path}
         return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None, ds.check,
@@ -100,11 +100,11 @@ class Source:
 
 
 class ChunkDecoder:
-    """Handles `Decode` for the `tables` of `source`: fetches the message's chunks (concurrently from an object
+    """Handles `Decode` for the `tables` that `source` opens: fetches the message's chunks (concurrently from an object
     store), checks them, decodes each into its cache slot; returns the slots. `waiting` is told of the messages
     waiting behind the current one, so that their chunks are fetched meanwhile."""
 
-    def __init__(self, source: Source, tables: list[str], shared: Shared) -> None:
+    def __init__(self, source: DatasetOpener, tables: list[str], shared: Shared) -> None:
         store = source.location.store("r")  # the parent checked the group: open only the arrays read (on an
         self.arrays = {t: source.open_table(store, t) for t in tables}  # object store each is a request)
         self.fetcher = ChunkFetcher(source.location, store, source.fetch)
@@ -259,7 +259,7 @@ class SampleBatches:
         return started.plan.batch_rows(k)
 
 
-def setup(wid: int, source: Source, table: str, shared: Shared, config: PlanConfig, itemsize: int,
+def setup(wid: int, source: DatasetOpener, table: str, shared: Shared, config: PlanConfig, itemsize: int,
           selection: list[np.ndarray] | None, records: Layout, outputs: Layout | None,
           transform: Callable | None) -> BatchWorker:
     """Open the dataset in this process (no zarr handle is inherited); return the message handler."""

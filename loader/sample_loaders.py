@@ -98,7 +98,7 @@ def _columns(view: Callable[[str, int], np.ndarray], table: str, rows: tuple[int
     return {f: np.concatenate(p) if p else np.zeros(0, dtype[f]) for f, p in parts.items()}
 
 
-def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig,
+def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Shared, config: PlanConfig,
           samples: MotionSamples, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
           transform: Callable | None) -> read_worker.BatchWorker:
     """The sample loaders' worker message handler (see `loader.read_worker`)."""
@@ -189,7 +189,7 @@ class MotionSource(SampleGroups):
     config: PlanConfig
     selection: list[np.ndarray] | None
     layout: Layout
-    reader: read_worker.Source
+    reader: read_worker.DatasetOpener
     fetch: FetchOptions
     kind: str
     table: str
@@ -255,7 +255,8 @@ class _SampleLoader(Loader):
         fetch = fetch_options(ds, o.caching)
         kind = type(self).__name__
         source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
-                              read_worker.Source.of(ds, fetch), fetch, kind, "frames" if ego else "agents", options)
+                              read_worker.DatasetOpener.of(ds, fetch), fetch, kind, "frames" if ego else "agents",
+                              options)
         self._start(source, o, o.workers, fetch=fetch)  # Loader's default window
 
 

@@ -12,177 +12,49 @@ resident ahead of time, so decoding overlaps gathering. Only these small message
 records stay in shared memory, each chunk is decoded once per epoch, and the batch order depends on the plan
 alone, never on workers or timing. The cache is sized from the plan: what the batches in flight can read.
 
-The scheduler talks to a `BatchSource` (what to decode and gather for a kind of batch) and to the chunk
-cache's public methods, nothing else.
+The scheduler talks to a `BatchSource` (what to decode and gather for a kind of batch), to the chunk cache
+(`chunk_cache.ChunkCache`: this loader's own or the host's), to the pool of workers (`worker_pools.Pool`:
+processes, or this process with num_workers=0) and to the ring of batch slots (`loader.ring`), through their
+protocols and public methods, nothing else. How much of each it takes is `resources.Sizing`'s.
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import numpy as np
 
 from ..core._proc.rendezvous import RendezvousError
-from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit, is_stopped, process_state
+from ..core._proc.pool import Failed, WorkerPool, describe_exit, is_stopped, process_state
 from ..core.errors import ChunkError, LoaderError, LoaderStalledError
-from ..core.sizes import binary_size
 from . import host_cache
 from .chunk_cache import ChunkCache, ChunkSlots
 from .layout import Layout, TransformOutputError, transform_name
-from .options import WorkerOptions
 from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, IndexFilled, Message, TransformFailed
 from .plan import EpochPlan
-from .source import BatchSource
+from .resources import Sizing
+from .ring import Ring
+from .source import BatchSource, ResidentWindow
 from .stalls import Holdup, StallWatch
+from .worker_pools import InlinePool, Pool
 
 log = logging.getLogger("zarrfeed.loader")
 AHEAD_EPOCHS = 4  # a run's cache is sized for its first epoch and the 3 after it
 _POLL = 0.05
 _POLL_SHARED = 0.005  # while waiting for chunks that other processes decode (no reply will wake us)
 _SLOW_DECODE = 10.0  # seconds a chunk another process decodes may take before the wait is said in the log
-_GROUP_ROWS = 32768  # rows per gather message (see Sizing.group)
-_GROUP_ROWS_TRANSFORM = 4096
-_RING_BYTES = 8 << 20
-
-
-
-
-@dataclass
-class Sizing:
-    """How much of everything a source's batches need with these options: batches per gather message, ring
-    slots, cache slots and index regions. `cache_bytes` lets the cache keep decoded chunks across epochs."""
-
-    source: BatchSource
-    workers: WorkerOptions
-    cache_bytes: int
-    remote_store: bool  # the dataset is on an object store
-    said_cache: bool = False
-    cache_is_default: bool = False
-    host: bool = True  # decoded chunks shared by every loader of the dataset commit on this machine
-
-    def group(self) -> int:
-        """Batches per gather message: about 32,768 rows' worth, or 4,096 with a transform (whose cost is
-        unknown: a batch waits for its whole group). Each message costs the consumer's process tens of
-        microseconds (send, wake a worker, receive), so larger groups cut its CPU per epoch
-        (`bench/bench_loader.py` measures cached epochs)."""
-        rows = _GROUP_ROWS_TRANSFORM if self.workers.transform else _GROUP_ROWS
-        return max(1, rows // max(self.source.rows_touched(), 1))
-
-    def ring_slots(self) -> int:
-        """Batches in flight: `prefetch`, two groups per worker, and at least 8 MiB of batches (with fewer
-        slots, workers wait for their next message)."""
-        g = self.group()
-        by_bytes = -(-_RING_BYTES // max(self.source.layout.slot_bytes, 1))
-        return max(self.workers.prefetch, 2 * max(self.workers.num_workers, 1) * g, by_bytes) + g
-
-    def read_ahead(self) -> int:
-        """Windows made resident ahead of the batches being gathered: four on an object store with worker
-        processes (requests for later windows overlap gathering this one), else one (decoding is the only
-        wait, and with no workers nothing runs alongside)."""
-        return 4 if self.workers.num_workers and self.remote_store else 1
-
-    def cache_need(self, plan: EpochPlan) -> tuple[int, int]:
-        """Cache slots and index regions that `plan` needs: the most that the windows read by any
-        `ring_slots()` consecutive batches hold at once, plus room to read ahead."""
-        span = self.ring_slots()
-        events: dict[int, list[int]] = {}
-        biggest = 1
-        for w, (first, last) in plan.window_batches().items():
-            n = len(self.source.chunks_of(plan, w))
-            biggest = max(biggest, n)
-            for at, delta in ((max(0, first - span + 1), (n, 1)), (last + 1, (-n, -1))):
-                e = events.setdefault(at, [0, 0])
-                e[0] += delta[0]
-                e[1] += delta[1]
-        chunks = windows = most_chunks = most_windows = 0
-        for at in sorted(events):
-            chunks, windows = chunks + events[at][0], windows + events[at][1]
-            most_chunks, most_windows = max(most_chunks, chunks), max(most_windows, windows)
-        # room to read ahead: the next windows can be decoded before the oldest one is freed
-        extra = 1 + self.read_ahead()
-        # (never more regions than the epoch has windows: a whole-table window needs one)
-        regions = min(most_windows + extra, len(plan.windows)) if self.source.uses_index else 0
-        return most_chunks + extra * biggest, regions
-
-    def _chunks_read(self, plan: EpochPlan) -> int:
-        """The chunks an epoch reads (the same in every epoch)."""
-        return len({key for w in plan.window_batches() for key in self.source.chunks_of(plan, w)})
-
-    def cache_size(self, plan: EpochPlan) -> tuple[int, int]:
-        """Cache slots and index regions: what the plan needs, or more cache slots to keep decoded chunks
-        across epochs, up to `cache_bytes` (all the chunks the plan reads if they fit)."""
-        slots, regions = self.cache_need(plan)
-        chunks = self._chunks_read(plan)
-        keep = min(chunks, self.cache_bytes // max(self.source.chunk_bytes, 1))
-        return min(max(slots, keep), max(chunks, 1)), regions  # a slot for each chunk read: none evicted
-
-    def say_cache(self, plan: EpochPlan, slots: int) -> None:
-        """Say in the log, once, how many decoded chunks a cache of `slots` keeps across epochs, and why: all
-        its slots keep theirs (with any `cache_bytes`), so when the batches in flight need more chunks at once
-        than `cache_bytes` holds, that is what is kept, in memory the loader takes anyway."""
-        if not self.cache_bytes or self.said_cache:
-            return
-        self.said_cache = True
-        chunk_bytes = max(self.source.chunk_bytes, 1)
-        chunks = self._chunks_read(plan)
-        kept, budget = min(slots, chunks), min(chunks, self.cache_bytes // chunk_bytes)
-        given = f"cache_bytes={binary_size(self.cache_bytes)}" + (
-            " (a quarter of the available memory; 0 turns it off)" if self.cache_is_default else "")
-        what = (f"{'all' if kept == chunks else f'{kept} (later epochs decode the rest)'} of the {chunks} chunks "
-                f"({binary_size(chunks * chunk_bytes)}) that an epoch reads")
-        if kept <= budget:
-            log.info("zarrfeed: decoded chunks kept across epochs within %s: %s", given, what)
-        else:
-            log.info("zarrfeed: decoded chunks kept across epochs: %s, more than %s holds (%s of %s): the batches "
-                     "in flight need %s in memory at once, and those stay decoded for the next epoch "
-                     "(cache_bytes=0 decodes every epoch)", what, given, _chunks(budget), binary_size(chunk_bytes),
-                     _chunks(kept))
-
-
-def _chunks(n: int) -> str:
-    return f"{n} chunk" if n == 1 else f"{n} chunks"
-
-
-class _InlinePool:
-    """The worker protocol run in this process (num_workers=0): each message is handled when sent."""
-
-    def __init__(self, handle: Callable[[Message], Any]) -> None:
-        self._handle, self._replies = handle, cast(list[Any], [])
-
-    def send(self, wid: int, msg: Message, waiting: Callable[[], None] | None = None) -> None:
-        try:
-            self._replies.append(self._handle(msg))
-        except Exception as exc:
-            self._replies.append(Failed(0, msg, RemoteError.capture(exc)))
-
-    def poll(self, timeout: float) -> list:
-        out, self._replies = self._replies, []
-        return out
-
-    def dead(self) -> list:
-        return []
-
-    def stopped(self) -> list:
-        return []
-
-    def pids(self) -> list[int]:
-        return []
-
-    def stop(self) -> None:
-        pass
 
 
 class Run:
-    """Shared memory, its views and the workers: made at a loader's first iteration, kept until it closes,
-    across epochs (the cache keeps decoded chunks)."""
+    """Shared memory, its ring of batch slots and the workers: made at a loader's first iteration, kept until
+    it closes, across epochs (the cache keeps decoded chunks)."""
 
     def __init__(self, source: BatchSource, sizing: Sizing, outputs: Layout | None, plan: EpochPlan) -> None:
         self.source, self.sizing, self.workers = source, sizing, sizing.workers
         self.layout = outputs or source.layout
         self.group = sizing.group()
-        self.n_slots = sizing.ring_slots()
+        n_slots = sizing.ring_slots()
         # sized for this epoch and the next few: an epoch's need varies with its order by a few slots, and a
         # run sized for one epoch alone would be made again (workers and all) at almost every second epoch
         needs = [sizing.cache_size(plan)] + [sizing.cache_size(EpochPlan(plan.config, e, plan.selection))
@@ -191,14 +63,9 @@ class Run:
         sizing.say_cache(plan, self.chunk_slots)
         self.cache = self._cache(plan, max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
         try:  # (a ring too large for this machine's shared memory left the host cache held until exit)
-            self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, self.n_slots, self.regions)
-            self.views: dict[int, dict[str, np.ndarray]] = {}  # see slot_views
-            setup, args = source.worker(self.shared, outputs, self.workers.transform)
-            if self.workers.num_workers == 0:
-                self.pool: Any = _InlinePool(setup(0, *args))
-            else:
-                self.pool = WorkerPool(self.workers.num_workers, setup, args, "loader worker",
-                                       self.workers.start_method)
+            self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, n_slots, self.regions)
+            self.ring = Ring(self.shared.ring, self.layout, source.config.batch_size)
+            self.pool = self._pool(*source.worker(self.shared, outputs, self.workers.transform))
         except BaseException:
             self.free()
             raise
@@ -229,26 +96,25 @@ class Run:
                 return host_cache.HostSlots(segment, key)
         return ChunkSlots(self.chunk_slots, source.chunk_bytes)
 
+    def _pool(self, setup: Callable[..., Callable[[Any], Any]], args: tuple) -> Pool:
+        """The workers, each made by `setup(wid, *args)`: processes, or this process with num_workers=0."""
+        if self.workers.num_workers == 0:
+            return InlinePool(setup(0, *args))
+        return WorkerPool(self.workers.num_workers, setup, args, "loader worker", self.workers.start_method)
+
     def fits(self, plan: EpochPlan) -> bool:
         """Whether this run's cache and index are large enough for `plan`."""
         kept, regions = self.sizing.cache_size(plan)
         return self.cache.slots_needed(kept, self.sizing.cache_need(plan)[0]) <= self.chunk_slots \
             and regions <= self.regions
 
-    def slot_views(self, s: int) -> dict[str, np.ndarray]:
-        """Ring slot s's columns as views of a whole batch, made at the slot's first use and kept: a ring of
-        small batches has tens of thousands of slots (3 groups of 32,768 rows), most never used by a short
-        epoch, and making them all took most of a small loader's start."""
-        views = self.views.get(s)
-        if views is None:
-            views = self.views[s] = self.layout.views(self.shared.slot(s), self.source.config.batch_size)
-        return views
-
     def free(self) -> None:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.stop()
-        self.views = {}
+        ring = getattr(self, "ring", None)
+        if ring is not None:
+            ring.close()
         shared = getattr(self, "shared", None)
         if shared is not None:
             shared.close()
@@ -259,17 +125,17 @@ class Epoch:
     """The scheduler of one epoch's batches (see the module docstring).
 
     A window is resident while its chunks are in cache slots (shared with other resident windows that need
-    the same chunk) and, for row batches, its shuffled order is in an index region."""
+    the same chunk) and, for row batches, its shuffled order is in an index region: where, a `ResidentWindow`
+    tells the source that makes the gather messages of the batches that read it."""
 
     def __init__(self, run: Run, plan: EpochPlan, first: int, keep_cache: bool) -> None:
         self.run, self.plan, self.source = run, plan, run.source
         self.windows = plan.window_batches()  # window -> (first batch, last batch), in order of first use
         self.order = [w for w, (_, last) in self.windows.items() if last >= first]
-        self.resident: dict[int, list[tuple[str, int]]] = {}  # window -> the chunks it holds
+        self.resident: dict[int, ResidentWindow] = {}  # window -> its chunks' slots and its index region
         self.cache = run.cache
         self.cache.new_epoch(keep=keep_cache)
         run.chunks_decoded = 0
-        self.regions: dict[int, int] = {}  # window -> index region
         self.free_regions = list(range(run.regions))[::-1]
         self.pending: dict[int, int] = {}  # window -> decodes not yet answered
         self.unfilled: dict[int, dict[tuple[int, int], tuple[int, int]]] = {}  # window -> part -> its positions
@@ -284,21 +150,15 @@ class Epoch:
         self.stall = StallWatch(run.workers.stall_timeout)
         self.no_room = False  # the last window that was to be made resident found no room in the cache
 
-    # ------------------------------------------------------------ what sources ask (Residency)
-    def region(self, window: int) -> int:
-        return self.regions[window]
-
-    def slots(self, window: int) -> list[tuple[str, int, int]]:
-        return [(table, chunk, self.cache.slot(table, chunk)) for table, chunk in self.resident[window]]
-
     # ------------------------------------------------------------ windows
     def _evict(self) -> None:
         while self.oldest < self.k_issue and self.done[self.oldest]:
             self.oldest += 1
         for w in [w for w in self.resident if self.windows[w][1] < self.oldest]:
-            self.cache.unpin_window(w, self.resident.pop(w))
-            if w in self.regions:
-                self.free_regions.append(self.regions.pop(w))
+            where = self.resident.pop(w)
+            self.cache.unpin_window(w, [(table, chunk) for table, chunk, _ in where.chunks])
+            if where.region is not None:
+                self.free_regions.append(where.region)
 
     def _make_resident(self, w: int) -> bool:
         if w in self.resident:
@@ -319,7 +179,6 @@ class Epoch:
                 return False
         self.no_room = False
         self._moved()
-        self.resident[w] = needs
         self.pending[w] = 0
         new = []
         for (table, chunk), pin in zip(needs, pins, strict=True):
@@ -329,9 +188,11 @@ class Epoch:
                 self.pending[w] += 1
                 self.waiting.setdefault(pin.slot, []).append(w)
         slots = [pin.slot for pin in pins]
+        region = self.free_regions.pop() if wants_region else None
+        self.resident[w] = ResidentWindow(region, tuple((table, chunk, slot)
+                                                        for (table, chunk), slot in zip(needs, slots, strict=True)))
         self._decode(new)
-        if wants_region:  # the window's order, in parts that the workers make at once
-            self.regions[w] = region = self.free_regions.pop()
+        if region is not None:  # the window's order, in parts that the workers make at once
             self.unfilled[w] = {}
             for part in self.plan.index_parts(w):
                 self.unfilled[w][part] = self.plan.part_positions(w, part)
@@ -386,7 +247,7 @@ class Epoch:
 
     def _issue(self) -> None:
         g = self.run.group
-        limit = min(self.plan.num_batches, self.k_next + self.run.n_slots)
+        limit = min(self.plan.num_batches, self.run.ring.end(self.k_next))
         while self.k_issue < limit:
             count = min(g, limit - self.k_issue)
             if count < g and self.k_issue + count < self.plan.num_batches and self.k_issue > self.k_next:
@@ -395,7 +256,8 @@ class Epoch:
             if not all(self._make_resident(w) for w in windows) or any(self.pending[w] for w in windows) \
                     or not self._filled(self.k_issue, count):
                 break
-            self._send(self.source.gather_message(self.plan, self.k_issue, count, windows, self))
+            self._send(self.source.gather_message(self.plan, self.k_issue, count,
+                                                  {w: self.resident[w] for w in windows}))
             self.k_issue += count
         ahead = self.run.sizing.read_ahead()
         for w in self.order:  # read ahead: the next windows not yet resident
@@ -510,7 +372,7 @@ class Epoch:
     def get(self, k: int) -> dict[str, np.ndarray]:
         """Batch k as views into its ring slot (the previous batch's slot is free again)."""
         self.k_next = k
-        if not self.done[k] or self.k_issue + self.run.group <= k + self.run.n_slots:  # a group's room is free
+        if not self.done[k] or self.run.ring.has_room(self.k_issue, self.run.group, k):  # a group's room is free
             self._receive(0)
             self._issue()
         since = time.monotonic()
@@ -518,12 +380,7 @@ class Epoch:
             self._receive(_POLL_SHARED if self.cache.shared and self.waiting else _POLL)
             self._issue()
             self._watch(since)
-        n = self.plan.batch_rows(k)
-        counts = self.counts.pop(k, None)
-        if counts:
-            return self.run.layout.views(self.run.shared.slot(k), n, counts)
-        views = self.run.slot_views(k % self.run.n_slots)
-        return dict(views) if n == self.plan.config.batch_size else {f: v[:n] for f, v in views.items()}
+        return self.run.ring.batch(k, self.plan.batch_rows(k), self.counts.pop(k, None))
 
     def drain(self) -> None:
         """Wait for every message sent (so no worker writes into memory the next epoch reuses)."""

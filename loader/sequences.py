@@ -157,8 +157,8 @@ def _layout(ds: Dataset, seqs: Sequences, batch_size: int) -> Layout:
     return Layout(cols, batch_size)
 
 
-def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig, seqs: Sequences,
-          dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
+def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Shared, config: PlanConfig,
+          seqs: Sequences, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
           transform: Callable | None) -> read_worker.BatchWorker:
     """The SequenceLoader worker's message handler (see `loader.read_worker`)."""
     cache, _ = shared.arrays()
@@ -214,7 +214,7 @@ class SequenceSource(SampleGroups):
     config: PlanConfig
     selection: list[np.ndarray] | None
     layout: Layout
-    reader: read_worker.Source
+    reader: read_worker.DatasetOpener
     fetch: FetchOptions
     kind: str = "SequenceLoader"
     table: str = EPISODES
@@ -294,7 +294,7 @@ class SequenceLoader(Loader):
         config = PlanConfig.of(len(selection) * g, g, batch_size, o.shuffling, o.shard)
         fetch = fetch_options(ds, o.caching)
         source = SequenceSource(ds, seqs, config, selection, _layout(ds, seqs, batch_size),
-                                read_worker.Source.of(ds, fetch), fetch)
+                                read_worker.DatasetOpener.of(ds, fetch), fetch)
         self._start(source, o, o.workers, fetch=fetch, groups=SEQUENCE_GROUPS)
 
     def indices(self) -> np.ndarray:

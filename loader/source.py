@@ -2,16 +2,17 @@
 
 The scheduler (`loader.scheduler`) knows nothing of rows or windows: it asks a source which chunks a window
 of the plan reads, how big a cache slot is, whether windows need an index region, how to make the gather
-message for a group of batches, which worker to start and how to make one batch in plain zarr (to size a
-transform's output). `RowSource` makes batches of one table's rows; `loader.windows.WindowSource` makes
-L5Kit-style window samples.
+message for a group of batches (given where the scheduler put the windows they read, as plain data:
+`ResidentWindow`; a source never calls back into the scheduler), which worker to start and how to make one
+batch in plain zarr (to size a transform's output). `RowSource` makes batches of one table's rows;
+`loader.windows.WindowSource` makes L5Kit-style window samples.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, cast
 
 import numpy as np
 
@@ -25,16 +26,13 @@ from .messages import GatherRows, GatherWindows
 from .plan import EpochPlan, PlanConfig
 
 
-class Residency(Protocol):
-    """What the scheduler tells a source about the windows it made resident."""
+@dataclass(frozen=True, slots=True)
+class ResidentWindow:
+    """Where the scheduler put a resident window: the index region holding its shuffled rows (None: the source
+    uses no index), and the (table, chunk, cache slot) of each chunk it reads, in `chunks_of`'s order."""
 
-    def region(self, window: int) -> int:
-        """The index region holding the window's shuffled rows."""
-        ...
-
-    def slots(self, window: int) -> list[tuple[str, int, int]]:
-        """(table, chunk, cache slot) of each chunk the window reads."""
-        ...
+    region: int | None
+    chunks: tuple[tuple[str, int, int], ...]
 
 
 class BatchSource(Protocol):
@@ -66,9 +64,9 @@ class BatchSource(Protocol):
         """The (table, chunk) a window of the plan reads."""
         ...
 
-    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
-                       residency: Residency) -> GatherRows | GatherWindows:
-        """The message that makes batches [first, first + count), which read `windows`."""
+    def gather_message(self, plan: EpochPlan, first: int, count: int,
+                       windows: dict[int, ResidentWindow]) -> GatherRows | GatherWindows:
+        """The message that makes batches [first, first + count), which read `windows` (each resident)."""
         ...
 
     def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
@@ -107,7 +105,7 @@ class RowSource:
     config: PlanConfig
     selection: list[np.ndarray] | None
     layout: Layout
-    reader: read_worker.Source
+    reader: read_worker.DatasetOpener
     kind: str = "Loader"
     uses_index: bool = True
     rows_column: str | None = None
@@ -132,9 +130,10 @@ class RowSource:
     def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
         return [(self.table, int(c)) for c in plan.windows[window]]
 
-    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
-                       residency: Residency) -> GatherRows:
-        return GatherRows(plan.epoch, first, count, {w: residency.region(w) for w in windows}, plan.resumed_spans)
+    def gather_message(self, plan: EpochPlan, first: int, count: int,
+                       windows: dict[int, ResidentWindow]) -> GatherRows:
+        regions = {w: cast(int, where.region) for w, where in windows.items()}  # (it uses the index)
+        return GatherRows(plan.epoch, first, count, regions, plan.resumed_spans)
 
     def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
                regions: int) -> read_worker.Shared:

@@ -37,7 +37,7 @@ from ..core.keywords import spelled_out
 from .options import WINDOW_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
 from .sample_groups import GroupedSamples
-from .source import Residency, plan_settings
+from .source import ResidentWindow, plan_settings
 from .state import LoaderState
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
@@ -119,8 +119,8 @@ def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
                     np.int64).reshape(-1)
 
 
-def setup(wid: int, source: read_worker.Source, shared: read_worker.Shared, config: PlanConfig, samples: Samples,
-          dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
+def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Shared, config: PlanConfig,
+          samples: Samples, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
           transform: Callable | None) -> read_worker.BatchWorker:
     """The WindowLoader worker's message handler (see `loader.read_worker`)."""
     cache, _ = shared.arrays()
@@ -227,11 +227,11 @@ class SampleGroups:
     def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
         return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
 
-    def gather_message(self, plan: EpochPlan, first: int, count: int, windows: list[int],
-                       residency: Residency) -> GatherWindows:
+    def gather_message(self, plan: EpochPlan, first: int, count: int,
+                       windows: dict[int, ResidentWindow]) -> GatherWindows:
         slots: dict[str, dict[int, int]] = {t: {} for t in self.tables}
-        for w in windows:
-            for table, chunk, slot in residency.slots(w):
+        for where in windows.values():
+            for table, chunk, slot in where.chunks:
                 slots[table][chunk] = slot
         return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
 
@@ -250,7 +250,7 @@ class WindowSource(SampleGroups):
     config: PlanConfig
     selection: list[np.ndarray] | None
     layout: Layout
-    reader: read_worker.Source
+    reader: read_worker.DatasetOpener
     fetch: FetchOptions
     kind: str = "WindowLoader"
     table: str = "frames"
@@ -328,7 +328,7 @@ class WindowLoader(Loader):
         config = PlanConfig.of(len(selection) * g, g, batch_size, o.shuffling, o.shard)
         fetch = fetch_options(ds, o.caching)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
-                              read_worker.Source.of(ds, fetch), fetch)
+                              read_worker.DatasetOpener.of(ds, fetch), fetch)
         self._start(source, o, o.workers, fetch=fetch, groups=WINDOW_GROUPS)
 
 

@@ -303,7 +303,8 @@ def test_a_decode_sent_again_after_its_worker_wrote_it_and_died_is_answered(data
         pins = slots.pin_window(0, [("agents", 0), ("agents", 1)])
         msg = Decode(tuple(DecodeItem("agents", c, p.slot, p.token) for c, p in enumerate(pins)))
         shared = read_worker.Shared(seg, 0, 0, 64, 1)
-        decode = read_worker.ChunkDecoder(read_worker.Source.of(ds, FetchOptions()), ["agents"], shared)
+        opener = read_worker.DatasetOpener.of(ds, FetchOptions())
+        decode = read_worker.ChunkDecoder(opener, ["agents"], shared)
         assert decode(msg) == tuple(p.slot for p in pins)  # the dead worker's work
         assert decode(msg) == tuple(p.slot for p in pins)  # sent again: nothing to write, every slot answered
         assert all(slots.decoded(p.slot) for p in pins)

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from zarrfeed.loader import Loader, WindowLoader, scheduler
+from zarrfeed.loader import Loader, WindowLoader, resources
 from zarrfeed.loader.chunk_cache import ChunkSlots
 from zarrfeed.writer import synthetic, write_dataset
 
@@ -50,7 +50,7 @@ def larger(tmp_path_factory):
 
 
 def test_a_smaller_budget_keeps_what_fits_and_says_so(larger, caplog, monkeypatch):
-    monkeypatch.setattr(scheduler, "_GROUP_ROWS", 4096)  # a smaller ring, so the table is many times its span
+    monkeypatch.setattr(resources, "_GROUP_ROWS", 4096)  # a smaller ring, so the table is many times its span
     args = dict(batch_size=1000, seed=1, shuffle_window=1, copy=True)
     with Loader(larger, "agents", cache_bytes=0, **args) as plain:
         n, chunk_bytes = chunks_of(plain), plain.source.chunk_bytes
