@@ -2,8 +2,8 @@
 on one batch in any process.
 
 A kind of batch (rows, window samples, L5Kit agent and ego samples, sequences) is one module holding a
-parent-side description (a `KindSource`: what the scheduler asks, `loader.source.BatchSource`, and which
-builder makes its batches), a worker-side builder (a `KindBuilder`: the per-batch code, as methods) and its
+parent-side description (a `loader.source.BatchSource`: what the scheduler asks, and which builder makes its
+batches), a worker-side builder (a `KindBuilder`: the per-batch code, as methods) and its
 public loader class. The description names the builder's class and its arguments (`builder()`); `start_worker`
 makes a reader worker around it, and `ProbeBatch` makes batch k with it from plain reads, so the batch a
 transform is first run on (to size its output) is made by exactly the code the workers run.
@@ -22,11 +22,11 @@ from .layout import Layout
 from .messages import FillIndex, GatherRows, GatherWindows
 from .plan import EpochPlan
 from .read_worker import BatchBuilder, BatchWorker, ChunkDecoder, Shared, Source
-from .source import BatchSource
+from .source import BatchSource, Residency
 
 
 @dataclass(frozen=True)
-class CacheArrays:
+class CacheView:
     """What a builder reads: the decoded chunks (`chunks`, bytes, slot s at s * `slot_bytes`) and the index of
     cache rows (`index`, regions of `region_rows`; only kinds whose windows need one fill it)."""
 
@@ -36,14 +36,14 @@ class CacheArrays:
     region_rows: int
 
     @classmethod
-    def of(cls, shared: Shared) -> "CacheArrays":
+    def of(cls, shared: Shared) -> "CacheView":
         """A worker's: its loader's shared memory."""
         chunks, index = shared.arrays()
         return cls(chunks, shared.slot_bytes, index, shared.region_rows)
 
 
 class KindBuilder(BatchBuilder, Protocol):
-    """A kind's worker-side builder, made as `builder(CacheArrays, *args)` from what its description's
+    """A kind's worker-side builder, made as `builder(CacheView, *args)` from what its description's
     `builder()` names: a `BatchBuilder` whose batches are laid out by `layout` (before any transform)."""
 
     layout: Layout
@@ -53,47 +53,27 @@ class KindBuilder(BatchBuilder, Protocol):
         ...
 
 
-class KindSource(BatchSource, Protocol):
-    """A kind's parent-side description: a `BatchSource` that also says which tables its workers read
-    (`tables`), how they open the dataset (`reader`), which builder makes its batches and which chunks batch k
-    of a plan reads (`batch_chunks`: the probe reads only those)."""
-
-    reader: Source
-
-    @property
-    def tables(self) -> list[str]:
-        ...
-
-    def builder(self) -> tuple[type, tuple]:
-        """The builder's class and its arguments after the `CacheArrays` (sent to every worker: picklable)."""
-        ...
-
-    def batch_chunks(self, plan: EpochPlan, k: int) -> list[tuple[str, int]]:
-        """The (table, chunk) batch k of `plan` reads."""
-        ...
-
-
 def start_worker(wid: int, reader: Source, tables: list[str], shared: Shared, outputs: Layout | None,
                  transform: Callable | None, builder: type, args: tuple) -> BatchWorker:
     """A reader worker's message handler (see `loader.read_worker`) whose batches `builder` builds; it opens
     the dataset in this process (no zarr handle is inherited)."""
-    made: KindBuilder = builder(CacheArrays.of(shared), *args)
+    made: KindBuilder = builder(CacheView.of(shared), *args)
     return BatchWorker(wid, ChunkDecoder(reader, tables, shared), shared, made, transform, outputs,
                        made.layout.slot_bytes, others=made.others(wid))
 
 
-def worker_of(source: KindSource, shared: Shared, outputs: Layout | None,
+def worker_of(source: BatchSource, shared: Shared, outputs: Layout | None,
               transform: Callable | None) -> tuple[Callable, tuple]:
     """`BatchSource.worker` of a kind: `start_worker` and its arguments."""
     builder, args = source.builder()
     return start_worker, (source.reader, source.tables, shared, outputs, transform, builder, args)
 
 
-class _ProbeResidency:
+class _ProbeResidency(Residency):
     """The probe's `Residency`: the windows batch k reads, region i the i-th, and the chunks it reads, slot j
     the j-th (a chunk of a window that batch k does not read is not resident)."""
 
-    def __init__(self, source: KindSource, plan: EpochPlan, windows: list[int], slots: dict[tuple[str, int], int]):
+    def __init__(self, source: BatchSource, plan: EpochPlan, windows: list[int], slots: dict[tuple[str, int], int]):
         self.source, self.plan, self.windows, self.slot = source, plan, windows, slots
 
     def region(self, window: int) -> int:
@@ -103,7 +83,7 @@ class _ProbeResidency:
         return [(t, c, self.slot[(t, c)]) for t, c in self.source.chunks_of(self.plan, window) if (t, c) in self.slot]
 
 
-def probe_of(source: KindSource, plan: EpochPlan, k: int) -> "ProbeBatch":
+def probe_of(source: BatchSource, plan: EpochPlan, k: int) -> "ProbeBatch":
     """`BatchSource.probe_batch` of a kind: batch k of `plan`, made by its builder from plain reads of the
     chunks it reads, with the messages its workers would be sent."""
     reads = list(dict.fromkeys(source.batch_chunks(plan, k)))
@@ -149,7 +129,7 @@ class ProbeBatch:
                 n = ds[table].chunks[0]
                 records = ds.read_rows(table, chunk * n, min((chunk + 1) * n, ds.rows[table]))
                 chunks[slot * S:slot * S + records.nbytes] = records.view(np.uint8)
-        cache = CacheArrays(chunks, S, np.zeros(self.index_rows, np.int64), self.region_rows)
+        cache = CacheView(chunks, S, np.zeros(self.index_rows, np.int64), self.region_rows)
         made: KindBuilder = self.builder(cache, *self.args)
         fill = made.others(0)
         for msg in self.fills:

@@ -19,7 +19,7 @@ from . import read_worker
 from .chunk_cache import ChunkMemory
 from .dataset import Dataset
 from .gather import gather
-from .kinds import CacheArrays, ProbeBatch, probe_of, worker_of
+from .kinds import CacheView, ProbeBatch, probe_of, worker_of
 from .layout import Layout
 from .messages import FillIndex, GatherRows, IndexFilled
 from .plan import EpochPlan, PlanConfig, WorkerPlans
@@ -32,7 +32,7 @@ class RowBuilder:
     """Rows of one table, gathered from the decoded chunks through the index that `FillIndex` wrote (each
     window's shuffled rows, as cache rows), one column per field of `layout`, in one pass."""
 
-    def __init__(self, cache: CacheArrays, config: PlanConfig, selection: list[np.ndarray] | None, layout: Layout,
+    def __init__(self, cache: CacheView, config: PlanConfig, selection: list[np.ndarray] | None, layout: Layout,
                  itemsize: int) -> None:
         self.cache, self.index, self.region_rows = cache.chunks, cache.index, cache.region_rows
         self.plans, self.chunk_rows = WorkerPlans(config, selection), config.chunk_rows

@@ -18,7 +18,7 @@ import numpy as np
 from . import read_worker
 from .chunk_cache import ChunkMemory
 from .dataset import Dataset
-from .kinds import CacheArrays, ProbeBatch, probe_of, worker_of
+from .kinds import CacheView, ProbeBatch, probe_of, worker_of
 from .layout import Layout
 from .messages import GatherWindows
 from .plan import EpochPlan, PlanConfig, WorkerPlan, WorkerPlans
@@ -69,7 +69,7 @@ class SampleBuilder:
     k, slots)`, each kind's, from the epoch's plan and the cache slots of the chunks it reads; `layout` lays
     out its columns."""
 
-    def __init__(self, cache: CacheArrays, config: PlanConfig, samples: Any, dtypes: dict[str, np.dtype],
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: Any, dtypes: dict[str, np.dtype],
                  layout: Layout) -> None:
         self.cache, self.slot_bytes = cache.chunks, cache.slot_bytes
         self.samples, self.dtypes, self.layout = samples, dtypes, layout

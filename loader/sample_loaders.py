@@ -29,7 +29,7 @@ from .motion import AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, ego_s
 from ..core.keywords import count, spelled_out
 from .options import LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
-from .kinds import CacheArrays
+from .kinds import CacheView
 from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
 from .state import MASK_MINIMUMS
@@ -101,7 +101,7 @@ class MotionBuilder(SampleBuilder):
 
     samples: MotionSamples
 
-    def __init__(self, cache: CacheArrays, config: PlanConfig, samples: MotionSamples, dtypes: dict[str, np.dtype],
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: MotionSamples, dtypes: dict[str, np.dtype],
                  layout: Layout) -> None:
         super().__init__(cache, config, samples, dtypes, layout)
         self.contexts: OrderedDict[int, Context] = OrderedDict()

@@ -33,7 +33,7 @@ from .layout import Layout
 from ..core.keywords import spelled_out
 from .options import SEQUENCE_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig
-from .kinds import CacheArrays
+from .kinds import CacheView
 from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
 
@@ -159,7 +159,7 @@ class SequenceBuilder(SampleBuilder):
 
     samples: SequenceSamples
 
-    def __init__(self, cache: CacheArrays, config: PlanConfig, samples: SequenceSamples, dtypes: dict[str, np.dtype],
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: SequenceSamples, dtypes: dict[str, np.dtype],
                  layout: Layout) -> None:
         super().__init__(cache, config, samples, dtypes, layout)
         self.by_name = {c.name: c for c in layout.columns}

@@ -92,6 +92,23 @@ class BatchSource(Protocol):
         """What the resume state's selection digest is computed from."""
         ...
 
+    # what its worker and its probe are made from (`loader.kinds`)
+    reader: read_worker.Source  # how a worker opens the dataset and fetches from it
+
+    @property
+    def tables(self) -> list[str]:
+        """The tables whose chunks its workers decode."""
+        ...
+
+    def builder(self) -> tuple[type, tuple]:
+        """The class of its worker-side builder (a `kinds.KindBuilder`) and the arguments after the
+        `kinds.CacheView` it is made with (sent to every worker: picklable)."""
+        ...
+
+    def batch_chunks(self, plan: EpochPlan, k: int) -> list[tuple[str, int]]:
+        """The (table, chunk) batch k of `plan` reads (what its probe reads)."""
+        ...
+
 
 def plan_settings(table: str, config: PlanConfig) -> dict[str, Any]:
     """The settings that decide a plan's batch order, as a resume state records them."""

@@ -29,7 +29,7 @@ from .layout import Layout
 from ..core.keywords import spelled_out
 from .options import WINDOW_GROUPS, LoaderOptions, Options
 from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
-from .kinds import CacheArrays
+from .kinds import CacheView
 from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
 from .state import LoaderState
@@ -119,7 +119,7 @@ class WindowBuilder(SampleBuilder):
 
     samples: WindowSamples
 
-    def __init__(self, cache: CacheArrays, config: PlanConfig, samples: WindowSamples, dtypes: dict[str, np.dtype],
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: WindowSamples, dtypes: dict[str, np.dtype],
                  layout: Layout) -> None:
         super().__init__(cache, config, samples, dtypes, layout)
         self.specs = {t: _spec(layout, t, dtypes[t]) for t in TABLES}

@@ -8,7 +8,7 @@ import pytest
 
 from zarrfeed import SequenceLoader
 from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader, Loader, WindowLoader
-from zarrfeed.loader.kinds import CacheArrays
+from zarrfeed.loader.kinds import CacheView
 from zarrfeed.loader.messages import FillIndex, GatherRows, GatherWindows
 from zarrfeed.loader.rows import RowBuilder
 from zarrfeed.loader.sample_groups import SampleBuilder
@@ -60,7 +60,7 @@ def _built_by_hand(source, plan, k):
     if make is RowBuilder:  # the windows' orders, over these slots, into index regions 0, 1, ...
         windows = plan.group_windows(k, 1)
         region_rows = max(int(plan.window_starts[w + 1] - plan.window_starts[w]) for w in windows)
-        builder = make(CacheArrays(cache, source.chunk_bytes, np.zeros(region_rows * len(windows), np.int64),
+        builder = make(CacheView(cache, source.chunk_bytes, np.zeros(region_rows * len(windows), np.int64),
                                    region_rows), *args)
         for region, w in enumerate(windows):
             window_slots = tuple(slots.get((source.table, int(c)), 0) for c in plan.windows[w])
@@ -69,7 +69,7 @@ def _built_by_hand(source, plan, k):
         msg = GatherRows(plan.epoch, k, 1, {w: region for region, w in enumerate(windows)}, plan.resumed_spans)
     else:
         assert issubclass(make, SampleBuilder)
-        builder = make(CacheArrays(cache, source.chunk_bytes, np.zeros(0, np.int64), 0), *args)
+        builder = make(CacheView(cache, source.chunk_bytes, np.zeros(0, np.int64), 0), *args)
         by_table = {t: {} for t in source.tables}
         for (table, chunk), slot in slots.items():
             by_table[table][chunk] = slot
