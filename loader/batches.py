@@ -2,7 +2,7 @@
 
 The front of a loader: its options, its resume state and the loop the user iterates. What is decoded and
 gathered, and in which order, is the scheduler's (`loader.scheduler`), told by a batch source what a batch is
-(`loader.source.RowSource` here; `loader.windows.WindowSource` for `WindowLoader`).
+(`loader.rows.RowSource` here; `loader.windows.WindowSource` for `WindowLoader`: see `loader.kinds`).
 """
 from __future__ import annotations
 
@@ -23,14 +23,16 @@ from . import probe, read_worker, view_check
 from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .fetch import FetchOptions
+from .kinds import start_worker
 from .layout import Layout
 from .options import CacheOptions, LoaderOptions, Options, ReadOptions, WorkerOptions
 from .plan import MIN_WINDOW, EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
 from .resume import Cursor, adopt_order, reshard
 from .resources import Sizing
 from .ring import Handout
+from .rows import RowSource
 from .scheduler import Epoch, LoaderError, LoaderStalledError, Run
-from .source import BatchSource, RowSource
+from .source import BatchSource
 from .state import LOADED_WHILE_ITERATING, LoaderState, selection_digest
 
 __all__ = ["Loader", "LoaderError", "LoaderStalledError"]
@@ -173,7 +175,7 @@ class Loader:
         self._digest: str | None = None
         self._cursor = Cursor()
         if workers.num_workers:
-            start_fork_server(workers.start_method, read_worker.setup)  # ready by the time the loop starts
+            start_fork_server(workers.start_method, start_worker)  # ready by the time the loop starts
         self._active = False
         self._plan: EpochPlan | None = None
         self._loaded: Any = None  # the state(s) given to load_state_dict, applied again by use_ranks

@@ -1,7 +1,6 @@
 """The reader workers' loop, one for every loader (`BatchWorker`: decode chunks, build batches, run the user's
-transform), and the row batches of `Loader` (`RowBatches`). Each kind of batch supplies only how it builds
-one (`BatchBuilder`: `RowBatches` here, `SampleBatches` for WindowLoader and the sample loaders), as PyTorch
-keeps one worker loop and varies the fetcher.
+transform). Each kind of batch supplies only how it builds one (`BatchBuilder`: `rows.RowBuilder`,
+`windows.WindowBuilder`, ...; see `loader.kinds`), as PyTorch keeps one worker loop and varies the fetcher.
 
 Messages (`loader.messages`; all small, the worker computes the plan itself from the settings it was
 started with): `Decode` -> `Decoded` (the chunks, fetched together, concurrently from an object store, into
@@ -30,11 +29,8 @@ from ..core.schema import Table
 from ..core.location import Location
 from .chunk_cache import ChunkMemory
 from .fetch import ChunkFetcher, FetchOptions
-from .gather import gather
 from .layout import Layout
-from .messages import (Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherRows, GatherWindows, IndexFilled,
-                       TransformFailed)
-from .plan import PlanConfig, WorkerPlans
+from .messages import Decode, Decoded, DecodeItem, Gathered, GatherRows, GatherWindows, TransformFailed
 from .ring import RingMemory
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
@@ -204,77 +200,3 @@ class BatchWorker:
     def waiting(self, msgs: list) -> None:
         """Messages waiting in the pipe (see `WorkerPool`): fetch their chunks meanwhile."""
         self.decode.waiting(msgs)
-
-
-class RowBatches:
-    """`Loader`'s batches: rows of one table, gathered from the decoded chunks through the index that
-    `FillIndex` wrote (each window's shuffled rows, as cache rows), one column per field, in one pass."""
-
-    def __init__(self, shared: Shared, plans: WorkerPlans, records: Layout, itemsize: int) -> None:
-        self.shared, self.plans, self.records, self.itemsize = shared, plans, records, itemsize
-        self.cache, self.index = shared.arrays()
-        self.spec = records.gather_spec()
-
-    def start(self, msg: GatherRows) -> tuple[Any, list]:
-        """The epoch's plan, and the pieces of each batch of the message (index ranges to gather)."""
-        plan = self.plans.get(msg.epoch, msg.spans).plan
-        regions, region_rows = msg.regions, self.shared.region_rows
-        by_batch: list[list[tuple[int, int, int]]] = [[] for _ in range(msg.count)]
-        for piece in plan.group_pieces(msg.first, msg.count):
-            start = regions[piece.window] * region_rows + piece.position
-            by_batch[piece.batch].append((piece.row, start, start + piece.rows))
-        return plan, by_batch
-
-    def build(self, dst: Any, msg: GatherRows, k: int, started: tuple[Any, list]) -> None:
-        cache, index, spec, size = self.cache, self.index, self.spec, self.itemsize
-        for first, start, end in started[1][k - msg.first]:
-            gather(cache, size, index[start:end], dst, spec, first, size)
-
-    def views(self, scratch: np.ndarray, started: tuple[Any, list], k: int, counts: dict[str, int] | None) -> Any:
-        return self.records.views(scratch, started[0].batch_rows(k))
-
-    def rows(self, started: tuple[Any, list], k: int) -> int:
-        return started[0].batch_rows(k)
-
-
-class SampleBatches:
-    """Batches of samples (WindowLoader's windows, the sample loaders' agents or ego frames), each built by
-    `one_batch(dst, plan, orders, k, slots)` from the epoch's plan and the cache slots of the chunks they read;
-    `layout` lays out their columns."""
-
-    def __init__(self, plans: WorkerPlans, layout: Layout,
-                 one_batch: Callable[[Any, Any, dict, int, dict], dict[str, int] | None]) -> None:
-        self.plans, self.layout, self.one_batch = plans, layout, one_batch
-
-    def start(self, msg: GatherWindows) -> Any:
-        return self.plans.get(msg.epoch, msg.spans)
-
-    def build(self, dst: Any, msg: GatherWindows, k: int, started: Any) -> dict[str, int] | None:
-        return self.one_batch(dst, started.plan, started.orders, k, msg.slots)
-
-    def views(self, scratch: np.ndarray, started: Any, k: int, counts: dict[str, int] | None) -> Any:
-        return self.layout.views(scratch, started.plan.batch_rows(k), counts)
-
-    def rows(self, started: Any, k: int) -> int:
-        return started.plan.batch_rows(k)
-
-
-def setup(wid: int, source: DatasetOpener, table: str, shared: Shared, config: PlanConfig, itemsize: int,
-          selection: list[np.ndarray] | None, records: Layout, outputs: Layout | None,
-          transform: Callable | None) -> BatchWorker:
-    """Open the dataset in this process (no zarr handle is inherited); return the message handler."""
-    _, index = shared.arrays()
-    chunk_rows = config.chunk_rows
-    plans = WorkerPlans(config, selection)
-
-    def fill_index(msg: FillIndex) -> IndexFilled:
-        """The shuffled rows of the window (or its part), as cache rows (slot * chunk_rows + r), into its index
-        region, made in place."""
-        start = msg.region * shared.region_rows
-        plans.get(msg.epoch).plan.fill_order(index[start:start + shared.region_rows], msg.window,
-                                             np.asarray(msg.slots, np.int64) * chunk_rows, msg.part)
-        return IndexFilled(wid, msg.window, msg.part)
-
-    return BatchWorker(wid, ChunkDecoder(source, [table], shared), shared,
-                       RowBatches(shared, plans, records, itemsize), transform, outputs, records.slot_bytes,
-                       others=fill_index)

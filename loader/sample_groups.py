@@ -1,16 +1,28 @@
-"""Samples grouped by the chunk they read, as the epoch plan sees them.
+"""What the kinds of batch made of samples share (window samples, L5Kit agent and ego samples, sequences):
+their samples grouped by the chunk they read (`GroupedSamples`), the description of such a kind
+(`GroupSource`) and the base of its builder (`SampleBuilder`).
 
 A loader of samples (L5Kit windows, Diffusion Policy sequences) hands the plan its samples as groups, each of
 which reads a few chunks: group g is a plan "chunk" of `group_rows` rows whose first `sizes[g]` are samples.
 The plan shuffles groups as it shuffles chunks (windows of `shuffle_window` groups) and the samples within
 each window, so the chunks a window reads are decoded once into the shared cache and every sample of the
-window is gathered from there.
+window is gathered from there (no index regions).
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Callable, ClassVar
+
 import numpy as np
 
-from .plan import EpochPlan
+from . import read_worker
+from .chunk_cache import ChunkMemory
+from .dataset import Dataset
+from .kinds import CacheView, ProbeBatch, probe_of, worker_of
+from .layout import Layout
+from .messages import GatherWindows
+from .plan import EpochPlan, PlanConfig, WorkerPlan, WorkerPlans
+from .source import ResidentWindow
 
 
 class GroupedSamples:
@@ -50,3 +62,101 @@ class GroupedSamples:
         if not ids:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(ids), np.concatenate(groups)
+
+
+class SampleBuilder:
+    """The base of a builder of samples: batch k of a gather message is made by `one_batch(dst, plan, orders,
+    k, slots)`, each kind's, from the epoch's plan and the cache slots of the chunks it reads; `layout` lays
+    out its columns."""
+
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: Any, dtypes: dict[str, np.dtype],
+                 layout: Layout) -> None:
+        self.cache, self.slot_bytes = cache.chunks, cache.slot_bytes
+        self.samples, self.dtypes, self.layout = samples, dtypes, layout
+        self.plans = WorkerPlans(config, samples.selection())
+
+    def one_batch(self, dst: Any, plan: EpochPlan, orders: dict, k: int,
+                  slots: dict[str, dict[int, int]]) -> dict[str, int] | None:
+        """Write batch k of `plan` into `dst`; the rows of each ragged column, for batches that have them."""
+        raise NotImplementedError
+
+    def others(self, wid: int) -> Callable[[Any], Any] | None:
+        return None  # (gathers only)
+
+    def start(self, msg: GatherWindows) -> WorkerPlan:
+        return self.plans.get(msg.epoch, msg.spans)
+
+    def build(self, dst: Any, msg: GatherWindows, k: int, started: WorkerPlan) -> dict[str, int] | None:
+        return self.one_batch(dst, started.plan, started.orders, k, msg.slots)
+
+    def views(self, scratch: np.ndarray, started: WorkerPlan, k: int, counts: dict[str, int] | None) -> Any:
+        return self.layout.views(scratch, started.plan.batch_rows(k), counts)
+
+    def rows(self, started: WorkerPlan, k: int) -> int:
+        return started.plan.batch_rows(k)
+
+
+class GroupSource:
+    """What the descriptions of grouped samples share (`windows.WindowSource`, `sample_loaders.MotionSource`,
+    `sequences.SequenceSource`, each a dataclass): each plan 'chunk' is a group of samples that reads
+    `samples.reads[group]`; workers gather straight from the cached chunks (no index regions). Each names the
+    tables its workers read (`tables`) and its builder's class (`builds`)."""
+
+    builds: ClassVar[type[SampleBuilder]]
+    samples: Any
+    dataset: Dataset
+    config: PlanConfig
+    layout: Layout
+    reader: read_worker.DatasetOpener
+
+    @property
+    def tables(self) -> list[str]:
+        """The tables whose chunks the groups read."""
+        raise NotImplementedError
+
+    @property
+    def dtypes(self) -> dict[str, np.dtype]:
+        """The records of each table read."""
+        return {t: self.dataset[t].dtype for t in self.tables}
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one cache slot: the largest chunk of the tables read."""
+        return max(self.dataset[t].chunks[0] * self.dataset[t].dtype.itemsize for t in self.tables)
+
+    def with_config(self, config: PlanConfig) -> Any:
+        """This source with another plan configuration."""
+        return dataclasses.replace(self, config=config)  # type: ignore[type-var]  # (subclasses are dataclasses)
+
+    def worker_bytes(self) -> int:
+        """None of their own beyond the shared chunks (an agent loader's workers hold an index: its override)."""
+        return 0
+
+    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
+        return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
+
+    def batch_chunks(self, plan: EpochPlan, k: int) -> list[tuple[str, int]]:
+        groups = self.samples.sample_groups(plan, plan.segments(k), {})[1]
+        return list(dict.fromkeys(key for g in np.unique(groups).tolist() for key in self.samples.reads[g]))
+
+    def gather_message(self, plan: EpochPlan, first: int, count: int,
+                       windows: dict[int, ResidentWindow]) -> GatherWindows:
+        slots: dict[str, dict[int, int]] = {t: {} for t in self.tables}
+        for where in windows.values():
+            for table, chunk, slot in where.chunks:
+                slots[table][chunk] = slot
+        return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
+
+    def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
+               regions: int) -> read_worker.Shared:
+        return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
+
+    def builder(self) -> tuple[type, tuple]:
+        return self.builds, (self.config, self.samples, self.dtypes, self.layout)
+
+    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
+               transform: Callable | None) -> tuple[Callable, tuple]:
+        return worker_of(self, shared, outputs, transform)  # type: ignore[arg-type]  # (subclasses are sources)
+
+    def probe_batch(self, plan: EpochPlan, k: int) -> ProbeBatch:
+        return probe_of(self, plan, k)  # type: ignore[arg-type]

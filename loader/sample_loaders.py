@@ -11,30 +11,26 @@ across epochs) and computes a batch's samples from it with arrays (`loader.motio
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Unpack
+from typing import Any, Callable, ClassVar, Unpack
 
 import numpy as np
 
 from ..core._proc.pool import preload_in_workers
-from ..core.chunk_check import ChunkCheck
-from ..core.location import Location
 from . import agents_mask, read_worker
 from .batches import Loader, fetch_options, open_dataset
 from .dataset import Dataset
-from .fetch import FetchOptions
 from .layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, ego_samples, sample_fields
 from ..core.keywords import count, spelled_out
 from .options import LoaderOptions, Options
-from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
-from .sample_groups import GroupedSamples
-from .windows import SampleGroups
+from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .kinds import CacheView
+from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
 from .state import MASK_MINIMUMS
 
@@ -98,26 +94,31 @@ def _columns(view: Callable[[str, int], np.ndarray], table: str, rows: tuple[int
     return {f: np.concatenate(p) if p else np.zeros(0, dtype[f]) for f, p in parts.items()}
 
 
-def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Shared, config: PlanConfig,
-          samples: MotionSamples, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
-          transform: Callable | None) -> read_worker.BatchWorker:
-    """The sample loaders' worker message handler (see `loader.read_worker`)."""
-    tables = ["frames"] if samples.ego else ["frames", "agents"]
-    cache, _ = shared.arrays()
-    S = shared.slot_bytes
-    plans = WorkerPlans(config, samples.selection())
-    contexts: OrderedDict[int, Context] = OrderedDict()
+class MotionBuilder(SampleBuilder):
+    """Agent or ego samples (see `AgentSampleLoader`), computed from each group's `motion.Context`, made from its
+    cached chunks once and kept across epochs (the `_CONTEXTS` last used); an agent loader's batches in one pass
+    over the agents of all their groups (`AgentPool`)."""
 
-    def context(g: int, slots: dict[str, dict[int, int]], keep: bool = True) -> Context:
+    samples: MotionSamples
+
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: MotionSamples, dtypes: dict[str, np.dtype],
+                 layout: Layout) -> None:
+        super().__init__(cache, config, samples, dtypes, layout)
+        self.contexts: OrderedDict[int, Context] = OrderedDict()
+        self.pool = None if samples.ego else AgentPool(len(samples.sizes), len(samples), _pool_rows(samples, config))
+
+    def chunk(self, slots: dict[str, dict[int, int]], table: str, chunk: int) -> np.ndarray:
+        """The records of `table`'s cached chunk `chunk`."""
+        n = self.samples.chunk_rows[table]
+        return np.frombuffer(self.cache, self.dtypes[table], count=n, offset=slots[table][chunk] * self.slot_bytes)
+
+    def context(self, g: int, slots: dict[str, dict[int, int]], keep: bool = True) -> Context:
         """Group g's context, made from its cached chunks (and kept, least recently used dropped, with `keep`)."""
+        samples, dtypes, contexts = self.samples, self.dtypes, self.contexts
         if g in contexts:
             contexts.move_to_end(g)
             return contexts[g]
-
-        def view(table: str, chunk: int) -> np.ndarray:
-            n = samples.chunk_rows[table]
-            return np.frombuffer(cache, dtypes[table], count=n, offset=slots[table][chunk] * S)
-
+        view = functools.partial(self.chunk, slots)
         f0, f1 = (int(x) for x in samples.frame_spans[g])
         frames = _columns(view, "frames", (f0, f1), samples.chunk_rows["frames"], FRAME_FIELDS,
                           dtypes["frames"])
@@ -137,10 +138,9 @@ def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Share
                 contexts.popitem(last=False)
         return ctx
 
-    pool = None if samples.ego else AgentPool(len(samples.sizes), len(samples), _pool_rows(samples, config))
-
-    def pooled(ids: np.ndarray, groups: np.ndarray, slots: dict[str, dict[int, int]]) -> dict[str, np.ndarray]:
+    def pooled(self, ids: np.ndarray, groups: np.ndarray, slots: dict[str, dict[int, int]]) -> dict[str, np.ndarray]:
         """Agent samples from any number of groups in one pass (`AgentPool`), each group added once."""
+        samples, pool = self.samples, self.pool
         assert pool is not None
         touched = np.unique(groups).tolist()
         keep = set(touched)
@@ -148,29 +148,26 @@ def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Share
             if not pool.holds(g):
                 lo, hi = int(samples.group_start[g]), int(samples.group_end[g])
                 group = np.arange(lo, hi)
-                pool.add(g, context(g, slots, keep=False), group, samples.items[group], samples.t[group], keep)
+                pool.add(g, self.context(g, slots, keep=False), group, samples.items[group], samples.t[group], keep)
         return pool.samples(ids, groups, samples.items[ids], samples.t[ids], samples.scene[ids],
                             samples.scene_lo[ids], samples.scene_hi[ids], samples.steps)
 
-    def one_batch(dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
+    def one_batch(self, dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
+        samples = self.samples
         ids, groups = samples.sample_groups(p, p.segments(k), orders)
-        views = layout.views(dst, len(ids))
-        if pool is not None:
-            out = pooled(ids, groups, slots)
+        views = self.layout.views(dst, len(ids))
+        if self.pool is not None:
+            out = self.pooled(ids, groups, slots)
             for name, view in views.items():
                 view[:] = out[name]
             return
         for g in np.unique(groups).tolist():  # ego samples: a call per group (cheap: frames only)
             at = np.flatnonzero(groups == g)
             i = ids[at]
-            out = ego_samples(context(g, slots), samples.t[i], samples.scene[i], samples.scene_lo[i],
+            out = ego_samples(self.context(g, slots), samples.t[i], samples.scene[i], samples.scene_lo[i],
                               samples.scene_hi[i], samples.steps)
             for name, view in views.items():
                 view[at] = out[name]
-
-    return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, tables, shared), shared,
-                                   read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
-                                   layout.slot_bytes)
 
 
 def _pool_rows(samples: MotionSamples, config: PlanConfig) -> int:
@@ -181,19 +178,19 @@ def _pool_rows(samples: MotionSamples, config: PlanConfig) -> int:
 
 
 @dataclass
-class MotionSource(SampleGroups):
+class MotionSource(GroupSource):
     """Batches of agent or ego samples (see `AgentSampleLoader`): the plan's 'chunks' are groups of samples."""
 
+    builds: ClassVar[type[SampleBuilder]] = MotionBuilder
     dataset: Dataset
     samples: MotionSamples
     config: PlanConfig
     selection: list[np.ndarray] | None
     layout: Layout
     reader: read_worker.DatasetOpener
-    fetch: FetchOptions
     kind: str
     table: str
-    options: dict[str, Any]  # the loader's arguments that decide its samples (for probe_batch)
+    options: dict[str, Any]  # the loader's arguments that decide its samples (for its resume state)
     uses_index: bool = False
     rows_column: str | None = "frame_row"
 
@@ -208,18 +205,6 @@ class MotionSource(SampleGroups):
         """An agent loader's workers each hold their window's agents (`motion.AgentPool`), each group the
         agents of the frames around its samples, so neighbouring groups' overlap."""
         return 0 if self.samples.ego else _pool_rows(self.samples, self.config) * AgentPool.ROW_BYTES
-
-    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
-               transform: Callable | None) -> tuple[Callable, tuple]:
-        return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)
-
-    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        """A picklable call that makes batch k with a one-process loader over the same samples."""
-        c = self.config
-        options = dict(self.options, **c.as_options(), rows=self.samples.items, cache_dir=self.fetch.cache_dir,
-                       cache_dir_bytes=self.fetch.cache_bytes)
-        return functools.partial(_sample_batch, self.kind, self.dataset.location, self.dataset.commit,
-                                 self.dataset.check, options, plan.epoch, k)
 
     def settings(self) -> dict[str, Any]:
         s = self.samples.steps
@@ -255,8 +240,7 @@ class _SampleLoader(Loader):
         fetch = fetch_options(ds, o.caching)
         kind = type(self).__name__
         source = MotionSource(ds, samples, config, selection, _layout(ego, steps, batch_size),
-                              read_worker.DatasetOpener.of(ds, fetch), fetch, kind, "frames" if ego else "agents",
-                              options)
+                              read_worker.DatasetOpener.of(ds, fetch), kind, "frames" if ego else "agents", options)
         self._start(source, o, o.workers, fetch=fetch)  # Loader's default window
 
 
@@ -364,17 +348,3 @@ class EgoSampleLoader(_SampleLoader):
             items = np.arange(ds.rows["frames"], dtype=np.int64)
         self._begin(ds, steps, True, items, dict(history=history, future=future, step_time=step_time), batch_size,
                     o)
-
-
-_KINDS: dict[str, type[_SampleLoader]] = {"AgentSampleLoader": AgentSampleLoader, "EgoSampleLoader": EgoSampleLoader}
-
-
-def _sample_batch(kind: str, location: Location, commit: int | None, check: ChunkCheck | None, options: dict,
-                  epoch: int, k: int) -> dict:
-    """Batch k of `epoch` of a sample loader with `options`, made in this process and copied out of its ring."""
-    loader = _KINDS[kind](Dataset.reopen(location, commit, check), num_workers=0, copy=True, **options)
-    loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
-    try:
-        return next(iter(loader))
-    finally:
-        loader.close()

@@ -14,32 +14,28 @@ sample), and each batch is gathered from there: one pass per key over the batch'
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Unpack
+from typing import Any, ClassVar, Unpack
 
 import numpy as np
 
 from ..core._proc.pool import preload_in_workers
-from ..core.chunk_check import ChunkCheck
 from ..core.replay_buffer import END, EPISODES
 from ..core.schema import field_names
-from ..core.location import FormatError, Location
+from ..core.location import FormatError
 from . import read_worker
 from .batches import Loader, fetch_options, open_dataset
 from .dataset import Dataset
-from .fetch import FetchOptions
 from .gather import gather
 from .layout import Layout
 from ..core.keywords import spelled_out
 from .options import SEQUENCE_GROUPS, LoaderOptions, Options
-from .plan import EpochPlan, PlanConfig, WorkerPlans
-from .sample_groups import GroupedSamples
+from .plan import EpochPlan, PlanConfig
+from .kinds import CacheView
+from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
-from .windows import SampleGroups
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
@@ -59,7 +55,7 @@ def sequence_starts(ends: np.ndarray, episodes: np.ndarray, sequence_length: int
     return episode, within - before
 
 
-class Sequences(GroupedSamples):
+class SequenceSamples(GroupedSamples):
     """The samples of a replay buffer (see the module's docstring), grouped by the chunk of `keys[0]` their
     first step lies in, and what each group reads."""
 
@@ -148,7 +144,7 @@ def _episodes(episodes: np.ndarray | None, n: int) -> np.ndarray:
     return unique
 
 
-def _layout(ds: Dataset, seqs: Sequences, batch_size: int) -> Layout:
+def _layout(ds: Dataset, seqs: SequenceSamples, batch_size: int) -> Layout:
     cols: list[tuple] = [("sample", np.dtype(np.int64), (), -1), ("episode", np.dtype(np.int64), (), -1),
                          ("is_pad", np.dtype(bool), (seqs.S,), -1)]
     for key in seqs.keys:
@@ -157,31 +153,33 @@ def _layout(ds: Dataset, seqs: Sequences, batch_size: int) -> Layout:
     return Layout(cols, batch_size)
 
 
-def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Shared, config: PlanConfig,
-          seqs: Sequences, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
-          transform: Callable | None) -> read_worker.BatchWorker:
-    """The SequenceLoader worker's message handler (see `loader.read_worker`)."""
-    cache, _ = shared.arrays()
-    S = shared.slot_bytes
-    by_name = {c.name: c for c in layout.columns}
-    plans = WorkerPlans(config, seqs.selection())
-    specs = {k: np.array([0, dtypes[k].itemsize, by_name[k].base], np.int64) for k in seqs.keys}
+class SequenceBuilder(SampleBuilder):
+    """Sequence samples (see `SequenceLoader`): `sample`, `episode` and `is_pad` from the samples, then each key
+    gathered from the cached chunks, one pass per key over the batch's steps."""
 
-    bases: dict[str, tuple[dict, int, np.ndarray]] = {}  # per key, of the current message's slots
+    samples: SequenceSamples
 
-    def chunk_bases(key: str, slots: dict[int, int]) -> tuple[int, np.ndarray]:
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: SequenceSamples, dtypes: dict[str, np.dtype],
+                 layout: Layout) -> None:
+        super().__init__(cache, config, samples, dtypes, layout)
+        self.by_name = {c.name: c for c in layout.columns}
+        self.specs = {k: np.array([0, dtypes[k].itemsize, self.by_name[k].base], np.int64) for k in samples.keys}
+        self.bases: dict[str, tuple[dict, int, np.ndarray]] = {}  # per key, of the current message's slots
+
+    def chunk_bases(self, key: str, slots: dict[int, int]) -> tuple[int, np.ndarray]:
         """Where each resident chunk of `key` starts in the cache, by chunk index from the first resident one:
         made once per message (a message's batches read the same slots)."""
-        made = bases.get(key)
+        made = self.bases.get(key)
         if made is None or made[0] is not slots:
             first = min(slots)  # (a chunk not resident, which the plan never asks for, is far outside the
             at = np.full(max(slots) - first + 1, -(1 << 62), np.int64)  # cache: the gather refuses it)
             for chunk, slot in slots.items():
-                at[chunk - first] = slot * S
-            made = bases[key] = (slots, first, at)
+                at[chunk - first] = slot * self.slot_bytes
+            made = self.bases[key] = (slots, first, at)
         return made[1], made[2]
 
-    def one_batch(dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
+    def one_batch(self, dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
+        seqs, by_name, dtypes = self.samples, self.by_name, self.dtypes
         ids = seqs.sample_ids(p, p.segments(k), orders)
         b = len(ids)
         np.frombuffer(dst, np.int64, count=b, offset=by_name["sample"].base)[:] = ids
@@ -196,26 +194,22 @@ def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Share
                 chunk = rows // c
                 split[c] = (chunk, rows - chunk * c)
             chunk, within = split[c]
-            first, at = chunk_bases(key, slots[key])
-            gather(cache, size, at[chunk - first] + within * size, dst, specs[key], 0, 1)
-
-    return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, list(seqs.keys), shared), shared,
-                                   read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
-                                   layout.slot_bytes)
+            first, at = self.chunk_bases(key, slots[key])
+            gather(self.cache, size, at[chunk - first] + within * size, dst, self.specs[key], 0, 1)
 
 
 @dataclass
-class SequenceSource(SampleGroups):
+class SequenceSource(GroupSource):
     """Batches of sequence samples (see `SequenceLoader`), gathered from the cached chunks of their keys: the
     plan's 'chunks' are groups of samples, one per chunk of the first key."""
 
+    builds: ClassVar[type[SampleBuilder]] = SequenceBuilder
     dataset: Dataset
-    samples: Sequences
+    samples: SequenceSamples
     config: PlanConfig
     selection: list[np.ndarray] | None
     layout: Layout
     reader: read_worker.DatasetOpener
-    fetch: FetchOptions
     kind: str = "SequenceLoader"
     table: str = EPISODES
     uses_index: bool = False
@@ -227,19 +221,6 @@ class SequenceSource(SampleGroups):
 
     def rows_touched(self) -> int:
         return self.config.batch_size * self.samples.S * len(self.tables)
-
-    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
-               transform: Callable | None) -> tuple[Callable, tuple]:
-        return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)
-
-    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        """A picklable call that makes batch k with a one-process SequenceLoader over the same samples."""
-        c, s = self.config, self.samples
-        options = dict(sequence_length=s.S, pad_before=s.pad_before, pad_after=s.pad_after, keys=s.keys,
-                       episodes=s.episodes, **c.as_options(), cache_dir=self.fetch.cache_dir,
-                       cache_dir_bytes=self.fetch.cache_bytes)
-        return functools.partial(_sequence_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
-                                 options, plan.epoch, k)
 
     def settings(self) -> dict[str, Any]:
         s = self.samples
@@ -287,28 +268,17 @@ class SequenceLoader(Loader):
             raise FormatError(f"{ds.location}: SequenceLoader reads a replay buffer (data/<key> arrays and "
                               f"meta/episode_ends); this is a {ds.schema.name} dataset")
         names = field_names(np.dtype([(k, np.uint8) for k in steps]), keys, "keys")
-        seqs = Sequences(ds, names, sequence_length, pad_before, pad_after, episodes)
+        seqs = SequenceSamples(ds, names, sequence_length, pad_before, pad_after, episodes)
         self.samples, self.sequence_length = seqs, seqs.S
         g = seqs.group_rows
         selection = seqs.selection()
         config = PlanConfig.of(len(selection) * g, g, batch_size, o.shuffling, o.shard)
         fetch = fetch_options(ds, o.caching)
         source = SequenceSource(ds, seqs, config, selection, _layout(ds, seqs, batch_size),
-                                read_worker.DatasetOpener.of(ds, fetch), fetch)
+                                read_worker.DatasetOpener.of(ds, fetch))
         self._start(source, o, o.workers, fetch=fetch, groups=SEQUENCE_GROUPS)
 
     def indices(self) -> np.ndarray:
         """Every sample's (buffer_start, buffer_end, sample_start, sample_end), as `SequenceSampler.indices`
         holds them, in sample order."""
         return self.samples.indices()
-
-
-def _sequence_batch(location: Location, commit: int | None, check: ChunkCheck | None, options: dict, epoch: int,
-                    k: int) -> dict:
-    """Batch k of `epoch` of a SequenceLoader with `options`, made in this process and copied out of its ring."""
-    loader = SequenceLoader(Dataset.reopen(location, commit, check), num_workers=0, copy=True, **options)
-    loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
-    try:
-        return next(iter(loader))
-    finally:
-        loader.close()

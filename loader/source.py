@@ -1,23 +1,20 @@
-"""What a kind of batch tells the scheduler (`BatchSource`), and the source of row batches (`RowSource`).
+"""What a kind of batch tells the scheduler (`BatchSource`), and the settings every kind's resume state holds.
 
 The scheduler (`loader.scheduler`) knows nothing of rows or windows: it asks a source which chunks a window
 of the plan reads, how big a cache slot is, whether windows need an index region, how to make the gather
 message for a group of batches (given where the scheduler put the windows they read, as plain data:
 `ResidentWindow`; a source never calls back into the scheduler), which worker to start and how to make one
-batch in plain zarr (to size a transform's output). `RowSource` makes batches of one table's rows;
-`loader.windows.WindowSource` makes L5Kit-style window samples.
+batch in any process (to size a transform's output). Each kind of batch is a module (`loader.kinds`):
+`loader.rows.RowSource` makes batches of one table's rows, `loader.windows.WindowSource` L5Kit-style window
+samples.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, cast
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ..core.chunk_check import ChunkCheck
-from ..core.location import Location
 from . import read_worker
 from .chunk_cache import ChunkMemory
 from .dataset import Dataset
@@ -26,7 +23,7 @@ from .messages import GatherRows, GatherWindows
 from .plan import EpochPlan, PlanConfig
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ResidentWindow:
     """Where the scheduler put a resident window: the index region holding its shuffled rows (None: the source
     uses no index), and the (table, chunk, cache slot) of each chunk it reads, in `chunks_of`'s order."""
@@ -66,7 +63,7 @@ class BatchSource(Protocol):
 
     def gather_message(self, plan: EpochPlan, first: int, count: int,
                        windows: dict[int, ResidentWindow]) -> GatherRows | GatherWindows:
-        """The message that makes batches [first, first + count), which read `windows` (each resident)."""
+        """The message that makes batches [first, first + count), which read `windows`."""
         ...
 
     def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
@@ -80,7 +77,7 @@ class BatchSource(Protocol):
         ...
 
     def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        """A picklable call that makes batch k with plain zarr, in any process."""
+        """A picklable call that makes batch k in any process, as the workers make it (`kinds.ProbeBatch`)."""
         ...
 
     def settings(self) -> dict[str, Any]:
@@ -95,65 +92,22 @@ class BatchSource(Protocol):
         """What the resume state's selection digest is computed from."""
         ...
 
-
-@dataclass
-class RowSource:
-    """Batches of `table`'s rows (the columns of `layout`), gathered from the index of shuffled cache rows."""
-
-    dataset: Dataset
-    table: str
-    config: PlanConfig
-    selection: list[np.ndarray] | None
-    layout: Layout
-    reader: read_worker.DatasetOpener
-    kind: str = "Loader"
-    uses_index: bool = True
-    rows_column: str | None = None
+    # what its worker and its probe are made from (`loader.kinds`)
+    reader: read_worker.DatasetOpener  # how a worker opens the dataset and fetches from it
 
     @property
-    def itemsize(self) -> int:
-        return self.dataset[self.table].dtype.itemsize
+    def tables(self) -> list[str]:
+        """The tables whose chunks its workers decode."""
+        ...
 
-    @property
-    def chunk_bytes(self) -> int:
-        return self.config.chunk_rows * self.itemsize
+    def builder(self) -> tuple[type, tuple]:
+        """The class of its worker-side builder (a `kinds.KindBuilder`) and the arguments after the
+        `kinds.CacheView` it is made with (sent to every worker: picklable)."""
+        ...
 
-    def rows_touched(self) -> int:
-        return self.config.batch_size
-
-    def with_config(self, config: PlanConfig) -> "RowSource":
-        return dataclasses.replace(self, config=config)
-
-    def worker_bytes(self) -> int:
-        return 0
-
-    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
-        return [(self.table, int(c)) for c in plan.windows[window]]
-
-    def gather_message(self, plan: EpochPlan, first: int, count: int,
-                       windows: dict[int, ResidentWindow]) -> GatherRows:
-        regions = {w: cast(int, where.region) for w, where in windows.items()}  # (it uses the index)
-        return GatherRows(plan.epoch, first, count, regions, plan.resumed_spans)
-
-    def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
-               regions: int) -> read_worker.Shared:
-        c = self.config
-        return read_worker.Shared(chunks, c.window * c.chunk_rows, regions, batch_bytes, n_slots)
-
-    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
-               transform: Callable | None) -> tuple[Callable, tuple]:
-        return read_worker.setup, (self.reader, self.table, shared, self.config, self.itemsize, self.selection,
-                                   self.layout, outputs, transform)
-
-    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        return functools.partial(_read_rows, self.dataset.location, self.dataset.commit, self.reader.check,
-                                 self.table, [col.name for col in self.layout.columns], plan.batch_row_ids(k))
-
-    def settings(self) -> dict[str, Any]:
-        return plan_settings(self.table, self.config)
-
-    def selection_parts(self) -> list[np.ndarray] | None:
-        return self.selection
+    def batch_chunks(self, plan: EpochPlan, k: int) -> list[tuple[str, int]]:
+        """The (table, chunk) batch k of `plan` reads (what its probe reads)."""
+        ...
 
 
 def plan_settings(table: str, config: PlanConfig) -> dict[str, Any]:
@@ -162,9 +116,3 @@ def plan_settings(table: str, config: PlanConfig) -> dict[str, Any]:
     return {"table": table, "table_rows": c.n_rows, "chunk_rows": c.chunk_rows, "batch_size": c.batch_size,
             "shuffle": c.shuffling.shuffle, "seed": c.shuffling.seed, "shuffle_window": c.window,
             "rank": c.shard.rank, "world_size": c.shard.world_size, "drop_last": c.shard.drop_last}
-
-
-def _read_rows(location: Location, commit: int | None, check: ChunkCheck | None, table: str, fields: list[str],
-               rows: np.ndarray) -> dict[str, np.ndarray]:
-    records = Dataset.reopen(location, commit, check).read_coordinates(table, rows)
-    return {n: np.ascontiguousarray(records[n]) for n in fields}

@@ -14,30 +14,24 @@ the window is gathered from there, instead of decoding a whole chunk for every s
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Unpack
+from typing import Any, ClassVar, Unpack
 
 import numpy as np
 
 from ..core._proc.pool import preload_in_workers
-from ..core.chunk_check import ChunkCheck
-from ..core.location import Location
 from . import read_worker
 from .batches import Loader, fetch_options, open_dataset
-from .chunk_cache import ChunkMemory
 from .dataset import Dataset
-from .fetch import FetchOptions
 from .gather import gather_runs
 from .layout import Layout
-from .messages import GatherWindows
 from ..core.keywords import spelled_out
 from .options import WINDOW_GROUPS, LoaderOptions, Options
-from .plan import EpochPlan, PlanConfig, WorkerPlans, selected_rows_per_chunk
-from .sample_groups import GroupedSamples
-from .source import ResidentWindow, plan_settings
+from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .kinds import CacheView
+from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
+from .source import plan_settings
 from .state import LoaderState
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
@@ -46,7 +40,7 @@ TABLES = ("frames", "agents", "traffic_light_faces")
 LINKS = {"agents": "agent_index_interval", "traffic_light_faces": "traffic_light_faces_index_interval"}
 
 
-class Samples(GroupedSamples):
+class WindowSamples(GroupedSamples):
     """The valid samples of a dataset, grouped by agents chunk, and what each group reads."""
 
     def __init__(self, ds: Dataset, history: int, future: int, rows: np.ndarray | None = None,
@@ -95,7 +89,7 @@ class Samples(GroupedSamples):
         return len(self.t)
 
 
-def _window_layout(ds: Dataset, samples: Samples, batch_size: int) -> Layout:
+def _window_layout(ds: Dataset, samples: WindowSamples, batch_size: int) -> Layout:
     cols: list[tuple] = [("frame_row", np.dtype(np.int64), (), -1),
                          ("frames_availability", np.dtype(np.float32), (samples.T,), -1)]
     fdt = ds["frames"].dtype
@@ -119,20 +113,22 @@ def _spec(layout: Layout, prefix: str, dtype: np.dtype) -> np.ndarray:
                     np.int64).reshape(-1)
 
 
-def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Shared, config: PlanConfig,
-          samples: Samples, dtypes: dict[str, np.dtype], layout: Layout, outputs: Layout | None,
-          transform: Callable | None) -> read_worker.BatchWorker:
-    """The WindowLoader worker's message handler (see `loader.read_worker`)."""
-    cache, _ = shared.arrays()
-    S = shared.slot_bytes
-    h, T = samples.history, samples.T
-    specs = {t: _spec(layout, t, dtypes[t]) for t in TABLES}
-    by_name = {c.name: c for c in layout.columns}
-    plans = WorkerPlans(config, samples.selection())
+class WindowBuilder(SampleBuilder):
+    """Window samples (see `WindowLoader`), gathered from the cached chunks of frames, agents and traffic-light
+    faces: a batch's frames in runs within chunks, then the agents and faces those frames link to, ragged."""
 
-    def runs(table: str, lo: np.ndarray, hi: np.ndarray, slots: dict[int, int]) -> np.ndarray:
+    samples: WindowSamples
+
+    def __init__(self, cache: CacheView, config: PlanConfig, samples: WindowSamples, dtypes: dict[str, np.dtype],
+                 layout: Layout) -> None:
+        super().__init__(cache, config, samples, dtypes, layout)
+        self.specs = {t: _spec(layout, t, dtypes[t]) for t in TABLES}
+        self.by_name = {c.name: c for c in layout.columns}
+        self.frame_views = [c for c in layout.columns if c.name.startswith("frames/")]
+
+    def runs(self, table: str, lo: np.ndarray, hi: np.ndarray, slots: dict[int, int]) -> np.ndarray:
         """Rows [lo_i, hi_i) of `table`, in order, as (byte offset in the cache, rows) runs within chunks."""
-        c, size = samples.chunk_rows[table], dtypes[table].itemsize
+        c, size, S = self.samples.chunk_rows[table], self.dtypes[table].itemsize, self.slot_bytes
         out = []
         for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
             while a < b:
@@ -142,9 +138,11 @@ def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Share
                 a += n
         return np.array(out, np.int64).reshape(-1, 2)
 
-    frame_views = [c for c in layout.columns if c.name.startswith("frames/")]
-
-    def one_batch(dst, p: EpochPlan, orders: dict, k: int, slots: dict) -> dict[str, int]:
+    def one_batch(self, dst: Any, p: EpochPlan, orders: dict, k: int,
+                  slots: dict[str, dict[int, int]]) -> dict[str, int]:
+        samples, cache, dtypes, specs, by_name = self.samples, self.cache, self.dtypes, self.specs, self.by_name
+        runs, layout = self.runs, self.layout
+        h, T = samples.history, samples.T
         ids = samples.sample_ids(p, p.segments(k), orders)
         t = samples.t[ids]
         b = len(t)
@@ -156,7 +154,7 @@ def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Share
         partial = np.flatnonzero((first > 0) | (last < T))
         whole = np.flatnonzero((first == 0) & (last == T))
         if len(partial):  # absent frames are zeros: the slot holds an earlier batch's bytes
-            for c in frame_views:
+            for c in self.frame_views:
                 np.frombuffer(dst, np.uint8, count=b * c.size, offset=c.base).reshape(b, -1)[partial] = 0
         fs = dtypes["frames"].itemsize
         if len(whole) == b:  # one call for the batch
@@ -187,92 +185,30 @@ def setup(wid: int, source: read_worker.DatasetOpener, shared: read_worker.Share
             counts.update({c.name: total for c in layout.columns if c.name.startswith(table + "/")})
         return counts
 
-    return read_worker.BatchWorker(wid, read_worker.ChunkDecoder(source, list(TABLES), shared), shared,
-                                   read_worker.SampleBatches(plans, layout, one_batch), transform, outputs,
-                                   layout.slot_bytes)
-
-
-class SampleGroups:
-    """What the sources of sample groups share (`WindowSource`, `sample_loaders.MotionSource`,
-    `sequences.SequenceSource`): each plan 'chunk' is a group of samples that reads `samples.reads[group]`;
-    workers gather straight from the cached chunks (no index regions). `tables`: the tables its workers read
-    (a window's three by default)."""
-
-    samples: Any
-    dataset: Dataset
-
-    @property
-    def dtypes(self) -> dict[str, np.dtype]:
-        """The records of each table read."""
-        return {t: self.dataset[t].dtype for t in self.tables}
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one cache slot: the largest chunk of the tables read."""
-        return max(self.dataset[t].chunks[0] * self.dataset[t].dtype.itemsize for t in self.tables)
-
-    @property
-    def tables(self) -> list[str]:
-        """The tables whose chunks the groups read."""
-        return list(TABLES)
-
-    def with_config(self, config: PlanConfig) -> Any:
-        """This source with another plan configuration."""
-        return dataclasses.replace(self, config=config)  # type: ignore[type-var]  # (subclasses are dataclasses)
-
-    def worker_bytes(self) -> int:
-        """None of their own beyond the shared chunks (an agent loader's workers hold an index: its override)."""
-        return 0
-
-    def chunks_of(self, plan: EpochPlan, window: int) -> list[tuple[str, int]]:
-        return list(dict.fromkeys(key for g in plan.windows[window] for key in self.samples.reads[g]))
-
-    def gather_message(self, plan: EpochPlan, first: int, count: int,
-                       windows: dict[int, ResidentWindow]) -> GatherWindows:
-        slots: dict[str, dict[int, int]] = {t: {} for t in self.tables}
-        for where in windows.values():
-            for table, chunk, slot in where.chunks:
-                slots[table][chunk] = slot
-        return GatherWindows(plan.epoch, first, count, slots, plan.resumed_spans)
-
-    def shared(self, chunks: ChunkMemory, batch_bytes: int, n_slots: int,
-               regions: int) -> read_worker.Shared:
-        return read_worker.Shared(chunks, 0, 0, batch_bytes, n_slots)
-
 
 @dataclass
-class WindowSource(SampleGroups):
+class WindowSource(GroupSource):
     """Batches of window samples (see `WindowLoader`), gathered from the cached chunks of frames, agents and
     traffic-light faces they read: the plan's 'chunks' are groups of samples, one per agents chunk."""
 
+    builds: ClassVar[type[SampleBuilder]] = WindowBuilder
     dataset: Dataset
-    samples: Samples
+    samples: WindowSamples
     config: PlanConfig
     selection: list[np.ndarray] | None
     layout: Layout
     reader: read_worker.DatasetOpener
-    fetch: FetchOptions
     kind: str = "WindowLoader"
     table: str = "frames"
     uses_index: bool = False
     rows_column: str | None = "frame_row"
 
+    @property
+    def tables(self) -> list[str]:
+        return list(TABLES)
+
     def rows_touched(self) -> int:
         return self.config.batch_size * max(self.samples.T + self.samples.max_rows["agents"], 1)
-
-    def worker(self, shared: read_worker.Shared, outputs: Layout | None,
-               transform: Callable | None) -> tuple[Callable, tuple]:
-        return setup, (self.reader, shared, self.config, self.samples, self.dtypes, self.layout, outputs, transform)
-
-    def probe_batch(self, plan: EpochPlan, k: int) -> Callable[[], dict[str, np.ndarray]]:
-        """A picklable call that makes batch k with a one-process WindowLoader over the same samples."""
-        c = self.config
-        options = dict(history=self.samples.history, future=self.samples.future,
-                       whole_windows=self.samples.whole_windows, **c.as_options(), rows=self.samples.t,
-                       cache_dir=self.fetch.cache_dir,
-                       cache_dir_bytes=self.fetch.cache_bytes)
-        return functools.partial(_window_batch, self.dataset.location, self.dataset.commit, self.dataset.check,
-                                 options, plan.epoch, k)
 
     def settings(self) -> dict[str, Any]:
         partial = {} if self.samples.whole_windows else {"partial_windows": True}  # whole: as states before it
@@ -321,14 +257,14 @@ class WindowLoader(Loader):
         missing = [t for t in ("scenes", *TABLES) if t not in ds.tables]
         if missing:
             raise ValueError(f"WindowLoader needs an L5Kit dataset; table {missing[0]!r} is missing")
-        samples = Samples(ds, history, future, rows, whole_windows)
+        samples = WindowSamples(ds, history, future, rows, whole_windows)
         self.samples, self.history, self.future = samples, history, future
         g = samples.group_rows
         selection = samples.selection()
         config = PlanConfig.of(len(selection) * g, g, batch_size, o.shuffling, o.shard)
         fetch = fetch_options(ds, o.caching)
         source = WindowSource(ds, samples, config, selection, _window_layout(ds, samples, batch_size),
-                              read_worker.DatasetOpener.of(ds, fetch), fetch)
+                              read_worker.DatasetOpener.of(ds, fetch))
         self._start(source, o, o.workers, fetch=fetch, groups=WINDOW_GROUPS)
 
 
@@ -341,14 +277,3 @@ class WindowLoader(Loader):
                 raise ValueError("loader state is of whole windows only (saved before WindowLoader sampled every "
                                  "frame, or with whole_windows=True): pass whole_windows=True to resume it")
         super().load_state_dict(state)
-
-
-def _window_batch(location: Location, commit: int | None, check: ChunkCheck | None, options: dict, epoch: int,
-                  k: int) -> dict:
-    """Batch k of `epoch` of a WindowLoader with `options`, made in this process and copied out of its ring."""
-    loader = WindowLoader(Dataset.reopen(location, commit, check), num_workers=0, copy=True, **options)
-    loader.load_state_dict(dataclasses.replace(loader.state(), epoch=epoch, batch=k))
-    try:
-        return next(iter(loader))
-    finally:
-        loader.close()
