@@ -9,8 +9,9 @@ import statistics
 import time
 
 import numpy as np
-from zarrfeed.loader import _gather, gather_numpy
-from zarrfeed.loader.layout import Layout
+from zarrfeed.loader import _gather
+from zarrfeed.loader.engine import gather_numpy
+from zarrfeed.loader.engine.layout import Layout
 
 from zarrfeed.core.schema import AGENT_DTYPE
 

@@ -1,4 +1,4 @@
-"""Window orders: zarrfeed's own permutation (loader/order.py) against numpy's Generator.shuffle and
+"""Window orders: zarrfeed's own permutation (loader/ordering/order.py) against numpy's Generator.shuffle and
 Generator.permutation (order 0's generator), for a window of 160,000 rows (8 chunks of 20,000),
 alternated, medians of --repeat; ns per row, ratios last (target: zarrfeed <= 10 ns per row).
 
@@ -10,7 +10,7 @@ import time
 import numpy as np
 from common import parser, print_ratios
 
-from zarrfeed.loader.order import permutation
+from zarrfeed.loader.ordering.order import permutation
 
 N = 160_000
 

@@ -22,7 +22,8 @@ import time
 import numpy as np
 import zarr
 from common import add_json_option, parser, print_ratios, synthetic_dataset, write_json
-from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader, agents_mask
+from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader
+from zarrfeed.loader.kinds import agents_mask
 
 KEEP = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 

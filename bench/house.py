@@ -23,7 +23,7 @@ Names.
   word that is not a role word (`ROLE_WORDS`: error, options, ...), where the longer-named class neither
   derives from the other (WindowLoader is a Loader) nor is an exception: Samples and GroupedSamples.
 - *Colliding module basenames*: modules (no `__init__`/`__main__`) whose basenames have the same stem words,
-  in order (store.py and stores.py; commit.py, commits.py and committer.py; loader/source.py and
+  in order (store.py and stores.py; commit.py, commits.py and committer.py; loader/kinds/source.py and
   writer/source.py), one group per stem.
 
 Options (the loader's: the keys of the TypedDict `LoaderOptions`, wherever the package defines it).

@@ -2,13 +2,13 @@
 from ..core.arrow_records import from_arrow
 from ..core.errors import FormatError, LoaderError, LoaderStalledError, StoreUnreachable
 from .arrow_bridge import to_arrow
-from .batches import Loader
+from .loader import Loader
 from .dataset import Dataset, ValidationReport
 from .options import LoaderOptions
 from .parquet_export import export_parquet
-from .sample_loaders import AgentSampleLoader, EgoSampleLoader
-from .sequences import SequenceLoader
-from .windows import WindowLoader
+from .kinds.l5kit_samples import AgentSampleLoader, EgoSampleLoader
+from .kinds.sequences import SequenceLoader
+from .kinds.windows import WindowLoader
 
 __all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "Loader", "LoaderError",
            "LoaderOptions", "LoaderStalledError", "SequenceLoader", "StoreUnreachable", "ValidationReport",

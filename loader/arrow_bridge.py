@@ -16,14 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 
-from ..core.arrow_records import (
-    arrow_schema,
-    column_to_arrow,
-    columns_from_arrow,
-    dtype_of,
-    from_arrow,
-    records_to_arrow,
-)
+from ..core.arrow_records import (arrow_schema, column_to_arrow, columns_from_arrow, dtype_of, from_arrow,
+    records_to_arrow)
 from ..core.refusals import refused_writes
 from ..core.schema import dtype_from_descr
 from ..core.stores import PARTIAL

@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypedDict
 import numpy as np
 
 from ..core.keywords import choice, count, flag, folder, mapping, seconds, taken
-from .order import ORDERS, VERSION as ORDER, integer
+from .ordering.order import ORDERS, VERSION as ORDER, integer
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 DEFAULT_SHUFFLE_BYTES = 1 << 30  # a loader's default window: the whole table up to 1 GiB of decoded chunks

@@ -18,7 +18,7 @@ except ImportError:  # torch is an optional extra: to_torch() says how to instal
     IterableDataset = object  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
-    from .batches import Loader
+    from .loader import Loader
 
 
 def require_torch() -> None:

@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors and docs
     from ..core.errors import FormatError, StoreUnreachable, WorkerError, WriteRefused
     from ..core.links import Violation
     from ..core.replay_buffer import replay_buffer_schema
-    from ..core.schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE,
-                               TL_FACE_DTYPE, Link, Schema, Table)
+    from ..core.schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE,
+        Link, Schema, Table)
     from . import synthetic
     from .coordinator import Coordinator, LocalCoordinator
     from .dataset_writer import DatasetWriter

@@ -20,7 +20,7 @@ from ..core.schema import Table
 
 
 @dataclass(slots=True)
-class Segment:
+class RowSegment:
     """Rows [start, start + n) of `table`, in block `block` (room for `capacity` rows); `worker` and `sent`: to
     whom and when it was sent (None and 0 until then)."""
 
@@ -54,29 +54,29 @@ class SegmentBuffers:
             raise
         self._bytes = [np.frombuffer(b.buf, np.uint8) for b in self.blocks]
         self._free = list(range(n_blocks))[::-1]
-        self._open: dict[str, Segment | None] = {t: None for t in self.tables}
-        self.in_flight: dict[int, Segment] = {}  # by id: sent to a worker, not yet stored
+        self._open: dict[str, RowSegment | None] = {t: None for t in self.tables}
+        self.in_flight: dict[int, RowSegment] = {}  # by id: sent to a worker, not yet stored
         self._ids = 0
 
-    def open_segment(self, table: str) -> Segment | None:
+    def open_segment(self, table: str) -> RowSegment | None:
         """The segment of `table` being filled, if any."""
         return self._open[table]
 
     def has_free_block(self) -> bool:
         return bool(self._free)
 
-    def begin(self, table: str, start: int) -> Segment:
+    def begin(self, table: str, start: int) -> RowSegment:
         """Open a segment of `table` at row `start` in a free block (there must be one: see `has_free_block`).
         It ends at the last chunk boundary the block can hold, or where the block is full if that is none."""
         rows = self.tables[table].chunk_rows
         fits = self.block_bytes // self.tables[table].dtype.itemsize
         end = (start + fits) // rows * rows
-        seg = Segment(self._ids, table, start, (end if end > start else start + fits) - start, self._free.pop())
+        seg = RowSegment(self._ids, table, start, (end if end > start else start + fits) - start, self._free.pop())
         self._ids += 1
         self._open[table] = seg
         return seg
 
-    def fill(self, seg: Segment, rows: np.ndarray) -> int:
+    def fill(self, seg: RowSegment, rows: np.ndarray) -> int:
         """Copy as many of `rows` (records of the segment's table, contiguous) as `seg` has room for; return
         how many. Bytes, not records: a uint8 copy runs at memcpy speed, a structured one far slower."""
         take = min(seg.capacity - seg.n, len(rows))
@@ -85,10 +85,10 @@ class SegmentBuffers:
         seg.n += take
         return take
 
-    def is_full(self, seg: Segment) -> bool:
+    def is_full(self, seg: RowSegment) -> bool:
         return seg.n == seg.capacity
 
-    def end(self, table: str) -> Segment | None:
+    def end(self, table: str) -> RowSegment | None:
         """Close the open segment of `table`: returned to be sent if it holds rows (it is then in flight);
         an empty one gives its block back (None)."""
         seg, self._open[table] = self._open[table], None
@@ -100,11 +100,11 @@ class SegmentBuffers:
         self.in_flight[seg.id] = seg
         return seg
 
-    def rows(self, seg: Segment) -> np.ndarray:
+    def rows(self, seg: RowSegment) -> np.ndarray:
         """The segment's rows, a view of its block (for a writer with no workers, which stores them itself)."""
         return np.frombuffer(self.blocks[seg.block].buf, self.tables[seg.table].dtype, count=seg.n)
 
-    def stored(self, seg_id: int) -> Segment:
+    def stored(self, seg_id: int) -> RowSegment:
         """Segment `seg_id` is stored: its block is free again."""
         seg = self.in_flight.pop(seg_id)
         self._free.append(seg.block)

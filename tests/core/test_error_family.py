@@ -9,6 +9,8 @@ import importlib
 import inspect
 import os
 import pickle
+import subprocess
+import sys
 import pkgutil
 
 import pytest
@@ -61,7 +63,7 @@ def defined_exceptions() -> dict[str, type[BaseException]]:
 
 def test_walking_the_package_finds_every_layer():
     modules = set(package_modules())
-    assert {"zarrfeed.core.errors", "zarrfeed.writer.dask", "zarrfeed.loader.scheduler",
+    assert {"zarrfeed.core.errors", "zarrfeed.writer.dask", "zarrfeed.loader.engine.scheduler",
             "zarrfeed.flight.remote_writer", "zarrfeed.core._proc.pool", "zarrfeed.commands.serve"} <= modules
 
 
@@ -89,7 +91,7 @@ def test_the_family_lives_in_one_module_and_is_importable_from_zarrfeed():
 
     assert writer.FormatError is loader.FormatError is zarrfeed.FormatError
     assert loader.LoaderError is zarrfeed.LoaderError and writer.WorkerError is zarrfeed.WorkerError
-    from zarrfeed.loader.scheduler import LoaderError  # the old homes still name them
+    from zarrfeed.loader.engine.scheduler import LoaderError  # the old homes still name them
     from zarrfeed.writer.lease import LeaseLost
 
     assert (LoaderError, LeaseLost) == (zarrfeed.LoaderError, zarrfeed.LeaseLost)
@@ -170,3 +172,23 @@ def test_a_write_the_system_refuses_is_caught_as_an_error(tmp_path, monkeypatch)
     with pytest.raises(zarrfeed.Error) as caught:
         _write(tmp_path / "d.zarr")
     assert isinstance(caught.value, zarrfeed.WriteRefused) and caught.value.errno == errno.ENOSPC
+
+
+def test_each_exception_survives_pickling_where_tblib_pickles_exceptions():
+    """Dask's distributed installs tblib's exception pickling in the processes it runs: a copy is then made with
+    the class's own `__new__` (ShmSpaceError with `Error` first failed: MemoryError's `__new__` refuses it)."""
+    code = ("import pickle, inspect, sys\n"
+            "import zarrfeed, zarrfeed.core.errors\n"
+            "from tblib import pickling_support\n"
+            "pickling_support.install()  # (it takes the exception classes there are now)\n"
+            f"for name in {sorted(BASES)!r}:\n"
+            "    cls = getattr(zarrfeed, name, None)\n"
+            "    if cls is None or name in ('WriteRefused',):\n"
+            "        continue\n"
+            "    try:\n"
+            "        pickle.loads(pickle.dumps(cls('a line')))\n"
+            "    except TypeError as exc:\n"
+            "        if 'not safe' in str(exc):\n"
+            "            sys.exit(f'{name}: {exc}')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -20,7 +20,7 @@ from cli_process import zarrfeed
 from zarrfeed.core.chunks import ChunkError
 from zarrfeed.core.dataset_format import FormatError
 from zarrfeed.loader import Dataset, Loader
-from zarrfeed.loader.batches import LoaderError
+from zarrfeed.loader.loader import LoaderError
 from zarrfeed.writer import DatasetWriter
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from expected import assert_holds, wait_for_scenes
 from zarrfeed.loader import Dataset, Loader, export_parquet
-from zarrfeed.loader.fetch import ChunkFetcher, FetchOptions
+from zarrfeed.loader.engine.fetch import ChunkFetcher, FetchOptions
 from zarrfeed.writer import ingest_parquet, synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 from zarrfeed.writer.lease import LeaseHeld

@@ -68,7 +68,7 @@ def test_route_of_a_chunk(house):
     assert route["ended_at_batch"]
     assert route["route_modules"] == len(route["route"]) >= 2
     assert all(m.startswith("zarrfeed.") for m in route["route"])
-    assert "zarrfeed.loader.fetch" in route["route"]
+    assert "zarrfeed.loader.engine.fetch" in route["route"]
     assert route["turn_backs"] == len(route["turn_back_pairs"])
     for a, b in route["turn_back_pairs"]:
         assert a != b and {a, b} <= set(route["route"])

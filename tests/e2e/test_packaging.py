@@ -58,16 +58,17 @@ def test_a_wheel_without_a_c_compiler_installs_and_warns_once(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # as pip would install it, without the compiled kernel
     code = ("import warnings; warnings.simplefilter('always')\n"
-            "from zarrfeed.loader import Loader, gather\n"
-            "import zarrfeed.loader.gather, zarrfeed.loader.order\n"
-            "print(gather.KERNEL, zarrfeed.loader.order._order, zarrfeed.loader.order.permutation(5, 1, 0, 0))")
+            "from zarrfeed.loader import Loader\n"
+            "from zarrfeed.loader.engine import gather\n"
+            "from zarrfeed.loader.ordering import order\n"
+            "print(gather.KERNEL, order._order, order.permutation(5, 1, 0, 0))")
     # -S: without site, this checkout's editable install is not on the path; the dependencies are
     deps = sysconfig.get_paths()["purelib"]
     r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": f"{site}:{deps}"}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     # both fall back: the gather to numpy, the order to Python integers (the same order as the extension's)
-    from zarrfeed.loader.order import permutation
+    from zarrfeed.loader.ordering.order import permutation
     assert r.stdout.strip().split(maxsplit=2) == ["numpy", "None", str(permutation(5, 1, 0, 0))], r.stdout
     warned = [line for line in r.stderr.splitlines() if "C gather kernel was not built" in line]
     assert len(warned) == 1 and "10 times slower" in warned[0]

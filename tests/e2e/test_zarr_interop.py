@@ -20,7 +20,8 @@ import pytest
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Group
 from zarrfeed.core.zarr_meta import ArrayMeta
-from zarrfeed.loader import Dataset, agents_mask
+from zarrfeed.loader import Dataset
+from zarrfeed.loader.kinds import agents_mask
 from zarrfeed.writer import L5KIT_SCHEMA, DatasetWriter, synthetic
 
 from repo_paths import ROOT

@@ -1,7 +1,7 @@
 """Plan configurations for tests, spelled as flat keywords (a `PlanConfig` holds them in option groups)."""
 from zarrfeed.loader.options import ShardOptions, ShuffleOptions
-from zarrfeed.loader.order import VERSION
-from zarrfeed.loader.plan import PlanConfig
+from zarrfeed.loader.ordering.order import VERSION
+from zarrfeed.loader.ordering.plan import PlanConfig
 
 
 def plan_config(n_rows: int, chunk_rows: int, batch_size: int, shuffle: bool = True, seed: int = 0,

@@ -6,8 +6,7 @@ import sys
 
 
 from ..core.sizes import decimal_size
-from .common import (Command, count_arg, open_dataset,
-                     rows_text, show_progress, store_options)
+from .common import Command, count_arg, open_dataset, rows_text, show_progress, store_options
 
 
 def add(command: Command) -> None:

@@ -5,7 +5,7 @@ import argparse
 import json
 
 
-from .common import (Command, format_info, open_dataset)
+from .common import Command, format_info, open_dataset
 from . import status
 
 

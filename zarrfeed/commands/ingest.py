@@ -11,8 +11,7 @@ from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
 from ..writer.dataset_episodes import DatasetSource, dataset_episodes
 from ..core.sizes import decimal_size
-from .common import (Command, Sized, chunks_arg, count_arg, plural, positive_arg, rows_text, show_progress,
-                     store_options)
+from .common import Command, Sized, chunks_arg, count_arg, plural, positive_arg, rows_text, show_progress, store_options
 
 
 def add(command: Command) -> None:

@@ -8,8 +8,7 @@ from tqdm.auto import tqdm
 
 from ..loader import Dataset, Loader
 from ..core.sizes import decimal_size
-from .common import (Command, count_arg, positive_arg, open_dataset,
-                     plural, show_progress)
+from .common import Command, count_arg, positive_arg, open_dataset, plural, show_progress
 
 
 def add(command: Command) -> None:

@@ -6,8 +6,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from .common import (Command, count_arg, fraction_arg, open_dataset,
-                     plural)
+from .common import Command, count_arg, fraction_arg, open_dataset, plural
 
 
 def add(command: Command) -> None:
@@ -22,7 +21,7 @@ def add(command: Command) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..loader import agents_mask
+    from ..loader.kinds import agents_mask
 
     with open_dataset(args) as ds:
         if not {"scenes", "frames", "agents"} <= set(ds.tables):

@@ -13,8 +13,7 @@ from pathlib import Path
 
 
 from ..core.location import Location
-from .common import (Command, bytes_arg, count_arg, file_arg, port_arg, rows_text, seconds_arg,
-                     store_options)
+from .common import Command, bytes_arg, count_arg, file_arg, port_arg, rows_text, seconds_arg, store_options
 
 
 def add(command: Command) -> None:

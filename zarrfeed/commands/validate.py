@@ -9,8 +9,7 @@ import argparse
 from tqdm.auto import tqdm
 
 from ..loader import Dataset
-from .common import (Command, open_dataset,
-                     rows_text, show_progress)
+from .common import Command, open_dataset, rows_text, show_progress
 
 UNVERIFIED = 3  # --deep: nothing found wrong, but not every chunk could be checked against a recorded digest
 

@@ -130,8 +130,9 @@ class RendezvousError(Error, OSError):
     """The shared memory file could not be found or made (the message says why)."""
 
 
-class ShmSpaceError(Error, MemoryError):
-    """Not enough memory for the shared buffers asked for."""
+class ShmSpaceError(MemoryError, Error):
+    """Not enough memory for the shared buffers asked for. (MemoryError first: its own `__new__` must be the
+    one a copy is made with, as tblib unpickles a worker's exception.)"""
 
 
 # ------------------------------------------------------------------ loading

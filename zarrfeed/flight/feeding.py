@@ -23,8 +23,7 @@ import pyarrow.flight as flight
 
 from ..core.arrow_records import arrow_schema
 from ..core.location import Location
-from ..loader import (AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, LoaderStalledError,
-                      WindowLoader)
+from ..loader import AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, LoaderStalledError, WindowLoader
 from ..loader.arrow_bridge import to_arrow, window_batch_to_arrow
 from ..loader.options import ShuffleOptions
 from .activity import outcome_of

@@ -16,7 +16,7 @@ from ..core.arrow_records import arrow_schema, from_arrow, records_to_arrow
 from ..core.keys import Key, check_key, key_from_json, key_to_json
 from ..core.schema import dtype_from_descr
 from ..loader.options import ShardOptions, ShuffleOptions
-from ..loader.order import ORDERS, VERSION as ORDER
+from ..loader.ordering.order import ORDERS, VERSION as ORDER
 
 
 # --------------------------------------------------------------------------------------------- tickets
@@ -99,7 +99,7 @@ class Ticket:
     transform: str | None = None
     transform_args: dict[str, Any] | None = field(default=None)
     dataset: str | None = None  # which of the server's datasets (None: its only one)
-    order: int = ORDER  # the epoch order's algorithm the client expects (loader/order.py)
+    order: int = ORDER  # the epoch order's algorithm the client expects (loader/ordering/order.py)
     row_ids: bool = False  # batches carry `_row`, each row's index in its table (Loader's row_ids)
     whole_windows: bool = False  # WindowLoader's whole_windows
     step_time: float = 0.1  # the sample loaders' step_time

@@ -24,10 +24,10 @@ import pyarrow.flight as flight
 from ..core.keywords import spelled_out
 from ..core.arrow_records import columns_from_arrow, dtype_from_descr
 from ..loader.arrow_bridge import window_batch_from_arrow
-from ..loader.batches import ROW_ID, LoaderError
+from ..loader.loader import ROW_ID, LoaderError
 from ..core.schema import field_names
-from ..loader.resume import Cursor, adopt_order
-from ..loader.state import LOADED_WHILE_ITERATING, LoaderState
+from ..loader.ordering.resume import Cursor, adopt_order
+from ..loader.ordering.state import LOADED_WHILE_ITERATING, LoaderState
 from .liveness import Stalled, Watch, probe
 from .remote_options import Remote, RemoteOptions
 from .protocol import Ticket, TicketPlan, _json_args, call_options, connect, describe, server_message, unreachable
@@ -238,7 +238,7 @@ class _RemoteFeed:
         self._cursor = Cursor.of(saved)
 
     def _adopt_order(self, saved: LoaderState) -> None:
-        """The order a resumed run keeps (`loader.resume.adopt_order`, as a local loader's)."""
+        """The order a resumed run keeps (`loader.ordering.resume.adopt_order`, as a local loader's)."""
         plan = self._ticket.plan
         shuffling = adopt_order(saved, plan.shuffling, self.options.given)
         if shuffling != plan.shuffling:

@@ -37,7 +37,7 @@ from ..core.schema import Schema, dtype_from_descr
 from ..writer.episode import as_tables, check_episode
 from .liveness import STALL_TIMEOUT, Stalled, Watch, probe
 from .protocol import (Answered, call_options, connect, encode_episode, episode_schema, episodes_descriptor,
-                       server_message, unreachable)
+    server_message, unreachable)
 
 
 class RemoteWriter:

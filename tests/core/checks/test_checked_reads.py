@@ -16,8 +16,8 @@ import numcodecs
 import numpy as np
 import pytest
 from expected import expected_tables
-from zarrfeed.loader import (AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, WindowLoader,
-                             agents_mask)
+from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader, Loader, LoaderError, WindowLoader
+from zarrfeed.loader.kinds import agents_mask
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 

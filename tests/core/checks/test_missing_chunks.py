@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 from zarrfeed.loader import Dataset, Loader, WindowLoader, export_parquet
-from zarrfeed.loader.batches import LoaderError
+from zarrfeed.loader.loader import LoaderError
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 

@@ -132,6 +132,6 @@ def test_the_fork_server_preloads_every_worker_module_whichever_pool_starts_it()
 
     ctx = context("forkserver", write_worker.setup)  # as a DatasetWriter made first would
     assert ctx.get_start_method() == "forkserver"
-    wanted = {"zarrfeed.loader.read_worker", "zarrfeed.loader.windows", "zarrfeed.writer.write_worker",
+    wanted = {"zarrfeed.loader.engine.read_worker", "zarrfeed.loader.kinds.windows", "zarrfeed.writer.write_worker",
               "numpy.random", "numcodecs", "fsspec", "zarrfeed.core.zarr_array"}
     assert wanted <= set(forkserver._forkserver._preload_modules)

@@ -1,5 +1,5 @@
 """Every chunk cache keeps the `ChunkCache` protocol the scheduler relies on: the same tests (`Conformance`) run
-against a loader's own (`ChunkSlots`) and the host's (`HostSlots`, on a host segment of its own), as zarr-python
+against a loader's own (`ProcessCache`) and the host's (`HostCache`, on a host segment of its own), as zarr-python
 tests every store against one base. Pins and their slots, decodes and polls, a pinned slot never given to
 another chunk, no room -> None with nothing pinned, a new epoch that unpins everything and keeps what is
 decoded, and the sizes a cache asks for."""
@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from zarrfeed.loader import host_cache
-from zarrfeed.loader.chunk_cache import ChunkSlots
+from zarrfeed.loader.caches import host_cache
+from zarrfeed.loader.caches.chunk_cache import ProcessCache
 
 SLOT_BYTES = 4096
 N_SLOTS = 3
@@ -113,7 +113,7 @@ class Conformance:
 
 class TestChunkSlots(Conformance):
     def make(self):
-        return ChunkSlots(N_SLOTS, SLOT_BYTES)
+        return ProcessCache(N_SLOTS, SLOT_BYTES)
 
     def test_a_new_epoch_that_does_not_keep_forgets(self, cache):
         [pin] = cache.pin_window(0, keys(0))
@@ -129,7 +129,7 @@ class TestHostSlots(Conformance):
         key = host_cache.CacheKey(identity, ("agents",), (N_CHUNKS,), SLOT_BYTES)
         segment = host_cache.attach(key, budget=1 << 30, want=N_SLOTS, need=1)
         assert segment is not None and segment.n_slots == N_SLOTS
-        return host_cache.HostSlots(segment, key)
+        return host_cache.HostCache(segment, key)
 
     def test_a_new_epoch_that_does_not_keep_leaves_the_chunks_to_the_host(self, cache):
         [pin] = cache.pin_window(0, keys(0))

@@ -18,7 +18,8 @@ import pytest
 from zarrfeed.core._proc import rendezvous
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Array, Group
-from zarrfeed.loader import Dataset, Loader, host_cache
+from zarrfeed.loader import Dataset, Loader
+from zarrfeed.loader.caches import host_cache
 from zarrfeed.writer import DatasetWriter, synthetic
 
 CHUNKS = {"agents": 2000, "frames": 200, "traffic_light_faces": 500}
@@ -288,7 +289,7 @@ def test_a_stopped_holder_does_not_make_a_second_budget_and_cache(data, tmp_path
     import signal
     import time
 
-    from zarrfeed.loader import host_budget
+    from zarrfeed.loader.caches import host_budget
     script = tmp_path / "holder.py"
     script.write_text(f"""
 import os, signal
@@ -339,7 +340,7 @@ def test_a_namespace_sees_only_its_own_caches_and_budget(data, tmp_path, monkeyp
     process (the test session's namespace) sees neither that cache nor its budget ledger, and decodes the
     dataset itself; a process in that namespace shares it. A namespace that is not a name is said in one line
     and the loader keeps a cache of its own."""
-    from zarrfeed.loader import host_budget
+    from zarrfeed.loader.caches import host_budget
     script = tmp_path / "hold.py"
     script.write_text(HOLD_IN)
     env = {**os.environ, "ZARRFEED_CACHE_NAMESPACE": f"other-{os.getpid()}"}
@@ -394,7 +395,7 @@ def test_another_user_cannot_hold_the_lookup_of_this_users_caches(data, caplog):
     of the budget ledger (abstract names have no permissions, and they are in /proc/net/unix for all to see),
     and keeps them. Today this user's loader waits 10 s for each, then gives the host cache up ("cannot use
     the host cache"). Expected: the lock is this user's own; the loader uses the host cache at once."""
-    from zarrfeed.loader import host_budget
+    from zarrfeed.loader.caches import host_budget
     ds = Dataset.open(data)
     key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
     uid, ns = os.geteuid(), os.environ.get("ZARRFEED_CACHE_NAMESPACE", "")
@@ -437,7 +438,7 @@ def test_a_lock_directory_or_file_of_another_user_is_never_used(data, request, m
     them all), nor a lock file of another user's in a directory of this user's: they use the next directory
     that is this user's only, and the host cache works."""
     from zarrfeed.core._proc.ofd import ProcessLocks
-    from zarrfeed.loader import host_budget
+    from zarrfeed.loader.caches import host_budget
     import tempfile
     base = Path(tempfile.mkdtemp(prefix="zarrfeed-test-"))  # where user nobody can go (tmp_path is root's only)
     request.addfinalizer(lambda: shutil.rmtree(base))

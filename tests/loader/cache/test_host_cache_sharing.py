@@ -19,7 +19,8 @@ import pytest
 from expected import dev_shm_held, session, shared_memory_held
 from repo_paths import SUPPORT
 from zarrfeed.core._proc import rendezvous
-from zarrfeed.loader import Dataset, Loader, WindowLoader, host_budget, host_cache
+from zarrfeed.loader import Dataset, Loader, WindowLoader
+from zarrfeed.loader.caches import host_budget, host_cache
 from zarrfeed.writer import DatasetWriter, synthetic
 
 HERE = Path(__file__).resolve().parent
@@ -209,7 +210,7 @@ def test_ranks_batches_are_right_with_a_killed_neighbour(data, tmp_path):
         if child == 0:  # claims chunks 0-2, writes garbage into chunk 0's slot mid-"decode", and is killed
             try:
                 seg = host_cache.attach(key, 1 << 30, 1 << 20, 1)
-                slots = host_cache.HostSlots(seg, key)
+                slots = host_cache.HostCache(seg, key)
                 pins = slots.pin_window(0, [("agents", 0), ("agents", 1), ("agents", 2)])
                 with seg.writing(pins[0].slot, pins[0].token):
                     seg.array()[pins[0].slot * seg.slot_bytes:][:1000] = 0xFF
@@ -291,15 +292,15 @@ def test_a_decode_sent_again_after_its_worker_wrote_it_and_died_is_answered(data
     """A restarted worker gets the dead worker's unanswered Decode again; if the dead one had written a slot
     (READY) before it died, the new one skips it but must still answer for every slot of the message, or the
     scheduler waits for that slot for ever (found: test_loader's worker restart hung with the host cache)."""
-    from zarrfeed.loader import read_worker
-    from zarrfeed.loader.fetch import FetchOptions
-    from zarrfeed.loader.messages import Decode, DecodeItem
+    from zarrfeed.loader.engine import read_worker
+    from zarrfeed.loader.engine.fetch import FetchOptions
+    from zarrfeed.loader.engine.messages import Decode, DecodeItem
 
     ds = Dataset.open(data)
     key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
     seg = host_cache.attach(key, 1 << 30, 1 << 20, 1)
     try:
-        slots = host_cache.HostSlots(seg, key)
+        slots = host_cache.HostCache(seg, key)
         pins = slots.pin_window(0, [("agents", 0), ("agents", 1)])
         msg = Decode(tuple(DecodeItem("agents", c, p.slot, p.token) for c, p in enumerate(pins)))
         shared = read_worker.Shared(seg, 0, 0, 64, 1)
@@ -363,7 +364,7 @@ def test_a_stopped_decoder_is_said_in_the_log_and_its_chunk_decoded_once_it_dies
     import logging
     import threading
 
-    from zarrfeed.loader import scheduler
+    from zarrfeed.loader.engine import scheduler
 
     monkeypatch.setattr(scheduler, "_SLOW_DECODE", 0.5)
     ds = Dataset.open(data)
@@ -374,7 +375,7 @@ def test_a_stopped_decoder_is_said_in_the_log_and_its_chunk_decoded_once_it_dies
         if child == 0:
             try:
                 seg = host_cache.attach(key, 1 << 30, 1 << 20, 1)
-                pins = host_cache.HostSlots(seg, key).pin_window(0, [("agents", c) for c in range(3)])
+                pins = host_cache.HostCache(seg, key).pin_window(0, [("agents", c) for c in range(3)])
                 with seg.writing(pins[0].slot, pins[0].token):
                     os.kill(os.getpid(), signal.SIGSTOP)
             finally:
@@ -405,7 +406,7 @@ def test_a_stopped_decoder_is_said_in_the_log_and_its_chunk_decoded_once_it_dies
 
 HOLD_KEY = """
 import sys
-from zarrfeed.loader import host_cache
+from zarrfeed.loader.caches import host_cache
 if __name__ == "__main__":
     key = host_cache.CacheKey(sys.argv[1], ("agents",), (int(sys.argv[2]),), int(sys.argv[3]))
     seg = host_cache.attach(key, budget=int(sys.argv[4]), want=10**6, need=1)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from zarrfeed.loader import host_cache
+from zarrfeed.loader.caches import host_cache
 
 SLOT_BYTES = 4096
 N_CHUNKS = 5
@@ -341,7 +341,7 @@ def test_four_processes_on_one_slot_budgets_read_every_row_as_its_id(small_datas
     what a loader needs at once, about half the table's 100 chunks, so windows evict each other's chunks) and
     `row_ids=True`: every field of every row equals the table's row at its `_row`, for 1 to 3 epochs each
     (bounded by time). Before the fix of `pin_all`, most rounds gave rows that were not their `_row`'s,
-    `KeyError` from `HostSlots._release` and healthy chunks said to be corrupt."""
+    `KeyError` from `HostCache._release` and healthy chunks said to be corrupt."""
     data = small_dataset(24, 35, chunks={"agents": 5000})
     script = tmp_path / "soak.py"
     script.write_text(SOAK)

@@ -5,8 +5,9 @@ import os
 
 import numpy as np
 import pytest
-from zarrfeed.loader import Loader, WindowLoader, resources
-from zarrfeed.loader.chunk_cache import ChunkSlots
+from zarrfeed.loader import Loader, WindowLoader
+from zarrfeed.loader.engine import resources
+from zarrfeed.loader.caches.chunk_cache import ProcessCache
 from zarrfeed.writer import synthetic, write_dataset
 
 
@@ -88,7 +89,7 @@ def test_cache_bytes_must_not_be_negative(data):
 
 
 def test_the_most_recently_unpinned_chunk_is_given_up_first():
-    slots = ChunkSlots(3, 64)
+    slots = ProcessCache(3, 64)
     for epoch_keys in ([("a", 0), ("a", 1), ("a", 2)],):
         for w, key in enumerate(epoch_keys):
             assert slots.pin(key, w)[1]
@@ -107,7 +108,7 @@ def test_the_most_recently_unpinned_chunk_is_given_up_first():
 def test_a_slot_is_polled_until_decoded_and_names_its_chunk():
     """What a loader asks of a slot it waits for: ready once a worker said it decoded it, never to be decoded
     again by the asker (this loader's workers were asked already), and which chunk it holds."""
-    slots = ChunkSlots(2, 64)
+    slots = ProcessCache(2, 64)
     pins = slots.pin_window(0, [("a", 5), ("b", 7)])
     assert [(p.slot, p.decode, p.ready) for p in pins] == [(0, True, False), (1, True, False)]
     assert [(p.slot, p.decode, p.ready) for p in (slots.poll(0), slots.poll(1))] == [(0, False, False),
@@ -122,7 +123,7 @@ def test_a_slot_is_polled_until_decoded_and_names_its_chunk():
 def test_a_slot_given_to_another_chunk_is_not_ready_until_decoded_again():
     """A slot taken from an unpinned chunk kept its "decoded" mark, so the new
     chunk would have been gathered from the old one's bytes."""
-    slots = ChunkSlots(1, 64)
+    slots = ProcessCache(1, 64)
     [pin] = slots.pin_window(0, [("a", 0)])
     assert slots.decoded(pin.slot)
     slots.unpin_window(0, [("a", 0)])

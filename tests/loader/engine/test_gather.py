@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 from zarrfeed.loader import _gather as c
-from zarrfeed.loader import gather_numpy as py
+from zarrfeed.loader.engine import gather_numpy as py
 
 from repo_paths import ROOT
 
@@ -100,7 +100,8 @@ def test_both_refuse_index_arrays_that_are_not_int64(kernel):
 def test_loaders_give_the_same_batches_with_the_numpy_kernel(tmp_path):
     script = f"""
 import hashlib, numpy as np
-from zarrfeed.loader import Loader, WindowLoader, gather
+from zarrfeed.loader import Loader, WindowLoader
+from zarrfeed.loader.engine import gather
 from zarrfeed.writer import synthetic, write_dataset
 if __name__ == "__main__":
     import os

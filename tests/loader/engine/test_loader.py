@@ -322,7 +322,7 @@ def test_too_large_a_ring_is_refused_up_front_saying_how_much(data):
     """...and the host cache it attached first is let go (it was held until the process exited, and a later
     test of the host caches found it)."""
     from zarrfeed.core._proc.shm import ShmSpaceError
-    from zarrfeed.loader import host_budget
+    from zarrfeed.loader.caches import host_budget
     before = host_budget.usage()
     with pytest.raises(ShmSpaceError, match=r"needs \d+ MiB of shared memory but only \d+ MiB is available"):
         with Loader(data, batch_size=400_000_000, num_workers=1) as loader:
@@ -527,7 +527,7 @@ def test_a_transform_returning_objects_is_a_loader_error_naming_the_field(data, 
     ("spans", {}, "list or None"), ("settings", [], "dict"),
 ])
 def test_a_state_field_of_the_wrong_kind_is_named_with_the_kinds_it_takes(field, value, kinds):
-    from zarrfeed.loader.state import LoaderState
+    from zarrfeed.loader.ordering.state import LoaderState
     good = LoaderState(kind="Loader", dataset_id="d", commit=1).to_dict()
     assert LoaderState.from_dict(good) == LoaderState(kind="Loader", dataset_id="d", commit=1)
     with pytest.raises(ValueError) as err:

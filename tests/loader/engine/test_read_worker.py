@@ -4,12 +4,13 @@ cache slot, a gather message builds each batch into ring slot k % n_slots (or, w
 a transform that raises is reported for its batch and the worker goes on, and other messages go to `others`."""
 import numpy as np
 import pytest
-from zarrfeed.loader import Dataset, read_worker
-from zarrfeed.loader.chunk_cache import ProcessChunks
-from zarrfeed.loader.fetch import FetchOptions
-from zarrfeed.loader.layout import Layout
-from zarrfeed.loader.messages import (Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherWindows, IndexFilled,
-                                      TransformFailed)
+from zarrfeed.loader import Dataset
+from zarrfeed.loader.engine import read_worker
+from zarrfeed.loader.caches.chunk_cache import ProcessCacheMemory
+from zarrfeed.loader.engine.fetch import FetchOptions
+from zarrfeed.loader.engine.layout import Layout
+from zarrfeed.loader.engine.messages import (Decode, Decoded, DecodeItem, FillIndex, Gathered, GatherWindows,
+                                             IndexFilled, TransformFailed)
 
 CHUNK_ROWS = 30
 ROWS = 4  # rows of every batch the fake builder makes
@@ -47,7 +48,7 @@ class Builder:
 @pytest.fixture
 def worker(data):
     ds = Dataset.open(data)
-    memory = ProcessChunks(CHUNK_ROWS * ds["agents"].dtype.itemsize, 4)
+    memory = ProcessCacheMemory(CHUNK_ROWS * ds["agents"].dtype.itemsize, 4)
     shared = read_worker.Shared(memory, 0, 0, BATCH_BYTES, N_SLOTS)
     decoder = read_worker.ChunkDecoder(read_worker.DatasetOpener.of(ds, FetchOptions()), ["agents"], shared)
     others: list = []

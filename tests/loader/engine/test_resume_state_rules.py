@@ -1,8 +1,8 @@
-"""The resume state's rules one by one (loader/state.py, in this process): the refusals of hand-made or edited
+"""The resume state's rules one by one (loader/ordering/state.py, in this process): the refusals of hand-made or edited
 states and their lines, the stored digest's exact value; and the process chunk cache's room check."""
 import numpy as np
 import pytest
-from zarrfeed.loader.state import LoaderState, selection_digest
+from zarrfeed.loader.ordering.state import LoaderState, selection_digest
 
 
 def test_selection_digests_are_the_same_in_every_release():
@@ -94,10 +94,10 @@ def test_a_state_of_another_epoch_order_resumes_only_at_an_epochs_start(order, b
 
 def test_a_process_chunk_cache_larger_than_memory_is_refused_before_it_is_made():
     from zarrfeed.core._proc.shm import ShmSpaceError, available_memory
-    from zarrfeed.loader.chunk_cache import ProcessChunks
+    from zarrfeed.loader.caches.chunk_cache import ProcessCacheMemory
     n = 4
     slot = available_memory() // 2  # four of them: twice what there is
     with pytest.raises(ShmSpaceError) as err:
-        ProcessChunks(slot, n)
+        ProcessCacheMemory(slot, n)
     assert str(err.value).startswith(f"the loader's chunk cache ({n} chunks) needs {slot * n / 2**20:.0f} MiB of "
                                      "shared memory but only ")

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from zarrfeed.core.errors import LoaderError
 from zarrfeed.loader import Dataset, Loader
-from zarrfeed.loader.chunk_cache import Key, Pin, ProcessChunks
-from zarrfeed.loader.messages import Decode, GatherRows
+from zarrfeed.loader.caches.chunk_cache import Key, Pin, ProcessCacheMemory
+from zarrfeed.loader.engine.messages import Decode, GatherRows
 from zarrfeed.loader.options import WorkerOptions
-from zarrfeed.loader.plan import EpochPlan
-from zarrfeed.loader.resources import Sizing
-from zarrfeed.loader.scheduler import Epoch, Run
-from zarrfeed.loader.worker_pools import InlinePool
+from zarrfeed.loader.ordering.plan import EpochPlan
+from zarrfeed.loader.engine.resources import Sizing
+from zarrfeed.loader.engine.scheduler import Epoch, Run
+from zarrfeed.loader.engine.worker_pools import InlinePool
 
 CHUNK_ROWS = 30
 
@@ -33,7 +33,7 @@ class FakeCache:
     at each unpin."""
 
     def __init__(self, n: int, slot_bytes: int, decode, decoder: str = "workers", polls: int = 3) -> None:
-        self.memory = ProcessChunks(slot_bytes, n)
+        self.memory = ProcessCacheMemory(slot_bytes, n)
         self.shared = decoder != "workers"
         self.decode, self.decoder, self.polls = decode, decoder, polls
         self.room = True

@@ -12,7 +12,9 @@ import time
 import numpy as np
 import pytest
 from zarrfeed.core._proc.pool import process_state
-from zarrfeed.loader import Dataset, Loader, LoaderStalledError, host_cache, stalls
+from zarrfeed.loader import Dataset, Loader, LoaderStalledError
+from zarrfeed.loader.caches import host_cache
+from zarrfeed.loader.engine import stalls
 
 CHUNKS = {"agents": 2000, "frames": 200, "traffic_light_faces": 500}
 _CALLS = [0]
@@ -160,7 +162,7 @@ def test_a_stopped_process_pinning_the_host_cache_is_said_in_the_log(data, monke
         if child == 0:  # pins every slot, gives its decodes up (others decode those chunks), then stops
             try:
                 seg = host_cache.attach(key, 1 << 30, n_slots, 1)
-                pins = host_cache.HostSlots(seg, key).pin_window(0, held)
+                pins = host_cache.HostCache(seg, key).pin_window(0, held)
                 seg.give_up({pin.slot: pin.token for pin in pins})
                 os.kill(os.getpid(), signal.SIGSTOP)
             finally:

@@ -8,10 +8,10 @@ import pytest
 
 from zarrfeed import SequenceLoader
 from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader, Loader, WindowLoader
-from zarrfeed.loader.kinds import CacheView
-from zarrfeed.loader.messages import FillIndex, GatherRows, GatherWindows
-from zarrfeed.loader.rows import RowBuilder
-from zarrfeed.loader.sample_groups import SampleBuilder
+from zarrfeed.loader.kinds.base import CacheView
+from zarrfeed.loader.engine.messages import FillIndex, GatherRows, GatherWindows
+from zarrfeed.loader.kinds.rows import RowBuilder
+from zarrfeed.loader.kinds.sample_groups import SampleBuilder
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.zarr_array import Group
 from repo_paths import REAL_SCENE
 from zarrfeed.loader import AgentSampleLoader, Dataset, EgoSampleLoader
-from zarrfeed.loader import agents_mask
-from zarrfeed.loader.motion import (AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, agent_samples,
+from zarrfeed.loader.kinds import agents_mask
+from zarrfeed.loader.kinds.motion import (AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, agent_samples,
                                     ego_samples)
 from zarrfeed.writer import DatasetWriter, synthetic
 
@@ -226,7 +226,7 @@ def test_agent_samples_are_the_same_whatever_a_workers_pool_holds(scenes, monkey
     pool holds (a pool of one row: every new group drops the others, moves the batch's together and grows the
     arrays; the whole table as one window), every sample equals `agent_samples` on a context of the whole
     dataset (a float tolerance of 1e-6 relative, the same code on both sides)."""
-    from zarrfeed.loader import sample_loaders
+    from zarrfeed.loader.kinds import l5kit_samples as sample_loaders
 
     g = Group.open(DirectoryStore(scenes))
     frames, agents = g["frames"][:], g["agents"][:]

@@ -42,7 +42,8 @@ def test_a_half_written_mask_is_not_taken_on_an_l5kit_dataset(real_copy):
     a mask without a record is taken there, and the loader silently has 528 samples instead of L5Kit's 1,127.
     Expected: a half-written mask is never read as valid (refused and recomputed, or an error)."""
     from zarrfeed.core import dataset_format
-    from zarrfeed.loader import Dataset, agents_mask
+    from zarrfeed.loader import Dataset
+    from zarrfeed.loader.kinds import agents_mask
 
     ds = Dataset.open(real_copy)
     full = agents_mask.compute(ds, 0.5, workers=0)
@@ -61,7 +62,9 @@ def test_a_stored_mask_with_a_missing_chunk_is_not_taken(small_dataset, tmp_path
     zarrfeed does for a missing chunk of a table."""
     import shutil
 
-    from zarrfeed.loader import Dataset, agents_mask
+    from zarrfeed.loader import Dataset
+
+    from zarrfeed.loader.kinds import agents_mask
 
     path = tmp_path / "d.zarr"
     shutil.copytree(small_dataset(6, 21, frames=80, agents_per_frame=60), path)
@@ -124,6 +127,6 @@ def test_track_id_twice_in_a_frame_is_sampled_as_l5kit_does(real_copy):
 
 @pytest.mark.parametrize("bad", [float("nan"), 1.5, -0.1, True])
 def test_a_threshold_outside_zero_one_is_refused_in_one_line(bad, tmp_path):
-    from zarrfeed.loader.agents_mask import Thresholds
+    from zarrfeed.loader.kinds.agents_mask import Thresholds
     with pytest.raises(ValueError, match=r"agents mask: threshold must be a number in \[0.0, 1.0\)"):
         Thresholds(label=bad)

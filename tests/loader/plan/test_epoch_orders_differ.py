@@ -7,8 +7,8 @@ each block. A shuffle or a strata that ignored the epoch would repeat an epoch's
 block holds, epoch after epoch; with many chunks in a window the chunk order hides it."""
 import numpy as np
 import pytest
-from zarrfeed.loader.order import BLOCK_ROWS, block_count, block_starts
-from zarrfeed.loader.plan import EpochPlan, PlanConfig
+from zarrfeed.loader.ordering.order import BLOCK_ROWS, block_count, block_starts
+from zarrfeed.loader.ordering.plan import EpochPlan, PlanConfig
 from plans import plan_config
 
 N = 3 * BLOCK_ROWS + 1234  # several of order 2's blocks

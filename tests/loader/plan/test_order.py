@@ -6,9 +6,9 @@ import hashlib
 import numpy as np
 import pytest
 
-import zarrfeed.loader.order as order_module
-from zarrfeed.loader.order import CHUNKS, VERSION, inverse, permutation, shuffle
-from zarrfeed.loader.plan import EpochPlan
+import zarrfeed.loader.ordering.order as order_module
+from zarrfeed.loader.ordering.order import CHUNKS, VERSION, inverse, permutation, shuffle
+from zarrfeed.loader.ordering.plan import EpochPlan
 from plans import plan_config
 
 SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 97, 128, 1000, 1023, 1024, 1025, 4099, 65537]

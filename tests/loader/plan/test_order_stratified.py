@@ -1,5 +1,5 @@
 """Order 2: batches as mixed as a true shuffle whenever the table fits the loader's shuffle_bytes.
-The order is specified (loader/order.py) and held to stored golden blocks, the same in C and Python, a
+The order is specified (loader/ordering/order.py) and held to stored golden blocks, the same in C and Python, a
 permutation of every epoch's rows with random access per block; a loader's default window is the whole table
 up to shuffle_bytes (a function of the dataset and options, recorded in its state); a state saved in order 1
 goes on in order 1."""
@@ -10,10 +10,10 @@ import statistics
 import numpy as np
 import pytest
 
-import zarrfeed.loader.order as order_module
+import zarrfeed.loader.ordering.order as order_module
 from zarrfeed.loader import AgentSampleLoader, EgoSampleLoader, Loader, SequenceLoader, WindowLoader
-from zarrfeed.loader.order import block_count, block_starts, fill_block, strata
-from zarrfeed.loader.plan import EpochPlan, selected_rows_per_chunk, window_chunks
+from zarrfeed.loader.ordering.order import block_count, block_starts, fill_block, strata
+from zarrfeed.loader.ordering.plan import EpochPlan, selected_rows_per_chunk, window_chunks
 from plans import plan_config
 
 SIZES = [[20802] * 100, [1, 2, 3, 5, 63, 64, 65, 100, 7, 4099], [0, 5, 0, 3000], [20802] * 99 + [17], [1]]
@@ -305,7 +305,7 @@ def test_a_state_saved_with_another_default_window_goes_on_in_it(small_dataset):
 def test_a_window_this_machine_cannot_hold_is_one_line_naming_the_option(small_dataset, monkeypatch, given):
     """The window is not shrunk to fit a machine (another machine would make another order): the loader says
     what it needs and which option makes it smaller, before any worker starts."""
-    import zarrfeed.loader.batches as batches
+    import zarrfeed.loader.loader as batches
 
     path = small_dataset(12, 5, chunks={"agents": 500})
     monkeypatch.setattr(batches, "available_memory", lambda: 100_000)
@@ -455,7 +455,7 @@ def test_a_window_whose_agent_index_does_not_fit_is_one_line(small_dataset, monk
     frames around its samples: with dense frames several times the window's agents (5.7x in one
     case). The room check counted only the decoded chunks, so such a window ran the machine out of memory
     instead of being refused naming the option."""
-    import zarrfeed.loader.batches as batches
+    import zarrfeed.loader.loader as batches
     from zarrfeed.core._proc.shm import ShmSpaceError
 
     path = small_dataset(12, 5, chunks={"agents": 100, "frames": 20})

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zarrfeed.loader.plan import EpochPlan, selected_rows_per_chunk
+from zarrfeed.loader.ordering.plan import EpochPlan, selected_rows_per_chunk
 from plans import plan_config
 
 

@@ -1,13 +1,13 @@
-"""The epoch plan's and the order's rules one by one (loader/plan.py and loader/order.py, in this process): which
-batches read a window, the refusals' lines, and that drop_last never repeats a row. test_plan_contract.py holds
-the plan to its contract as a whole."""
+"""The epoch plan's and the order's rules one by one (loader/ordering/plan.py and loader/ordering/order.py, in
+this process): which batches read a window, the refusals' lines, and that drop_last never repeats a row.
+test_plan_contract.py holds the plan to its contract as a whole."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_plan_contract import batches
-from zarrfeed.loader.order import permutation, shuffle
-from zarrfeed.loader.plan import EpochPlan, WorkerPlans, selected_rows_per_chunk
+from zarrfeed.loader.ordering.order import permutation, shuffle
+from zarrfeed.loader.ordering.plan import EpochPlan, WorkerPlans, selected_rows_per_chunk
 from plans import plan_config
 
 

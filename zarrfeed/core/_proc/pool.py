@@ -29,7 +29,7 @@ import multiprocess as mp
 
 from ..errors import WorkerError
 from .imports import (NOT_IN_A_FILE, PACKAGE, fork_server_imports_with_our_path, missing_from_a_script_not_in_a_file,
-                      script_unnamed_if_unreadable, script_workers_cannot_read, shadowing_folder)
+    script_unnamed_if_unreadable, script_workers_cannot_read, shadowing_folder)
 
 _READY_TIMEOUT = 120.0
 

@@ -1,8 +1,8 @@
 """`Loader`: shuffled, sharded, resumable batches of one table, decoded by worker processes.
 
 The front of a loader: its options, its resume state and the loop the user iterates. What is decoded and
-gathered, and in which order, is the scheduler's (`loader.scheduler`), told by a batch source what a batch is
-(`loader.rows.RowSource` here; `loader.windows.WindowSource` for `WindowLoader`: see `loader.kinds`).
+gathered, and in which order, is the scheduler's (`loader.engine.scheduler`), told by a batch source what a batch is
+(`loader.kinds.rows.RowSource` here; `loader.kinds.windows.WindowSource` for `WindowLoader`: see `loader.kinds.base`).
 """
 from __future__ import annotations
 
@@ -19,21 +19,21 @@ import numpy as np
 from ..core.keywords import spelled_out
 from ..core._proc.pool import start_fork_server
 from ..core._proc.shm import ShmSpaceError, available_memory
-from . import probe, read_worker, view_check
+from .engine import probe, read_worker, view_check
 from .arrow_bridge import to_arrow
 from .dataset import Dataset
-from .fetch import FetchOptions
-from .kinds import start_worker
-from .layout import Layout
+from .engine.fetch import FetchOptions
+from .kinds.base import start_worker
+from .engine.layout import Layout
 from .options import CacheOptions, LoaderOptions, Options, ReadOptions, WorkerOptions
-from .plan import MIN_WINDOW, EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
-from .resume import Cursor, adopt_order, reshard
-from .resources import Sizing
-from .ring import Handout
-from .rows import RowSource
-from .scheduler import Epoch, LoaderError, LoaderStalledError, Run
-from .source import BatchSource
-from .state import LOADED_WHILE_ITERATING, LoaderState, selection_digest
+from .ordering.plan import MIN_WINDOW, EpochPlan, PlanConfig, selected_rows_per_chunk, window_chunks
+from .ordering.resume import Cursor, adopt_order, reshard
+from .engine.resources import Sizing
+from .engine.ring import Handout
+from .kinds.rows import RowSource
+from .engine.scheduler import Epoch, LoaderError, LoaderStalledError, Run
+from .kinds.source import BatchSource
+from .ordering.state import LOADED_WHILE_ITERATING, LoaderState, selection_digest
 
 __all__ = ["Loader", "LoaderError", "LoaderStalledError"]
 ROW_ID = "_row"  # the column of `row_ids=True`
@@ -251,7 +251,7 @@ class Loader:
         return TorchBatches(self)
 
     def state(self) -> LoaderState:
-        """Where iteration stands, with what decides the batch order (see `loader.state`)."""
+        """Where iteration stands, with what decides the batch order (see `loader.ordering.state`)."""
         if self._digest is None:  # hashed once: a selection can hold millions of rows
             self._digest = selection_digest(self.source.selection_parts())
         at = self._cursor
@@ -285,7 +285,7 @@ class Loader:
             log.info("zarrfeed: resuming a run saved with %s: its order is kept", ", ".join(taken))
 
     def _resumed(self, state: dict[str, Any] | LoaderState | list) -> tuple[PlanConfig, Cursor]:
-        """The plan configuration and the cursor that `state` resumes (see `loader.resume`), checked to
+        """The plan configuration and the cursor that `state` resumes (see `loader.ordering.resume`), checked to
         resume this loader."""
         states = state if isinstance(state, (list, tuple)) else [state]
         if not states:

@@ -7,7 +7,7 @@ unavailable, as in L5Kit. Samples are grouped by the chunk their row lies in (ag
 the ego), and a group reads the frames of its samples' windows (clipped to their scenes) and, for agents,
 those frames' agents. The epoch plan shuffles groups as it shuffles chunks, and samples within windows of
 groups, as for `WindowLoader`. A worker turns a group's cached chunks into a `motion.Context` once (kept
-across epochs) and computes a batch's samples from it with arrays (`loader.motion`).
+across epochs) and computes a batch's samples from it with arrays (`loader.kinds.motion`).
 """
 from __future__ import annotations
 
@@ -20,19 +20,20 @@ from typing import Any, Callable, ClassVar, Unpack
 
 import numpy as np
 
-from ..core._proc.pool import preload_in_workers
-from . import agents_mask, read_worker
-from .batches import Loader, fetch_options, open_dataset
-from .dataset import Dataset
-from .layout import Layout
+from ...core._proc.pool import preload_in_workers
+from . import agents_mask
+from ..engine import read_worker
+from ..loader import Loader, fetch_options, open_dataset
+from ..dataset import Dataset
+from ..engine.layout import Layout
 from .motion import AGENT_FIELDS, FRAME_FIELDS, AgentPool, Context, Steps, ego_samples, sample_fields
-from ..core.keywords import count, spelled_out
-from .options import LoaderOptions, Options
-from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
-from .kinds import CacheView
+from ...core.keywords import count, spelled_out
+from ..options import LoaderOptions, Options
+from ..ordering.plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .base import CacheView
 from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
-from .state import MASK_MINIMUMS
+from ..ordering.state import MASK_MINIMUMS
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 log = logging.getLogger("zarrfeed.loader")

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import TransformOutputError
-from ..core.schema import field_names
+from ...core.errors import TransformOutputError
+from ...core.schema import field_names
 
 
 def transform_name(fn: Any) -> str:

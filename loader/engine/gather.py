@@ -1,7 +1,7 @@
 """The loader's gather kernel: rows of interleaved records into per-field columns.
 
 The C extension `loader._gather` is built at install; where it could not be (no C compiler), the numpy
-version in `loader.gather_numpy` does the same, slower, with a warning once per process. ZARRFEED_GATHER=numpy
+version in `loader.engine.gather_numpy` does the same, slower, with a warning once per process. ZARRFEED_GATHER=numpy
 chooses the numpy version on purpose (to compare them, or to rule the C kernel out when debugging).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ gather, gather_runs = gather_numpy.gather, gather_numpy.gather_runs
 KERNEL = "numpy"
 if os.environ.get("ZARRFEED_GATHER", "").lower() != "numpy":
     try:
-        from . import _gather  # type: ignore[attr-defined]  # the C extension, built at install
+        from .. import _gather  # type: ignore[attr-defined]  # the C extension, built at install
 
         gather, gather_runs, KERNEL = _gather.gather, _gather.gather_runs, "c"
     except ImportError:

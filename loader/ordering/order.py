@@ -52,7 +52,7 @@ import operator
 import numpy as np
 
 try:
-    from . import _order  # type: ignore[attr-defined]  # the C extension, built at install
+    from .. import _order  # type: ignore[attr-defined]  # the C extension, built at install
 except ImportError:
     _order = None
 

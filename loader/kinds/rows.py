@@ -1,4 +1,4 @@
-"""Batches of one table's rows, `Loader`'s (`loader.batches`): the rows' description (`RowSource`) and their
+"""Batches of one table's rows, `Loader`'s (`loader.loader`): the rows' description (`RowSource`) and their
 builder (`RowBuilder`).
 
 A window's shuffled rows, as cache rows, are written into an index region (`FillIndex`, in parts that
@@ -14,15 +14,15 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from ..core._proc.pool import preload_in_workers
-from . import read_worker
-from .chunk_cache import ChunkMemory
-from .dataset import Dataset
-from .gather import gather
-from .kinds import CacheView, ProbeBatch, probe_of, worker_of
-from .layout import Layout
-from .messages import FillIndex, GatherRows, IndexFilled
-from .plan import EpochPlan, PlanConfig, WorkerPlans
+from ...core._proc.pool import preload_in_workers
+from ..engine import read_worker
+from ..caches.chunk_cache import ChunkMemory
+from ..dataset import Dataset
+from ..engine.gather import gather
+from .base import CacheView, ProbeBatch, probe_of, worker_of
+from ..engine.layout import Layout
+from ..engine.messages import FillIndex, GatherRows, IndexFilled
+from ..ordering.plan import EpochPlan, PlanConfig, WorkerPlans
 from .source import ResidentWindow, plan_settings
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool

@@ -14,7 +14,7 @@ alone, never on workers or timing. The cache is sized from the plan: what the ba
 
 The scheduler talks to a `BatchSource` (what to decode and gather for a kind of batch), to the chunk cache
 (`chunk_cache.ChunkCache`: this loader's own or the host's), to the pool of workers (`worker_pools.Pool`:
-processes, or this process with num_workers=0) and to the ring of batch slots (`loader.ring`), through their
+processes, or this process with num_workers=0) and to the ring of batch slots (`loader.engine.ring`), through their
 protocols and public methods, nothing else. How much of each it takes is `resources.Sizing`'s.
 """
 from __future__ import annotations
@@ -25,17 +25,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core._proc.rendezvous import RendezvousError
-from ..core._proc.pool import Failed, WorkerPool, describe_exit, is_stopped, process_state
-from ..core.errors import ChunkError, LoaderError, LoaderStalledError
-from . import host_cache
-from .chunk_cache import ChunkCache, ChunkSlots
+from ...core._proc.rendezvous import RendezvousError
+from ...core._proc.pool import Failed, WorkerPool, describe_exit, is_stopped, process_state
+from ...core.errors import ChunkError, LoaderError, LoaderStalledError
+from ..caches import host_cache
+from ..caches.chunk_cache import ChunkCache, ProcessCache
 from .layout import Layout, TransformOutputError, transform_name
 from .messages import Decode, Decoded, DecodeItem, FillIndex, Gathered, IndexFilled, Message, TransformFailed
-from .plan import EpochPlan
+from ..ordering.plan import EpochPlan
 from .resources import Sizing
 from .ring import Ring
-from .source import BatchSource, ResidentWindow
+from ..kinds.source import BatchSource, ResidentWindow
 from .stalls import Holdup, StallWatch
 from .worker_pools import InlinePool, Pool
 
@@ -93,8 +93,8 @@ class Run:
                              "needs at once; using a cache of its own", need)
             if segment is not None:
                 self.chunk_slots = segment.n_slots
-                return host_cache.HostSlots(segment, key)
-        return ChunkSlots(self.chunk_slots, source.chunk_bytes)
+                return host_cache.HostCache(segment, key)
+        return ProcessCache(self.chunk_slots, source.chunk_bytes)
 
     def _pool(self, setup: Callable[..., Callable[[Any], Any]], args: tuple) -> Pool:
         """The workers, each made by `setup(wid, *args)`: processes, or this process with num_workers=0."""
@@ -303,7 +303,7 @@ class Epoch:
         return out
 
     def _watch(self, since: float) -> None:
-        """Say a wait begun at `since` in the log once nothing moved for a while (see `loader.stalls`); raise
+        """Say a wait begun at `since` in the log once nothing moved for a while (see `loader.engine.stalls`); raise
         `LoaderStalledError` once it passed `stall_timeout` on a stopped process."""
         stopped = self.stall.check(since, self._waiting_for(), self._holdups)
         if stopped:

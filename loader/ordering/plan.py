@@ -23,9 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .options import ShardOptions, ShuffleOptions
-from .order import CHUNKS, ORDERS, block_count, block_starts, fill_block, inverse, permutation, \
-    shuffle, strata
+from ..options import ShardOptions, ShuffleOptions
+from .order import CHUNKS, ORDERS, block_count, block_starts, fill_block, inverse, permutation, shuffle, strata
 
 
 

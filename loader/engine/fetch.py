@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.chunks import check_chunk, digest
-from ..core.errors import ChunkError
-from ..core.location import Location
+from ...core.chunks import check_chunk, digest
+from ...core.errors import ChunkError
+from ...core.location import Location
 
 Record = tuple[int, str]  # a chunk's recorded size and digest
 

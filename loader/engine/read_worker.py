@@ -1,8 +1,8 @@
 """The reader workers' loop, one for every loader (`BatchWorker`: decode chunks, build batches, run the user's
 transform). Each kind of batch supplies only how it builds one (`BatchBuilder`: `rows.RowBuilder`,
-`windows.WindowBuilder`, ...; see `loader.kinds`), as PyTorch keeps one worker loop and varies the fetcher.
+`windows.WindowBuilder`, ...; see `loader.kinds.base`), as PyTorch keeps one worker loop and varies the fetcher.
 
-Messages (`loader.messages`; all small, the worker computes the plan itself from the settings it was
+Messages (`loader.engine.messages`; all small, the worker computes the plan itself from the settings it was
 started with): `Decode` -> `Decoded` (the chunks, fetched together, concurrently from an object store, into
 the cache); `FillIndex` -> `IndexFilled` (the window's shuffled rows, as cache rows, into the index);
 `GatherRows` -> `Gathered`, or `TransformFailed` if the user's transform raises. Every chunk's stored bytes
@@ -20,14 +20,14 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..core import dataset_format
-from ..core._proc.pool import RemoteError, preload_in_workers
-from ..core._proc.shm import SharedBlock, check_room
-from ..core.chunk_check import ChunkCheck
-from ..core.chunks import decode_chunk_into
-from ..core.schema import Table
-from ..core.location import Location
-from .chunk_cache import ChunkMemory
+from ...core import dataset_format
+from ...core._proc.pool import RemoteError, preload_in_workers
+from ...core._proc.shm import SharedBlock, check_room
+from ...core.chunk_check import ChunkCheck
+from ...core.chunks import decode_chunk_into
+from ...core.schema import Table
+from ...core.location import Location
+from ..caches.chunk_cache import ChunkMemory
 from .fetch import ChunkFetcher, FetchOptions
 from .layout import Layout
 from .messages import Decode, Decoded, DecodeItem, Gathered, GatherRows, GatherWindows, TransformFailed
@@ -37,9 +37,9 @@ preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 
 
 class Shared:
-    """The shared memory of one loader: its decoded chunks (`chunks`: this loader's own, `ProcessChunks`, or
+    """The shared memory of one loader: its decoded chunks (`chunks`: this loader's own, `ProcessCacheMemory`, or
     the host's, `HostSegment`), an index of cache rows (`index_regions` regions of `region_rows`), and a ring
-    of `n_slots` batch slots (`ring`, see `loader.ring`)."""
+    of `n_slots` batch slots (`ring`, see `loader.engine.ring`)."""
 
     def __init__(self, chunks: ChunkMemory, region_rows: int, index_regions: int,
                  batch_bytes: int, n_slots: int) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .options import ShuffleOptions
+from ..options import ShuffleOptions
 from .order import ORDERS
 from .plan import EpochPlan, PlanConfig
 from .state import LoaderState

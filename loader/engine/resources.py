@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..core.sizes import binary_size
-from .options import WorkerOptions
-from .plan import EpochPlan
-from .source import BatchSource
+from ...core.sizes import binary_size
+from ..options import WorkerOptions
+from ..ordering.plan import EpochPlan
+from ..kinds.source import BatchSource
 
 log = logging.getLogger("zarrfeed.loader")
 _GROUP_ROWS = 32768  # rows per gather message (see Sizing.group)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core._proc.shm import SharedBlock
+from ...core._proc.shm import SharedBlock
 from . import view_check
 from .layout import Layout
 
@@ -76,7 +76,7 @@ class Ring:
 class Handout:
     """How a loop hands batches to the user: the ring's views, valid until the next batch is asked for
     (default); owned copies (`copy`); or, to find views used too late, copies that fault when touched after the
-    next batch is asked for (`check`, see `loader.view_check`). `close` when the loop ends."""
+    next batch is asked for (`check`, see `loader.engine.view_check`). `close` when the loop ends."""
 
     def __init__(self, copy: bool, check: bool) -> None:
         self.copy = copy

@@ -20,19 +20,19 @@ from typing import Any, ClassVar, Unpack
 
 import numpy as np
 
-from ..core._proc.pool import preload_in_workers
-from . import read_worker
-from .batches import Loader, fetch_options, open_dataset
-from .dataset import Dataset
-from .gather import gather_runs
-from .layout import Layout
-from ..core.keywords import spelled_out
-from .options import WINDOW_GROUPS, LoaderOptions, Options
-from .plan import EpochPlan, PlanConfig, selected_rows_per_chunk
-from .kinds import CacheView
+from ...core._proc.pool import preload_in_workers
+from ..engine import read_worker
+from ..loader import Loader, fetch_options, open_dataset
+from ..dataset import Dataset
+from ..engine.gather import gather_runs
+from ..engine.layout import Layout
+from ...core.keywords import spelled_out
+from ..options import WINDOW_GROUPS, LoaderOptions, Options
+from ..ordering.plan import EpochPlan, PlanConfig, selected_rows_per_chunk
+from .base import CacheView
 from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
-from .state import LoaderState
+from ..ordering.state import LoaderState
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 

@@ -15,13 +15,13 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from . import read_worker
-from .chunk_cache import ChunkMemory
-from .dataset import Dataset
-from .kinds import CacheView, ProbeBatch, probe_of, worker_of
-from .layout import Layout
-from .messages import GatherWindows
-from .plan import EpochPlan, PlanConfig, WorkerPlan, WorkerPlans
+from ..engine import read_worker
+from ..caches.chunk_cache import ChunkMemory
+from ..dataset import Dataset
+from .base import CacheView, ProbeBatch, probe_of, worker_of
+from ..engine.layout import Layout
+from ..engine.messages import GatherWindows
+from ..ordering.plan import EpochPlan, PlanConfig, WorkerPlan, WorkerPlans
 from .source import ResidentWindow
 
 

@@ -1,11 +1,11 @@
 """What a kind of batch tells the scheduler (`BatchSource`), and the settings every kind's resume state holds.
 
-The scheduler (`loader.scheduler`) knows nothing of rows or windows: it asks a source which chunks a window
+The scheduler (`loader.engine.scheduler`) knows nothing of rows or windows: it asks a source which chunks a window
 of the plan reads, how big a cache slot is, whether windows need an index region, how to make the gather
 message for a group of batches (given where the scheduler put the windows they read, as plain data:
 `ResidentWindow`; a source never calls back into the scheduler), which worker to start and how to make one
-batch in any process (to size a transform's output). Each kind of batch is a module (`loader.kinds`):
-`loader.rows.RowSource` makes batches of one table's rows, `loader.windows.WindowSource` L5Kit-style window
+batch in any process (to size a transform's output). Each kind of batch is a module (`loader.kinds.base`):
+`loader.kinds.rows.RowSource` makes batches of one table's rows, `loader.kinds.windows.WindowSource` L5Kit-style window
 samples.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from . import read_worker
-from .chunk_cache import ChunkMemory
-from .dataset import Dataset
-from .layout import Layout
-from .messages import GatherRows, GatherWindows
-from .plan import EpochPlan, PlanConfig
+from ..engine import read_worker
+from ..caches.chunk_cache import ChunkMemory
+from ..dataset import Dataset
+from ..engine.layout import Layout
+from ..engine.messages import GatherRows, GatherWindows
+from ..ordering.plan import EpochPlan, PlanConfig
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class BatchSource(Protocol):
         """What the resume state's selection digest is computed from."""
         ...
 
-    # what its worker and its probe are made from (`loader.kinds`)
+    # what its worker and its probe are made from (`loader.kinds.base`)
     reader: read_worker.DatasetOpener  # how a worker opens the dataset and fetches from it
 
     @property

@@ -16,13 +16,13 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
-from ..core._proc.shm import SharedBlock, check_room
+from ...core._proc.shm import SharedBlock, check_room
 
 Key = tuple[str, int]  # (table, chunk)
 
 
 class ChunkMemory(Protocol):
-    """The shared memory decoded chunks live in: one slot each (`ProcessChunks`, `host_cache.HostSegment`)."""
+    """The shared memory decoded chunks live in: one slot each (`ProcessCacheMemory`, `host_cache.HostSegment`)."""
 
     @property
     def slot_bytes(self) -> int:
@@ -41,8 +41,8 @@ class ChunkMemory(Protocol):
 
 
 class ChunkCache(Protocol):
-    """Which chunk is in which slot, as the scheduler sees a cache (`ChunkSlots`: a loader's own;
-    `host_cache.HostSlots`: the host's, shared by every loader of a dataset commit on the machine; both pass
+    """Which chunk is in which slot, as the scheduler sees a cache (`ProcessCache`: a loader's own;
+    `host_cache.HostCache`: the host's, shared by every loader of a dataset commit on the machine; both pass
     tests/loader/cache/test_chunk_cache_conformance.py). Fetched bytes kept on disk are a layer below, in the
     workers (`fetch.DiskCache`)."""
 
@@ -109,7 +109,7 @@ class Pin:
     token: int = 0
 
 
-class ProcessChunks:
+class ProcessCacheMemory:
     """The decoded chunks of one loader alone (cache="process"): `n_slots` slots of `slot_bytes` in shared
     memory that this loader's workers map."""
 
@@ -133,14 +133,14 @@ class ProcessChunks:
         self.block.close()
 
 
-class ChunkSlots:
+class ProcessCache:
     """`n` cache slots of `slot_bytes`: the chunk each holds, whether it is decoded, which windows pin it, and
     the shared memory they are in (`memory`, freed by `close`)."""
 
     shared = False  # only this loader's workers decode into it
 
     def __init__(self, n: int, slot_bytes: int) -> None:
-        self.memory = ProcessChunks(slot_bytes, n)
+        self.memory = ProcessCacheMemory(slot_bytes, n)
         self._slots: dict[Key, int] = {}
         self._decoded: set[int] = set()
         self._users: dict[Key, set[int]] = {}

@@ -12,12 +12,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit
-from ..core.errors import LoaderError
+from ...core._proc.pool import Failed, RemoteError, WorkerPool, describe_exit
+from ...core.errors import LoaderError
 from .layout import Layout, TransformOutputError, transform_name
-from .options import WorkerOptions
-from .plan import EpochPlan
-from .source import BatchSource
+from ..options import WorkerOptions
+from ..ordering.plan import EpochPlan
+from ..kinds.source import BatchSource
 
 Columns = list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape per row) of each output
 

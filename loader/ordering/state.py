@@ -74,7 +74,7 @@ class LoaderState:
     epoch: int = 0
     batch: int = 0
     version: int = VERSION
-    order: int = ORDER  # the epoch order's algorithm (loader/order.py); 0: numpy's Generator, before it
+    order: int = ORDER  # the epoch order's algorithm (loader/ordering/order.py); 0: numpy's Generator, before it
     commit_tag: str | None = None  # which copy's commit (see Dataset.commit_tag); None: not recorded
     # positions of the epoch's sequence this rank reads in `epoch` when they are not its usual share (the rest of
     # an epoch resumed on another number of ranks, see Loader.load_state_dict); None: its usual share

@@ -2,7 +2,7 @@
 on one batch in any process.
 
 A kind of batch (rows, window samples, L5Kit agent and ego samples, sequences) is one module holding a
-parent-side description (a `loader.source.BatchSource`: what the scheduler asks, and which builder makes its
+parent-side description (a `loader.kinds.source.BatchSource`: what the scheduler asks, and which builder makes its
 batches), a worker-side builder (a `KindBuilder`: the per-batch code, as methods) and its
 public loader class. The description names the builder's class and its arguments (`builder()`); `start_worker`
 makes a reader worker around it, and `ProbeBatch` makes batch k with it from plain reads, so the batch a
@@ -15,13 +15,13 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ..core.chunk_check import ChunkCheck
-from ..core.location import Location
-from .dataset import Dataset
-from .layout import Layout
-from .messages import FillIndex, GatherRows, GatherWindows
-from .plan import EpochPlan
-from .read_worker import BatchBuilder, BatchWorker, ChunkDecoder, DatasetOpener, Shared
+from ...core.chunk_check import ChunkCheck
+from ...core.location import Location
+from ..dataset import Dataset
+from ..engine.layout import Layout
+from ..engine.messages import FillIndex, GatherRows, GatherWindows
+from ..ordering.plan import EpochPlan
+from ..engine.read_worker import BatchBuilder, BatchWorker, ChunkDecoder, DatasetOpener, Shared
 from .source import BatchSource, ResidentWindow
 
 
@@ -55,7 +55,7 @@ class KindBuilder(BatchBuilder, Protocol):
 
 def start_worker(wid: int, reader: DatasetOpener, tables: list[str], shared: Shared, outputs: Layout | None,
                  transform: Callable | None, builder: type, args: tuple) -> BatchWorker:
-    """A reader worker's message handler (see `loader.read_worker`) whose batches `builder` builds; it opens
+    """A reader worker's message handler (see `loader.engine.read_worker`) whose batches `builder` builds; it opens
     the dataset in this process (no zarr handle is inherited)."""
     made: KindBuilder = builder(CacheView.of(shared), *args)
     return BatchWorker(wid, ChunkDecoder(reader, tables, shared), shared, made, transform, outputs,

@@ -22,15 +22,15 @@ import numpy as np
 import numcodecs
 import xxhash
 
-from ..core import dataset_format
-from ..core._proc.pool import Failed, WorkerPool, describe_exit, preload_in_workers
-from ..core.errors import WorkerError
-from ..core.chunk_check import ChunkCheck
-from ..core.refusals import refusal
-from ..core.location import Location
-from ..core.zarr_array import Array
-from ..core.zarr_meta import ArrayMeta
-from .dataset import Dataset
+from ...core import dataset_format
+from ...core._proc.pool import Failed, WorkerPool, describe_exit, preload_in_workers
+from ...core.errors import WorkerError
+from ...core.chunk_check import ChunkCheck
+from ...core.refusals import refusal
+from ...core.location import Location
+from ...core.zarr_array import Array
+from ...core.zarr_meta import ArrayMeta
+from ..dataset import Dataset
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 

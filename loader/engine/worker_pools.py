@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from ..core._proc.pool import Failed, RemoteError
+from ...core._proc.pool import Failed, RemoteError
 from .messages import Message
 
 

@@ -18,7 +18,7 @@ if the process that claimed a slot dies mid-decode, its slot is claimed again on
 lock, so a half-written chunk is never marked READY and a late worker never writes over a newer chunk.
 
 A slot pinned by any live process is never given up; among unpinned ones the one unpinned most recently goes
-first (see `loader.chunk_cache`: in a shuffled epoch the chunk just read is the one least needed again).
+first (see `loader.caches.chunk_cache`: in a shuffled epoch the chunk just read is the one least needed again).
 The table's invariants (`HostSegment.check`): the directory names slot s for chunk c exactly when slot s is
 not free and holds c (so no two chunks share a slot, and no slot lies outside the table); a pin is only on a
 slot that holds a chunk, by a registered process, and holds the chunk it was pinned for. A request never
@@ -39,11 +39,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..core._proc import rendezvous
-from ..core._proc.ofd import ProcessLocks
-from ..core._proc.shm import SharedBlock
-from ..core.errors import CacheInvariantError
-from ..core.sizes import binary_size
+from ...core._proc import rendezvous
+from ...core._proc.ofd import ProcessLocks
+from ...core._proc.shm import SharedBlock
+from ...core.errors import CacheInvariantError
+from ...core.sizes import binary_size
 from . import host_budget
 from .chunk_cache import Key, Pin
 
@@ -568,7 +568,7 @@ def _say_short(key: CacheKey, n_slots: int, asked: int, made: tuple[int, int, in
            "another process made it for loaders that asked for less, or when other caches left less room; a "
            "host cache keeps its size while any process uses it")
     log.warning("zarrfeed: the host cache of this dataset commit holds %d of the %d chunks this loader asked for "
-                "(%s of %s): %s. `zarrfeed.loader.host_budget.usage()` shows each cache's share", n_slots,
+                "(%s of %s): %s. `zarrfeed.loader.caches.host_budget.usage()` shows each cache's share", n_slots,
                 asked // key.slot_bytes, binary_size(held), binary_size(asked), why)
 
 
@@ -623,8 +623,8 @@ def detach(seg: HostSegment) -> None:
                 return
 
 
-class HostSlots:
-    """One loader's view of a host cache: the same methods as `ChunkSlots` (which windows pin which chunk),
+class HostCache:
+    """One loader's view of a host cache: the same methods as `ProcessCache` (which windows pin which chunk),
     with the slots, their states and the pins of every other process in the shared segment."""
 
     shared = True  # others decode too: the scheduler polls the chunks it waits for

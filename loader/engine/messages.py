@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from ..core._proc.pool import RemoteError
+from ...core._proc.pool import RemoteError
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,9 +28,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core._proc import rendezvous
-from ..core._proc.ofd import ProcessLocks
-from ..core._proc.shm import SharedBlock
+from ...core._proc import rendezvous
+from ...core._proc.ofd import ProcessLocks
+from ...core._proc.shm import SharedBlock
 
 MAGIC = 0x7A66_6862_0002  # "zfhb", format 2: per-job budgets
 ENTRIES = 1024  # host caches alive at once

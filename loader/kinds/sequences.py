@@ -21,19 +21,19 @@ from typing import Any, ClassVar, Unpack
 
 import numpy as np
 
-from ..core._proc.pool import preload_in_workers
-from ..core.replay_buffer import END, EPISODES
-from ..core.schema import field_names
-from ..core.location import FormatError
-from . import read_worker
-from .batches import Loader, fetch_options, open_dataset
-from .dataset import Dataset
-from .gather import gather
-from .layout import Layout
-from ..core.keywords import spelled_out
-from .options import SEQUENCE_GROUPS, LoaderOptions, Options
-from .plan import EpochPlan, PlanConfig
-from .kinds import CacheView
+from ...core._proc.pool import preload_in_workers
+from ...core.replay_buffer import END, EPISODES
+from ...core.schema import field_names
+from ...core.location import FormatError
+from ..engine import read_worker
+from ..loader import Loader, fetch_options, open_dataset
+from ..dataset import Dataset
+from ..engine.gather import gather
+from ..engine.layout import Layout
+from ...core.keywords import spelled_out
+from ..options import SEQUENCE_GROUPS, LoaderOptions, Options
+from ..ordering.plan import EpochPlan, PlanConfig
+from .base import CacheView
 from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
 from .source import plan_settings
 

@@ -1,0 +1,1 @@
+"""zarrfeed.loader.caches."""
