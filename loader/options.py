@@ -48,8 +48,8 @@ class LoaderOptions(TypedDict, total=False):
     window before its first batch. The window it gives depends on the dataset and the options only, never on
     this machine; one this machine cannot hold is refused, naming it."""
     order: int
-    """The epoch order's algorithm (default 2; 1: zarrfeed 0.1's, in which a state saved by it resumes
-    without asking)."""
+    """The epoch order's algorithm (default 2, stratified blocks; 1 is one Fisher-Yates shuffle per window, in
+    which a state saved in it resumes without asking)."""
     drop_last: bool
     """Drop what does not fill a last batch and, with several ranks, the tail that does not divide equally
     among them. Default False: the last batch is short, and ranks' shares are made equal by repeating rows

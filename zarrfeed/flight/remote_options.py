@@ -27,7 +27,7 @@ class RemoteOptions(TypedDict, total=False):
     shuffle_bytes: int
     """As `LoaderOptions`' (default 1 GiB): the decoded bytes the default window holds."""
     order: int
-    """As `LoaderOptions`': the epoch order's algorithm (default 2)."""
+    """As `LoaderOptions`': the epoch order's algorithm (default 2; 1: one Fisher-Yates shuffle per window)."""
     drop_last: bool
     """As `LoaderOptions`' (default False)."""
     rank: int
