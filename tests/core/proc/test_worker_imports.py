@@ -120,7 +120,7 @@ def test_a_script_not_in_a_file_whose_workers_miss_its_names_is_told_why(small_d
             "        print(sum(len(b['x']) for b in l))\n")
     out = run(["-"], cwd=tmp_path, stdin=code) if source == "stdin" else run(["-c", code], cwd=tmp_path)
     assert out.returncode == 1 and out.stdout == ""
-    last = [line for line in out.stderr.splitlines() if line.startswith("zarrfeed.loader")][-1]
+    last = [line for line in out.stderr.splitlines() if line.startswith("zarrfeed.LoaderError: ")][-1]
     assert "NameError: name 'np' is not defined" in last and NOT_A_FILE in last, out.stderr
     assert "import what the function uses inside it" in last and GUARD not in out.stderr
 
