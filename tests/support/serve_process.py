@@ -135,5 +135,5 @@ def content_key(episode) -> str:
 
 def episodes_in(path) -> list[str]:
     """The content keys of a dataset's episodes, sorted: equal lists mean every episode exactly once."""
-    from zarrfeed.writer.source import DatasetSource
+    from zarrfeed.writer.dataset_episodes import DatasetSource
     return sorted(content_key(ep) for ep in DatasetSource(path))
