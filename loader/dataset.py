@@ -465,9 +465,7 @@ class Dataset:
             for at in range(0, len(indices), batch):
                 part = indices[at:at + batch]
                 keys = [arr.chunk_key(i) for i in part]
-                raws = arr.store.get_many(keys)
-                for i, key in zip(part, keys, strict=True):
-                    raw = raws.get(key)
+                for i, key, raw in zip(part, keys, arr.read_chunks(part), strict=True):
                     if raw is None:
                         tail = check is not None and name in check.tails and (i + 1) * c > n
                         if arr.missing_is_fill and i not in recorded and not tail:
@@ -563,8 +561,7 @@ class ChunkReader:
     def read(self, start: int) -> np.ndarray | None:
         """The committed records of the chunk that starts at row `start`; None if it is missing."""
         arr = self.array
-        key = self.dataset.chunk_key(self.table, start)
-        if key not in arr.chunk_store:  # missing, unless another tool left it out holding only the fill value
+        if not arr.has_chunk(start // arr.chunks[0]):  # missing, unless another tool left it out holding only the fill value
             check = self.dataset._check  # (then its table is `missing_is_fill` and no commit records the chunk)
             if not arr.missing_is_fill or (check is not None and check.recorded(self.table, start // arr.chunks[0])):
                 return None

@@ -1,4 +1,8 @@
-"""Writing rows into a table's chunks: whole chunks with no lock, shared chunks merged under their lock."""
+"""Writing rows into a table's chunks: whole chunks with no lock, shared chunks merged under their lock.
+
+In a sharded (zarr v3) table many chunks share one stored object, which every write reads and writes back
+whole (`Array.write_chunks`): there each write holds the lock of its shard, whole chunks too.
+"""
 
 from __future__ import annotations
 
@@ -48,9 +52,17 @@ def write_rows(array: Array, start: int, rows: np.ndarray, synchronizer: Any,
     if start < first_whole:
         out.append(_merge(array, synchronizer, start // c, start % c, rows[: first_whole - start], guard))
     whole = {lo // c: array.encode_chunk(rows[lo - start: lo - start + c]) for lo in range(first_whole, last_whole, c)}
-    keyed = {array.chunk_key(i): data for i, data in whole.items()}
-    guard()
-    array.store.put_chunks(keyed)  # on an object store one concurrent request per chunk, not one after another
+    if array.sharding is None:
+        guard()
+        array.write_chunks(whole, durable_later=True)  # on an object store one concurrent request per chunk
+    else:
+        by_shard: dict[str, dict[int, bytes]] = {}
+        for i, data in whole.items():
+            by_shard.setdefault(object_key(array, i), {})[i] = data
+        for key, part in by_shard.items():
+            with synchronizer[key]:
+                guard()
+                array.write_chunks(part, durable_later=True)
     out.extend(ChunkWrite(array.table, i, len(data), digest(data)) for i, data in whole.items())
     if last_whole < end:
         out.append(_merge(array, synchronizer, last_whole // c, 0, rows[last_whole - start:], guard))
@@ -61,21 +73,26 @@ def _no_guard() -> None:
     pass
 
 
+def object_key(array: Array, index: int) -> str:
+    """The key of the stored object holding chunk `index`: the chunk's own, or its shard's (what its lock
+    is named by)."""
+    return array.chunk_key(index).partition("#")[0]
+
+
 def _merge(array: Array, synchronizer: Any, index: int, offset: int, rows: np.ndarray,
            guard: Callable[[], None]) -> ChunkWrite:
     """Write `rows` at row `offset` of chunk `index`, which another writer may share: under the chunk's lock,
     read it (a chunk not yet written holds zeros, as zarr's fill value), merge, encode, store."""
     key = array.chunk_key(index)
-    store = array.store
     c, size = array.chunks[0], array.dtype.itemsize
     buf = np.zeros(c * size, np.uint8)
-    with synchronizer[key]:
-        before = store.get(key)
+    with synchronizer[object_key(array, index)]:
+        before = array.read_chunks([index])[0]
         if before is not None:
             decode_chunk_into(array, key, before, buf)
         buf[offset * size:(offset + len(rows)) * size] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
         data = array.encode_chunk(buf.view(array.dtype))
         guard()
-        store.put_chunks({key: data})
+        array.write_chunks({index: data}, durable_later=True)
     return ChunkWrite(array.table, index, len(data), digest(data), digest(before) if before is not None else None,
                       shared=True)

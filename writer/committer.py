@@ -34,6 +34,7 @@ from ..core.commit_log import CommitLog, Segment
 from ..core.keys import Key, Position, check_key
 from ..core.links import require_link
 from ..core.schema import L5KIT_SCHEMA, Schema
+from ..core.storage_layout import StorageLayout
 from ..core.refusals import refusal, refused_writes
 from ..core.bounded_calls import bounded, within
 from ..core.errors import FormatError
@@ -64,7 +65,7 @@ class Committer:
                  overwrite: bool = False, chunks: Mapping[str, int] | None = None,
                  compressor: numcodecs.abc.Codec | None = None, coordinator: Coordinator | None = None,
                  lease_timeout: float = TIMEOUT, store_timeout: float | None = None,
-                 commit_interval: float = 1.0) -> None:
+                 commit_interval: float = 1.0, layout: StorageLayout = StorageLayout()) -> None:
         if mode not in ("w", "a"):
             raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
         self.location, self.commit_interval, self._store_timeout = location, commit_interval, store_timeout
@@ -96,13 +97,13 @@ class Committer:
         self._lease = Lease(location, lease_timeout)
         what = "written" if mode == "a" else "replaced" if overwrite and self._holds_data() else "created"
         with refused_writes(location, f"the dataset cannot be {what}"):  # in the user's words, not a lock file's
-            self._open(mode, schema, overwrite, chunks, compressor, coordinator)
+            self._open(mode, schema, overwrite, chunks, compressor, coordinator, layout)
         self.closed = False
         self._last_commit = time.monotonic()
 
     # ---------------------------------------------------------------- opening
     def _open(self, mode: str, schema: Schema | None, overwrite: bool, chunks: Mapping[str, int] | None,
-              compressor: numcodecs.abc.Codec | None, coordinator: Coordinator | None) -> None:
+              compressor: numcodecs.abc.Codec | None, coordinator: Coordinator | None, layout: StorageLayout) -> None:
         """Take the lease, then make the dataset (mode "w") or open it and drop what was never committed. A
         failure leaves nothing this writer made: a folder it created holding no more than the lease's files
         goes (see `_abandon_root`)."""
@@ -123,7 +124,7 @@ class Committer:
                     self._clear()
                 self.schema, self._dataset_id = dataset_format.create(store, schema or L5KIT_SCHEMA,
                                                                       chunks=dict(chunks or {}) or None,
-                                                                      compressor=compressor)
+                                                                      compressor=compressor, layout=layout)
                 committed, self._journal, self._commit_no = {t: 0 for t in self.schema.tables}, Journal(), 0
                 self._log = CommitLog()
                 self._published = (dict(committed), self._journal.to_json())
@@ -266,7 +267,7 @@ class Committer:
                 continue  # no rows, or no chunk partly filled: the append writes only new chunks
             index = n // arr.chunks[0]
             key = arr.chunk_key(index)
-            raw = arr.store.get(key)
+            raw = arr.read_chunks([index])[0]
             if raw is None:
                 raise FormatError(f"{self.location}: table '{t}': chunk '{key}' is missing, below the {n} rows "
                                   "committed; the dataset is damaged, nothing is appended (zarrfeed validate "
@@ -602,7 +603,7 @@ class Committer:
         for index in sorted({n // c for n in counts}):
             mine = [n for n in counts if n // c == index]
             key = arr.chunk_key(index)
-            raw = arr.store.get(key)
+            raw = arr.read_chunks([index])[0]
             out.update(zip(mine, rows_digests(arr, key, raw, [n - index * c for n in mine]), strict=True))
         return out
 

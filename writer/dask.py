@@ -224,7 +224,7 @@ def ingest(client: Any, sources: Sequence[Any], to_episodes: Callable[[Any], Ite
     location = replace(Location.of(path, storage_options), durable=durable)
     writer = Committer(location, schema, mode="a" if resume else mode, overwrite=overwrite, chunks=chunks,
                        compressor=compressor, commit_interval=commit_interval,
-                       store_timeout=location.settings.bound(120.0))
+                       store_timeout=location.settings.bound(120.0), layout=o.layout)
     summary = IngestSummary(sources=len(sources))
     placer = _Placer(client, writer, resume, on_error, summary)
     loads: dict[int, Any] = {}  # per source, its loaded episodes (a future), until written

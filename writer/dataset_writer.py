@@ -109,7 +109,7 @@ class DatasetWriter:
         self.committer = Committer(self.location, schema, mode=mode, overwrite=overwrite, chunks=chunks,
                                    compressor=compressor, coordinator=coordinator, lease_timeout=lease_timeout,
                                    store_timeout=self.location.settings.bound(stall_timeout),
-                                   commit_interval=commit_interval)
+                                   commit_interval=commit_interval, layout=o.layout)
         self.schema = self.committer.schema
         try:
             # per-chunk locks, for chunks two segments share: outside the dataset, gone at close
@@ -124,8 +124,10 @@ class DatasetWriter:
             if segment_bytes is None:
                 segment_bytes = self.location.settings.segment_bytes
             chunk_bytes = [t.chunk_rows * t.dtype.itemsize for t in self.schema.tables.values()]
+            align = {n: a.meta.shard_rows for n, a in self._arrays.items() if a.sharding is not None}
+            shard_bytes = [align[n] * self.schema.tables[n].dtype.itemsize for n in align]
             self._buffers = SegmentBuffers(self.schema.tables, len(self.schema.tables) + 2 * max(workers, 1),
-                                           max(segment_bytes, 2 * max(chunk_bytes)))
+                                           max(segment_bytes, 2 * max(chunk_bytes), *shard_bytes), align)
             self._shared_chunks = 0
             if workers > 0:
                 self._pool = WorkerPool(workers, write_worker.setup,

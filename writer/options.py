@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, TypedDict
 
 from ..core.keywords import choice, flag, mapping, seconds, taken
+from ..core.storage_layout import DEFAULT_SHARD_BYTES, StorageLayout
 
 
 class WriteOptions(TypedDict, total=False):
@@ -37,6 +38,13 @@ class WriteOptions(TypedDict, total=False):
     manifest writes and fewer chunks shared by two writes."""
     storage_options: Mapping[str, Any] | None
     """fsspec options for a URL path (credentials, `endpoint_url`, ...); merged into those of a `Location`."""
+    zarr_format: int
+    """The zarr format of a new dataset: 2 (default; what L5Kit's own code and zarr-python read as records) or
+    3 (sharded, a crc32c checksum on every inner chunk: fewer objects on an object store). Ignored with
+    mode "a": the dataset keeps its own."""
+    shard_bytes: int | None
+    """With zarr_format=3, the decoded bytes a shard holds at most (whole chunks; default 16 MiB, see
+    docs/format.md). Ignored otherwise."""
     durable: bool
     """On a local disk (default True), every commit survives a power loss once it is acknowledged: the chunks
     it names are fsynced before the manifest that names them, which is written aside, fsynced, renamed and its
@@ -56,6 +64,8 @@ class Writes:
     progress: bool = False
     commit_interval: float = 1.0
     storage_options: Mapping[str, Any] | None = None
+    zarr_format: int = 2
+    shard_bytes: int | None = None
     durable: bool = True
 
     def __post_init__(self) -> None:
@@ -66,8 +76,14 @@ class Writes:
         object.__setattr__(self, "commit_interval", seconds(self.commit_interval, "commit_interval", zero=True))
         mapping(self.storage_options, "storage_options")
         mapping(self.chunks, "chunks")
+        self.layout  # checked: a format or a shard size that is not one is refused here
         if self.compressor is not None and not hasattr(self.compressor, "get_config"):
             raise ValueError(f"compressor must be a numcodecs codec (or None), got {self.compressor!r}")
+
+    @property
+    def layout(self) -> StorageLayout:
+        """How a new dataset is stored (`zarr_format`, `shard_bytes`)."""
+        return StorageLayout(self.zarr_format, DEFAULT_SHARD_BYTES if self.shard_bytes is None else self.shard_bytes)
 
     @classmethod
     def of(cls, given: Mapping[str, Any], who: str) -> "Writes":

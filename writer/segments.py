@@ -4,7 +4,8 @@ A segment is a run of consecutive rows of one table, held in one shared-memory b
 has stored it. Each table has at most one segment open (being filled); a full one, or one the writer flushes,
 is sent to a worker and stays in flight until the worker says it is stored, when its block is free again.
 A segment ends on a chunk boundary where it can, so that its whole chunks have no other writer (only the
-chunks at its two ends may be shared with the segments before and after it, under the chunk locks). The
+chunks at its two ends may be shared with the segments before and after it, under the chunk locks); in a
+sharded (zarr v3) table on a shard boundary, for the same reason: a shard is one object, written whole. The
 blocks are made once, when the writer opens, and given to the workers when they start: rows then cross from
 the parent to a worker without a copy through a pipe.
 """
@@ -41,9 +42,12 @@ class RowSegment:
 class SegmentBuffers:
     """`n_blocks` shared-memory blocks of `block_bytes` each, and the segments using them (see the module)."""
 
-    def __init__(self, tables: Mapping[str, Table], n_blocks: int, block_bytes: int) -> None:
+    def __init__(self, tables: Mapping[str, Table], n_blocks: int, block_bytes: int,
+                 align: Mapping[str, int] | None = None) -> None:
         check_room(n_blocks * block_bytes, f"the writer's {n_blocks} segment buffers")
         self.tables = dict(tables)
+        # rows a segment ends on a multiple of: the table's chunk rows, or its shard rows
+        self.align = {t: (align or {}).get(t, tables[t].chunk_rows) for t in tables}
         self.block_bytes = block_bytes
         self.blocks: list[SharedBlock] = []
         try:
@@ -68,7 +72,7 @@ class SegmentBuffers:
     def begin(self, table: str, start: int) -> RowSegment:
         """Open a segment of `table` at row `start` in a free block (there must be one: see `has_free_block`).
         It ends at the last chunk boundary the block can hold, or where the block is full if that is none."""
-        rows = self.tables[table].chunk_rows
+        rows = self.align[table]
         fits = self.block_bytes // self.tables[table].dtype.itemsize
         end = (start + fits) // rows * rows
         seg = RowSegment(self._ids, table, start, (end if end > start else start + fits) - start, self._free.pop())

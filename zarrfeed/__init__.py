@@ -18,7 +18,7 @@ __version__ = "0.2.0"
 
 _NAMES = {
     "zarrfeed.writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
-               "synthetic"],
+               "synthetic", "convert"],
     "zarrfeed.loader": ["Dataset", "Loader", "WindowLoader", "AgentSampleLoader",
                "SequenceLoader",
                "EgoSampleLoader", "ValidationReport", "export_parquet",

@@ -25,8 +25,22 @@ from typing import Any
 from ...core.chunks import check_chunk, digest
 from ...core.errors import ChunkError
 from ...core.location import Location
+from ...core.zarr_array import Array
 
 Record = tuple[int, str]  # a chunk's recorded size and digest
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Chunk `index` of `array`: what a worker fetches (its array says where the bytes are: an object of its
+    own, or a range of a v3 shard)."""
+
+    array: Array
+    index: int
+
+    @property
+    def key(self) -> str:
+        return self.array.chunk_key(self.index)
 
 TRIES = 4
 BACKOFF = 0.25  # seconds before the second try; doubled for each further one
@@ -120,28 +134,29 @@ class ChunkFetcher:
         self._ahead: dict[str, tuple[Any, int]] = {}  # key -> (future of a prefetch, its index in the result)
         self._pool: Any = None
 
-    def prefetch(self, keys: list[str], records: list[Record | None]) -> None:
-        """Start fetching `keys` in a background thread (network waits release the GIL), for a later `fetch`."""
+    def prefetch(self, refs: list[ChunkRef], records: list[Record | None]) -> None:
+        """Start fetching `refs` in a background thread (network waits release the GIL), for a later `fetch`."""
         if not self.remote:
             return
-        todo = [(k, r) for k, r in zip(keys, records, strict=True) if k not in self._ahead]
+        todo = [(c, r) for c, r in zip(refs, records, strict=True) if c.key not in self._ahead]
         if todo:
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="zarrfeed-fetch")
-            ks, cs = [k for k, _ in todo], [c for _, c in todo]
-            future = self._pool.submit(self._fetch_now, ks, cs)
-            for i, k in enumerate(ks):
-                self._ahead[k] = (future, i)
+            cs, rs = [c for c, _ in todo], [r for _, r in todo]
+            future = self._pool.submit(self._fetch_now, cs, rs)
+            for i, c in enumerate(cs):
+                self._ahead[c.key] = (future, i)
 
-    def fetch(self, keys: list[str], records: list[Record | None]) -> list[bytes | None]:
+    def fetch(self, refs: list[ChunkRef], records: list[Record | None]) -> list[bytes | None]:
+        """The stored bytes of each chunk (None: not stored), checked against its record."""
         if not self.remote:  # a local store: the page cache is the cache, and reads do not wait on a network
-            return [self._check(k, self._local(k), r) for k, r in zip(keys, records, strict=True)]
-        out: list = [None] * len(keys)
+            return [self._check(c.key, raw, r) for c, raw, r in zip(refs, _read(refs), records, strict=True)]
+        out: list = [None] * len(refs)
         rest = []
-        for i, key in enumerate(keys):
-            ahead = self._ahead.pop(key, None)
+        for i, ref in enumerate(refs):
+            ahead = self._ahead.pop(ref.key, None)
             if ahead is None:
                 rest.append(i)
                 continue
@@ -150,51 +165,78 @@ class ChunkFetcher:
             except ChunkError:  # fetched ahead and failed: try again now, and report from here
                 rest.append(i)
         if rest:
-            values = self._fetch_now([keys[i] for i in rest], [records[i] for i in rest])
+            values = self._fetch_now([refs[i] for i in rest], [records[i] for i in rest])
             for i, value in zip(rest, values, strict=True):
                 out[i] = value
         return out
 
-    def _fetch_now(self, keys: list[str], records: list[Record | None]) -> list[bytes | None]:
-        out: list[bytes | None] = [None] * len(keys)
+    def _fetch_now(self, refs: list[ChunkRef], records: list[Record | None]) -> list[bytes | None]:
+        out: list[bytes | None] = [None] * len(refs)
         todo = []
-        for i, key in enumerate(keys):
+        for i, ref in enumerate(refs):
             record = records[i]
             hit = self.cache.get(record) if self.cache and record is not None else None
             if hit is not None:
                 out[i] = hit
             else:
                 todo.append(i)
+        last: BaseException | None = None
         for attempt in range(self.options.tries):
             if not todo:
                 break
             if attempt:
                 time.sleep(BACKOFF * 2 ** (attempt - 1))
-            paths = [f"{self.root}/{keys[i]}" for i in todo]
-            try:
-                got = self.fs.cat(paths, on_error="return")
-            except Exception as exc:  # the whole request failed: every key is retried
-                got = {p: exc for p in paths}
+            got = self._attempt([refs[i] for i in todo])
             failed = []
-            for i, path in zip(todo, paths, strict=True):
-                value = got.get(path, FileNotFoundError(path))
+            for i, value in zip(todo, got, strict=True):
                 if isinstance(value, FileNotFoundError):
                     continue  # missing: left None, which the decoder refuses (never fill values)
                 if isinstance(value, BaseException):
                     failed.append((i, value))
                     continue
-                out[i] = self._check(keys[i], value, records[i])
+                out[i] = self._check(refs[i].key, value, records[i])
                 record = records[i]
                 if self.cache and record is not None:
                     self.cache.put(record, value)
             todo = [i for i, _ in failed]
             last = failed[0][1] if failed else None
         if todo:
-            key = keys[todo[0]]
+            key = refs[todo[0]].key
             tries = "1 try" if self.options.tries == 1 else f"{self.options.tries} tries"
-            raise ChunkError(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' could not be fetched from "
+            raise ChunkError(f"table '{refs[todo[0]].array.table}': chunk '{key}' could not be fetched from "
                              f"{self.location} after {tries} ({type(last).__name__}: "
                              f"{str(last).strip().splitlines()[0] if str(last).strip() else ''})")
+        return out
+
+    def _attempt(self, refs: list[ChunkRef]) -> list[bytes | BaseException]:
+        """One try at every chunk: its bytes, or the error its request met (FileNotFoundError: not stored). Chunks
+        of their own object are fetched by one concurrent `cat`; inner chunks of shards through their array (a
+        failure there fails every chunk of that array, which is tried again)."""
+        out: list[bytes | BaseException] = [FileNotFoundError()] * len(refs)
+        plain = [i for i, c in enumerate(refs) if c.array.sharding is None]
+        if plain:
+            paths = [f"{self.root}/{refs[i].key}" for i in plain]
+            try:
+                got = self.fs.cat(paths, on_error="return")
+            except Exception as exc:  # the whole request failed: every key is retried
+                got = {p: exc for p in paths}
+            for i, path in zip(plain, paths, strict=True):
+                out[i] = got.get(path, FileNotFoundError(path))
+        sharded: dict[int, list[int]] = {}
+        for i, c in enumerate(refs):
+            if c.array.sharding is not None:
+                sharded.setdefault(id(c.array), []).append(i)
+        for group in sharded.values():
+            array = refs[group[0]].array
+            try:
+                values: list[bytes | BaseException] = [FileNotFoundError() if v is None else v
+                                                       for v in array.read_chunks([refs[i].index for i in group])]
+            except ChunkError:
+                raise
+            except Exception as exc:
+                values = [exc] * len(group)
+            for i, value in zip(group, values, strict=True):
+                out[i] = value
         return out
 
     def close(self) -> None:
@@ -206,8 +248,15 @@ class ChunkFetcher:
         check_chunk(key, raw, record)
         return raw
 
-    def _local(self, key: str) -> bytes | None:
-        try:
-            return self.store[key]
-        except KeyError:
-            return None
+
+
+def _read(refs: list[ChunkRef]) -> list[bytes | None]:
+    """Each chunk's stored bytes, read array by array (a shard's index once for all its chunks asked for)."""
+    out: list[bytes | None] = [None] * len(refs)
+    by_array: dict[int, list[int]] = {}
+    for i, ref in enumerate(refs):
+        by_array.setdefault(id(ref.array), []).append(i)
+    for group in by_array.values():
+        for i, raw in zip(group, refs[group[0]].array.read_chunks([refs[i].index for i in group]), strict=True):
+            out[i] = raw
+    return out

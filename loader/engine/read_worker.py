@@ -28,7 +28,7 @@ from ...core.chunks import decode_chunk_into
 from ...core.schema import Table
 from ...core.location import Location
 from ..caches.chunk_cache import ChunkMemory
-from .fetch import ChunkFetcher, FetchOptions
+from .fetch import ChunkFetcher, ChunkRef, FetchOptions
 from .layout import Layout
 from .messages import Decode, Decoded, DecodeItem, Gathered, GatherRows, GatherWindows, TransformFailed
 from .ring import RingMemory
@@ -107,18 +107,18 @@ class ChunkDecoder:
         self.shared, self.cache = shared, shared.arrays()[0]
         self.digests, self.check = source.digests or {}, source.check
 
-    def _keys(self, items: Sequence[DecodeItem]) -> tuple[list[str], list[tuple[int, str] | None]]:
-        """Chunk keys, and the size and digest recorded for each (None: not recorded, or not needed)."""
-        return ([self.arrays[i.table].chunk_key(i.chunk) for i in items],
+    def _refs(self, items: Sequence[DecodeItem]) -> tuple[list[ChunkRef], list[tuple[int, str] | None]]:
+        """The chunks, and the size and digest recorded for each (None: not recorded, or not needed)."""
+        return ([ChunkRef(self.arrays[i.table], i.chunk) for i in items],
                 [self.digests.get(i.table, {}).get(i.chunk) for i in items])
 
     def __call__(self, msg: Decode) -> tuple[int, ...]:
         """Decode each chunk whose slot is still claimed for it (one that is not was decoded already, by a
         worker that died before it answered, or is claimed anew); the message's slots."""
-        keys, complete = self._keys(msg.items)
-        for item, key, raw, record in zip(msg.items, keys, self.fetcher.fetch(keys, complete), complete,
+        refs, complete = self._refs(msg.items)
+        for item, ref, raw, record in zip(msg.items, refs, self.fetcher.fetch(refs, complete), complete,
                                           strict=True):
-            array = self.arrays[item.table]
+            array, key = ref.array, ref.key
             start = item.slot * self.shared.slot_bytes
             with self.shared.chunks.writing(item.slot, item.token) as ours:  # a raise marks the slot failed
                 if ours:
@@ -132,7 +132,7 @@ class ChunkDecoder:
         """Decode messages waiting behind the current one: start fetching their chunks now."""
         items = [item for m in msgs if isinstance(m, Decode) for item in m.items]
         if items:
-            self.fetcher.prefetch(*self._keys(items))
+            self.fetcher.prefetch(*self._refs(items))
 
 
 class BatchBuilder(Protocol):

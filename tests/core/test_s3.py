@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from expected import assert_holds, wait_for_scenes
 from zarrfeed.loader import Dataset, Loader, export_parquet
-from zarrfeed.loader.engine.fetch import ChunkFetcher, FetchOptions
+from zarrfeed.loader.engine.fetch import ChunkFetcher, ChunkRef, FetchOptions
 from zarrfeed.writer import ingest_parquet, synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
 from zarrfeed.writer.lease import LeaseHeld
@@ -222,7 +222,8 @@ def test_disk_cache_stays_within_its_bound(s3, tmp_path):
     sizes = [len(ds["agents"].chunk_store[f"agents/{i}"]) for i in range(ds.rows["agents"] // SMALL["agents"])]
     bound = sum(sizes[:2]) + 10
     fetcher = ChunkFetcher(ds.location, ds.group.store, FetchOptions(str(tmp_path / "c"), bound))
-    fetcher.fetch([f"agents/{i}" for i in range(len(sizes))], [ds.digests()["agents"][i] for i in range(len(sizes))])
+    fetcher.fetch([ChunkRef(ds["agents"], i) for i in range(len(sizes))],
+                  [ds.digests()["agents"][i] for i in range(len(sizes))])
     assert sum(p.stat().st_size for p in (tmp_path / "c").glob("*.chunk")) <= bound
 
 
@@ -240,7 +241,7 @@ def test_fetch_retries_a_pause_and_names_the_key_when_the_store_stays_down(s3):
     resume = threading.Timer(1.0, server.proc.send_signal, (signal.SIGCONT,))
     resume.start()
     try:
-        assert fetcher.fetch(["agents/0"], [None]) == [want]  # failed at first, then fetched
+        assert fetcher.fetch([ChunkRef(ds["agents"], 0)], [None]) == [want]  # failed at first, then fetched
     finally:
         resume.join()
         server.proc.send_signal(signal.SIGCONT)

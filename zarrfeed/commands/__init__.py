@@ -1,4 +1,4 @@
-"""The `zarrfeed` command's commands: demo, ingest, load, mask, export, info, validate, plot, serve, status (they
+"""The `zarrfeed` command's commands: demo, ingest, convert, load, mask, export, info, validate, plot, serve, status (they
 compose `writer` and `loader`). `zarrfeed.cli.main` imports this package, and everything it imports, only once it
 can take a Ctrl+C as the command's interrupt.
 
@@ -20,10 +20,10 @@ from typing import Sequence
 
 from .. import __version__
 from ..core.errors import FormatError, LeaseLost, LoaderError, ShmSpaceError, WorkerError
-from . import demo, export, info, ingest, load, mask, plot, serve, status, validate
+from . import convert, demo, export, info, ingest, load, mask, plot, serve, status, validate
 from .common import CommandParser, Help, TopParser, in_cli_words, plural
 
-COMMANDS = (demo, ingest, load, mask, export, info, status, serve, plot, validate)  # in the order --help lists
+COMMANDS = (demo, ingest, convert, load, mask, export, info, status, serve, plot, validate)  # in the order --help lists
 
 
 def _check_workers(args: argparse.Namespace) -> None:

@@ -85,6 +85,16 @@ def open_dataset(args: argparse.Namespace) -> Dataset:
                         verify_chunks=not getattr(args, "no_verify", False))
 
 
+def add_format_args(p: argparse.ArgumentParser, default: int = 2) -> None:
+    """--zarr-format and --shard-bytes, for a command that makes a dataset."""
+    p.add_argument("--zarr-format", type=int, choices=(2, 3), default=default,
+                   help=f"zarr format of the new dataset (default {default}): 2 is what L5Kit's own code and "
+                   "zarr-python read as records; 3 is sharded, a crc32c checksum on every chunk: fewer objects on "
+                   "an object store")
+    p.add_argument("--shard-bytes", type=bytes_arg, metavar="N",
+                   help="with --zarr-format 3: decoded bytes of a shard at most, e.g. 64M (default 16M)")
+
+
 def bytes_arg(text: str) -> int:
     """A size: bytes, or with K, M or G (powers of 1024)."""
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)

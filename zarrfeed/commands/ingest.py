@@ -11,7 +11,8 @@ from ..loader import Dataset
 from ..writer.dataset_writer import DatasetWriter
 from ..writer.dataset_episodes import DatasetSource, dataset_episodes
 from ..core.sizes import decimal_size
-from .common import Command, Sized, chunks_arg, count_arg, plural, positive_arg, rows_text, show_progress, store_options
+from .common import (Command, Sized, add_format_args, chunks_arg, count_arg, plural, positive_arg, rows_text,
+                     show_progress, store_options)
 
 
 def add(command: Command) -> None:
@@ -36,6 +37,7 @@ def add(command: Command) -> None:
                       "the workers write straight to the output, which they must reach")
     dask.add_argument("--dask-workers", type=positive_arg, metavar="N", help="ingest on a Dask cluster of N worker "
                       "processes started on this machine")
+    add_format_args(p)
     p.add_argument("--no-fsync", dest="durable", action="store_false", help="do not fsync: for scratch data on "
                    "a local disk; commits then survive a killed process but not a power loss (see the writing guide)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -71,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
     mode = "a" if (args.append or args.resume) else "w"
     if args.scheduler or args.dask_workers:
         return ingest_on_dask(args, out, schema, mode, episodes)
+    if (args.append or args.resume) and (args.zarr_format != 2 or args.shard_bytes):
+        raise ValueError("--zarr-format/--shard-bytes: apply to a new dataset; one appended to or resumed keeps "
+                         "its own format")
     with DatasetWriter(out, schema, workers=args.workers, mode=mode, chunks=args.chunks,
-                       overwrite=args.overwrite, progress=show_progress(args), durable=args.durable) as w:
+                       overwrite=args.overwrite, progress=show_progress(args), durable=args.durable,
+                       zarr_format=args.zarr_format, shard_bytes=args.shard_bytes) as w:
         try:
             summary = w.ingest(episodes, resume=args.resume)
         except KeyboardInterrupt:
@@ -119,7 +125,7 @@ def ingest_on_dask(args: argparse.Namespace, out: Location, schema: writer.Schem
         summary = zdask.ingest(client, sources, read, out.url, schema, storage_options=out.storage_options,
                                resume=args.resume, mode=mode, overwrite=args.overwrite,
                                chunks=args.chunks, progress=show_progress(args),
-                               durable=args.durable)
+                               durable=args.durable, zarr_format=args.zarr_format, shard_bytes=args.shard_bytes)
     finally:
         client.close()
         if cluster is not None:

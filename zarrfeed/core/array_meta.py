@@ -85,13 +85,13 @@ def written_problem(meta: dict[str, Any], compressor: dict[str, Any] | None) -> 
     so a filter added later decodes every unchanged chunk into other rows."""
     if meta.get("filters"):
         return f"field 'filters' is {meta['filters']!r}, but zarrfeed wrote the table with none (its manifest's schema)"
-    if _normal(meta.get("compressor")) != _normal(compressor):
+    if normal_codec(meta.get("compressor")) != normal_codec(compressor):
         return (f"field 'compressor' is {meta.get('compressor')!r}, not {compressor!r}, the compressor its manifest's "
                 "schema records")
     return None
 
 
-def _normal(config: dict[str, Any] | None) -> dict[str, Any] | None:
+def normal_codec(config: dict[str, Any] | None) -> dict[str, Any] | None:
     """A codec config with its defaults filled in, so that two spellings of one codec compare equal."""
     if config is None:
         return None

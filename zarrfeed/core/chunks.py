@@ -69,12 +69,10 @@ def read_rows(array: Array, start: int, stop: int, fields: list[str] | None = No
     c, size = array.chunks[0], array.dtype.itemsize
     indices = range(start // c, (stop - 1) // c + 1)
     keys = [array.chunk_key(i) for i in indices]
-    raws = array.store.get_many(keys)
     out = np.empty(stop - start, dtype)
     flat = out.view(np.uint8)
     buf: np.ndarray | None = None
-    for i, key in zip(indices, keys, strict=True):
-        raw = raws.get(key)
+    for i, key, raw in zip(indices, keys, array.read_chunks(list(indices)), strict=True):
         if digests is not None:
             check_chunk(key, raw, digests.get(i))
         if check is not None:
@@ -106,10 +104,10 @@ def read_coordinates(array: Array, rows: np.ndarray, check: Check | None = None)
     c = array.chunks[0]
     indices = np.unique(rows // c)
     keys = [array.chunk_key(int(i)) for i in indices]
-    raws = array.store.get_many(keys)
+    raws = array.read_chunks([int(i) for i in indices])
     buf = np.empty(c * array.dtype.itemsize, np.uint8)
-    for i, key in zip(indices, keys, strict=True):
-        raw = raws.get(key) if check is None else check(array, int(i), key, raws.get(key))
+    for i, key, raw in zip(indices, keys, raws, strict=True):
+        raw = raw if check is None else check(array, int(i), key, raw)
         decode_chunk_into(array, key, raw, buf)
         mine = rows // c == i
         out[mine] = buf.view(array.dtype)[rows[mine] - i * c]
@@ -126,7 +124,9 @@ def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray
     if raw is None:
         name = array.table or "table"
         c = array.chunks[0]
-        found = array.meta.chunk_index(key[len(array.path) + 1:]) if key.startswith(array.path + "/") else None
+        name, _, inner = key[len(array.path) + 1:].partition("#")  # `c/3#5`: inner chunk 5 of shard c/3
+        found = array.meta.chunk_index(name) if key.startswith(array.path + "/") else None
+        found = found + int(inner) if found is not None and inner.isdigit() else found
         rows = f" (rows {found * c:,}-{(found + 1) * c:,})" if found is not None else ""
         raise ChunkError(f"table '{name}': chunk '{key}'{rows} is missing, below the committed rows; the dataset "
                          "is incomplete (zarrfeed validate lists every missing chunk)")

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import array_meta
 from .manifest_io import read_manifest, write_manifest
-from .manifest import DIGEST, EVERY_CHUNK, MANIFEST_KEY, TAILS, new_dataset_id, new_manifest
+from .manifest import DIGEST, EVERY_CHUNK, LAYOUT, MANIFEST_KEY, TAILS, new_dataset_id, new_manifest
 from .schema import L5KIT_SCHEMA, SCHEMA_CODEC, Schema, Table, dtype_difference
 from .errors import FormatError, MetaError
 from .location import Location
@@ -27,7 +27,9 @@ from .stores import MemoryStore, Store, connection_failure, unreachable
 from .zarr_array import Array, Group
 from .record_view import RecordArray
 from .replay_buffer import is_replay_buffer, open_replay_buffer, rows_by_ends
-from .zarr_meta import ArrayMeta, consolidated
+from .v3_meta import ZARR_JSON, node_type
+from .storage_layout import StorageLayout
+from .zarr_meta import ArrayMeta, consolidated, json_bytes
 
 __all__ = ["FormatError", "Location", "create", "detect_schema", "open_group", "open_store", "open_table"]
 
@@ -44,7 +46,7 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
     loc = Location.of(location, storage_options)
     store = loc.store(mode)
     try:
-        has_group = ".zgroup" in store
+        has_group = ".zgroup" in store or _v3_group(store)
     except Exception as exc:
         if missing_credentials(exc):  # the command line explains where credentials are read from
             raise
@@ -53,9 +55,7 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
         raise FormatError(f"{loc}: cannot read the store ({type(exc).__name__}: "
                           f"{_first_line(_why_refused(loc, exc))})") from None
     if not has_group:
-        if "zarr.json" in store:
-            raise FormatError(f"{loc}: a zarr v3 store; zarrfeed reads zarr v2 (L5Kit's format)")
-        if ".zarray" in store:
+        if ".zarray" in store or "zarr.json" in store:
             raise FormatError(f"{loc}: one table's array, not a dataset; open the folder above it")
         if loc.settings.remote and not loc.exists():
             raise FormatError(f"{loc}: no such dataset (nothing is stored there)")
@@ -67,6 +67,17 @@ def open_group(location: str | os.PathLike | Location, mode: str = "r",
         return Group.open(store, read_only=mode == "r")
     except MetaError as exc:
         raise FormatError(f"{loc}: cannot open the zarr group ({exc})") from None
+
+
+def _v3_group(store: Store) -> bool:
+    """Whether the store's root is a zarr v3 group (its `zarr.json`, node type "group")."""
+    raw = store.get(ZARR_JSON)
+    if raw is None:
+        return False
+    try:
+        return node_type(json.loads(raw)) == "group"
+    except (ValueError, TypeError, RecursionError):
+        return True  # a damaged document: opening the group names it
 
 
 def _why_refused(loc: Location, exc: BaseException) -> BaseException:
@@ -98,6 +109,8 @@ def open_table(store: Store, name: str, mode: str = "r", dtype: np.dtype | None 
     if path:
         return _open_steps(store, name, path, mode, dtype, written)
     key = f"{name}/.zarray"
+    if key not in store and f"{name}/{ZARR_JSON}" in store:
+        return _open_v3_table(store, name, mode, dtype, written)
     try:
         meta: Any = json.loads(bytes(store[key]))
     except KeyError:
@@ -134,6 +147,29 @@ def open_table(store: Store, name: str, mode: str = "r", dtype: np.dtype | None 
     raise FormatError(f"table '{name}': {key}: {why}; the array's metadata is damaged (restore it from a copy)")
 
 
+def _open_v3_table(store: Store, name: str, mode: str, dtype: np.dtype | None,
+                   written: dict[str, Any] | None) -> Array:
+    """A table whose array is zarr v3: its `zarr.json` is checked whole when it is parsed (`v3_meta`)."""
+    key = f"{name}/{ZARR_JSON}"
+    try:
+        arr = Array.open(store, name, read_only=mode == "r")
+    except MetaError as exc:
+        raise FormatError(f"table '{name}': cannot open its array ({exc})") from None
+    if arr.ndim != 1 or arr.dtype.names is None:
+        raise FormatError(f"table '{name}': a {arr.ndim}-D {arr.dtype} array, not a 1-D array of structured records")
+    diff = dtype_difference(arr.dtype, dtype) if dtype is not None else None
+    if diff:
+        raise FormatError(f"table '{name}': wrong dtype, it {diff}")
+    if written is not None:
+        want = array_meta.normal_codec(written_codec(written, name))
+        got = array_meta.normal_codec(arr.compressor.get_config() if arr.compressor else None)
+        if got != want:
+            raise FormatError(f"table '{name}': {key}: it is compressed with {got}, not {want}, the compressor its "
+                              "manifest's schema records; the array's metadata was changed, and its chunks would "
+                              "decode to other rows (restore it from a copy)")
+    return arr
+
+
 def _open_steps(store: Store, name: str, path: str, mode: str, dtype: np.dtype | None,
                 written: dict[str, Any] | None) -> Array:
     """The table `name` whose array is at `path`, of any shape, as records of one field (the field of `dtype`,
@@ -156,9 +192,11 @@ def _open_steps(store: Store, name: str, path: str, mode: str, dtype: np.dtype |
 
 
 def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None,
-           compressor: numcodecs.abc.Codec | None = None) -> tuple[Schema, str]:
+           compressor: numcodecs.abc.Codec | None = None,
+           layout: StorageLayout = StorageLayout()) -> tuple[Schema, str]:
     """Create an empty dataset in an empty store (every table with 0 rows, attrs, manifest); return the schema
-    as written and the new dataset's id. `chunks` overrides chunk rows per table, `compressor` the schema's."""
+    as written and the new dataset's id. `chunks` overrides chunk rows per table, `compressor` the schema's;
+    `layout` says how it is stored (zarr v2, or v3 with shards: recorded in its first manifest)."""
     unknown = set(chunks or {}) - set(schema.tables)
     if unknown:
         raise FormatError(f"chunks: no table {', '.join(map(repr, sorted(unknown)))} in schema '{schema.name}' "
@@ -173,11 +211,14 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
         links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
     )
     dataset_id = new_dataset_id()
+    for t in schema.tables.values():  # a compressor v3 has no codec for is refused before anything is written
+        layout.array_meta((0,), t.chunk_rows, t.dtype, schema.codec_of(t.name), where=f"table '{t.name}'")
+    extra = {LAYOUT: layout.to_json()} if layout != StorageLayout() else {}
     # the manifest first: a reader that comes while the arrays are being made finds a zarrfeed dataset with a
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
     write_manifest(store, new_manifest(schema, {n: 0 for n in schema.tables}, 0, dataset_id, digest=DIGEST,
-                                   **{EVERY_CHUNK: True, TAILS: {}}))
-    create_documents(store, schema)
+                                   **{EVERY_CHUNK: True, TAILS: {}}, **extra))
+    create_documents(store, schema, layout)
     return schema, dataset_id
 
 
@@ -191,29 +232,34 @@ def interrupted_create(store: Store) -> Schema | None:
     if doc is None or doc["commit"] != 0 or any(doc["committed"].values()):
         return None
     schema = Schema.from_json(doc["schema"])
-    documents = _documents(schema)
+    documents = _documents(schema, StorageLayout.from_json(doc.get(LAYOUT)))
     return schema if len(store.get_many(list(documents))) < len(documents) else None
 
 
-def create_documents(store: Store, schema: Schema) -> None:
+def create_documents(store: Store, schema: Schema, layout: StorageLayout | None = None) -> None:
     """The group and every table's array, with 0 rows: what `create` writes after the manifest (and what a
-    writer appending writes again when a create was interrupted between the two: nothing was committed)."""
-    store.put_many(_documents(schema))  # stored together (concurrent requests)
+    writer appending writes again when a create was interrupted between the two: nothing was committed; its
+    layout is then its manifest's)."""
+    if layout is None:
+        doc = read_manifest(store)
+        layout = StorageLayout.from_json(doc.get(LAYOUT) if doc else None)
+    store.put_many(_documents(schema, layout))  # stored together (concurrent requests)
 
 
-def _documents(schema: Schema) -> dict[str, bytes]:
+def _documents(schema: Schema, layout: StorageLayout) -> dict[str, bytes]:
     """The documents of `create_documents`, made in memory: key -> bytes."""
     made = MemoryStore()
-    group = Group.create(made, attrs=schema.attrs)
+    group = Group.create(made, attrs=schema.attrs, zarr_format=layout.zarr_format)
     folders = {t.path.rsplit("/", 1)[0] for t in schema.tables.values() if "/" in t.path}
     for folder in sorted(folders):  # a replay buffer's `data` and `meta` groups
-        Group.create(made, folder)
+        Group.create(made, folder, zarr_format=layout.zarr_format)
     for t in schema.tables.values():
-        create_table(group, t, schema.codec_of(t.name))
+        create_table(group, t, schema.codec_of(t.name), layout)
     return made.data
 
 
-def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | None) -> Array:
+def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | None,
+                 layout: StorageLayout = StorageLayout()) -> Array:
     """An empty table's array in `group`: 0 rows, the table's chunk rows and dtype, filled with zero bytes
     (the documents zarr 2 wrote, byte for byte). A table at a path of its own (a replay buffer's) is the
     array of its one field: (0, *its shape), of its base dtype, filled with 0, as Diffusion Policy makes them."""
@@ -221,10 +267,10 @@ def create_table(group: Group, table: Table, compressor: numcodecs.abc.Codec | N
         field = table.dtype.names[0]  # type: ignore[index]  # a record dtype of one field (see `record_view`)
         sub = table.dtype[field]
         fill = 0 if sub.base.kind in "biufc" else None  # (zarr reads no number as a string's fill value)
-        meta = ArrayMeta.new((0, *sub.shape), table.chunk_rows, sub.base, compressor, fill_value=fill)
+        meta = layout.array_meta((0, *sub.shape), table.chunk_rows, sub.base, compressor, fill, table.path)
         return RecordArray.of(group.create_array(table.path, meta), field, table.name)
-    return group.create_array(table.name, ArrayMeta.new((0,), table.chunk_rows, table.dtype, compressor,
-                                                        fill_value=np.zeros(1, table.dtype)[0]))
+    return group.create_array(table.name, layout.array_meta((0,), table.chunk_rows, table.dtype, compressor,
+                                                            np.zeros(1, table.dtype)[0], table.name))
 
 
 def table_array(store: Store, table: Table, read_only: bool = False) -> Array:
@@ -239,8 +285,10 @@ def table_array(store: Store, table: Table, read_only: bool = False) -> Array:
 
 def consolidate(store: Store) -> None:
     """Write `.zmetadata`, every metadata document in one, as zarr 2's `consolidate_metadata` does (its parts
-    read concurrently on an object store)."""
-    store.put(".zmetadata", consolidated(Group(store).consolidated_docs()))
+    read concurrently on an object store). A v3 dataset has none: zarr v3 leaves consolidated metadata to
+    each implementation, and every reader opens each array's own `zarr.json`."""
+    if ".zgroup" in store:
+        store.put(".zmetadata", consolidated(Group(store).consolidated_docs()))
 
 
 def set_lengths(arrays: Mapping[str, Array], rows: Mapping[str, int]) -> None:
@@ -250,10 +298,11 @@ def set_lengths(arrays: Mapping[str, Array], rows: Mapping[str, int]) -> None:
     docs, metas = {}, {}
     for name, n in rows.items():
         array = arrays[name]
-        key = f"{array.path}/.zarray"
+        key = array.doc_key
         meta = json.loads(bytes(array.store[key]))
         meta["shape"] = [int(n), *meta["shape"][1:]]
-        docs[key] = json.dumps(meta, indent=4, sort_keys=True).encode()
+        docs[key] = json.dumps(meta, indent=4, sort_keys=True).encode() if array.zarr_format == 2 \
+            else json_bytes(meta)
         metas[name] = array.meta.resized(n)
     if docs:
         next(iter(arrays.values())).store.put_many(docs)
@@ -315,6 +364,9 @@ def open_tables(group: Group, mode: str = "r") -> tuple[Schema, dict[str, Array]
 
 def _describe(store: Store, name: str) -> str:
     try:
+        if f"{name}/{ZARR_JSON}" in store:
+            doc = json.loads(bytes(store[f"{name}/{ZARR_JSON}"]))
+            return f"a {len(doc['shape'])}-D array of {doc['data_type']}"
         meta = json.loads(bytes(store[f"{name}/.zarray"]))
         return f"a {len(meta['shape'])}-D array of {meta['dtype']}"
     except Exception:

@@ -31,6 +31,9 @@ TAILS = "tails"
 # which copy's commit a manifest (and its numbered commit object) publishes: random per commit, so that copies of
 # one dataset appended differently to the same commit number are told apart (see Dataset.commit_tag)
 COMMIT_TAG = "commit_tag"
+# a manifest field of a dataset stored in zarr v3 (`storage_layout.StorageLayout`, as JSON), in its first manifest:
+# what a writer finishing an interrupted create makes its arrays with (a v2 dataset's manifests have none)
+LAYOUT = "layout"
 KEEP_COMMITS = 100  # numbered commits kept for readers that pin one (older ones are deleted as new ones land)
 
 
@@ -97,6 +100,9 @@ def _manifest_problem(doc: Any) -> str | None:
     if doc.get("digest") == DIGEST and full and not doc.get("log"):
         return (f"field 'log' is empty, but table '{full[0]}' has chunks whose rows are all committed: their "
                 "records (chunk digests) are not listed")
+    if LAYOUT in doc and not (isinstance(doc[LAYOUT], dict) and doc[LAYOUT].get("zarr_format") in (2, 3)
+                              and _count(doc[LAYOUT].get("shard_bytes")) and doc[LAYOUT]["shard_bytes"] > 0):
+        return f"field '{LAYOUT}' is {doc[LAYOUT]!r}, not {{\"zarr_format\": 2 or 3, \"shard_bytes\": N}}"
     if EVERY_CHUNK in doc and doc[EVERY_CHUNK] is not True:
         return f"field '{EVERY_CHUNK}' is {doc[EVERY_CHUNK]!r}, not true (or absent)"
     why = _tails_problem(doc, {t: tab.chunk_rows for t, tab in schema.tables.items()},

@@ -15,6 +15,7 @@ reads the episodes and `validate` says what is past them).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from typing import Any, Mapping
@@ -26,6 +27,8 @@ from .record_view import RecordArray, step_dtype
 from .schema import ENDS, Link, Schema, Table
 from .errors import FormatError, MetaError
 from .stores import Store
+from .v3_data_types import dtype_from_json
+from .v3_meta import ZARR_JSON
 from .zarr_array import Array, Group
 
 EPISODES, END = "episodes", "end"
@@ -41,7 +44,7 @@ def is_replay_buffer(group: Group) -> bool:
     """Whether `group` is laid out as a replay buffer: a `data` group and a `meta` group (whose
     `episode_ends` must be an array: `open_replay_buffer` says so)."""
     store = group.store
-    return f"{DATA}/.zgroup" in store and f"{META}/.zgroup" in store
+    return all(f"{name}/.zgroup" in store or f"{name}/{ZARR_JSON}" in store for name in (DATA, META))
 
 
 def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, dict[str, Array], dict[str, str]]:
@@ -50,7 +53,7 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
     buffer's: an `episode_ends` that is not a 1-D integer array, a data array not chunked along time only, a
     key that is not a plain name."""
     store = group.store
-    if f"{EPISODE_ENDS}/.zarray" not in store:
+    if "episode_ends" not in Group(store, META).array_keys():
         raise FormatError(f"{EPISODE_ENDS}: missing (a group with data/ and meta/ is a replay buffer, whose "
                           "episodes it names)")
     ends = _open(store, EPISODE_ENDS, read_only)
@@ -69,6 +72,10 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
                               "read this replay buffer")
         if _python_objects(store, path):
             others[path] = "an array of Python objects, not steps"
+            continue
+        unread = _v3_unread(store, path)
+        if unread:
+            others[path] = unread
             continue
         array = _open(store, path, read_only)  # a damaged or unreadable one refuses the buffer, in one line
         if not array.shape:
@@ -100,12 +107,25 @@ def open_replay_buffer(group: Group, read_only: bool = True) -> tuple[Schema, di
 
 def _python_objects(store: Store, path: str) -> bool:
     """Whether the array at `path` holds Python objects (zarr's `|O` dtype), which are not steps."""
-    import json
-
     try:
         return json.loads(bytes(store[f"{path}/.zarray"])).get("dtype") == "|O"
     except (KeyError, ValueError, TypeError, AttributeError):
         return False
+
+
+def _v3_unread(store: Store, path: str) -> str | None:
+    """What a zarr v3 data array is, if its data type holds no fixed-size steps (variable-length strings or
+    bytes, which a replay buffer keeps beside its steps): it is left out of the tables, as v2's objects are."""
+    raw = store.get(f"{path}/{ZARR_JSON}")
+    if raw is None:
+        return None
+    try:
+        dtype_from_json(json.loads(raw).get("data_type"), path)
+    except MetaError:
+        return f"an array of {json.loads(raw).get('data_type')!r}, not steps"
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return None  # damaged: opening it says so
+    return None
 
 
 def _open(store: Store, path: str, read_only: bool) -> Array:

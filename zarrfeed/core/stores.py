@@ -19,7 +19,7 @@ import threading
 import uuid
 import zipfile
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from .errors import StoreUnreachable
 from .files import OS_FILES, Files
@@ -120,6 +120,14 @@ class Store(ABC):
         write lease may call this, with nothing writing there. Nothing to do where a write is one PUT."""
 
     # ------------------------------------------------------------ built on them
+    def get_ranges(self, ranges: Sequence[tuple[str, int, int | None]]) -> list[bytes | None]:
+        """The bytes [start, stop) of each (key, start, stop) (a negative start counts from the object's end,
+        a stop of None is its end: Python's slices), None for a key that does not exist: how a reader takes
+        an inner chunk out of a zarr v3 shard without reading the whole shard. Here: each object read whole
+        once and sliced; stores that can read a range (files, object stores) read only the ranges."""
+        whole = self.get_many(sorted({key for key, _, _ in ranges}))
+        return [None if key not in whole else whole[key][start:stop] for key, start, stop in ranges]
+
     def get(self, key: str) -> bytes | None:
         return self.get_many([key]).get(key)
 
@@ -189,6 +197,19 @@ class DirectoryStore(Store):
                 pass
         return out
 
+    def get_ranges(self, ranges: Sequence[tuple[str, int, int | None]]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key, start, stop in ranges:
+            try:
+                with open(self.file(key), "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    lo, hi, _ = slice(start, stop).indices(size)
+                    f.seek(lo)
+                    out.append(f.read(max(hi - lo, 0)))
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                out.append(None)
+        return out
+
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and os.path.isfile(self.file(key))
 
@@ -215,12 +236,16 @@ class DirectoryStore(Store):
 
     def put_chunks(self, values: Mapping[str, bytes]) -> None:
         changed = self._put(values)
-        # a chunk directly in its table's folder (`agents/12`) leaves that folder to the commit's `sync_names`;
-        # anything else (a folder made, a chunk in a sub-folder) is synced now
-        self._sync(changed - {self.file(key.split("/", 1)[0]) for key in values if key.count("/") == 1})
+        # a chunk directly in its table's folder (`agents/12`), or a v3 shard in its `c` folder (`agents/c/3`),
+        # leaves that folder to the commit's `sync_names`; anything else (a folder made, a chunk deeper down)
+        # is synced now
+        later = {os.path.dirname(self.file(key)) for key in values
+                 if key.count("/") == 1 or (key.count("/") == 2 and key.split("/")[1] == "c")}
+        self._sync(changed - later)
 
     def sync_names(self, prefixes: Iterable[str]) -> None:
-        self._sync({self.file(p) if p else self.path for p in prefixes})
+        folders = {self.file(p) if p else self.path for p in prefixes}
+        self._sync(folders | {f"{f}/c" for f in folders if os.path.isdir(f"{f}/c")})
 
     def remove_partial(self, prefixes: Iterable[str]) -> None:
         self._writable()
@@ -422,6 +447,24 @@ class FsspecStore(Store):
             if isinstance(value, BaseException):
                 raise value
             out[paths[path] if path in paths else paths[self.fs._strip_protocol(path)]] = value
+        return out
+
+    @reaching
+    def get_ranges(self, ranges: Sequence[tuple[str, int, int | None]]) -> list[bytes | None]:
+        """Range requests, concurrently (fsspec's `cat_ranges`; a negative start is a suffix range, which S3
+        answers without the object's size)."""
+        if not ranges:
+            return []
+        got = self.fs.cat_ranges([self._path(k) for k, _, _ in ranges], [s for _, s, _ in ranges],
+                                 [e for _, _, e in ranges], on_error="return")
+        out: list[bytes | None] = []
+        for value in got:
+            if isinstance(value, (FileNotFoundError, KeyError, IsADirectoryError)):
+                out.append(None)
+            elif isinstance(value, BaseException):
+                raise value
+            else:
+                out.append(bytes(value))
         return out
 
     @reaching

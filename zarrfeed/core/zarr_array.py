@@ -10,14 +10,27 @@ A `Group` is a folder with a `.zgroup`, its attributes and its members.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numcodecs
 import numpy as np
 
 from .stores import Store
 from .errors import MetaError
-from .zarr_meta import ZARRAY, ZATTRS, ZGROUP, ArrayMeta, codec, group_problem, json_bytes, load_json
+from .v3_meta import ZARR_JSON, ArrayMetaV3, node_type
+from .v3_shard_reads import inner_stored, read_inner_chunks
+from .v3_sharding import ShardingSpec, assemble
+from .zarr_meta import ZARRAY, ZATTRS, ZGROUP, ArrayMeta, V2Codecs, codec, group_problem, json_bytes, load_json
+
+Meta = ArrayMeta | ArrayMetaV3  # an array's checked document, of either version
+
+
+class Codecs(Protocol):
+    """How one chunk's stored bytes decode into a caller's buffer, and a chunk's values encode."""
+
+    def decode_into(self, raw: bytes | memoryview, out: np.ndarray) -> None: ...
+
+    def encode(self, data: Any) -> bytes: ...
 
 
 def _join(path: str, name: str) -> str:
@@ -28,14 +41,17 @@ class Attributes:
     """An array's or group's `.zattrs`, read from the store at each access (another process may change it) and
     written back whole at each change."""
 
-    def __init__(self, store: Store, key: str, read_only: bool = False) -> None:
+    def __init__(self, store: Store, key: str, read_only: bool = False, inside: bool = False) -> None:
         self.store, self.key, self.read_only = store, key, read_only
+        self.inside = inside  # zarr v3: the field 'attributes' of the node's `zarr.json`, not a document
 
     def asdict(self) -> dict[str, Any]:
         raw = self.store.get(self.key)
         if raw is None:
             return {}
         doc = load_json(raw, self.key)
+        if self.inside and isinstance(doc, dict):
+            doc = doc.get("attributes", {})
         if not isinstance(doc, dict):
             raise MetaError(f"{self.key}: a JSON {type(doc).__name__}, not an object")
         return doc
@@ -64,6 +80,9 @@ class Attributes:
     def _write(self, doc: dict[str, Any]) -> None:
         if self.read_only:
             raise PermissionError(f"{self.key}: opened read-only")
+        if self.inside:
+            node = load_json(self.store[self.key], self.key)
+            doc = {**node, "attributes": doc}
         self.store.put(self.key, json_bytes(doc))
 
     def __setitem__(self, name: str, value: Any) -> None:
@@ -82,9 +101,10 @@ class Attributes:
 
 
 class Array:
-    """A zarr v2 array chunked along its first axis (see `zarr_meta` for what is supported)."""
+    """A zarr array chunked along its first axis, v2 (`zarr_meta`) or v3 (`v3_meta`): its metadata says where
+    each chunk is and how it is encoded; nothing else here depends on the version."""
 
-    def __init__(self, store: Store, path: str, meta: ArrayMeta, read_only: bool = False) -> None:
+    def __init__(self, store: Store, path: str, meta: Meta, read_only: bool = False) -> None:
         self.store, self.path, self.meta, self.read_only = store, path, meta, read_only
         # whether a chunk that is not stored reads as the fill value, as zarr reads it: for arrays that another
         # tool wrote, which may leave out a chunk that is all fill (zarr 3 does by default); zarrfeed's own
@@ -93,21 +113,41 @@ class Array:
 
     @classmethod
     def open(cls, store: Store, path: str, read_only: bool = False) -> "Array":
-        """The array at `path`; `MetaError` naming its `.zarray` if it is missing or not one zarrfeed reads."""
+        """The array at `path`, v2 (`.zarray`) or v3 (`zarr.json`); `MetaError` naming its document if it is
+        missing or not one zarrfeed reads."""
         key = _join(path, ZARRAY)
-        raw = store.get(key)
-        if raw is None:
-            raise MetaError(f"{key}: missing (no array at '{path}')")
-        return cls(store, path, ArrayMeta.parse(load_json(raw, key), key), read_only)
+        docs = store.get_many([key, _join(path, ZARR_JSON)])
+        if key in docs:
+            return cls(store, path, ArrayMeta.parse(load_json(docs[key], key), key), read_only)
+        key3 = _join(path, ZARR_JSON)
+        if key3 in docs:
+            doc = load_json(docs[key3], key3)
+            if node_type(doc) == "group":
+                raise MetaError(f"{key3}: a group, not an array")
+            return cls(store, path, ArrayMetaV3.parse(doc, key3), read_only)
+        raise MetaError(f"{key}: missing (no array at '{path}')")
 
     @classmethod
-    def create(cls, store: Store, path: str, meta: ArrayMeta, attrs: Mapping[str, Any] | None = None) -> "Array":
-        """Write a new array's documents (its chunks are written later) and open it. Its attributes come first:
-        once the array is seen, they are there."""
+    def create(cls, store: Store, path: str, meta: Meta, attrs: Mapping[str, Any] | None = None) -> "Array":
+        """Write a new array's documents (its chunks are written later) and open it. Its attributes come first
+        (v2), or within its one document (v3): once the array is seen, they are there."""
+        if isinstance(meta, ArrayMetaV3):
+            meta = meta.with_attributes({**meta.attributes, **dict(attrs or {})})
+            store.put_many({_join(path, ZARR_JSON): meta.to_bytes()})
+            return cls(store, path, meta)
         docs = {_join(path, ZATTRS): json_bytes(dict(attrs))} if attrs else {}
         docs[_join(path, ZARRAY)] = meta.to_bytes()
         store.put_many(docs)
         return cls(store, path, meta)
+
+    @property
+    def zarr_format(self) -> int:
+        return self.meta.zarr_format
+
+    @property
+    def doc_key(self) -> str:
+        """The key of the array's metadata document (`.zarray`, or v3's `zarr.json`)."""
+        return _join(self.path, ZARR_JSON if isinstance(self.meta, ArrayMetaV3) else ZARRAY)
 
     def __repr__(self) -> str:
         return f"<zarrfeed Array '{self.path}' {self.shape} {self.dtype}>"
@@ -153,15 +193,28 @@ class Array:
 
     @cached_property
     def compressor(self) -> numcodecs.abc.Codec | None:
+        if isinstance(self.meta, ArrayMetaV3):
+            return self.meta.compressor()
         return codec(self.meta.compressor, _join(self.path, ZARRAY), "compressor")
 
     @cached_property
     def filters(self) -> list[numcodecs.abc.Codec] | None:
+        if isinstance(self.meta, ArrayMetaV3):
+            return None
         found = [codec(f, _join(self.path, ZARRAY), "filters") for f in self.meta.filters or []]
         return [f for f in found if f is not None] or None
 
+    @cached_property
+    def codecs(self) -> Codecs:
+        """How one chunk (as `chunks` has it) decodes and encodes."""
+        if isinstance(self.meta, ArrayMetaV3):
+            return self.meta.codecs
+        return V2Codecs(self.compressor, self.filters)
+
     @property
     def attrs(self) -> Attributes:
+        if isinstance(self.meta, ArrayMetaV3):
+            return Attributes(self.store, self.doc_key, self.read_only, inside=True)
         return Attributes(self.store, _join(self.path, ZATTRS), self.read_only)
 
     @property
@@ -172,12 +225,12 @@ class Array:
         """Every object stored under the array (its chunks in sub-folders too, with the '/' separator), by its
         name below the array -> bytes. Counted from a listing, so its cost grows with what is stored, not with
         the chunks the shape could hold (which may be 2**62 rows)."""
-        nested = self.meta.dimension_separator == "/" and len(self.shape) > 1
+        nested = isinstance(self.meta, ArrayMetaV3) or (self.meta.dimension_separator == "/" and len(self.shape) > 1)
         return self.store.sizes(self.path, recursive=nested)
 
     @property
     def nchunks_initialized(self) -> int:
-        """How many of its chunks are stored."""
+        """How many of its chunk objects are stored (shards, when it is sharded)."""
         return sum(self.meta.chunk_index(name) is not None for name in self._stored())
 
     @property
@@ -191,8 +244,56 @@ class Array:
         return self.shape[0]
 
     def chunk_key(self, index: int) -> str:
-        """The store key of chunk `index` along the first axis."""
-        return _join(self.path, self.meta.chunk_name(index))
+        """The name of chunk `index` along the first axis: its store key; for an inner chunk of a v3 shard, the
+        shard's key and its place in the shard (`agents/c/3#5`), which messages, digests and caches name it by."""
+        key = _join(self.path, self.meta.chunk_name(index))
+        sharding = self.sharding
+        return key if sharding is None else f"{key}#{index % sharding.inner_per_shard}"
+
+    @property
+    def sharding(self) -> ShardingSpec | None:
+        return self.meta.sharding if isinstance(self.meta, ArrayMetaV3) else None
+
+    def read_chunks(self, indices: Sequence[int]) -> list[bytes | None]:
+        """The stored bytes of chunks `indices` (None for one not stored): one request per chunk object, all at
+        once on an object store; from a sharded array, each shard's index and then only the inner chunks
+        asked for, by range requests (`v3_shard_reads`)."""
+        sharding = self.sharding
+        if sharding is None:
+            keys = [self.chunk_key(i) for i in indices]
+            got = self.store.get_many(keys)
+            return [got.get(k) for k in keys]
+        per = sharding.inner_per_shard
+        places = [(_join(self.path, self.meta.chunk_name(i)), i % per) for i in indices]
+        return read_inner_chunks(self.store, sharding, places)
+
+    def has_chunk(self, index: int) -> bool:
+        """Whether chunk `index` is stored (in a sharded array: its shard is, and holds it)."""
+        sharding = self.sharding
+        if sharding is None:
+            return self.chunk_key(index) in self.store
+        key = _join(self.path, self.meta.chunk_name(index))
+        return inner_stored(self.store, sharding, [(key, index % sharding.inner_per_shard)])[0]
+
+    def write_chunks(self, chunks: Mapping[int, bytes], durable_later: bool = False) -> None:
+        """Store encoded chunks (index -> bytes), each object atomically (`durable_later`: through
+        `Store.put_chunks`, whose names the next commit makes durable). Into a sharded array, each shard they
+        fall in is read and written back whole with them added, append-only (`v3_sharding.assemble`): the
+        bytes of the chunks it held keep their places, so a reader holding its old index still finds them, and
+        a crash leaves the old shard or the new one, never a mix."""
+        if self.read_only:
+            raise PermissionError(f"'{self.path}': opened read-only")
+        put = self.store.put_chunks if durable_later else self.store.put_many
+        sharding = self.sharding
+        if sharding is None:
+            put({self.chunk_key(i): data for i, data in chunks.items()})
+            return
+        per = sharding.inner_per_shard
+        by_shard: dict[str, dict[int, bytes]] = {}
+        for i, data in chunks.items():
+            by_shard.setdefault(_join(self.path, self.meta.chunk_name(i)), {})[i % per] = data
+        old = self.store.get_many(list(by_shard))
+        put({key: assemble(sharding, old.get(key), inner) for key, inner in by_shard.items()})
 
     # ------------------------------------------------------------ chunks
     def decode_chunk(self, raw: bytes | None) -> np.ndarray:
@@ -206,29 +307,11 @@ class Array:
         self.decode_into(raw, out.reshape(-1).view(np.uint8))
         return out
 
-    def decode_into(self, raw: bytes, out: np.ndarray) -> None:
-        """Decode one chunk's stored bytes into `out` (the uint8 bytes of one full chunk): the compressor, then
-        the filters in reverse, as zarr does. With a Blosc compressor and no filters Blosc writes straight into
-        `out`, with no intermediate copy (the loader's workers decode into shared memory this way).
-        `ValueError` if the bytes do not decode to exactly one chunk."""
-        comp = self.compressor
-        if isinstance(comp, numcodecs.Blosc) and not self.filters:
-            # Blosc accepts a larger `out` silently; its 16-byte header says the decoded size (bytes 4-8)
-            header = bytes(memoryview(raw)[:16])
-            if len(header) < 16:
-                raise ValueError(f"it is {len(raw)} bytes, shorter than a Blosc header (16)")
-            size = int.from_bytes(header[4:8], "little")
-            if size != out.nbytes:
-                raise ValueError(f"it decodes to {size} bytes, a chunk holds {out.nbytes}")
-            comp.decode(raw, out=out)
-            return
-        data: Any = comp.decode(raw) if comp else raw
-        for f in reversed(self.filters or []):
-            data = f.decode(data)
-        flat = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(data, np.ndarray) else data
-        if flat.nbytes != out.nbytes:
-            raise ValueError(f"it decodes to {flat.nbytes} bytes, a chunk holds {out.nbytes}")
-        out[:] = flat.reshape(-1).view(np.uint8)
+    def decode_into(self, raw: bytes | memoryview, out: np.ndarray) -> None:
+        """Decode one chunk's stored bytes into `out` (the uint8 bytes of one full chunk), through the array's
+        codecs (`zarr_meta.V2Codecs`, `v3_codecs.CodecChain`). `ValueError` if the bytes do not decode to
+        exactly one chunk."""
+        self.codecs.decode_into(raw, out)
 
     def encode_chunk(self, chunk: np.ndarray) -> bytes:
         """One full chunk encoded as zarr does: the filters in order, then the compressor."""
@@ -236,9 +319,7 @@ class Array:
 
     def encode_values(self, data: Any) -> bytes:
         """A chunk's values (C-contiguous, of the array's own dtype and chunk shape) encoded as zarr does."""
-        for f in self.filters or []:
-            data = f.encode(data)
-        return bytes(self.compressor.encode(data)) if self.compressor else bytes(np.asarray(data).tobytes())
+        return self.codecs.encode(data)
 
     # ------------------------------------------------------------ slices along the first axis
     def _rows(self, key: Any) -> tuple[int, int, int, Any, bool]:
@@ -282,9 +363,8 @@ class Array:
             return out
         c = self.chunks[0]
         indices = range(start // c, (stop - 1) // c + 1)
-        raws = self.store.get_many([self.chunk_key(i) for i in indices])
-        for i in indices:
-            chunk = self.decode_chunk(raws.get(self.chunk_key(i)))
+        for i, raw in zip(indices, self.read_chunks(list(indices)), strict=True):
+            chunk = self.decode_chunk(raw)
             a, b = max(start, i * c), min(stop, (i + 1) * c)
             out[a - start:b - start] = chunk[a - i * c:b - i * c]
         return out
@@ -313,19 +393,24 @@ class Array:
             if b - a == c:
                 chunk = np.ascontiguousarray(rows[a - start:b - start])
             else:
-                chunk = self.decode_chunk(self.store.get(self.chunk_key(i))).copy()
+                chunk = self.decode_chunk(self.read_chunks([i])[0]).copy()
                 chunk[a - i * c:b - i * c] = rows[a - start:b - start]
-            out[self.chunk_key(i)] = self.encode_chunk(chunk)
-        self.store.put_many(out)
+            out[i] = self.encode_chunk(chunk)
+        self.write_chunks(out)
 
     def resize(self, rows: int) -> None:
         """Set the length along the first axis; chunks wholly past a shorter end are deleted (as zarr does)."""
         if self.read_only:
             raise PermissionError(f"'{self.path}': opened read-only")
         old = self.meta.nchunks
+        if isinstance(self.meta, ArrayMetaV3):  # its attributes live in the same document: keep the latest
+            self.meta = self.meta.with_attributes(self.attrs.asdict())
+        gone = {self.meta.chunk_name(i) for i in range(self.meta.resized(rows).nchunks, old)}
         self.meta = self.meta.resized(rows)
-        self.store.put(_join(self.path, ZARRAY), self.meta.to_bytes())
-        self.store.delete([self.chunk_key(i) for i in range(self.meta.nchunks, old)])
+        self.store.put(self.doc_key, self.meta.to_bytes())
+        # whole objects past the end go (a shard that still holds rows stays, its chunks past the end unread)
+        kept = {self.meta.chunk_name(i) for i in range(max(self.meta.nchunks - 1, 0), self.meta.nchunks)}
+        self.store.delete([_join(self.path, name) for name in sorted(gone - kept)])
 
     def append(self, rows: np.ndarray) -> None:
         """Rows added at the end (one writer at a time: docs/architecture.md#lease)."""
@@ -335,24 +420,37 @@ class Array:
 
 
 class Group:
-    """A zarr v2 group: a folder with `.zgroup`, attributes, arrays and groups."""
+    """A zarr group, v2 (a folder with `.zgroup` and `.zattrs`) or v3 (a folder with a `zarr.json` of node type
+    "group", its attributes inside): attributes, arrays and groups."""
 
-    def __init__(self, store: Store, path: str = "", read_only: bool = False) -> None:
+    def __init__(self, store: Store, path: str = "", read_only: bool = False, zarr_format: int = 2) -> None:
         self.store, self.path, self.read_only = store, path.strip("/"), read_only
+        self.zarr_format = zarr_format
 
     @classmethod
     def open(cls, store: Store, path: str = "", read_only: bool = False) -> "Group":
-        key = _join(path, ZGROUP)
-        raw = store.get(key)
-        if raw is None:
-            raise MetaError(f"{key}: missing (no group at '{path or '/'}')")
-        why = group_problem(load_json(raw, key))
-        if why:
-            raise MetaError(f"{key}: {why}")
-        return cls(store, path, read_only)
+        key, key3 = _join(path, ZGROUP), _join(path, ZARR_JSON)
+        docs = store.get_many([key, key3])
+        if key in docs:
+            why = group_problem(load_json(docs[key], key))
+            if why:
+                raise MetaError(f"{key}: {why}")
+            return cls(store, path, read_only)
+        if key3 in docs:
+            doc = load_json(docs[key3], key3)
+            if node_type(doc) != "group":
+                raise MetaError(f"{key3}: not a zarr v3 group document (zarr_format {_get(doc, 'zarr_format')!r}, "
+                                f"node_type {_get(doc, 'node_type')!r})")
+            return cls(store, path, read_only, zarr_format=3)
+        raise MetaError(f"{key}: missing (no group at '{path or '/'}')")
 
     @classmethod
-    def create(cls, store: Store, path: str = "", attrs: Mapping[str, Any] | None = None) -> "Group":
+    def create(cls, store: Store, path: str = "", attrs: Mapping[str, Any] | None = None,
+               zarr_format: int = 2) -> "Group":
+        if zarr_format == 3:
+            doc = {"zarr_format": 3, "node_type": "group", "attributes": dict(attrs or {})}
+            store.put_many({_join(path, ZARR_JSON): json_bytes(doc)})
+            return cls(store, path, zarr_format=3)
         docs = {_join(path, ZGROUP): json_bytes({"zarr_format": 2})}
         if attrs:
             docs[_join(path, ZATTRS)] = json_bytes(dict(attrs))
@@ -368,38 +466,78 @@ class Group:
 
     @property
     def attrs(self) -> Attributes:
+        if self.zarr_format == 3:
+            return Attributes(self.store, _join(self.path, ZARR_JSON), self.read_only, inside=True)
         return Attributes(self.store, _join(self.path, ZATTRS), self.read_only)
 
-    def _members(self, doc: str) -> list[str]:
-        return [n for n in self.store.listdir(self.path) if _join(_join(self.path, n), doc) in self.store]
+    def _members(self) -> dict[str, str]:
+        """Each member's name -> "array" or "group" (of either version)."""
+        names = self.store.listdir(self.path)
+        keys = [_join(_join(self.path, n), d) for n in names for d in (ZARRAY, ZGROUP, ZARR_JSON)]
+        docs = self.store.get_many(keys)
+        out = {}
+        for n in names:
+            at = _join(self.path, n)
+            if _join(at, ZARRAY) in docs:
+                out[n] = "array"
+            elif _join(at, ZGROUP) in docs:
+                out[n] = "group"
+            elif _join(at, ZARR_JSON) in docs:
+                kind = node_type(_loads(docs[_join(at, ZARR_JSON)]))
+                if kind is not None:
+                    out[n] = kind
+        return out
 
     def array_keys(self) -> list[str]:
-        return self._members(ZARRAY)
+        return [n for n, kind in self._members().items() if kind == "array"]
 
     def group_keys(self) -> list[str]:
-        return self._members(ZGROUP)
+        return [n for n, kind in self._members().items() if kind == "group"]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and any(_join(_join(self.path, name), d) in self.store for d in (ZARRAY, ZGROUP))
+        if not isinstance(name, str):
+            return False
+        at = _join(self.path, name.strip("/"))
+        return any(_join(at, d) in self.store for d in (ZARRAY, ZGROUP, ZARR_JSON))
 
     def __getitem__(self, name: str) -> "Array | Group":
         path = _join(self.path, name.strip("/"))
-        if _join(path, ZARRAY) in self.store:
+        docs = self.store.get_many([_join(path, d) for d in (ZARRAY, ZGROUP, ZARR_JSON)])
+        if _join(path, ZARRAY) in docs:
             return Array.open(self.store, path, self.read_only)
-        if _join(path, ZGROUP) in self.store:
+        if _join(path, ZGROUP) in docs:
             return Group.open(self.store, path, self.read_only)
+        if _join(path, ZARR_JSON) in docs:
+            kind = node_type(_loads(docs[_join(path, ZARR_JSON)]))
+            if kind == "array":
+                return Array.open(self.store, path, self.read_only)
+            if kind == "group":
+                return Group.open(self.store, path, self.read_only)
         raise KeyError(name)
 
-    def create_array(self, name: str, meta: ArrayMeta, attrs: Mapping[str, Any] | None = None) -> Array:
+    def create_array(self, name: str, meta: Meta, attrs: Mapping[str, Any] | None = None) -> Array:
         return Array.create(self.store, _join(self.path, name), meta, attrs)
 
     def require_group(self, name: str) -> "Group":
         path = _join(self.path, name.strip("/"))
         if _join(path, ZGROUP) in self.store:
             return Group(self.store, path, self.read_only)
-        return Group.create(self.store, path)
+        if _join(path, ZARR_JSON) in self.store:
+            return Group.open(self.store, path, self.read_only)
+        return Group.create(self.store, path, zarr_format=self.zarr_format)
 
     def consolidated_docs(self) -> dict[str, Any]:
-        """Every metadata document below this group (key -> parsed JSON), for `.zmetadata`."""
+        """Every v2 metadata document below this group (key -> parsed JSON), for `.zmetadata`."""
         names = [k for k in self.store.keys() if k.rsplit("/", 1)[-1] in (ZARRAY, ZGROUP, ZATTRS)]
         return {k: load_json(v, k) for k, v in self.store.get_many(names).items()}
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return load_json(raw, ZARR_JSON)
+    except MetaError:
+        return None
+
+
+def _get(doc: Any, name: str) -> Any:
+    return doc.get(name) if isinstance(doc, dict) else None

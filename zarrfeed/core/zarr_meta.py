@@ -177,6 +177,7 @@ class ArrayMeta:
     dimension_separator: str | None = "."  # None: not written (the spec's default, ".")
     order: str = "C"  # "F" only in one dimension, where it is the same layout
     extra: dict[str, Any] = field(default_factory=dict)  # fields of other tools, kept as they are
+    zarr_format = 2
 
     @classmethod
     def parse(cls, doc: Any, where: str = ZARRAY) -> "ArrayMeta":
@@ -305,3 +306,43 @@ def consolidated(docs: Mapping[str, Any]) -> bytes:
     """The `.zmetadata` document holding `docs` (key -> parsed `.zarray`/`.zgroup`/`.zattrs`), as zarr 2's
     `consolidate_metadata` writes it."""
     return json_bytes({"zarr_consolidated_format": 1, "metadata": {k: docs[k] for k in sorted(docs)}})
+
+
+# ---------------------------------------------------------------- a v2 chunk's codecs
+class V2Codecs:
+    """A v2 array's filters and compressor: how one chunk's stored bytes decode, and how a chunk encodes, as
+    zarr 2 does (the same two methods as a v3 array's `v3_codecs.CodecChain`)."""
+
+    def __init__(self, compressor: numcodecs.abc.Codec | None, filters: list[numcodecs.abc.Codec] | None) -> None:
+        self.compressor, self.filters = compressor, filters
+
+    def decode_into(self, raw: bytes | memoryview, out: np.ndarray) -> None:
+        """Decode one chunk's stored bytes into `out` (the uint8 bytes of one full chunk): the compressor, then
+        the filters in reverse. With a Blosc compressor and no filters Blosc writes straight into `out`, with
+        no intermediate copy (the loader's workers decode into shared memory this way). `ValueError` if the
+        bytes do not decode to exactly one chunk."""
+        comp = self.compressor
+        if isinstance(comp, numcodecs.Blosc) and not self.filters:
+            # Blosc accepts a larger `out` silently; its 16-byte header says the decoded size (bytes 4-8)
+            header = bytes(memoryview(raw)[:16])
+            if len(header) < 16:
+                raise ValueError(f"it is {len(raw)} bytes, shorter than a Blosc header (16)")
+            size = int.from_bytes(header[4:8], "little")
+            if size != out.nbytes:
+                raise ValueError(f"it decodes to {size} bytes, a chunk holds {out.nbytes}")
+            comp.decode(raw, out=out)
+            return
+        data: Any = comp.decode(raw) if comp else raw
+        for f in reversed(self.filters or []):
+            data = f.decode(data)
+        flat = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(data, np.ndarray) else data
+        if flat.nbytes != out.nbytes:
+            raise ValueError(f"it decodes to {flat.nbytes} bytes, a chunk holds {out.nbytes}")
+        out[:] = flat.reshape(-1).view(np.uint8)
+
+    def encode(self, data: Any) -> bytes:
+        """A chunk's values (C-contiguous, of the array's own dtype and chunk shape): the filters in order, then
+        the compressor."""
+        for f in self.filters or []:
+            data = f.encode(data)
+        return bytes(self.compressor.encode(data)) if self.compressor else bytes(np.asarray(data).tobytes())
