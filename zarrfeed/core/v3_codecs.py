@@ -92,10 +92,11 @@ def crc32c(data: Any) -> int:
 # ---------------------------------------------------------------- bytes -> bytes codecs
 @dataclass(frozen=True)
 class BytesBytesCodec:
-    """One bytes->bytes codec: its document (as parsed) and the numcodecs codec that runs it (None: crc32c)."""
+    """One bytes->bytes codec: its document (as parsed; what makes two equal) and the numcodecs codec that runs
+    it (None: crc32c)."""
 
-    doc: dict[str, Any]
-    codec: Any = None
+    doc: dict[str, Any] = field(hash=False)
+    codec: Any = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
