@@ -561,8 +561,10 @@ class ChunkReader:
     def read(self, start: int) -> np.ndarray | None:
         """The committed records of the chunk that starts at row `start`; None if it is missing."""
         arr = self.array
-        if not arr.has_chunk(start // arr.chunks[0]):  # missing, unless another tool left it out holding only the fill value
-            check = self.dataset._check  # (then its table is `missing_is_fill` and no commit records the chunk)
+        # missing, unless another tool left it out holding only the fill value (then its table is
+        # `missing_is_fill` and no commit records the chunk)
+        if not arr.has_chunk(start // arr.chunks[0]):
+            check = self.dataset._check
             if not arr.missing_is_fill or (check is not None and check.recorded(self.table, start // arr.chunks[0])):
                 return None
         stop = min(start + arr.chunks[0], self.dataset.rows[self.table])

@@ -25,10 +25,10 @@ _NAMES = {
                "from_arrow", "to_arrow"],
     # every exception zarrfeed raises of its own, `Error` at their base (zarrfeed/core/errors.py imports nothing
     # heavy)
-    "zarrfeed.core.errors": ["Error", "FormatError", "MetaError", "ChunkError", "ChunkChanged", "StoreUnreachable",
-                             "StoreTimeout", "WriteRefused", "LeaseHeld", "LeaseLost", "IngestError", "WorkerError",
-                             "RendezvousError", "ShmSpaceError", "LoaderError", "LoaderStalledError",
-                             "TransformOutputError", "CacheInvariantError"],
+    "zarrfeed.core.errors": ["Error", "FormatError", "MetaError", "FieldError", "ChunkError", "ChunkChanged",
+                             "StoreUnreachable", "StoreTimeout", "WriteRefused", "LeaseHeld", "LeaseLost",
+                             "IngestError", "WorkerError", "RendezvousError", "ShmSpaceError", "LoaderError",
+                             "LoaderStalledError", "TransformOutputError", "CacheInvariantError"],
 }
 _HOME = {name: package for package, names in _NAMES.items() for name in names}
 __all__ = ["__version__", *_HOME]

@@ -20,7 +20,8 @@ from zarrfeed.core import errors
 
 # each exception class of the package -> the bases it has besides `Error` (a new class must be listed here)
 BASES: dict[str, tuple[type, ...]] = {
-    "FormatError": (ValueError,), "MetaError": (ValueError,), "ChunkError": (ValueError,),
+    "FormatError": (ValueError,), "MetaError": (ValueError,), "FieldError": (errors.MetaError, ValueError),
+    "ChunkError": (ValueError,),
     "ChunkChanged": (errors.ChunkError, ValueError), "StoreUnreachable": (OSError,),
     "StoreTimeout": (errors.StoreUnreachable, OSError), "WriteRefused": (OSError, RuntimeError),
     "LeaseHeld": (errors.FormatError, ValueError), "LeaseLost": (RuntimeError,), "IngestError": (ValueError,),
@@ -32,7 +33,8 @@ BASES: dict[str, tuple[type, ...]] = {
 }
 # a value for each constructor argument a class takes without a default
 ARGS = {"message": "d.zarr: a line", "code": errno.ENOSPC, "failures": [], "answered": None, "waiting": "batch 3",
-        "seconds": 2.0, "stopped": "loader worker 0 (pid 12) (stopped)", "pids": [12]}
+        "seconds": 2.0, "why": "is 7, not 8", "field": "level", "stopped": "loader worker 0 (pid 12) (stopped)",
+        "pids": [12]}
 
 
 def package_modules() -> list[str]:

@@ -1,6 +1,6 @@
-"""The `zarrfeed` command's commands: demo, ingest, convert, load, mask, export, info, validate, plot, serve, status (they
-compose `writer` and `loader`). `zarrfeed.cli.main` imports this package, and everything it imports, only once it
-can take a Ctrl+C as the command's interrupt.
+"""The `zarrfeed` command's commands: demo, ingest, convert, load, mask, export, info, validate, plot, serve,
+status (they compose `writer` and `loader`). `zarrfeed.cli.main` imports this package, and everything it
+imports, only once it can take a Ctrl+C as the command's interrupt.
 
 Exit codes: 0 success, 1 the dataset is invalid, 2 the input cannot be read (one line on stderr, no traceback),
 3 `validate --deep` found nothing wrong but could not check every chunk against a recorded digest

@@ -40,6 +40,23 @@ class MetaError(Error, ValueError):
     """A zarr v2 document that zarrfeed cannot read or will not write; one line naming the document."""
 
 
+class FieldError(MetaError):
+    """One field of a document is not what zarrfeed reads: `field` names it and `why` says what it is; the
+    parser that catches it names the document (see `core.v3_codecs`).
+
+    Args:
+        field: The field.
+        why: What it is, in a few words ("is 7, not one of ...").
+    """
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"field '{field}' {why}")
+        self.field, self.why = field, why
+
+    def __reduce__(self) -> Any:
+        return type(self), (self.field, self.why)
+
+
 class ChunkError(Error, ValueError):
     """A chunk cannot be read; the message names the table and the chunk key."""
 
@@ -186,9 +203,9 @@ class CacheInvariantError(Error, RuntimeError):
     the chunk. Raised instead of handing out a slot that may hold another chunk's rows."""
 
 
-__all__ = ["Error", "FormatError", "MetaError", "ChunkError", "ChunkChanged", "StoreUnreachable", "StoreTimeout",
-           "WriteRefused", "LeaseHeld", "LeaseLost", "IngestError", "WorkerError", "RendezvousError", "ShmSpaceError",
-           "LoaderError", "LoaderStalledError", "TransformOutputError", "CacheInvariantError"]
+__all__ = ["Error", "FormatError", "MetaError", "FieldError", "ChunkError", "ChunkChanged", "StoreUnreachable",
+           "StoreTimeout", "WriteRefused", "LeaseHeld", "LeaseLost", "IngestError", "WorkerError", "RendezvousError",
+           "ShmSpaceError", "LoaderError", "LoaderStalledError", "TransformOutputError", "CacheInvariantError"]
 for _name in __all__:  # named where users import them (see the module's docstring)
     globals()[_name].__module__ = "zarrfeed"
 del _name

@@ -16,11 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from .stores import Store
-from .zarr_array import Array
-from .zarr_meta import ArrayMeta
+from .zarr_array import Array, Meta
 
 
-def step_dtype(field: str, meta: ArrayMeta) -> np.dtype:
+def step_dtype(field: str, meta: Meta) -> np.dtype:
     """The record of one step of an array: one field named `field`, of the array's dtype and the shape of one
     step (a scalar field for a 1-D array)."""
     inner = tuple(meta.shape[1:])
@@ -30,7 +29,7 @@ def step_dtype(field: str, meta: ArrayMeta) -> np.dtype:
 class RecordArray(Array):
     """The array at `path`, as a 1-D table of one-field records (see the module's docstring)."""
 
-    def __init__(self, store: Store, path: str, meta: ArrayMeta, field: str, read_only: bool = False,
+    def __init__(self, store: Store, path: str, meta: Meta, field: str, read_only: bool = False,
                  table: str | None = None) -> None:
         super().__init__(store, path, meta, read_only)
         self.field, self._table = field, table or field

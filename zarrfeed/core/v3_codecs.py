@@ -24,16 +24,13 @@ from typing import Any, Callable, Collection
 import numcodecs
 import numpy as np
 
-from .errors import MetaError
+from .errors import FieldError, MetaError
 from .v3_sharding import ShardingSpec
 
 BLOSC_CNAMES = ("lz4", "lz4hc", "blosclz", "zstd", "snappy", "zlib")
 BLOSC_SHUFFLES = ("noshuffle", "shuffle", "bitshuffle")  # numcodecs' 0, 1, 2
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
-
-class _Refusal(ValueError):
-    """Why one codec is refused: `(field, message)`; turned into a `MetaError` naming the document."""
 
 
 def has_byte_order(dtype: np.dtype) -> bool:
@@ -181,10 +178,10 @@ def _config(doc: dict[str, Any], allowed: set[str], required: Collection[str] = 
     """A codec's configuration (absent: empty), with only `allowed` keys and every `required` one."""
     config = doc.get("configuration", {})
     if not isinstance(config, dict):
-        raise _Refusal("configuration", f"is {config!r}, not an object")
+        raise FieldError("configuration", f"is {config!r}, not an object")
     extra, missing = set(config) - allowed, set(required) - set(config)
     if extra or missing:
-        raise _Refusal("configuration", f"is {config!r}: " + (f"keys {sorted(extra)} it does not have" if extra
+        raise FieldError("configuration", f"is {config!r}: " + (f"keys {sorted(extra)} it does not have" if extra
                                                               else f"keys {sorted(missing)} missing"))
     return config
 
@@ -198,9 +195,9 @@ def _blosc(doc: dict[str, Any], dtype: np.dtype) -> Any:
               "blocksize": (lambda v: _whole(v, 0), "a whole number >= 0")}
     for key, (ok, what) in checks.items():
         if key in config and not ok(config[key]):
-            raise _Refusal(key, f"is {config[key]!r}, not {what}")
+            raise FieldError(key, f"is {config[key]!r}, not {what}")
     if config["shuffle"] != "noshuffle" and "typesize" not in config:
-        raise _Refusal("typesize", f"is missing, and shuffle '{config['shuffle']}' needs it")
+        raise FieldError("typesize", f"is missing, and shuffle '{config['shuffle']}' needs it")
     args = dict(cname=config["cname"], clevel=config["clevel"], shuffle=BLOSC_SHUFFLES.index(config["shuffle"]),
                 blocksize=config.get("blocksize", 0))
     try:
@@ -212,16 +209,16 @@ def _blosc(doc: dict[str, Any], dtype: np.dtype) -> Any:
 def _zstd(doc: dict[str, Any], dtype: np.dtype) -> Any:
     config = _config(doc, {"level", "checksum"})
     if not _whole(config.get("level", 0), -131072, 22):
-        raise _Refusal("level", f"is {config['level']!r}, not a whole number from -131072 to 22")
+        raise FieldError("level", f"is {config['level']!r}, not a whole number from -131072 to 22")
     if not isinstance(config.get("checksum", False), bool):
-        raise _Refusal("checksum", f"is {config['checksum']!r}, not true or false")
+        raise FieldError("checksum", f"is {config['checksum']!r}, not true or false")
     return numcodecs.Zstd(level=config.get("level", 0), checksum=config.get("checksum", False))
 
 
 def _gzip(doc: dict[str, Any], dtype: np.dtype) -> Any:
     config = _config(doc, {"level"}, {"level"})
     if not _whole(config["level"], 0, 9):
-        raise _Refusal("level", f"is {config['level']!r}, not a whole number 0-9")
+        raise FieldError("level", f"is {config['level']!r}, not a whole number 0-9")
     return numcodecs.GZip(level=config["level"])
 
 
@@ -261,9 +258,8 @@ class CodecChain:
             name = doc.get("name") if isinstance(doc, dict) else None
             try:
                 stage = _one(doc, name, stage, parts, dtype, chunk_shape, where)
-            except _Refusal as exc:
-                key, why = exc.args
-                raise MetaError(f"{where}: codec {i} ({name!r}) in 'codecs': field '{key}' {why}") from None
+            except FieldError as exc:
+                raise MetaError(f"{where}: codec {i} ({name!r}) in 'codecs': {exc}") from None
         if stage == 0:
             raise MetaError(f"{where}: field 'codecs' is {codecs!r}: no array->bytes codec ('bytes' or "
                             "'sharding_indexed')")
@@ -379,34 +375,34 @@ def _one(doc: Any, name: Any, stage: int, parts: dict[str, Any], dtype: np.dtype
          where: str) -> int:
     """Check codec `doc` at its place in the chain (`stage`) and add it to `parts`; the stage after it."""
     if not isinstance(name, str) or set(doc) - {"name", "configuration", "must_understand"}:
-        raise _Refusal("name", f"is {name!r} in {doc!r}, not a codec ({{\"name\": ..., \"configuration\": ...}})")
+        raise FieldError("name", f"is {name!r} in {doc!r}, not a codec ({{\"name\": ..., \"configuration\": ...}})")
     if name == "transpose":
         if stage:
-            raise _Refusal("name", "is 'transpose' after the array->bytes codec; array->array codecs come first")
+            raise FieldError("name", "is 'transpose' after the array->bytes codec; array->array codecs come first")
         order = _config(doc, {"order"}, {"order"})["order"]
         if not (isinstance(order, list) and sorted(order) == list(range(len(chunk_shape)))
                 and all(_whole(a, 0) for a in order)):
-            raise _Refusal("order", f"is {order!r}, not an order of the axes 0-{len(chunk_shape) - 1}")
+            raise FieldError("order", f"is {order!r}, not an order of the axes 0-{len(chunk_shape) - 1}")
         parts["transposes"].append(tuple(order))
         return 0
     if name in ("bytes", "sharding_indexed"):
         if stage:
-            raise _Refusal("name", f"is '{name}', a second array->bytes codec")
+            raise FieldError("name", f"is '{name}', a second array->bytes codec")
         if name == "bytes":
             parts["endian"] = _endian(doc, dtype)
         else:
             if parts["transposes"]:
-                raise _Refusal("name", "is 'sharding_indexed' after a 'transpose', which zarrfeed does not read "
+                raise FieldError("name", "is 'sharding_indexed' after a 'transpose', which zarrfeed does not read "
                                "(transpose inside the sharding codec's 'codecs')")
             parts["sharding"] = ShardingSpec.parse(_config(doc, {"chunk_shape", "codecs", "index_codecs",
                                                                   "index_location"}, {"chunk_shape", "codecs"}),
                                                    dtype, chunk_shape, f"{where}: sharding_indexed", _inner)
         return 1
     if name not in BYTES_BYTES:
-        raise _Refusal("name", f"is '{name}', a codec zarrfeed does not know (it reads {['transpose', 'bytes']} + "
+        raise FieldError("name", f"is '{name}', a codec zarrfeed does not know (it reads {['transpose', 'bytes']} + "
                        f"{sorted(BYTES_BYTES)} and 'sharding_indexed')")
     if not stage:
-        raise _Refusal("name", f"is '{name}' (bytes->bytes) before the array->bytes codec")
+        raise FieldError("name", f"is '{name}' (bytes->bytes) before the array->bytes codec")
     parts["compressors"].append(BytesBytesCodec(doc, BYTES_BYTES[name](doc, dtype)))
     return 2
 
@@ -422,9 +418,9 @@ def _inner(codecs: Any, dtype: np.dtype, chunk_shape: tuple[int, ...], where: st
 def _endian(doc: dict[str, Any], dtype: np.dtype) -> str | None:
     endian = _config(doc, {"endian"}).get("endian")
     if endian not in (None, "little", "big"):
-        raise _Refusal("endian", f"is {endian!r}, not 'little' or 'big'")
+        raise FieldError("endian", f"is {endian!r}, not 'little' or 'big'")
     if endian is None and has_byte_order(dtype) and dtype.fields is None:
-        raise _Refusal("endian", f"is missing, and {dtype} values have a byte order")
+        raise FieldError("endian", f"is missing, and {dtype} values have a byte order")
     return endian
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MetaError
+from .errors import FieldError, MetaError
 
 CORE_TYPES = {"bool": "|b1", "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8", "uint8": "|u1",
               "uint16": "<u2", "uint32": "<u4", "uint64": "<u8", "float16": "<f2", "float32": "<f4",
@@ -44,9 +44,6 @@ _RAW_BITS = re.compile(r"r([1-9][0-9]*)")
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-class _Refusal(ValueError):
-    """Why one (possibly nested) data type or fill value is refused; turned into a `MetaError` at the top."""
-
 
 # ---------------------------------------------------------------- data types
 def dtype_from_json(value: Any, where: str) -> np.dtype:
@@ -54,8 +51,8 @@ def dtype_from_json(value: Any, where: str) -> np.dtype:
     value and why, for one that zarrfeed does not read."""
     try:
         return _dtype(value, top=True)
-    except _Refusal as exc:
-        raise MetaError(f"{where}: field 'data_type' is {value!r}: {exc}") from None
+    except FieldError as exc:
+        raise MetaError(f"{where}: field 'data_type' is {value!r}: {exc.why}") from None
 
 
 def _whole(value: Any, least: int) -> bool:
@@ -67,19 +64,20 @@ def _dtype(value: Any, top: bool = False) -> np.dtype:
     if isinstance(value, str):
         return _named(value)
     if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
-        raise _Refusal("not a data type (a name, or an object with a 'name')")
+        raise FieldError("data_type", "not a data type (a name, or an object with a 'name')")
     name, config = value["name"], value.get("configuration")
     extra = set(value) - {"name", "configuration", "must_understand"}
     if extra:
-        raise _Refusal(f"keys {sorted(extra)} that a data type does not have")
+        raise FieldError("data_type", f"keys {sorted(extra)} that a data type does not have")
     if name in CORE_TYPES or _RAW_BITS.fullmatch(name):
         if config not in (None, {}):
-            raise _Refusal(f"'{name}' takes no configuration")
+            raise FieldError("data_type", f"'{name}' takes no configuration")
         return _named(name)
     if not isinstance(config, dict):
-        raise _Refusal(f"'{name}' without a configuration object" if name in _KNOWN else _unknown(name))
+        raise FieldError("data_type", f"'{name}' without a configuration object" if name in _KNOWN else _unknown(name))
     if name == SUBARRAY and top:
-        raise _Refusal(f"a '{SUBARRAY}' is a record field's type only; give the array that shape instead")
+        raise FieldError("data_type",
+                         f"a '{SUBARRAY}' is a record field's type only; give the array that shape instead")
     return _configured(name, config)
 
 
@@ -96,8 +94,8 @@ def _named(name: str) -> np.dtype:
     if bits and int(bits[1]) % 8 == 0:
         return np.dtype(f"V{int(bits[1]) // 8}")
     if bits:
-        raise _Refusal(f"raw bits of {bits[1]}, not a whole number of bytes")
-    raise _Refusal(_unknown(name))
+        raise FieldError("data_type", f"raw bits of {bits[1]}, not a whole number of bytes")
+    raise FieldError("data_type", _unknown(name))
 
 
 def _configured(name: str, config: dict[str, Any]) -> np.dtype:
@@ -108,21 +106,23 @@ def _configured(name: str, config: dict[str, Any]) -> np.dtype:
         shape = config.get("shape")
         if set(config) != {"data_type", "shape"} or not (
                 isinstance(shape, list) and shape and all(_whole(n, 1) for n in shape)):
-            raise _Refusal(f"'{SUBARRAY}' needs exactly 'data_type' and 'shape' (whole numbers >= 1)")
+            raise FieldError("data_type", f"'{SUBARRAY}' needs exactly 'data_type' and 'shape' (whole numbers >= 1)")
         return np.dtype((_dtype(config["data_type"]), tuple(shape)))
     if name in _TIME_NAMES:
         unit, scale = config.get("unit"), config.get("scale_factor", 0)
         if set(config) != {"unit", "scale_factor"} or unit not in _TIME_UNITS or not (
                 _whole(scale, 1) and scale < 2**31):
-            raise _Refusal(f"'{name}' needs a 'unit' of {list(_TIME_UNITS)} and a 'scale_factor' in [1, 2**31)")
+            raise FieldError("data_type",
+                             f"'{name}' needs a 'unit' of {list(_TIME_UNITS)} and a 'scale_factor' in [1, 2**31)")
         unit = "us" if unit == "μs" else unit
         return np.dtype(f"<{_TIME_NAMES[name]}8" + ("" if unit == "generic" else f"[{scale}{unit}]"))
     if name in _SIZED:
         n, kind = config.get("length_bytes", 0), _SIZED[name]
         if set(config) != {"length_bytes"} or not _whole(n, 1) or (kind == "U" and n % 4):
-            raise _Refusal(f"'{name}' needs a 'length_bytes' >= 1" + (", a multiple of 4" if kind == "U" else ""))
+            raise FieldError("data_type",
+                             f"'{name}' needs a 'length_bytes' >= 1" + (", a multiple of 4" if kind == "U" else ""))
         return np.dtype(f"<U{n // 4}" if kind == "U" else f"{kind}{n}")
-    raise _Refusal(_unknown(name))
+    raise FieldError("data_type", _unknown(name))
 
 
 _KNOWN = {"struct", "structured", SUBARRAY, *_TIME_NAMES, *_SIZED}
@@ -132,7 +132,7 @@ def _record(name: str, config: dict[str, Any]) -> np.dtype:
     """A `struct` (fields as objects) or legacy `structured` (fields as [name, type] pairs) record, packed."""
     fields = config.get("fields")
     if set(config) != {"fields"} or not (isinstance(fields, list) and fields):
-        raise _Refusal(f"'{name}' needs a configuration of exactly one non-empty list, 'fields'")
+        raise FieldError("data_type", f"'{name}' needs a configuration of exactly one non-empty list, 'fields'")
     pairs = []
     for f in fields:
         if name == "struct" and isinstance(f, dict) and set(f) == {"name", "data_type"}:
@@ -141,16 +141,16 @@ def _record(name: str, config: dict[str, Any]) -> np.dtype:
             pairs.append((f[0], f[1]))
         else:
             shape = '{"name": ..., "data_type": ...}' if name == "struct" else "[name, data_type]"
-            raise _Refusal(f"a field {f!r} of '{name}' is not {shape}")
+            raise FieldError("data_type", f"a field {f!r} of '{name}' is not {shape}")
     names = [n for n, _ in pairs]
     if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-        raise _Refusal(f"field names {names} are not unique non-empty strings")
+        raise FieldError("data_type", f"field names {names} are not unique non-empty strings")
     out = []
     for n, dt in pairs:
         try:
             out.append((n, _dtype(dt)))
-        except _Refusal as exc:
-            raise _Refusal(f"field '{n}': {exc}") from None
+        except FieldError as exc:
+            raise FieldError("data_type", f"field '{n}': {exc.why}") from None
     return np.dtype(out)
 
 
@@ -161,16 +161,16 @@ def dtype_to_json(dtype: np.dtype, *, legacy: bool = False) -> Any:
     Python objects, padded records, and types v3 has no name for."""
     try:
         return _to_json(np.dtype(dtype), legacy, top=True)
-    except _Refusal as exc:
-        raise MetaError(f"dtype {dtype}: {exc}") from None
+    except FieldError as exc:
+        raise MetaError(f"dtype {dtype}: {exc.why}") from None
 
 
 def _to_json(dtype: np.dtype, legacy: bool, top: bool = False) -> Any:
     if dtype.hasobject:
-        raise _Refusal("Python objects, which zarr v3 cannot store as fixed-size values")
+        raise FieldError("data_type", "Python objects, which zarr v3 cannot store as fixed-size values")
     if dtype.subdtype is not None:
         if top:
-            raise _Refusal("a subarray type; give the array that shape instead")
+            raise FieldError("data_type", "a subarray type; give the array that shape instead")
         base, shape = dtype.subdtype
         return {"name": SUBARRAY, "configuration": {"data_type": _to_json(base, legacy), "shape": list(shape)}}
     if dtype.fields is not None:
@@ -188,7 +188,7 @@ def _to_json(dtype: np.dtype, legacy: bool, top: bool = False) -> Any:
         unit, scale = np.datetime_data(dtype)
         kind = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
         return {"name": kind, "configuration": {"unit": unit, "scale_factor": scale}}
-    raise _Refusal("a type zarr v3 has no name for")
+    raise FieldError("data_type", "a type zarr v3 has no name for")
 
 
 def _record_json(dtype: np.dtype, legacy: bool) -> Any:
@@ -198,11 +198,12 @@ def _record_json(dtype: np.dtype, legacy: bool) -> Any:
     for n in names:
         field = dtype.fields[n]  # type: ignore[index]
         if len(field) > 2 or field[1] != offset:
-            raise _Refusal(f"field '{n}' is not packed after the one before it (padding, an offset or a title); "
-                           "zarr v3 records are packed (numpy's default, align=False)")
+            raise FieldError("data_type",
+                             f"field '{n}' is not packed after the one before it (padding, an offset or a title); "
+                             "zarr v3 records are packed (numpy's default, align=False)")
         offset += field[0].itemsize
     if offset != dtype.itemsize or not names:
-        raise _Refusal(f"records of {dtype.itemsize} bytes hold {offset} bytes of fields (padding)")
+        raise FieldError("data_type", f"records of {dtype.itemsize} bytes hold {offset} bytes of fields (padding)")
     types = [_to_json(dtype.fields[n][0], legacy) for n in names]  # type: ignore[index]
     if legacy:
         return {"name": "structured", "configuration": {"fields": [[n, t] for n, t in zip(names, types, strict=True)]}}
@@ -222,8 +223,9 @@ def fill_from_json(value: Any, dtype: np.dtype, where: str) -> Any:
                         f"{dtype})")
     try:
         return _fill(value, np.dtype(dtype))
-    except (_Refusal, TypeError, ValueError, OverflowError, binascii.Error) as exc:
-        raise MetaError(f"{where}: field 'fill_value' is {value!r}, not a value of {dtype} ({exc})") from None
+    except (FieldError, TypeError, ValueError, OverflowError, binascii.Error) as exc:
+        why = exc.why if isinstance(exc, FieldError) else exc
+        raise MetaError(f"{where}: field 'fill_value' is {value!r}, not a value of {dtype} ({why})") from None
 
 
 def _fill(value: Any, dtype: np.dtype) -> Any:
@@ -234,7 +236,7 @@ def _fill(value: Any, dtype: np.dtype) -> Any:
             item = value
             for i, n in zip(at, shape, strict=True):
                 if not (isinstance(item, list) and len(item) == n):
-                    raise _Refusal(f"a field of shape {list(shape)} takes a nested list of that shape")
+                    raise FieldError("fill_value", f"a field of shape {list(shape)} takes a nested list of that shape")
                 item = item[i]
             out[at] = _fill(item, base)
         return out
@@ -243,17 +245,17 @@ def _fill(value: Any, dtype: np.dtype) -> Any:
     kind = dtype.kind
     if kind == "b":
         if not isinstance(value, bool):
-            raise _Refusal("not true or false")
+            raise FieldError("fill_value", "not true or false")
         return np.bool_(value)
     if kind in "iu":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-            raise _Refusal("not a whole number")
+            raise FieldError("fill_value", "not a whole number")
         return np.array(int(value), dtype)[()]
     if kind == "f":
         return _float(value, dtype)
     if kind == "c":
         if not (isinstance(value, list) and len(value) == 2):
-            raise _Refusal("not [real, imaginary]")
+            raise FieldError("fill_value", "not [real, imaginary]")
         half = np.dtype(f"<f{dtype.itemsize // 2}")
         parts = np.array([_float(value[0], half), _float(value[1], half)], half)  # (bits kept: no Python complex)
         return parts.view(dtype)[0]
@@ -261,11 +263,11 @@ def _fill(value: Any, dtype: np.dtype) -> Any:
         if value == "NaT":
             return np.array(np.iinfo(np.int64).min, "<i8").view(dtype)[()]
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _Refusal("not a whole number or 'NaT'")
+            raise FieldError("fill_value", "not a whole number or 'NaT'")
         return np.array(value, "<i8").view(dtype)[()]
     if kind == "U":
         if not isinstance(value, str) or len(value) > dtype.itemsize // 4:
-            raise _Refusal(f"not text of at most {dtype.itemsize // 4} characters")
+            raise FieldError("fill_value", f"not text of at most {dtype.itemsize // 4} characters")
         return np.array(value, dtype)[()]
     return _bytes_fill(value, dtype)
 
@@ -278,9 +280,10 @@ def _float(value: Any, dtype: np.dtype) -> Any:
             return np.array(_SPECIAL_FLOATS[value], dtype)[()]
         if re.fullmatch(r"0x[0-9a-fA-F]+", value) and len(value) == 2 + 2 * dtype.itemsize:
             return np.array(int(value, 16), f"<u{dtype.itemsize}").view(dtype)[()]
-        raise _Refusal(f"text other than 'NaN', 'Infinity', '-Infinity' or 0x and {2 * dtype.itemsize} hex digits")
+        raise FieldError("fill_value",
+                         f"text other than 'NaN', 'Infinity', '-Infinity' or 0x and {2 * dtype.itemsize} hex digits")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Refusal("not a number")
+        raise FieldError("fill_value", "not a number")
     return np.array(value, dtype)[()]
 
 
@@ -288,17 +291,17 @@ def _bytes_fill(value: Any, dtype: np.dtype) -> Any:
     """Raw bits (`V`): the spec's list of byte values, or base64 (zarr-python's `raw_bytes`); `S`: base64."""
     if dtype.kind == "V" and isinstance(value, list):
         if len(value) != dtype.itemsize or not all(_whole(b, 0) and b < 256 for b in value):
-            raise _Refusal(f"not a list of {dtype.itemsize} byte values (0-255)")
+            raise FieldError("fill_value", f"not a list of {dtype.itemsize} byte values (0-255)")
         return np.frombuffer(bytes(value), dtype)[0]
     if not isinstance(value, str):
-        raise _Refusal("not base64 text" + (" or a list of byte values" if dtype.kind == "V" else ""))
+        raise FieldError("fill_value", "not base64 text" + (" or a list of byte values" if dtype.kind == "V" else ""))
     raw = base64.b64decode(value.encode("ascii"), validate=True)
     if dtype.kind == "S":
         if len(raw) > dtype.itemsize:
-            raise _Refusal(f"it holds {len(raw)} bytes, more than {dtype.itemsize}")
+            raise FieldError("fill_value", f"it holds {len(raw)} bytes, more than {dtype.itemsize}")
         return np.array(raw, dtype)[()]
     if len(raw) != dtype.itemsize:
-        raise _Refusal(f"it holds {len(raw)} bytes, not {dtype.itemsize}")
+        raise FieldError("fill_value", f"it holds {len(raw)} bytes, not {dtype.itemsize}")
     return np.frombuffer(raw, dtype)[0]
 
 
@@ -307,17 +310,17 @@ def _record_fill(value: Any, dtype: np.dtype) -> Any:
     if isinstance(value, str):
         raw = base64.b64decode(value.encode("ascii"), validate=True)
         if len(raw) != dtype.itemsize:
-            raise _Refusal(f"it holds {len(raw)} bytes, not one record of {dtype.itemsize}")
+            raise FieldError("fill_value", f"it holds {len(raw)} bytes, not one record of {dtype.itemsize}")
         return np.frombuffer(raw, dtype)[0]
     names = list(dtype.names or ())
     if not isinstance(value, dict) or set(value) != set(names):
-        raise _Refusal(f"not an object with exactly the fields {names} (or base64 of a record)")
+        raise FieldError("fill_value", f"not an object with exactly the fields {names} (or base64 of a record)")
     out = np.zeros((), dtype)
     for n in names:
         try:
             out[n] = _fill(value[n], dtype.fields[n][0])  # type: ignore[index]
-        except (_Refusal, TypeError, ValueError, OverflowError) as exc:
-            raise _Refusal(f"field '{n}': {exc}") from None
+        except (FieldError, TypeError, ValueError, OverflowError) as exc:
+            raise FieldError("fill_value", f"field '{n}': {exc}") from None
     return out[()]
 
 
