@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -88,6 +88,16 @@ class ChunkCache(Protocol):
 
     def holders(self) -> dict[int, int]:
         """pid -> slots pinned, of other processes that pin slots of this cache (none for a loader's own)."""
+        ...
+
+    def lock_holder(self) -> int:
+        """The pid of another process that holds this cache's lock now (0: none; a loader's own has no lock)."""
+        ...
+
+    def watching(self, waiting: Callable[[float], None]) -> contextlib.AbstractContextManager[None]:
+        """Within the block, this thread's waits for another process's lock on this cache call `waiting(since)`
+        between short steps (`since`: when the wait began, monotonic), and end if it raises: the scheduler's
+        stall watch (`loader.engine.stalls`). A loader's own cache never waits on another process."""
         ...
 
     def slots_needed(self, kept: int, pinned: int) -> int:
@@ -187,6 +197,14 @@ class ProcessCache:
     def holders(self) -> dict[int, int]:
         """None: no other process pins this loader's own cache."""
         return {}
+
+    def lock_holder(self) -> int:
+        """0: this loader's own cache has no lock."""
+        return 0
+
+    def watching(self, waiting: Callable[[float], None]) -> contextlib.AbstractContextManager[None]:
+        """Nothing to watch: this loader's own cache never waits on another process."""
+        return contextlib.nullcontext()
 
     def slots_needed(self, kept: int, pinned: int) -> int:
         """All it keeps: this cache is the only one that holds them."""

@@ -16,6 +16,12 @@ that uses the cache registers under a lock byte of its own, which says it is ali
 worker that holds its slot's lock byte and checks that the slot's generation is still the one it was sent:
 if the process that claimed a slot dies mid-decode, its slot is claimed again only once no worker holds that
 lock, so a half-written chunk is never marked READY and a late worker never writes over a newer chunk.
+The process holding the table's lock writes its pid in the header while it holds it (`lock_holder`): an OFD
+lock's owner is a file description, which fcntl names by no pid.
+
+A loader never waits silently on another process (see `loader.engine.stalls`): within `watching(waiting)`, a
+thread waiting for a lock that another process holds takes it in short steps that call `waiting` between them,
+instead of inside fcntl, where a holder that is stopped (SIGSTOP, a debugger) would hold it up for good unseen.
 
 A slot pinned by any live process is never given up; among unpinned ones the one unpinned most recently goes
 first (see `loader.caches.chunk_cache`: in a shuffled epoch the chunk just read is the one least needed again).
@@ -34,13 +40,14 @@ import logging
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ...core._proc import rendezvous
-from ...core._proc.ofd import ProcessLocks
+from ...core._proc.ofd import ProcessLocks, take_in_steps
 from ...core._proc.shm import SharedBlock
 from ...core.errors import CacheInvariantError
 from ...core.sizes import binary_size
@@ -56,6 +63,45 @@ _HEADER = 4096
 _LOCK_BASE = 1 << 40  # lock bytes lie beyond the end of the file (see core._proc.ofd)
 _GLOBAL = _LOCK_BASE
 _PAGE = 4096  # the slots start on a page
+_HOLDER = 5  # header word: the pid of the process holding the slot table's lock (0: none)
+_PATIENCE = 0.05  # seconds a look that must not wait (`holders`) tries for the table's lock
+
+
+Waiting = Callable[[float], None]  # called with when the wait began (monotonic); may raise to end it
+_WATCH = threading.local()  # .waiting: this thread's, within `watching`
+
+
+def _unwatch() -> None:
+    _WATCH.waiting = None
+
+
+os.register_at_fork(after_in_child=_unwatch)  # a forked worker's waits are not its parent's
+
+
+@contextlib.contextmanager
+def watching(waiting: Waiting) -> Iterator[None]:
+    """Within the block, this thread's waits for a lock of a host cache that another process holds (its slot
+    table's, a slot's) take the lock in short steps, calling `waiting(since)` between them (`since`: when the
+    wait began, monotonic), which may raise to end the wait without the lock."""
+    outer = getattr(_WATCH, "waiting", None)
+    _WATCH.waiting = waiting
+    try:
+        yield
+    finally:
+        _WATCH.waiting = outer
+
+
+def _watcher() -> Callable[[], None] | None:
+    """This thread's watch (see `watching`) for a wait that begins now, or None: wait inside fcntl."""
+    waiting = getattr(_WATCH, "waiting", None)
+    if waiting is None:
+        return None
+    since = time.monotonic()
+    return lambda: waiting(since)
+
+
+class _Busy(Exception):
+    """The table's lock was not taken within a look's patience."""
 
 
 def _proc_lock(p: int) -> int:
@@ -149,6 +195,7 @@ class HostSegment:
         self.block, self.fd, self.layout = block, block.fd, layout
         self._pid, self._locks = os.getpid(), ProcessLocks(block.fd)
         self._thread_lock = threading.RLock()
+        self._depth = 0  # how many `locked` blocks the thread holding `_thread_lock` is in
         self.me = -1
         self._my_pins: dict[int, int] = {}  # slot -> pins by this process's loaders
         self._my_chunks: dict[int, int] = {}  # slot -> the chunk this process pinned there
@@ -176,10 +223,19 @@ class HostSegment:
         if self._pid != os.getpid():
             self._pid, self._locks = os.getpid(), ProcessLocks(self.fd)
             self._thread_lock, self.me, self._my_pins, self._my_chunks = threading.RLock(), -1, {}, {}
+            self._depth = 0
         return self._locks
 
     def _lock(self, start: int, wait: bool = True) -> bool:
         return self._own().lock(start, wait)
+
+    def _lock_watched(self, start: int, waiting: Callable[[], None] | None) -> None:
+        """Take lock byte `start`, waiting as long as another process holds it: in steps that call `waiting()`
+        if given (it may raise: then the byte is not taken), else inside fcntl."""
+        if waiting is None:
+            self._own().lock(start)
+        else:
+            self._own().lock_watched(start, waiting)
 
     def _unlock(self, start: int) -> None:
         self._own().unlock(start)
@@ -190,14 +246,60 @@ class HostSegment:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """The slot table's lock, across processes and this process's threads."""
+        """The slot table's lock, across processes and this process's threads (a thread may take it again
+        within). A wait for it is watched if this thread is (see `watching`)."""
         self._own()
-        with self._thread_lock:
-            self._lock(_GLOBAL)
+        self._enter(_watcher())
+        try:
+            yield
+        finally:
+            self._leave()
+
+    def _enter(self, waiting: Callable[[], None] | None) -> None:
+        """Take this process's thread lock, then, unless this thread holds it already, the table's lock byte,
+        and write this process's pid in the header; a wait calls `waiting()` between steps if given (it may
+        raise: then nothing is held)."""
+        if waiting is None:
+            self._thread_lock.acquire()
+        else:
+            take_in_steps(lambda step: self._thread_lock.acquire(timeout=step), waiting)
+        if not self._depth:
             try:
-                yield
-            finally:
-                self._unlock(_GLOBAL)
+                self._lock_watched(_GLOBAL, waiting)
+            except BaseException:
+                self._thread_lock.release()
+                raise
+            self.header[_HOLDER] = self._pid
+        self._depth += 1
+
+    def _leave(self) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self.header[_HOLDER] = 0
+            self._unlock(_GLOBAL)
+        self._thread_lock.release()
+
+    def _enter_now(self) -> bool:
+        """Take the table's lock as `locked` does if it is free within `_PATIENCE` seconds, without calling
+        this thread's watch (`_leave` if True): for looks the watch itself makes while this thread may be
+        waiting for that lock."""
+        self._own()
+        deadline = time.monotonic() + _PATIENCE
+
+        def waiting() -> None:
+            if time.monotonic() > deadline:
+                raise _Busy
+        try:
+            self._enter(waiting)
+        except _Busy:
+            return False
+        return True
+
+    def lock_holder(self) -> int:
+        """The pid of the other process that holds the slot table's lock now; 0 if none does (or it has not yet
+        written its pid: the few instructions after it took the lock)."""
+        pid = int(self.header[_HOLDER])
+        return pid if pid and pid != os.getpid() and self._held(_GLOBAL) else 0
 
     # ------------------------------------------------------------ processes
     def _take_number(self) -> int:
@@ -346,8 +448,11 @@ class HostSegment:
 
     def holders(self) -> dict[int, int]:
         """pid -> slots pinned, of the other live processes that pin slots of this cache (who holds the room a
-        loader waits for)."""
-        with self.locked():
+        loader waits for). A look of the stall watch's, so it never waits: {} if the table's lock is not free
+        within a moment (`lock_holder` then names who holds it)."""
+        if not self._enter_now():
+            return {}
+        try:
             self._sweep()
             bits = np.unpackbits(self.pins.astype("<u8").view(np.uint8).reshape(self.n_slots, -1), axis=1,
                                  bitorder="little")
@@ -357,6 +462,8 @@ class HostSegment:
                 if count and p != self.me and pid:
                     out[pid] = out.get(pid, 0) + int(count)
             return out
+        finally:
+            self._leave()
 
     def unpin(self, s: int) -> None:
         with self.locked():
@@ -435,8 +542,9 @@ class HostSegment:
     @contextlib.contextmanager
     def writing(self, s: int, token: int) -> Iterator[bool]:
         """Decode into slot `s` if it is still the claim `token`: yields whether to write; marks the slot
-        READY if the body finishes, FAILED if it raises."""
-        self._lock(_slot_lock(s))
+        READY if the body finishes, FAILED if it raises. Its waits are watched if this thread is (see
+        `watching`: a loader's inline worker)."""
+        self._lock_watched(_slot_lock(s), _watcher())
         try:
             with self.locked():
                 ours = int(self.gen[s]) == token and int(self.state[s]) == DECODING
@@ -460,16 +568,22 @@ class HostSegment:
         return HostSegment, (self.block, self.layout, False)  # a worker maps it and takes no part in pinning
 
     def close(self) -> None:
+        """Leave the cache: this process's pins and claims are dropped from the table. If the wait for its lock
+        raises (see `watching`), this process leaves as one that died does: its lock bytes are released, and
+        the next process to sweep the table drops them."""
         if self._locks.fd < 0:
             return
-        if self.me >= 0:
-            with self.locked():
-                self._forget(self.me)  # its pins, and its claims no worker is writing: others may claim them
-            self._unlock(_proc_lock(self.me))
-        self.header = self.procs = self.directory = self.chunk = self.state = None  # type: ignore[assignment]
-        self.gen = self.owner = self.unpinned = self.pins = None  # type: ignore[assignment]
-        self._locks.close()
-        self.block.close()
+        try:
+            if self.me >= 0:
+                with self.locked():
+                    self._forget(self.me)  # its pins, and its claims no worker is writing: others may claim them
+        finally:
+            if self.me >= 0:  # (explicitly: a worker forked from this process shares its file description)
+                self._unlock(_proc_lock(self.me))
+            self.header = self.procs = self.directory = self.chunk = self.state = None  # type: ignore[assignment]
+            self.gen = self.owner = self.unpinned = self.pins = None  # type: ignore[assignment]
+            self._locks.close()
+            self.block.close()
 
 
 # ------------------------------------------------------------ one segment per process and key
@@ -617,9 +731,11 @@ def detach(seg: HostSegment) -> None:
                     return
                 del _OPEN[ident]
                 held.server.close()
-                seg.close()
-                held.ledger.leave(held.entry)
-                host_budget.release(held.ledger)
+                try:
+                    seg.close()
+                finally:
+                    held.ledger.leave(held.entry)
+                    host_budget.release(held.ledger)
                 return
 
 
@@ -699,6 +815,15 @@ class HostCache:
         """pid -> slots pinned, of the other processes that pin slots of the host cache."""
         return self.segment.holders()
 
+    def lock_holder(self) -> int:
+        """The pid of the other process that holds the host cache's table lock now (0: none)."""
+        return self.segment.lock_holder()
+
+    def watching(self, waiting: Waiting) -> contextlib.AbstractContextManager[None]:
+        """Within the block, this thread's waits for the host cache's locks held by another process call
+        `waiting(since)` between short steps, and end if it raises (see `watching`)."""
+        return watching(waiting)
+
     def slots_needed(self, kept: int, pinned: int) -> int:
         """What it pins at once, at most: the host's cache is shared, and other loaders keep what it holds."""
         return min(kept, pinned)
@@ -708,10 +833,13 @@ class HostCache:
         return self._keys[slot]
 
     def close(self) -> None:
-        """Give back unfinished claims and pins; the last loader of this process detaches the segment."""
-        if self._claims:
-            self.segment.give_up(self._claims)
-            self._claims = {}
-        for key in list(self._users):
-            self._release(key)
-        detach(self.segment)
+        """Give back unfinished claims and pins; the last loader of this process detaches the segment. If a wait
+        for the table's lock raises (see `watching`), what is left stays pinned until that segment is closed."""
+        try:
+            if self._claims:
+                self.segment.give_up(self._claims)
+                self._claims = {}
+            for key in list(self._users):
+                self._release(key)
+        finally:
+            detach(self.segment)

@@ -19,6 +19,7 @@ protocols and public methods, nothing else. How much of each it takes is `resour
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any, Callable
@@ -61,6 +62,7 @@ class Run:
                                               for e in range(plan.epoch + 1, plan.epoch + AHEAD_EPOCHS)]
         self.chunk_slots, self.regions = max(n[0] for n in needs), max(n[1] for n in needs)
         sizing.say_cache(plan, self.chunk_slots)
+        self.watch: Callable[[float], None] | None = None  # the current or last epoch's stall watch (`Epoch._watch`)
         self.cache = self._cache(plan, max(min(sizing.cache_need(plan)[0], self.chunk_slots), 1))
         try:  # (a ring too large for this machine's shared memory left the host cache held until exit)
             self.shared = source.shared(self.cache.memory, self.layout.slot_bytes, n_slots, self.regions)
@@ -118,7 +120,10 @@ class Run:
         shared = getattr(self, "shared", None)
         if shared is not None:
             shared.close()
-        self.cache.close()  # and the memory of its chunks (a host cache's, once no loader here uses it)
+        watch, self.watch = self.watch, None  # (it holds the epoch, which holds this run)
+        # a wait for the host cache's lock is never silent, here neither
+        with self.cache.watching(watch) if watch is not None else contextlib.nullcontext():
+            self.cache.close()  # and the memory of its chunks (a host cache's, once no loader here uses it)
 
 
 class Epoch:
@@ -134,7 +139,6 @@ class Epoch:
         self.order = [w for w, (_, last) in self.windows.items() if last >= first]
         self.resident: dict[int, ResidentWindow] = {}  # window -> its chunks' slots and its index region
         self.cache = run.cache
-        self.cache.new_epoch(keep=keep_cache)
         run.chunks_decoded = 0
         self.free_regions = list(range(run.regions))[::-1]
         self.pending: dict[int, int] = {}  # window -> decodes not yet answered
@@ -149,6 +153,9 @@ class Epoch:
         self.checked = 0.0
         self.stall = StallWatch(run.workers.stall_timeout)
         self.no_room = False  # the last window that was to be made resident found no room in the cache
+        run.watch = self._watch  # (the run's close waits for the cache's lock too)
+        with self.cache.watching(self._watch):
+            self.cache.new_epoch(keep=keep_cache)
 
     # ------------------------------------------------------------ windows
     def _evict(self) -> None:
@@ -163,6 +170,13 @@ class Epoch:
     def _make_resident(self, w: int) -> bool:
         if w in self.resident:
             return True
+        # pins and unpins wait for the host cache's lock, and so do decodes in this process (num_workers=0):
+        # never silently
+        with self.cache.watching(self._watch):
+            return self._admit(w)
+
+    def _admit(self, w: int) -> bool:
+        """Make window `w` resident (see `_make_resident`); False if there is no room for it yet."""
         needs = self.source.chunks_of(self.plan, w)
         wants_region = self.run.regions > 0
 
@@ -213,10 +227,13 @@ class Epoch:
     def _poll_others(self) -> None:
         """Chunks this loader waits for that other loaders on the host decode: ready ones release their
         windows; those whose decoder died or failed are decoded here."""
+        with self.cache.watching(self._watch):  # (polls wait for the host cache's lock, and decodes here too)
+            self._poll_slots(time.monotonic())
+
+    def _poll_slots(self, now: float) -> None:
         mine = {item.slot for sent in self.sent for msg in sent.values() if isinstance(msg, Decode)
                 for item in msg.items}
         claims = []
-        now = time.monotonic()
         for slot in [s for s in self.waiting if s not in mine]:
             pin = self.cache.poll(slot)
             if pin.ready:
@@ -284,7 +301,8 @@ class Epoch:
     def _holdups(self) -> list[Holdup]:
         """Who a stalled wait waits on: this loader's workers that are stopped with messages unanswered; the
         processes pinning the host cache's slots, when no window found room there; the processes decoding the
-        chunks it waits for, when they are stopped."""
+        chunks it waits for, and the one holding the host cache's table lock (which this loader or its workers
+        wait for), when they are stopped."""
         ended = ("it is restarted" if self.run.workers.restart_workers else
                  "the loader raises LoaderError, as for any worker that dies")
         out = [Holdup(pid, f"loader worker {wid} (pid {pid})", True, ended=ended)
@@ -300,6 +318,9 @@ class Epoch:
             pid = self.cache.decoder_of(slot)
             if pid and is_stopped(pid) and all(h.pid != pid for h in out):
                 out.append(Holdup(pid, f"process {pid}, which decodes a chunk this loader waits for,", True))
+        pid = self.cache.lock_holder()
+        if pid and is_stopped(pid) and all(h.pid != pid for h in out):
+            out.append(Holdup(pid, f"process {pid}, which holds the lock of the host cache's slot table,", True))
         return out
 
     def _watch(self, since: float) -> None:

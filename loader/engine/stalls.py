@@ -5,9 +5,11 @@ pipe, its pins in the host cache and its claims, and goes on when it gets SIGCON
 right to wait, but not silently. When a batch has waited `STALL` seconds with nothing moving (no reply from a
 worker, no window made resident, no chunk decoded by another process), the loader asks who holds it up (its own
 workers that are stopped with messages unanswered, the processes pinning the host cache's slots while it waits
-for room) and says in the log, once per stall, which processes they are, whether they are stopped, and what to
-do; when it goes on, it says so. With a `stall_timeout` it raises instead once it has waited that long on a
-stopped process.
+for room, the process holding the host cache's lock) and says in the log, once per stall, which processes they
+are, whether they are stopped, and what to do; when it goes on, it says so. With a `stall_timeout` it raises
+instead once it has waited that long on a stopped process. A wait on another process is never one that nothing
+looks at: a full pipe (`WorkerPool.send`) and a lock of the host cache (`host_cache.watching`) are waited for in
+short steps that call the loader's watch.
 """
 from __future__ import annotations
 

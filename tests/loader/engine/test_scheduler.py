@@ -4,6 +4,7 @@ records every message (and can play a dead worker), and a chunk cache of the tes
 polls, or never, and which can have no room. Batches come out in plan order, each gather message goes only once
 every chunk its windows read is pinned and decoded, a window is unpinned only once its batches are made, a full
 cache and a chunk never decoded hold batches back, and a dead worker is reported (or restarted)."""
+import contextlib
 import os
 
 import numpy as np
@@ -119,6 +120,12 @@ class FakeCache:
 
     def holders(self) -> dict[int, int]:
         return {}
+
+    def lock_holder(self) -> int:
+        return 0
+
+    def watching(self, waiting):
+        return contextlib.nullcontext()
 
     def slots_needed(self, kept: int, pinned: int) -> int:
         return kept

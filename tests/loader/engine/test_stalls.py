@@ -140,6 +140,69 @@ def test_stall_timeout_raises_when_the_stopped_worker_s_pipe_is_full(small_datas
         loader.close()
 
 
+@pytest.mark.parametrize("waits_in", ["the first pin", "the next epoch", "close"])
+def test_stall_timeout_raises_when_a_stopped_process_holds_the_host_cache_lock(data, waits_in, monkeypatch, caplog):
+    """A process stopped while it held the lock of the host cache's slot table (a SIGSTOP landing there) made
+    a loader of that dataset wait for the lock inside fcntl (to pin its first window, to unpin at the next
+    epoch, to unpin as it closed), where neither the log nor `stall_timeout` looked: it hung for good, saying
+    nothing. Now it waits for the lock in steps its stall watch looks at: the log names the process holding
+    the lock, and `LoaderStalledError` is raised naming it."""
+    monkeypatch.setattr(stalls, "STALL", 0.5)
+    ds = Dataset.open(data)
+    key = host_cache.CacheKey.of(ds, CHUNKS["agents"] * ds["agents"].dtype.itemsize)
+    holder = host_cache.attach(key, 1 << 30, key.n_chunks, 1)  # the cache lives while the test runs
+    go_r, go_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # takes the table's lock when told, and stops while it holds it
+        try:
+            os.close(go_w)
+            seg = host_cache.attach(key, 1 << 30, key.n_chunks, 1)
+            if os.read(go_r, 1) == b"1":
+                with seg.locked():
+                    os.kill(os.getpid(), signal.SIGSTOP)
+        finally:
+            os._exit(1)
+    os.close(go_r)
+    loader = Loader(data, batch_size=256, num_workers=0, seed=4, shuffle_window=1, stall_timeout=1)
+    batches = iter(loader)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            if waits_in == "close":
+                loader.close()
+            else:  # this epoch and the next (after the first batch, only the next epoch's unpins take the lock)
+                outcome["batches"] = sum(1 for _ in batches) + sum(1 for _ in loader)
+        except BaseException as exc:
+            outcome["error"] = exc
+    waiter = threading.Thread(target=run, daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="zarrfeed"):
+            if waits_in != "the first pin":
+                next(batches)
+            os.write(go_w, b"1")
+            _, status = os.waitpid(child, os.WUNTRACED)
+            assert os.WIFSTOPPED(status)
+            assert holder.lock_holder() == child
+            waiter.start()
+            waiter.join(60)
+        error = outcome.get("error")
+        assert isinstance(error, LoaderStalledError), outcome or "still waiting after 60 s"
+        assert error.pids == [child]
+        assert f"process {child}, which holds the lock of the host cache's slot table, (stopped)" in str(error)
+        assert re.search(rf"has waited \d+ s with nothing moving: process {child}, which holds the lock of the "
+                         rf"host cache's slot table, is stopped \(`kill -CONT {child}` resumes it", caplog.text), \
+            caplog.text
+    finally:
+        os.close(go_w)  # (a child not yet told exits)
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        if waiter.is_alive():
+            waiter.join(60)
+        loader.close()
+        host_cache.detach(holder)
+
+
 def test_a_stopped_process_pinning_the_host_cache_is_said_in_the_log(data, monkeypatch, caplog):
     """A process stopped while it pins every slot of a dataset's host cache made
     every other loader of that dataset wait for room silently. Now the log names that process, that it is

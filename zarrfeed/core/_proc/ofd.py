@@ -6,12 +6,31 @@ other process even though they all hold the same file, and the kernel drops them
 SIGKILL included. A lock byte may lie beyond the end of the file (POSIX allows it), so lock bytes take no
 room in the shared memory. fcntl's record locks would be dropped when any descriptor of the file is closed,
 and flock locks a whole file: neither fits.
+
+A wait inside fcntl (F_OFD_SETLKW) has no bound and nothing can look at it: a holder that is stopped (SIGSTOP, a
+debugger) holds its locks for as long as it is stopped. `ProcessLocks.lock_watched` waits in short steps instead,
+calling back between them (see `take_in_steps`), so that a caller can say the wait and end it.
 """
 from __future__ import annotations
 
 import fcntl
 import os
 import struct
+import time
+from typing import Callable
+
+FIRST_STEP, LAST_STEP = 0.0005, 0.05  # seconds of a watched wait's steps: doubling from the first to the last
+
+
+def take_in_steps(take: Callable[[float], bool], waiting: Callable[[], None]) -> None:
+    """Wait for a lock that `take(step)` tries to take within `step` seconds, calling `waiting()` after each try
+    that failed (it may raise, which ends the wait without the lock). The steps double from FIRST_STEP to
+    LAST_STEP: a lock held briefly is taken within a millisecond or two, and a long wait is looked at every
+    LAST_STEP."""
+    step = FIRST_STEP
+    while not take(step):
+        waiting()
+        step = min(2 * step, LAST_STEP)
 
 
 def _flock(kind: int, start: int) -> bytes:
@@ -33,6 +52,16 @@ class ProcessLocks:
             return True
         except (BlockingIOError, PermissionError):  # EAGAIN, or EACCES on some kernels: held
             return False
+
+    def lock_watched(self, start: int, waiting: Callable[[], None], shared: bool = False) -> None:
+        """Take byte `start` as `lock` does, waiting as long as another process holds it, but in steps that call
+        `waiting()` between them (see `take_in_steps`; if it raises, the lock is not taken)."""
+        def take(step: float) -> bool:
+            if self.lock(start, wait=False, shared=shared):
+                return True
+            time.sleep(step)
+            return False
+        take_in_steps(take, waiting)
 
     def unlock(self, start: int) -> None:
         fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, start))
