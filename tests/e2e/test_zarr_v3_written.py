@@ -1,13 +1,13 @@
 """What zarrfeed writes in zarr v3, read by zarr-python 3 and by zarrfeed itself.
 
 - zarr-python 3 reads the numeric arrays of a replay buffer `DatasetWriter(..., zarr_format=3)` writes and
-  appends to (shards written in parts, partly filled last shards), with values equal to what was written;
+  appends to (shards written in parts, partly filled last shards), with values equal to what was written, and
+  the agents mask `zarrfeed mask` stores in a v3 dataset, from the dataset's root;
 - the record tables of the real L5Kit scene converted to v3 (zarr-extensions' `struct`, sharded) read back byte
   for byte as the v2 source, and converted back to v2 too (zarr-python 3 itself does not read records in v3).
 """
 import json
 import shutil
-import warnings
 
 import numpy as np
 import pytest
@@ -15,7 +15,8 @@ import zarr
 import zarrfeed
 from zarrfeed import SequenceLoader
 from zarrfeed.loader import Dataset
-from zarrfeed.writer import DatasetWriter, replay_buffer_schema
+from zarrfeed.loader.kinds import agents_mask
+from zarrfeed.writer import DatasetWriter, replay_buffer_schema, synthetic
 
 KEYS = {"img": (np.uint8, (6, 6, 3)), "state": (np.float32, (5,)), "action": (np.float64, (2,)),
         "contact": (np.bool_, (1,)), "count": (np.int16, ())}
@@ -31,10 +32,12 @@ def episodes(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     return out
 
 
+# zarr-python 3 names zarrfeed's own files (manifest, commit log, lock) as not part of the hierarchy
+pytestmark = pytest.mark.filterwarnings("ignore:Object at .* is not recognized as a component of a Zarr hierarchy")
+
+
 def _zarr_python(path) -> zarr.Group:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # it names zarrfeed's own files (manifest, log, lock) as not zarr's
-        return zarr.open_group(str(path), mode="r")
+    return zarr.open_group(str(path), mode="r")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -68,6 +71,18 @@ def test_zarr_python_reads_the_replay_buffer_zarrfeed_writes_in_v3(tmp_path, wor
         lo, hi, s0, _ = loader.indices()[0]
     first = eps[0]["state"]
     assert (batch["state"][0] == np.concatenate([np.repeat(first[:1], s0, axis=0), first[lo:hi]])).all()
+
+
+def test_zarr_python_reads_the_agents_mask_of_a_v3_dataset_from_its_root(tmp_path):
+    path = tmp_path / "d.zarr"
+    with DatasetWriter(path, workers=0, zarr_format=3, chunks={"agents": 700, "frames": 50}) as w:
+        w.ingest(synthetic.episodes(3, seed=2, frames=70))
+    ds = Dataset.open(path)
+    agents_mask.save(ds, agents_mask.compute(ds, 0.5, workers=0))
+    mask, why = agents_mask.load(Dataset.open(path), 0.5)
+    assert mask is not None and mask.shape == (ds.rows["agents"], 2) and mask.any(), why
+    got = _zarr_python(path)["agents_mask/0.5"]
+    assert got.metadata.zarr_format == 3 and got.dtype == np.uint32 and (got[:] == mask).all()
 
 
 def test_the_real_scene_through_v3_and_back_is_byte_identical(real_scene, tmp_path):
