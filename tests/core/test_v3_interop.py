@@ -39,8 +39,8 @@ def _reversed_axes(ndim: int) -> list:
     return [TransposeCodec(order=tuple(reversed(range(ndim))))]
 
 
-# name -> create_array keywords; "shards": (rows, index location); "fill": the float arrays' fill value (their
-# hole is that value); "hole": leave HOLE out; "filters": a function of the array's dimensions
+# name -> create_array keywords (a function: of the array's dimensions); "shards": (rows, index location); "fill":
+# the float arrays' fill value; "hole": leave HOLE out (at the fill value)
 CASES = {
     "defaults": {},
     "sharded-index-at-end": {"shards": (SHARD, "end")},
@@ -62,6 +62,8 @@ CASES = {
     "sharded-fill-minus-infinity-left-out": {"fill": -np.inf, "hole": True, "shards": (SHARD, "start")},
     "sharded-blosc-left-out": {"hole": True, "shards": (SHARD, "end"),
                                "compressors": BloscCodec(cname="lz4", shuffle="bitshuffle")},
+    "dimension-names-and-attributes": {"dimension_names": lambda n: ["t", *(f"d{i}" for i in range(1, n))],
+                                       "attributes": {"units": "m"}},
     "sharded-transpose-big-endian-crc32c": {"shards": (SHARD, "end"), "filters": _reversed_axes,
                                             "serializer": BytesCodec(endian="big"), "compressors": [Crc32cCodec()]},
 }
@@ -75,9 +77,7 @@ def write_buffer(path: Path, zarr_format: int = 3, **case) -> Path:
         warnings.simplefilter("ignore")  # zarr 3 warns that some of these are not yet in the v3 specification
         root = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
         for key, values in VALUES.items():
-            options = dict(case)
-            if callable(options.get("filters")):
-                options["filters"] = options["filters"](values.ndim)
+            options = {k: (v(values.ndim) if callable(v) else v) for k, v in case.items()}
             if shards:
                 options["shards"] = {"shape": (shards[0], *values.shape[1:]), "index_location": shards[1]}
             if fill is not None and values.dtype.kind == "f":
@@ -149,6 +149,21 @@ def test_validate_export_and_a_loader_give_what_the_same_buffer_in_v2_gives(tmp_
             assert x[k].dtype == y[k].dtype and x[k].tobytes() == y[k].tobytes(), k
 
 
+def test_fill_values_in_raw_bits_read_as_zarr_python_reads_them(tmp_path):
+    path = write_buffer(tmp_path / "b.zarr", fill=np.nan, hole=True)
+    for key, bits in (("state", "0x7fc00001"), ("action", "0x7ff8000000000001")):  # NaNs of other payloads
+        doc_path = path / "data" / key / "zarr.json"
+        doc_path.write_text(json.dumps({**json.loads(doc_path.read_text()), "fill_value": bits}))
+    z, ds = zarr.open_group(str(path), mode="r"), Dataset.open(path)
+    for key in ("state", "action"):
+        want = z[f"data/{key}"][:]
+        got = ds.read_rows(key, 0, T)[key]
+        assert got.tobytes() == want.tobytes(), key
+        assert got[HOLE].view(f"u{got.itemsize}")[0, 0] == int(json.loads(
+            (path / "data" / key / "zarr.json").read_text())["fill_value"], 16), key
+
+
+@pytest.mark.filterwarnings("ignore:Consolidated metadata is currently not part")
 def test_consolidated_metadata_is_read_around(tmp_path):
     path = write_buffer(tmp_path / "b.zarr", shards=(SHARD, "end"))
     zarr.consolidate_metadata(str(path))
