@@ -172,6 +172,23 @@ def test_consolidated_metadata_is_read_around(tmp_path):
     assert ds.rows["img"] == T and ds.read_rows("img", 0, T)["img"].tobytes() == VALUES["img"].tobytes()
 
 
+def test_shards_left_out_and_partly_filled_read_the_same_from_an_object_store(s3, tmp_path):
+    """On S3 a shard's index and its inner chunks are read by range requests: the same values and batches."""
+    bucket, server = s3
+    local = write_buffer(tmp_path / "b.zarr", hole=True, fill=np.nan, shards=(SHARD, "start"))
+    server.fs().put(str(local), f"{bucket}/b.zarr", recursive=True)
+    remote = Dataset.open(f"{bucket}/b.zarr", storage_options=server.options)
+    here = Dataset.open(local)
+    for table in here.tables:
+        assert remote.read_rows(table, 0, T).tobytes() == here.read_rows(table, 0, T).tobytes(), table
+    assert remote.validate().ok
+    options = dict(batch_size=16, seed=2, num_workers=0)
+    with SequenceLoader(f"{bucket}/b.zarr", 4, 1, 2, storage_options=server.options, **options) as a, \
+            SequenceLoader(local, 4, 1, 2, **options) as b:
+        for x, y in zip(_epoch(a), _epoch(b), strict=True):
+            assert all(x[k].tobytes() == y[k].tobytes() for k in y)
+
+
 # ------------------------------------------------------------------ refusals
 def _rectilinear(doc):
     doc["chunk_grid"] = {"name": "rectilinear", "configuration": {"kind": "inline", "chunk_shapes": [[24, 29], [5]]}}
