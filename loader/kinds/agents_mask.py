@@ -28,7 +28,9 @@ from ...core.errors import WorkerError
 from ...core.chunk_check import ChunkCheck
 from ...core.refusals import refusal
 from ...core.location import Location
-from ...core.zarr_array import Array
+from ...core.v3_codecs import CodecChain
+from ...core.v3_meta import ArrayMetaV3
+from ...core.zarr_array import Array, Meta
 from ...core.zarr_meta import ArrayMeta
 from ..dataset import Dataset
 
@@ -38,6 +40,7 @@ preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
 # bicycle, motorcycle, cyclist, motorcyclist, pedestrian, animal (indices into L5Kit's 17 perception labels)
 LABELS_KEPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 GROUP = "agents_mask"
+CHUNK_ROWS = 10_000  # as L5Kit's select_agents writes it
 RECORD = "zarrfeed"
 
 
@@ -248,10 +251,13 @@ def _store(ds: Dataset, mask: np.ndarray, th: Thresholds) -> str:
     group.require_group(GROUP)
     path = f"{GROUP}/{th.name}"
     group.store.rmdir(path)
-    # zarr 2's defaults for a new array (Blosc lz4, fill 0), as L5Kit's masks are stored
-    arr = group.create_array(path, ArrayMeta.new(
-        mask.shape, 10_000, np.dtype(np.uint32), numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), fill_value=0,
-        dimension_separator="."), attrs={RECORD: {"complete": False}})
+    # zarr 2's defaults for a new array (Blosc lz4, fill 0), as L5Kit's masks are stored; in a v3 dataset a v3
+    # array of those codecs (a v2 array in a v3 group is not a member of it for zarr-python 3)
+    blosc, dtype = numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), np.dtype(np.uint32)
+    meta: Meta = ArrayMetaV3.new(mask.shape, CHUNK_ROWS, dtype, CodecChain.default(
+        dtype, (CHUNK_ROWS, *mask.shape[1:]), blosc), fill_value=0) if group.zarr_format == 3 else ArrayMeta.new(
+        mask.shape, CHUNK_ROWS, dtype, blosc, fill_value=0, dimension_separator=".")
+    arr = group.create_array(path, meta, attrs={RECORD: {"complete": False}})
     arr[:] = mask
     arr.attrs[RECORD] = {**_record(ds, th), "complete": True, "digest": _digest(mask)}
     return path

@@ -160,31 +160,41 @@ def _open_v3_table(store: Store, name: str, mode: str, dtype: np.dtype | None,
     diff = dtype_difference(arr.dtype, dtype) if dtype is not None else None
     if diff:
         raise FormatError(f"table '{name}': wrong dtype, it {diff}")
-    if written is not None:
-        want = array_meta.normal_codec(written_codec(written, name))
-        got = array_meta.normal_codec(arr.compressor.get_config() if arr.compressor else None)
-        if got != want:
-            raise FormatError(f"table '{name}': {key}: it is compressed with {got}, not {want}, the compressor its "
-                              "manifest's schema records; the array's metadata was changed, and its chunks would "
-                              "decode to other rows (restore it from a copy)")
+    why = _v3_written_problem(arr, written_codec(written, name)) if written is not None else None
+    if why is not None:
+        raise FormatError(f"table '{name}': {key}: {why}; the array's metadata was changed, and its chunks would "
+                          "decode to other rows (restore it from a copy)")
     return arr
+
+
+def _v3_written_problem(arr: Array, compressor: dict[str, Any] | None) -> str | None:
+    """Whether a v3 array is compressed as zarrfeed wrote it (`compressor`, the codec config its manifest's
+    schema records): its `zarr.json` holds v3 codecs, compared as the numcodecs codec they run."""
+    want = array_meta.normal_codec(compressor)
+    got = array_meta.normal_codec(arr.compressor.get_config() if arr.compressor else None)
+    return None if got == want else (f"it is compressed with {got}, not {want}, the compressor its manifest's "
+                                     "schema records")
 
 
 def _open_steps(store: Store, name: str, path: str, mode: str, dtype: np.dtype | None,
                 written: dict[str, Any] | None) -> Array:
     """The table `name` whose array is at `path`, of any shape, as records of one field (the field of `dtype`,
     else the table's name)."""
-    key = f"{path}/.zarray"
     try:
         array = Array.open(store, path, read_only=mode == "r")
     except MetaError as exc:
         raise FormatError(f"table '{name}': cannot open its array ({exc})") from None
+    key = array.doc_key
     field = dtype.names[0] if dtype is not None and dtype.names else name
     records = RecordArray.of(array, field, name)
     diff = dtype_difference(records.dtype, dtype) if dtype is not None else None
     if diff:
         raise FormatError(f"table '{name}': wrong dtype, {key}: it {diff}")
-    why = array_meta.written_problem(array.meta.to_json(), written_codec(written, name)) if written else None
+    why = None
+    if written:
+        codec = written_codec(written, name)
+        why = _v3_written_problem(array, codec) if array.zarr_format == 3 else \
+            array_meta.written_problem(array.meta.to_json(), codec)
     if why is not None:
         raise FormatError(f"table '{name}': {key}: {why}; the array's metadata was changed, and its chunks would "
                           "decode to other rows (restore it from a copy)")

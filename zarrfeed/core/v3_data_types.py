@@ -42,6 +42,7 @@ _TIME_UNITS = ("Y", "M", "W", "D", "h", "m", "s", "ms", "us", "μs", "ns", "ps",
 _SIZED = {"fixed_length_utf32": "U", "null_terminated_bytes": "S", "raw_bytes": "V"}
 _RAW_BITS = re.compile(r"r([1-9][0-9]*)")
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+VARIABLE_LENGTH = ("string", "variable_length_utf8", "bytes", "variable_length_bytes")  # values of no fixed size
 
 
 
@@ -82,7 +83,7 @@ def _dtype(value: Any, top: bool = False) -> np.dtype:
 
 
 def _unknown(name: str) -> str:
-    if name in ("string", "variable_length_utf8", "bytes", "variable_length_bytes"):
+    if name in VARIABLE_LENGTH:
         return f"'{name}' holds values of variable length, which zarrfeed does not read (store fixed-size fields)"
     return f"'{name}' is not a data type zarrfeed reads"
 
