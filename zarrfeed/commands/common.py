@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
+from ..core.storage_layout import MAX_SHARD_BYTES
 from ..loader import Dataset
 
 Command = Callable[..., argparse.ArgumentParser]  # makes a command's parser: (name, help, description=None)
@@ -91,7 +92,7 @@ def add_format_args(p: argparse.ArgumentParser, default: int = 2) -> None:
                    help=f"zarr format of the new dataset (default {default}): 2 is what L5Kit's own code and "
                    "zarr-python read as records; 3 is sharded, a crc32c checksum on every chunk: fewer objects on "
                    "an object store")
-    p.add_argument("--shard-bytes", type=bytes_arg, metavar="N",
+    p.add_argument("--shard-bytes", type=shard_bytes_arg, metavar="N",
                    help="with --zarr-format 3: decoded bytes of a shard at most, e.g. 64M (default 16M)")
 
 
@@ -104,6 +105,14 @@ def bytes_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K, M or G)") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"a size must be at least 1 byte, got {text!r}")
+    return value
+
+
+def shard_bytes_arg(text: str) -> int:
+    """An argparse type: a shard's size (`bytes_arg`), at most `MAX_SHARD_BYTES`."""
+    value = bytes_arg(text)
+    if value > MAX_SHARD_BYTES:
+        raise argparse.ArgumentTypeError(f"a shard holds at most 2G ({MAX_SHARD_BYTES:,} bytes), got {text!r}")
     return value
 
 

@@ -27,8 +27,6 @@ def add(command: Command) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = store_options(args)
-    if args.shard_bytes and args.zarr_format != 3:
-        raise ValueError("--shard-bytes: applies to --zarr-format 3")
     out = Location.of(args.out, options)
     try:
         summary = convert(Location.of(args.source, options), out, zarr_format=args.zarr_format,
