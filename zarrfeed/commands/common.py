@@ -53,12 +53,20 @@ def binary_size(n: float) -> str:
 
 
 def format_info(info: dict) -> str:
-    """A readable table of `Dataset.info()`, then each table's fields."""
-    head = f"{'table':<22}{'rows':>14}{'chunk rows':>12}{'chunks':>8}{'bytes':>12}{'stored':>12}{'ratio':>7}"
+    """A readable table of `Dataset.info()`, then each table's fields. Tables in zarr v3 also show the rows of a
+    shard and the shards stored, beside the chunks (inner chunks, when sharded)."""
+    v3 = any(t.get("zarr_format") == 3 for t in info.values())
+    head = f"{'table':<22}{'rows':>14}{'chunk rows':>12}{'chunks':>8}" + \
+        (f"{'shard rows':>12}{'shards':>8}" if v3 else "") + f"{'bytes':>12}{'stored':>12}{'ratio':>7}"
     lines = [head, "-" * len(head)]
     for name, t in info.items():
         ratio = f"{t['ratio']:.2f}" if t["ratio"] is not None else "-"
-        lines.append(f"{name:<22}{t['rows']:>14,}{t['chunk_rows']:>12,}{t['chunks_initialized']:>8,}"
+        shards = ""
+        if v3:
+            rows = f"{t['shard_rows']:,}" if t.get("shard_rows") else "-"
+            shards = f"{rows:>12}{t['shards_initialized']:>8,}" if "shards_initialized" in t else f"{'-':>12}{'-':>8}"
+        chunks = f"{t['chunks_initialized']:,}" if t["chunks_initialized"] is not None else "?"
+        lines.append(f"{name:<22}{t['rows']:>14,}{t['chunk_rows']:>12,}{chunks:>8}{shards}"
                      f"{binary_size(t['bytes']):>12}{binary_size(t['bytes_stored']):>12}{ratio:>7}")
     lines.append("")
     for name, t in info.items():
