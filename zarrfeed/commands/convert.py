@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from ..core.location import Location
-from ..writer.convert import convert
+from ..writer.conversion import convert
 from .common import Command, add_format_args, count_arg, show_progress, store_options
 from .ingest import print_summary
 
