@@ -62,6 +62,8 @@ def convert(source: str | os.PathLike | Location, out: str | os.PathLike | Locat
     dst = Location.of(out, dict(storage_options or {}))
     if src.same_place(dst):
         raise ValueError(f"{dst}: the output is also the input; convert to another path")
+    if resume and overwrite:
+        raise ValueError("resume=True finishes the conversion at out, overwrite=True replaces it: give one")
     if shard_bytes is not None and zarr_format != 3:
         raise FormatError("shard_bytes: applies to zarr_format=3", cli="--shard-bytes: applies to --zarr-format 3")
     layout = StorageLayout(zarr_format, DEFAULT_SHARD_BYTES if shard_bytes is None else shard_bytes)
@@ -101,7 +103,7 @@ def _check_resumable(dst: Location, identity: str, layout: StorageLayout, shards
     doc = manifest_io.read_manifest(group.store)
     other = Journal.from_json(doc.get("journal")).other_input(identity) if doc else None
     if other is not None:
-        raise ValueError(f"{dst}: holds a conversion of another source (identity {other}, this one's is "
+        raise ValueError(f"{dst}: was written from another source (its input {other}; this source's identity is "
                          f"{identity}); resume with that source, or convert this one to another path")
     _, arrays, _ = dataset_format.open_tables(group)
     formats = "/".join(f"v{n}" for n in sorted({a.zarr_format for a in arrays.values()}))

@@ -208,6 +208,24 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(source, lz4_source, tmp_
     assert {p: listing(p) for p in before} == before  # nothing written, nothing removed
 
 
+def test_the_functions_refusals(source, tmp_path):
+    """What the command's parser refuses, the function refuses too, in Python's words, nothing written."""
+    for kwargs, said in (({"resume": True, "overwrite": True}, "resume=True finishes the conversion at out, "
+                          "overwrite=True replaces it: give one"),
+                         ({"zarr_format": 2, "shard_bytes": 1 << 20}, "shard_bytes: applies to zarr_format=3"),
+                         ({"shard_bytes": 0}, "shard_bytes must be a whole number of bytes from 1 to 2,147,483,648"),
+                         ({"shard_bytes": 3 << 30}, "shard_bytes must be a whole number of bytes from 1"),
+                         ({"zarr_format": 4}, "zarr_format must be 2 or 3, got 4")):
+        with pytest.raises(ValueError, match="^" + re.escape(said)):
+            zf.convert(source, tmp_path / "out.zarr", workers=0, **kwargs)
+        assert not (tmp_path / "out.zarr").exists()
+    zf.convert(source, tmp_path / "out.zarr", workers=0)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{tmp_path / 'out.zarr'}: already exists and is not empty; "
+                                                         "finish an interrupted conversion into it (resume=True), or "
+                                                         "replace it (overwrite=True)")):
+        zf.convert(source, tmp_path / "out.zarr", workers=0)
+
+
 def _committed(path) -> int:
     try:
         return json.loads((path / "zarrfeed.json").read_text())["committed"]["scenes"]
@@ -238,7 +256,7 @@ def test_a_killed_conversion_resumes_to_exact_rows_each_episode_once(tmp_path):
     other = tmp_path / "other.zarr"
     zf.write_dataset(other, synthetic.episodes(3, seed=9), workers=0)
     kept = listing(out)
-    for args, said in (([other, out, "--resume"], f"zarrfeed: error: {out}: holds a conversion of another source "),
+    for args, said in (([other, out, "--resume"], f"zarrfeed: error: {out}: was written from another source "),
                        ([source, out, "--resume", "--zarr-format", "2"], f"zarrfeed: error: {out}: is zarr v3, not "
                         "v2; resume with the format it was converted to (--zarr-format), or replace it (--overwrite)"),
                        ([source, out, "--resume", "--shard-bytes", "1M"], f"zarrfeed: error: {out}: table 'agents' "
