@@ -292,20 +292,31 @@ class Dataset:
         self.close()
 
     def info(self) -> dict[str, dict[str, Any]]:
-        """Per table: rows, dtype, chunk rows, chunks initialised, bytes, bytes stored and their ratio."""
+        """Per table: rows, dtype, chunk rows, chunks stored, bytes, bytes stored (its documents and chunk objects,
+        as the store holds them) and their ratio. A zarr v3 table also says so (`zarr_format`), with the rows of
+        a shard (`shard_rows`, None when it is not sharded) and the shards stored (`shards_initialized`); its
+        `chunks_initialized` counts the inner chunks its shards hold (None if a shard's index cannot be read:
+        `validate` names it)."""
         out = {}
         for name, arr in self.tables.items():
             nbytes = self.rows[name] * arr.dtype.itemsize
             stored = arr.nbytes_stored
+            try:
+                chunks: int | None = arr.nchunks_initialized
+            except ChunkError:
+                chunks = None
             out[name] = {
                 "rows": self.rows[name],
                 "dtype": [list(map(str, f)) if len(f) == 2 else [f[0], f[1], list(f[2])] for f in arr.dtype.descr],
                 "chunk_rows": arr.chunks[0],
-                "chunks_initialized": arr.nchunks_initialized,
+                "chunks_initialized": chunks,
                 "bytes": nbytes,
                 "bytes_stored": stored,
                 "ratio": round(nbytes / stored, 3) if stored else None,
             }
+            if arr.zarr_format == 3:
+                out[name].update(zarr_format=3, shard_rows=arr.meta.shard_rows if arr.sharding else None,
+                                 shards_initialized=arr.nshards_initialized)
         return out
 
     def chunks(self, table: str) -> "ChunkReader":
@@ -465,7 +476,9 @@ class Dataset:
             for at in range(0, len(indices), batch):
                 part = indices[at:at + batch]
                 keys = [arr.chunk_key(i) for i in part]
-                for i, key, raw in zip(part, keys, arr.read_chunks(part), strict=True):
+                for i, key, raw in zip(part, keys, _read_each(arr, part, report.problems), strict=True):
+                    if isinstance(raw, ChunkError):  # in a v3 shard whose index or bytes cannot be read
+                        continue
                     if raw is None:
                         tail = check is not None and name in check.tails and (i + 1) * c > n
                         if arr.missing_is_fill and i not in recorded and not tail:
@@ -607,3 +620,23 @@ def _dask_partition(piece: _Partition) -> Any:
 
 def _list(arrays: dict[str, str]) -> str:
     return ", ".join(f"'{name}' ({what})" for name, what in arrays.items())
+
+
+def _read_each(arr: Array, indices: list[int], problems: list[str]) -> list[bytes | None | ChunkError]:
+    """`arr.read_chunks(indices)`; if that fails (a v3 shard whose index is damaged, or whose bytes are cut
+    short), each chunk read alone, one that cannot be read given as its error, said once in `problems` (every
+    chunk of a shard with a damaged index fails alike: one line for the shard)."""
+    try:
+        return list(arr.read_chunks(indices))
+    except ChunkError:
+        pass
+    out: list[bytes | None | ChunkError] = []
+    for i in indices:
+        try:
+            out.append(arr.read_chunks([i])[0])
+        except ChunkError as exc:
+            out.append(exc)
+            if str(exc) not in problems:
+                problems.append(str(exc))
+    return out
+

@@ -19,7 +19,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     **dict.fromkeys(["AGENT_DTYPE", "FRAME_DTYPE", "L5KIT_SCHEMA", "PERCEPTION_LABELS", "SCENE_DTYPE",
                      "TL_FACE_DTYPE", "Link", "Schema", "Table"], "..core.schema"),
     "Coordinator": ".coordinator", "LocalCoordinator": ".coordinator", "DatasetWriter": ".dataset_writer",
-    "check_episode": ".episode", "relocate": ".episode", "ingest_parquet": ".parquet_ingest", "convert": ".convert",
+    "check_episode": ".episode", "relocate": ".episode", "ingest_parquet": ".parquet_ingest", "convert": ".conversion",
     "write_dataset": ".write", "WriteOptions": ".options",
 }, modules=("synthetic",))
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors and docs
     from ..core.schema import (AGENT_DTYPE, FRAME_DTYPE, L5KIT_SCHEMA, PERCEPTION_LABELS, SCENE_DTYPE, TL_FACE_DTYPE,
         Link, Schema, Table)
     from . import synthetic
-    from .convert import convert
+    from .conversion import convert
     from .coordinator import Coordinator, LocalCoordinator
     from .dataset_writer import DatasetWriter
     from .episode import check_episode, relocate

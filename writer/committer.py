@@ -92,6 +92,8 @@ class Committer:
         self._had_root = location.existing_folder()
         if mode == "w":
             self._check_new(store, overwrite)
+            # what cannot be made is refused before the lease, and before an overwrite clears the old dataset
+            dataset_format.new_schema(schema or L5KIT_SCHEMA, chunks, compressor, layout)
         self.store = store
         self._created = False  # until known with the lease held (see below)
         self._lease = Lease(location, lease_timeout)
@@ -160,10 +162,7 @@ class Committer:
             within(FAIL_SECONDS, lambda: self.location.remove())
 
     def _holds_data(self) -> bool:
-        """Whether anything but a lease's files and temporary files is stored here (a writer that failed or was
-        killed while it started may leave only those behind: they are no dataset, and no reason to refuse a new
-        one; the lease decides whether their holder is gone)."""
-        return self.location.exists() and any(not _leftover(name) for name in self.location.entries(16))
+        return holds_data(self.location)
 
     def _check_new(self, store: Store, overwrite: bool) -> None:
         """Mode "w": refuse, before anything changes, a location that holds something we may not replace."""
@@ -379,8 +378,8 @@ class Committer:
         its rows are written. `what` introduces the id and `unit` names its parts in messages."""
         self._check_open()
         j = self._journal
-        if resume and not j.known_input(input_id) and (j.inputs or j.legacy):
-            last = j.last_input or "unknown"
+        last = j.other_input(input_id)
+        if resume and last is not None:
             raise ValueError(f"{self.location}: cannot resume with this input ({what} {input_id}): the "
                              f"interrupted ingest had another ({last}); resume with the same input, or append "
                              "this one without resume (--append)")
@@ -693,7 +692,15 @@ class Committer:
                                + (f" after an error: {self.error}" if self.error else ""))
 
 
-DATASET_MARKS = (MANIFEST_KEY, ".zgroup")  # either says that a place holds a dataset (of zarrfeed, of zarr)
+# each says that a place holds a dataset (of zarrfeed, of zarr v2, of zarr v3: its root group's document)
+DATASET_MARKS = (MANIFEST_KEY, ".zgroup", "zarr.json")
+
+
+def holds_data(location: Location) -> bool:
+    """Whether anything but a lease's files and temporary files is stored at `location` (a writer that failed or
+    was killed while it started may leave only those behind: they are no dataset, and no reason to refuse a new
+    one; the lease decides whether their holder is gone)."""
+    return location.exists() and any(not _leftover(name) for name in location.entries(16))
 
 
 def _leftover(name: str) -> bool:

@@ -92,6 +92,7 @@ class DatasetSource(Episodes):
         schema, arrays, _ = dataset_format.open_tables(group)  # other arrays are not episodes' (not copied)
         tables = {n: arrays[n] if n in arrays else dataset_format.empty_table(t) for n, t in schema.tables.items()}
         doc = manifest_io.read_manifest(group.store)
+        self.dataset_id: str | None = doc.get("dataset_id") if doc else None  # None: another tool wrote it
         rows = dataset_format.readable_rows(schema, tables, doc)
         # every chunk read is checked as every reader checks it (a copy must not carry on a changed chunk as
         # valid data), each table's last chunk by its committed rows while a writer appending meanwhile rewrites it

@@ -68,6 +68,13 @@ class Journal:
     def known_input(self, input_id: str) -> bool:
         return input_id in self.inputs
 
+    def other_input(self, input_id: str) -> str | None:
+        """The input recorded last ("unknown" if that cannot be told), when inputs are recorded and `input_id` is
+        not one of them: an ingest of `input_id` cannot be a resumed one. None otherwise."""
+        if self.known_input(input_id) or not (self.inputs or self.legacy):
+            return None
+        return self.last_input or "unknown"
+
     def add_input(self, input_id: str) -> None:
         self.inputs.setdefault(input_id, (IndexRanges(), IndexRanges()))
 

@@ -466,8 +466,8 @@ def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tm
 
 
 @pytest.mark.parametrize("args, said", [
-    (["lod"], "zarrfeed: error: no command 'lod'; did you mean load? (commands: demo, ingest, load, mask, export, "
-              "info, status, serve, plot, validate)"),
+    (["lod"], "zarrfeed: error: no command 'lod'; did you mean load? (commands: demo, ingest, convert, load, mask, "
+              "export, info, status, serve, plot, validate)"),
     (["load", "D", "--batch-size", "0"], "zarrfeed load: error: argument --batch-size: expected a number >= 1, got 0"),
     (["ingest", "D", "--synthetic", "1", "--chunks", "agents=0"],
      "zarrfeed ingest: error: argument --chunks: 'agents=0': expected TABLE=ROWS, ROWS a whole number >= 1"),
@@ -513,8 +513,8 @@ def test_mistakes_are_said_in_the_command_lines_words(tmp_path, args, said):
     assert not (tmp_path / "d.zarr").exists()
 
 
-@pytest.mark.parametrize("command", ["ingest", "load", "mask", "export", "info", "validate", "demo", "status",
-                                     "serve", "plot"])
+@pytest.mark.parametrize("command", ["ingest", "convert", "load", "mask", "export", "info", "validate", "demo",
+                                     "status", "serve", "plot"])
 def test_every_data_command_takes_quiet(command):
     """`zarrfeed mask ... -q` was refused while every other data command took it."""
     r = zarrfeed(command, "--help")

@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
+from ..core.storage_layout import MAX_SHARD_BYTES
 from ..loader import Dataset
 
 Command = Callable[..., argparse.ArgumentParser]  # makes a command's parser: (name, help, description=None)
@@ -52,12 +53,20 @@ def binary_size(n: float) -> str:
 
 
 def format_info(info: dict) -> str:
-    """A readable table of `Dataset.info()`, then each table's fields."""
-    head = f"{'table':<22}{'rows':>14}{'chunk rows':>12}{'chunks':>8}{'bytes':>12}{'stored':>12}{'ratio':>7}"
+    """A readable table of `Dataset.info()`, then each table's fields. Tables in zarr v3 also show the rows of a
+    shard and the shards stored, beside the chunks (inner chunks, when sharded)."""
+    v3 = any(t.get("zarr_format") == 3 for t in info.values())
+    head = f"{'table':<22}{'rows':>14}{'chunk rows':>12}{'chunks':>8}" + \
+        (f"{'shard rows':>12}{'shards':>8}" if v3 else "") + f"{'bytes':>12}{'stored':>12}{'ratio':>7}"
     lines = [head, "-" * len(head)]
     for name, t in info.items():
         ratio = f"{t['ratio']:.2f}" if t["ratio"] is not None else "-"
-        lines.append(f"{name:<22}{t['rows']:>14,}{t['chunk_rows']:>12,}{t['chunks_initialized']:>8,}"
+        shards = ""
+        if v3:
+            rows = f"{t['shard_rows']:,}" if t.get("shard_rows") else "-"
+            shards = f"{rows:>12}{t['shards_initialized']:>8,}" if "shards_initialized" in t else f"{'-':>12}{'-':>8}"
+        chunks = f"{t['chunks_initialized']:,}" if t["chunks_initialized"] is not None else "?"
+        lines.append(f"{name:<22}{t['rows']:>14,}{t['chunk_rows']:>12,}{chunks:>8}{shards}"
                      f"{binary_size(t['bytes']):>12}{binary_size(t['bytes_stored']):>12}{ratio:>7}")
     lines.append("")
     for name, t in info.items():
@@ -91,7 +100,7 @@ def add_format_args(p: argparse.ArgumentParser, default: int = 2) -> None:
                    help=f"zarr format of the new dataset (default {default}): 2 is what L5Kit's own code and "
                    "zarr-python read as records; 3 is sharded, a crc32c checksum on every chunk: fewer objects on "
                    "an object store")
-    p.add_argument("--shard-bytes", type=bytes_arg, metavar="N",
+    p.add_argument("--shard-bytes", type=shard_bytes_arg, metavar="N",
                    help="with --zarr-format 3: decoded bytes of a shard at most, e.g. 64M (default 16M)")
 
 
@@ -104,6 +113,14 @@ def bytes_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K, M or G)") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"a size must be at least 1 byte, got {text!r}")
+    return value
+
+
+def shard_bytes_arg(text: str) -> int:
+    """An argparse type: a shard's size (`bytes_arg`), at most `MAX_SHARD_BYTES`."""
+    value = bytes_arg(text)
+    if value > MAX_SHARD_BYTES:
+        raise argparse.ArgumentTypeError(f"a shard holds at most 2G ({MAX_SHARD_BYTES:,} bytes), got {text!r}")
     return value
 
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from ..core.location import Location
-from ..writer.convert import convert
+from ..writer.conversion import convert
 from .common import Command, add_format_args, count_arg, show_progress, store_options
 from .ingest import print_summary
 
@@ -27,8 +27,6 @@ def add(command: Command) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = store_options(args)
-    if args.shard_bytes and args.zarr_format != 3:
-        raise ValueError("--shard-bytes: applies to --zarr-format 3")
     out = Location.of(args.out, options)
     try:
         summary = convert(Location.of(args.source, options), out, zarr_format=args.zarr_format,

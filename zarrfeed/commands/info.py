@@ -22,5 +22,8 @@ def run(args: argparse.Namespace) -> int:
         return status.describe_server(args)
     with open_dataset(args) as ds:
         info = ds.info()
-        print(json.dumps(info, indent=2) if args.json else f"{ds.location} ({ds.schema.name})\n{format_info(info)}")
+        formats = sorted({t.get("zarr_format", 2) for t in info.values()})
+        said = f", zarr {'/'.join(f'v{n}' for n in formats)}" if formats != [2] else ""
+        print(json.dumps(info, indent=2) if args.json else f"{ds.location} ({ds.schema.name}{said})\n"
+              f"{format_info(info)}")
     return 0

@@ -205,24 +205,12 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
            compressor: numcodecs.abc.Codec | None = None,
            layout: StorageLayout = StorageLayout()) -> tuple[Schema, str]:
     """Create an empty dataset in an empty store (every table with 0 rows, attrs, manifest); return the schema
-    as written and the new dataset's id. `chunks` overrides chunk rows per table, `compressor` the schema's;
-    `layout` says how it is stored (zarr v2, or v3 with shards: recorded in its first manifest)."""
-    unknown = set(chunks or {}) - set(schema.tables)
-    if unknown:
-        raise FormatError(f"chunks: no table {', '.join(map(repr, sorted(unknown)))} in schema '{schema.name}' "
-                          f"(its tables: {', '.join(schema.tables)})")
-    if ".zgroup" in store or MANIFEST_KEY in store:  # e.g. made by another writer since the caller looked
+    as written (`new_schema`) and the new dataset's id. `layout` says how it is stored (zarr v2, or v3 with
+    shards: recorded in its first manifest)."""
+    schema = new_schema(schema, chunks, compressor, layout)
+    if any(mark in store for mark in (".zgroup", ZARR_JSON, MANIFEST_KEY)):  # e.g. another writer made it since
         raise FormatError("already holds a dataset; append to it or overwrite it")
-    schema = Schema(
-        tables={n: Table(n, t.dtype, (chunks or {}).get(n, t.chunk_rows), t.path,  # a compressor asked for: all
-                         SCHEMA_CODEC if compressor is not None else t.compressor)  # tables', else as the schema's
-                # (a new dataset stores every chunk: `missing_is_fill` is left out)
-                for n, t in schema.tables.items()},
-        links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
-    )
     dataset_id = new_dataset_id()
-    for t in schema.tables.values():  # a compressor v3 has no codec for is refused before anything is written
-        layout.array_meta((0,), t.chunk_rows, t.dtype, schema.codec_of(t.name), where=f"table '{t.name}'")
     extra = {LAYOUT: layout.to_json()} if layout != StorageLayout() else {}
     # the manifest first: a reader that comes while the arrays are being made finds a zarrfeed dataset with a
     # table missing (a clean error), never a group it would take for another tool's dataset with no tables
@@ -230,6 +218,29 @@ def create(store: Store, schema: Schema, *, chunks: dict[str, int] | None = None
                                    **{EVERY_CHUNK: True, TAILS: {}}, **extra))
     create_documents(store, schema, layout)
     return schema, dataset_id
+
+
+def new_schema(schema: Schema, chunks: Mapping[str, int] | None = None,
+               compressor: numcodecs.abc.Codec | None = None,
+               layout: StorageLayout = StorageLayout()) -> Schema:
+    """The schema a new dataset is written with: `chunks` overrides chunk rows per table, `compressor` the
+    schema's. Refused in one line (`FormatError`) if it cannot be: a table `chunks` names that the schema has
+    not, a compressor zarr v3 has no codec for. A writer asks before it changes anything (an overwrite clears
+    the old dataset only once the new one can be made)."""
+    unknown = set(chunks or {}) - set(schema.tables)
+    if unknown:
+        raise FormatError(f"chunks: no table {', '.join(map(repr, sorted(unknown)))} in schema '{schema.name}' "
+                          f"(its tables: {', '.join(schema.tables)})")
+    schema = Schema(
+        tables={n: Table(n, t.dtype, (chunks or {}).get(n, t.chunk_rows), t.path,  # a compressor asked for: all
+                         SCHEMA_CODEC if compressor is not None else t.compressor)  # tables', else as the schema's
+                # (a new dataset stores every chunk: `missing_is_fill` is left out)
+                for n, t in schema.tables.items()},
+        links=schema.links, attrs=schema.attrs, compressor=compressor or schema.compressor, name=schema.name,
+    )
+    for t in schema.tables.values():  # a compressor v3 has no codec for
+        layout.array_meta((0,), t.chunk_rows, t.dtype, schema.codec_of(t.name), where=f"table '{t.name}'")
+    return schema
 
 
 def interrupted_create(store: Store) -> Schema | None:

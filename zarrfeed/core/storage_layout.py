@@ -22,6 +22,13 @@ from .v3_meta import ArrayMetaV3
 from .zarr_meta import ArrayMeta
 
 DEFAULT_SHARD_BYTES = 16 << 20
+# a shard is written whole (read back and rewritten to append to it) and a writer holds one shard's rows in each
+# of its shared-memory segments: larger ones cost memory and rewrites, and buy nothing on any store
+MAX_SHARD_BYTES = 2 << 30
+# inner chunks of a shard at most: its index (16 bytes a chunk) is read before any chunk of it, so a table of
+# small chunks (a replay buffer's 250 steps of 2 floats: 2 KB) would otherwise get an index of 130 KB per 16 MiB
+# shard, read to fetch one chunk of 2 KB; with this bound an index is at most 16 KiB
+MAX_CHUNKS_PER_SHARD = 1024
 FORMATS = (2, 3)
 
 
@@ -35,12 +42,15 @@ class StorageLayout:
     def __post_init__(self) -> None:
         if self.zarr_format not in FORMATS:
             raise ValueError(f"zarr_format must be 2 or 3, got {self.zarr_format!r}")
-        if isinstance(self.shard_bytes, bool) or not isinstance(self.shard_bytes, int) or self.shard_bytes < 1:
-            raise ValueError(f"shard_bytes must be a whole number of bytes >= 1, got {self.shard_bytes!r}")
+        if isinstance(self.shard_bytes, bool) or not isinstance(self.shard_bytes, int) or \
+                not 1 <= self.shard_bytes <= MAX_SHARD_BYTES:
+            raise ValueError(f"shard_bytes must be a whole number of bytes from 1 to {MAX_SHARD_BYTES:,} (2 GiB), got "
+                             f"{self.shard_bytes!r}")
 
     def shard_rows(self, chunk_rows: int, row_bytes: int) -> int:
-        """Rows of a shard: the most whole chunks that fit in `shard_bytes` decoded, at least one."""
-        return chunk_rows * max(1, self.shard_bytes // max(chunk_rows * row_bytes, 1))
+        """Rows of a shard: the most whole chunks that fit in `shard_bytes` decoded, at least one, at most
+        `MAX_CHUNKS_PER_SHARD`."""
+        return chunk_rows * max(1, min(self.shard_bytes // max(chunk_rows * row_bytes, 1), MAX_CHUNKS_PER_SHARD))
 
     def array_meta(self, shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype,
                    compressor: numcodecs.abc.Codec | None, fill_value: Any = None,

@@ -21,6 +21,7 @@ import zipfile
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
+from . import s3
 from .errors import StoreUnreachable
 from .files import OS_FILES, Files
 
@@ -451,12 +452,15 @@ class FsspecStore(Store):
 
     @reaching
     def get_ranges(self, ranges: Sequence[tuple[str, int, int | None]]) -> list[bytes | None]:
-        """Range requests, concurrently (fsspec's `cat_ranges`; a negative start is a suffix range, which S3
-        answers without the object's size)."""
+        """Range requests, concurrently (a negative start is a suffix range, which S3 answers without the
+        object's size): on S3 each tried as any other call (`s3.cat_ranges`), elsewhere fsspec's `cat_ranges`."""
         if not ranges:
             return []
-        got = self.fs.cat_ranges([self._path(k) for k, _, _ in ranges], [s for _, s, _ in ranges],
-                                 [e for _, _, e in ranges], on_error="return")
+        paths = [self._path(k) for k, _, _ in ranges]
+        starts, ends = [s for _, s, _ in ranges], [e for _, _, e in ranges]
+        got = s3.cat_ranges(self.fs, paths, starts, ends)
+        if got is None:
+            got = self.fs.cat_ranges(paths, starts, ends, on_error="return")
         out: list[bytes | None] = []
         for value in got:
             if isinstance(value, (FileNotFoundError, KeyError, IsADirectoryError)):

@@ -18,7 +18,7 @@ import numpy as np
 from .stores import Store
 from .errors import MetaError
 from .v3_meta import ZARR_JSON, ArrayMetaV3, node_type
-from .v3_shard_reads import inner_stored, read_inner_chunks
+from .v3_shard_reads import EMPTY, inner_stored, read_indexes, read_inner_chunks
 from .v3_sharding import ShardingSpec, assemble
 from .zarr_meta import ZARRAY, ZATTRS, ZGROUP, ArrayMeta, V2Codecs, codec, group_problem, json_bytes, load_json
 
@@ -230,12 +230,32 @@ class Array:
 
     @property
     def nchunks_initialized(self) -> int:
-        """How many of its chunk objects are stored (shards, when it is sharded)."""
+        """How many of its chunks (as `chunks` has them) are stored: chunk objects; in a sharded array, the inner
+        chunks its shards hold, counted from each shard's index (one range request per shard), not shards times
+        chunks per shard as zarr-python 3 counts them (a partly filled last shard, a chunk left out as all fill
+        value, would count in full)."""
+        stored = self._stored()
+        sharding = self.sharding
+        if sharding is None:
+            return sum(self.meta.chunk_index(name) is not None for name in stored)
+        first = {_join(self.path, name): i for name in stored if (i := self.meta.chunk_index(name)) is not None}
+        count = 0
+        for key, index in read_indexes(self.store, sharding, sorted(first)).items():
+            if index is None:  # removed since it was listed
+                continue
+            present = ~((index[:, 0] == EMPTY) & (index[:, 1] == EMPTY))
+            count += int(present[:max(self.meta.nchunks - first[key], 0)].sum())  # (none past the end)
+        return count
+
+    @property
+    def nshards_initialized(self) -> int:
+        """How many objects of its chunk grid are stored: its shards when it is sharded, else its chunks."""
         return sum(self.meta.chunk_index(name) is not None for name in self._stored())
 
     @property
     def nbytes_stored(self) -> int:
-        """Bytes stored for the array: its documents and chunks."""
+        """Bytes stored for the array: its documents and chunk objects, as the store holds them (a shard
+        appended to keeps the bytes of chunks it rewrote: see `v3_sharding.assemble`)."""
         return sum(self._stored().values())
 
     def __len__(self) -> int:

@@ -1,5 +1,6 @@
 """AgentSampleLoader, EgoSampleLoader and the agents mask against what L5Kit 1.5.0 returns on the real scene
-(../shared/data/l5kit_samples_h10_f50.npz), and against plain per-sample Python on synthetic data."""
+(../shared/data/l5kit_samples_h10_f50.npz), as stored and converted to zarr v3 and back, and against plain
+per-sample Python on synthetic data."""
 import math
 import re
 import shutil
@@ -38,6 +39,20 @@ def l5kit(real_scene):
     return dict(np.load(L5KIT))
 
 
+@pytest.fixture(scope="module", params=["stored", "v2-v3-v2"])
+def scene(request, real_scene, tmp_path_factory):
+    """The real scene as stored, and converted to sharded zarr v3 and back to v2 (`zarrfeed.convert`): L5Kit's
+    numbers hold on both."""
+    if request.param == "stored":
+        return real_scene
+    from zarrfeed import convert
+
+    folder = tmp_path_factory.mktemp("round_trip")
+    convert(real_scene, folder / "v3.zarr", zarr_format=3, workers=0)
+    convert(folder / "v3.zarr", folder / "v2.zarr", zarr_format=2, workers=0)
+    return folder / "v2.zarr"
+
+
 def _equal_to_l5kit(kind, got, ref):
     for key in [k.split("/", 1)[1] for k in ref if k.startswith(kind + "/")]:
         want, have = ref[f"{kind}/{key}"], got[key]
@@ -48,8 +63,8 @@ def _equal_to_l5kit(kind, got, ref):
             np.testing.assert_array_equal(have, want, err_msg=f"{kind}/{key}")
 
 
-def test_numerics_equal_l5kit(real_scene, l5kit):
-    g = Group.open(DirectoryStore(real_scene))
+def test_numerics_equal_l5kit(scene, l5kit):
+    g = Group.open(DirectoryStore(scene))
     frames, agents = g["frames"][:], g["agents"][:]
     ctx = Context(0, {f: frames[f] for f in FRAME_FIELDS}, 0, {f: agents[f] for f in AGENT_FIELDS})
     steps = Steps(10, 50, 0.1)
@@ -85,8 +100,8 @@ def test_the_tolerance_still_fails_a_wrong_formula(real_scene, l5kit):
             pytest.fail(f"agents/{key} {name} passed as L5Kit's")
 
 
-def test_mask_equals_l5kit(real_scene, l5kit):
-    mask = agents_mask.compute(Dataset.open(real_scene), 0.5, workers=0)
+def test_mask_equals_l5kit(scene, l5kit):
+    mask = agents_mask.compute(Dataset.open(scene), 0.5, workers=0)
     assert mask.dtype == np.uint32
     np.testing.assert_array_equal(mask, l5kit["agents_mask"])
     np.testing.assert_array_equal(agents_mask.selected_rows(mask), l5kit["agent_rows"])
@@ -98,15 +113,15 @@ def _epoch(loader):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_loaders_equal_l5kit(real_scene, l5kit, workers):
-    with AgentSampleLoader(real_scene, 10, 50, batch_size=32, num_workers=workers, copy=True) as loader:
+def test_loaders_equal_l5kit(scene, l5kit, workers):
+    with AgentSampleLoader(scene, 10, 50, batch_size=32, num_workers=workers, copy=True) as loader:
         got = _epoch(loader)
     order = np.argsort(got["agent_row"])
     np.testing.assert_array_equal(got["agent_row"][order], l5kit["agent_rows"])  # every sample of L5Kit's, once
     np.testing.assert_array_equal(got["frame_row"][order], l5kit["agent_frames"])
     np.testing.assert_array_equal(got["track_id"][order], l5kit["agent_track_ids"])
     _equal_to_l5kit("agents", {k: v[order] for k, v in got.items()}, l5kit)
-    with EgoSampleLoader(real_scene, 10, 50, batch_size=32, num_workers=workers, copy=True) as loader:
+    with EgoSampleLoader(scene, 10, 50, batch_size=32, num_workers=workers, copy=True) as loader:
         got = _epoch(loader)
     order = np.argsort(got["frame_row"])
     np.testing.assert_array_equal(got["frame_row"][order], l5kit["ego_frames"])  # all 248 frames, edges included
