@@ -114,6 +114,7 @@ RUN = {  # the smallest sizes at which each runs (all together about 20 s on 2 s
     "bench_ranks.py": ["--scenes", "1", "--repeat", "1"],
     "bench_dask.py": ["--scenes", "2", "--sources", "2", "--repeat", "1"],
     "bench_shuffle.py": ["--scenes", "2", "--repeat", "1"],
+    "bench_v3.py": ["--scenes", "1", "--repeat", "1"],
 }
 
 
