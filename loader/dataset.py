@@ -339,6 +339,7 @@ class Dataset:
         check = self._checker() if self._check_error is None else None  # (a damaged log: reported above)
         for name in self.tables:
             reader, unchecked = ChunkReader(self, name, check), ChunkReader(self, name)
+            said: set[str] = set()  # a v3 shard that cannot be read fails each of its chunks alike: said once
             for start in reader.starts():
                 try:
                     try:
@@ -348,8 +349,10 @@ class Dataset:
                         block = unchecked.read(start)
                 except (ChunkError, FormatError) as exc:  # a chunk that cannot be decoded: invalid, its table's
                     # links unchecked past it (ChunkReader says a broken file as FormatError)
-                    add(Violation(name, None, start, f"{exc}; the links of table '{name}' are not checked past row "
-                                                     f"{start}"))
+                    if str(exc) not in said:
+                        said.add(str(exc))
+                        add(Violation(name, None, start, f"{exc}; the links of table '{name}' are not checked past "
+                                                         f"row {start}"))
                     checkers[name] = []
                     continue
                 if block is None:
@@ -465,7 +468,11 @@ class Dataset:
             for at in range(0, len(indices), batch):
                 part = indices[at:at + batch]
                 keys = [arr.chunk_key(i) for i in part]
-                for i, key, raw in zip(part, keys, arr.read_chunks(part), strict=True):
+                for i, key, raw in zip(part, keys, _stored(arr, part), strict=True):
+                    if isinstance(raw, ChunkError):  # its shard cannot be read: said once, for the shard
+                        if str(raw) not in report.problems:
+                            report.problems.append(str(raw))
+                        continue
                     if raw is None:
                         tail = check is not None and name in check.tails and (i + 1) * c > n
                         if arr.missing_is_fill and i not in recorded and not tail:
@@ -484,7 +491,7 @@ class Dataset:
                         report.unverifiable += 1
                     else:
                         try:
-                            check_chunk(key, raw, recorded[i])
+                            check_chunk(key, raw, recorded[i], arr.table)
                             report.verified += 1
                         except ChunkError as exc:
                             if (i + 1) * c > n and (self._sealed() or {}).get(name, {}).get(i) != recorded[i]:
@@ -603,6 +610,22 @@ def _dask_partition(piece: _Partition) -> Any:
     df = records_to_arrow(rows, piece.fields).to_pandas(types_mapper=pd.ArrowDtype)
     df.index = pd.RangeIndex(piece.start, piece.end)
     return df
+
+
+def _stored(array: Array, indices: list[int]) -> list[bytes | ChunkError | None]:
+    """The stored bytes of chunks `indices` (None: missing), as `Array.read_chunks` reads them; for a chunk in
+    a v3 shard whose index does not decode (truncated, corrupt), the error naming the shard."""
+    try:
+        return list(array.read_chunks(indices))
+    except ChunkError:
+        pass
+    out: list[bytes | ChunkError | None] = []
+    for i in indices:
+        try:
+            out.append(array.read_chunks([i])[0])
+        except ChunkError as exc:
+            out.append(exc)
+    return out
 
 
 def _list(arrays: dict[str, str]) -> str:
