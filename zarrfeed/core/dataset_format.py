@@ -161,29 +161,38 @@ def _open_v3_table(store: Store, name: str, mode: str, dtype: np.dtype | None,
     if diff:
         raise FormatError(f"table '{name}': wrong dtype, it {diff}")
     if written is not None:
-        want = array_meta.normal_codec(written_codec(written, name))
-        got = array_meta.normal_codec(arr.compressor.get_config() if arr.compressor else None)
-        if got != want:
-            raise FormatError(f"table '{name}': {key}: it is compressed with {got}, not {want}, the compressor its "
-                              "manifest's schema records; the array's metadata was changed, and its chunks would "
-                              "decode to other rows (restore it from a copy)")
+        _check_v3_codec(name, key, arr, written)
     return arr
+
+
+def _check_v3_codec(name: str, key: str, arr: Array, written: dict[str, Any]) -> None:
+    """`FormatError` unless the v3 array of table `name` (its document `key`) is compressed as its manifest's
+    schema (`written`) records: the chunk digests cover the stored bytes only."""
+    want = array_meta.normal_codec(written_codec(written, name))
+    got = array_meta.normal_codec(arr.compressor.get_config() if arr.compressor else None)
+    if got != want:
+        raise FormatError(f"table '{name}': {key}: it is compressed with {got}, not {want}, the compressor its "
+                          "manifest's schema records; the array's metadata was changed, and its chunks would "
+                          "decode to other rows (restore it from a copy)")
 
 
 def _open_steps(store: Store, name: str, path: str, mode: str, dtype: np.dtype | None,
                 written: dict[str, Any] | None) -> Array:
     """The table `name` whose array is at `path`, of any shape, as records of one field (the field of `dtype`,
     else the table's name)."""
-    key = f"{path}/.zarray"
     try:
         array = Array.open(store, path, read_only=mode == "r")
     except MetaError as exc:
         raise FormatError(f"table '{name}': cannot open its array ({exc})") from None
+    key = array.doc_key
     field = dtype.names[0] if dtype is not None and dtype.names else name
     records = RecordArray.of(array, field, name)
     diff = dtype_difference(records.dtype, dtype) if dtype is not None else None
     if diff:
         raise FormatError(f"table '{name}': wrong dtype, {key}: it {diff}")
+    if written and array.zarr_format == 3:
+        _check_v3_codec(name, key, array, written)
+        return records
     why = array_meta.written_problem(array.meta.to_json(), written_codec(written, name)) if written else None
     if why is not None:
         raise FormatError(f"table '{name}': {key}: {why}; the array's metadata was changed, and its chunks would "
