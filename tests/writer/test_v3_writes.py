@@ -191,3 +191,42 @@ def test_a_replay_buffer_in_v3_opens_validates_and_takes_appends(tmp_path):
     assert ds.rows == want.rows and ds.validate().ok and ds.verify().ok
     for t in want.tables:
         assert ds.read_rows(t, 0, ds.rows[t]).tobytes() == want.read_rows(t, 0, want.rows[t]).tobytes(), t
+
+
+def test_served_ingestion_from_two_producers_at_once_into_v3_is_exact(tmp_path):
+    """A server (loopback, a free port) appends what two producers send at once, through its writer's two
+    worker processes, into the last shards of a v3 dataset: every episode once, every chunk as recorded."""
+    from serve_process import content_key, episodes_in
+    from zarrfeed.flight import FeedServer, RemoteWriter
+    from zarrfeed.writer import write_dataset
+
+    target = tmp_path / "t.zarr"
+    first = episodes(3, seed=5)
+    write_dataset(target, first, chunks=CHUNKS, **V3)
+    sent = {"a": episodes(8, seed=6), "b": episodes(8, seed=7)}
+    failures: list[BaseException] = []
+
+    def produce(url: str, name: str) -> None:
+        try:
+            with RemoteWriter(url, timeout=60) as w:
+                for i, ep in enumerate(sent[name]):
+                    w.submit(ep, key=f"{name}-{i}")
+                    if i % 3 == 2:
+                        w.sync()
+        except BaseException as exc:  # handed to the test's thread
+            failures.append(exc)
+
+    with FeedServer(str(target), host="127.0.0.1", port=0, workers=2, ingest=True) as server:
+        producers = [threading.Thread(target=produce, args=(server.url, n)) for n in sent]
+        for t in producers:
+            t.start()
+        for t in producers:
+            t.join(120)
+        assert not any(t.is_alive() for t in producers) and not failures, failures
+    everything = first + sent["a"] + sent["b"]
+    assert episodes_in(target) == sorted(content_key(ep) for ep in everything)
+    ds = Dataset.open(target)
+    assert ds.tables["agents"].sharding.inner_per_shard == 3
+    assert ds.rows == {t: len(rows) for t, rows in expected_tables(everything).items()}
+    report = ds.verify()
+    assert ds.validate().ok and report.ok and report.unverifiable == 0, str(report)
