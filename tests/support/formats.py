@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from zarrfeed.core.schema import L5KIT_SCHEMA, Schema
+from zarrfeed.core.storage_layout import StorageLayout
 from zarrfeed.core.stores import DirectoryStore
 from zarrfeed.core.v3_sharding import assemble
 from zarrfeed.core.zarr_array import Array
@@ -23,6 +24,12 @@ def layout(zarr_format: int, chunks: Mapping[str, int] | None = None, schema: Sc
     rows = {n: (chunks or {}).get(n, t.chunk_rows) for n, t in schema.tables.items()}
     largest = max(rows[n] * t.dtype.itemsize for n, t in schema.tables.items())
     return {"zarr_format": 3, "shard_bytes": per_shard * largest}
+
+
+def storage_layout(zarr_format: int, chunks: Mapping[str, int] | None = None, schema: Schema = L5KIT_SCHEMA
+                   ) -> StorageLayout:
+    """`layout` as a `Committer` takes it."""
+    return StorageLayout(**layout(zarr_format, chunks, schema))
 
 
 def array(path: Path, table: str) -> Array:
