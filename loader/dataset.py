@@ -320,7 +320,8 @@ class Dataset:
 
         Every chunk of every table is read once, checked as every read is (see `check`: a chunk that is not the
         one its commit recorded is a violation naming table and chunk) and decoded, so a truncated or corrupt
-        chunk raises `FormatError` naming table and chunk key. `progress(rows)` is called after each chunk.
+        chunk is a violation naming table and chunk key (a v3 shard whose index cannot be read, one naming the
+        shard, whatever number of its chunks it fails). `progress(rows)` is called after each chunk.
         """
         report = ValidationReport(not_read=dict(self.others))
         checkers = {name: [link_checker(link, self.rows[link.child], limit) for link in self.schema.links_from(name)]
@@ -456,8 +457,9 @@ class Dataset:
         before it sealed it): its committed rows are checked against their recorded digest (see
         `core.chunk_check`). A chunk with no record that is not stored, in a table whose chunks holding only the
         fill value were left out by the tool that wrote it (zarr 3 stores none such; `missing_is_fill`), reads as
-        that value, as every reader reads it: it is counted as not verifiable, not as missing. `progress(chunks)`
-        is called as it goes."""
+        that value, as every reader reads it: it is counted as not verifiable, not as missing. A v3 shard whose
+        index cannot be read (truncated, corrupt) is one problem naming the shard. `progress(chunks)` is called
+        as it goes."""
         digests = self.digests()
         report = VerifyReport(recorded=digests is not None)
         check = self._check if self._check_error is None else None

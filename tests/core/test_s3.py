@@ -248,7 +248,7 @@ def test_fetch_retries_a_pause_and_names_the_key_when_the_store_stays_down(s3):
     server.proc.send_signal(signal.SIGSTOP)
     try:
         with pytest.raises(ChunkError, match=r"chunk 'agents/0' could not be fetched from s3://.* after 4 tries"):
-            fetcher.fetch(["agents/0"], [None])
+            fetcher.fetch([ChunkRef(ds["agents"], 0)], [None])
     finally:
         server.proc.send_signal(signal.SIGCONT)
 
