@@ -40,6 +40,7 @@ from ..core.bounded_calls import bounded, within
 from ..core.errors import FormatError
 from ..core.location import Location
 from ..core.manifest import MANIFEST_KEY
+from ..core.v3_meta import ZARR_JSON
 from ..core.stores import PARTIAL, Store
 from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite
@@ -693,7 +694,8 @@ class Committer:
                                + (f" after an error: {self.error}" if self.error else ""))
 
 
-DATASET_MARKS = (MANIFEST_KEY, ".zgroup")  # either says that a place holds a dataset (of zarrfeed, of zarr)
+# each says that a place holds a dataset (of zarrfeed, of zarr v2, of zarr v3): removed last by an overwrite
+DATASET_MARKS = (MANIFEST_KEY, ".zgroup", ZARR_JSON)
 
 
 def _leftover(name: str) -> bool:

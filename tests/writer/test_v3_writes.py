@@ -273,3 +273,20 @@ def test_a_writer_killed_while_it_writes_a_shard_holding_committed_rows_loses_no
         assert ds.read_rows(t, 0, ds.rows[t]).tobytes() == rows.tobytes(), t
     report = ds.verify()
     assert ds.validate().ok and report.ok and report.unverifiable == 0, str(report)
+
+
+def test_overwrite_replaces_a_v3_dataset_another_tool_wrote(tmp_path, capsys):
+    """A zarr v3 group (its `zarr.json`, as zarr-python 3 writes it) is a zarr dataset: `--overwrite` replaces it,
+    as it replaces a v2 one (it was refused as "not a zarr dataset (it holds air, zarr.json)")."""
+    import zarr
+    from zarrfeed.cli import main
+
+    out = tmp_path / "d.zarr"
+    zarr.open_group(str(out), mode="w").create_array("air", shape=(4,), dtype="f4")
+    assert main(["ingest", str(out), "--synthetic", "1", "--zarr-format", "3", "--overwrite", "-q"]) == 0, \
+        capsys.readouterr().err
+    assert not (out / "air").exists() and Dataset.open(out).validate().ok
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not zarr")
+    assert main(["ingest", str(tmp_path / "other"), "--synthetic", "1", "--overwrite", "-q"]) == 2
+    assert "not a zarr dataset" in capsys.readouterr().err
