@@ -331,7 +331,8 @@ class Dataset:
 
         Every chunk of every table is read once, checked as every read is (see `check`: a chunk that is not the
         one its commit recorded is a violation naming table and chunk) and decoded, so a truncated or corrupt
-        chunk raises `FormatError` naming table and chunk key. `progress(rows)` is called after each chunk.
+        chunk is a violation naming table and chunk key (a v3 shard whose index cannot be read, one naming the
+        shard, whatever number of its chunks it fails). `progress(rows)` is called after each chunk.
         """
         report = ValidationReport(not_read=dict(self.others))
         checkers = {name: [link_checker(link, self.rows[link.child], limit) for link in self.schema.links_from(name)]
@@ -350,6 +351,7 @@ class Dataset:
         check = self._checker() if self._check_error is None else None  # (a damaged log: reported above)
         for name in self.tables:
             reader, unchecked = ChunkReader(self, name, check), ChunkReader(self, name)
+            said: set[str] = set()  # a v3 shard that cannot be read fails each of its chunks alike: said once
             for start in reader.starts():
                 try:
                     try:
@@ -359,8 +361,10 @@ class Dataset:
                         block = unchecked.read(start)
                 except (ChunkError, FormatError) as exc:  # a chunk that cannot be decoded: invalid, its table's
                     # links unchecked past it (ChunkReader says a broken file as FormatError)
-                    add(Violation(name, None, start, f"{exc}; the links of table '{name}' are not checked past row "
-                                                     f"{start}"))
+                    if str(exc) not in said:
+                        said.add(str(exc))
+                        add(Violation(name, None, start, f"{exc}; the links of table '{name}' are not checked past "
+                                                         f"row {start}"))
                     checkers[name] = []
                     continue
                 if block is None:
@@ -464,8 +468,9 @@ class Dataset:
         before it sealed it): its committed rows are checked against their recorded digest (see
         `core.chunk_check`). A chunk with no record that is not stored, in a table whose chunks holding only the
         fill value were left out by the tool that wrote it (zarr 3 stores none such; `missing_is_fill`), reads as
-        that value, as every reader reads it: it is counted as not verifiable, not as missing. `progress(chunks)`
-        is called as it goes."""
+        that value, as every reader reads it: it is counted as not verifiable, not as missing. A v3 shard whose
+        index cannot be read (truncated, corrupt) is one problem naming the shard. `progress(chunks)` is called
+        as it goes."""
         digests = self.digests()
         report = VerifyReport(recorded=digests is not None)
         check = self._check if self._check_error is None else None
@@ -497,7 +502,7 @@ class Dataset:
                         report.unverifiable += 1
                     else:
                         try:
-                            check_chunk(key, raw, recorded[i])
+                            check_chunk(key, raw, recorded[i], arr.table)
                             report.verified += 1
                         except ChunkError as exc:
                             if (i + 1) * c > n and (self._sealed() or {}).get(name, {}).get(i) != recorded[i]:

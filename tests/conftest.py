@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import working_tree
+from formats import FORMATS
 from repo_paths import DP_BUFFER, DP_SAMPLES, REAL_SCENE
 from s3server import S3Server
 from zarrfeed.writer import synthetic, write_dataset
@@ -43,6 +44,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 _TREE_BEFORE = pytest.StashKey["set[str] | None"]()
 
+
+
+@pytest.fixture(params=FORMATS, ids=lambda f: f"v{f}")
+def zarr_format(request) -> int:
+    """The zarr format of the datasets a test writes (2, then 3: see formats.layout for the writer's options)."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

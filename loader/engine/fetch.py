@@ -152,7 +152,7 @@ class ChunkFetcher:
     def fetch(self, refs: list[ChunkRef], records: list[Record | None]) -> list[bytes | None]:
         """The stored bytes of each chunk (None: not stored), checked against its record."""
         if not self.remote:  # a local store: the page cache is the cache, and reads do not wait on a network
-            return [self._check(c.key, raw, r) for c, raw, r in zip(refs, _read(refs), records, strict=True)]
+            return [self._check(c, raw, r) for c, raw, r in zip(refs, _read(refs), records, strict=True)]
         out: list = [None] * len(refs)
         rest = []
         for i, ref in enumerate(refs):
@@ -194,7 +194,7 @@ class ChunkFetcher:
                 if isinstance(value, BaseException):
                     failed.append((i, value))
                     continue
-                out[i] = self._check(refs[i].key, value, records[i])
+                out[i] = self._check(refs[i], value, records[i])
                 record = records[i]
                 if self.cache and record is not None:
                     self.cache.put(record, value)
@@ -243,9 +243,9 @@ class ChunkFetcher:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _check(self, key: str, raw: bytes | None, record: Record | None) -> bytes | None:
+    def _check(self, ref: ChunkRef, raw: bytes | None, record: Record | None) -> bytes | None:
         """`raw`, if it is what the commit recorded (or nothing was recorded); else `ChunkError`."""
-        check_chunk(key, raw, record)
+        check_chunk(ref.key, raw, record, ref.array.table)
         return raw
 
 

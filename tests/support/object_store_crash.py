@@ -39,6 +39,7 @@ from zarrfeed.core.chunks import digest, rows_digest
 from zarrfeed.core.commit_log import Segment
 from zarrfeed.core.manifest import COMMITS_PREFIX, MANIFEST_KEY, TAILS, parse
 from zarrfeed.core.stores import MemoryStore
+from zarrfeed.core.v3_meta import ZARR_JSON
 from zarrfeed.core.zarr_array import Array
 
 LEASE_KEY = "zarrfeed.lease"
@@ -502,16 +503,20 @@ def order_problems(ops: list[Op], before: Mapping[str, bytes] | None = None) -> 
 
 class _Named:
     """What one manifest names, read against the store's objects `state` (`problems`: what it names that is
-    not there, or not what it records, when `fresh`: checked as the manifest is stored)."""
+    not there, or not what it records, when `fresh`: checked as the manifest is stored). A table's chunks are
+    objects of their own (v2), or inner chunks of shards (v3): an object's records are by position in it (None:
+    the object itself)."""
 
     def __init__(self, commit: int) -> None:
         self.commit = commit
         self.keys: set[str] = set()
         self.segments: set[str] = set()
-        self.records: dict[str, tuple[int, str]] = {}  # chunk key -> (size, digest) its log records
-        self.tails: dict[str, tuple[str, int, str]] = {}  # chunk key -> (table, committed rows in it, rows digest)
+        self.docs: dict[str, str] = {}  # a table's array document (`.zarray`, `zarr.json`) -> the table
+        self.records: dict[str, dict[int | None, tuple[int, str]]] = {}  # object -> position -> (size, digest)
+        self.tails: dict[str, tuple[str, int | None, int, str]] = {}  # object -> (table, position, rows, digest)
+        self.owner: dict[str, str] = {}  # chunk object -> its table
         self.rows: dict[str, int] = {}  # table -> committed rows
-        self.arrays: dict[str, Array] = {}  # table -> its array, as its .zarray was then
+        self.arrays: dict[str, Array] = {}  # table -> its array, as its document was then
         self.problems: list[str] = []
 
     @classmethod
@@ -528,18 +533,25 @@ class _Named:
         arrays = out.arrays
         if out.commit == 0 and not any(out.rows.values()):
             return out  # a create's commit names nothing yet: it comes before the group (`interrupted_create`)
-        out.keys.add(".zgroup")
+        v3 = ZARR_JSON in state and ".zgroup" not in state
+        out.keys.add(ZARR_JSON if v3 else ".zgroup")
         for t, n in out.rows.items():
-            out.keys.add(f"{t}/.zarray")
-            raw_meta = state.get(f"{t}/.zarray")
+            doc_key = f"{t}/{ZARR_JSON if v3 else '.zarray'}"
+            out.keys.add(doc_key)
+            out.docs[doc_key] = t
+            raw_meta = state.get(doc_key)
             if raw_meta is None:
-                out.problems.append(f"commit {out.commit} names table {t}, whose {t}/.zarray is not stored")
+                out.problems.append(f"commit {out.commit} names table {t}, whose {doc_key} is not stored")
                 continue
-            arr = arrays[t] = Array.open(_store({f"{t}/.zarray": raw_meta}), t)
+            arr = arrays[t] = Array.open(_store({doc_key: raw_meta}), t)
             if arr.shape[0] < n:
-                out.problems.append(f"commit {out.commit} counts {n} rows of {t}, its .zarray holds {arr.shape[0]}")
+                out.problems.append(f"commit {out.commit} counts {n} rows of {t}, its {doc_key.split('/')[-1]} "
+                                    f"holds {arr.shape[0]}")
             c = arr.chunks[0]
-            out.keys.update(arr.chunk_key(i) for i in range(-(-n // c)))
+            for i in range(-(-n // c)):
+                key, _ = _place(arr, i)
+                out.keys.add(key)
+                out.owner[key] = t
         for ref in doc.get("log") or []:
             out.keys.add(ref["key"])
             out.segments.add(ref["key"])
@@ -556,14 +568,16 @@ class _Named:
         for t, chunks in whole.chunks.items():
             for i, record in chunks.items():
                 if record is not None and t in arrays:
-                    out.records[arrays[t].chunk_key(i)] = record
+                    key, position = _place(arrays[t], i)
+                    out.records.setdefault(key, {})[position] = record
         for t, rows_digest_ in (doc.get(TAILS) or {}).items():
             if t in arrays:
                 c = arrays[t].chunks[0]
-                out.tails[arrays[t].chunk_key(out.rows[t] // c)] = (t, out.rows[t] % c, rows_digest_)
+                key, position = _place(arrays[t], out.rows[t] // c)
+                out.tails[key] = (t, position, out.rows[t] % c, rows_digest_)
         if fresh:
             for key in sorted(out.keys - set(state)):
-                if key not in out.segments and key != MANIFEST_KEY and not key.endswith(".zarray"):
+                if key not in out.segments and key != MANIFEST_KEY and key not in out.docs:
                     out.problems.append(f"commit {out.commit} names {key}, which is not stored")
             for key in sorted(set(out.records) | set(out.tails)):
                 if key in state:
@@ -573,18 +587,34 @@ class _Named:
         return out
 
     def holds(self, key: str, data: bytes) -> str | None:
-        """Why `data` cannot be chunk `key` of this commit (None: it can)."""
-        record = self.records.get(key)
-        if record is not None and (len(data), digest(data)) != tuple(record):
-            return f"holds {len(data)} bytes, digest {digest(data)}; its log records {record[0]}, {record[1]}"
+        """Why `data` cannot be the object `key` of this commit (None: it can): a chunk with other bytes than its
+        log records, a shard without one of its recorded inner chunks as recorded, a last chunk without the
+        committed rows its `tails` record."""
+        table = self.owner.get(key)
+        spec = self.arrays[table].sharding if table in self.arrays else None
+        try:
+            inner = spec.chunks(data) if spec is not None else {}
+        except ValueError as exc:
+            return f"does not decode as a shard ({exc})"
+        for position, record in sorted(self.records.get(key, {}).items(), key=lambda p: -1 if p[0] is None else p[0]):
+            got = data if position is None else inner.get(position)
+            what = "" if position is None else f" in inner chunk {position}"
+            if got is None:
+                return f"does not hold its inner chunk {position}, which its log records"
+            if (len(got), digest(got)) != tuple(record):
+                return f"holds {len(got)} bytes, digest {digest(got)}{what}; its log records {record[0]}, {record[1]}"
         if key in self.tails:
-            t, n, want = self.tails[key]
+            t, position, n, want = self.tails[key]
+            chunk = data if position is None else inner.get(position)
+            what = "" if position is None else f" of inner chunk {position}"
+            if chunk is None:
+                return f"does not hold its inner chunk {position}, whose {n} committed rows its tails record"
             try:
-                got = rows_digest(self.arrays[t], key, data, n)
+                got = rows_digest(self.arrays[t], key, None if chunk is None else bytes(chunk), n)
             except Exception as exc:
                 return f"cannot be decoded ({exc})"
             if got != want:
-                return f"does not hold the {n} committed rows its tails record (digest {got}, recorded {want})"
+                return f"does not hold the {n} committed rows{what} its tails record (digest {got}, recorded {want})"
         return None
 
     def breaks(self, op: Op, state: Mapping[str, bytes]) -> str | None:
@@ -595,8 +625,8 @@ class _Named:
             return f"deletes {op.key}"
         if op.key in self.segments:
             return f"rewrites log segment {op.key}"
-        if op.key.endswith("/.zarray"):
-            t = op.key[: -len("/.zarray")]
+        if op.key in self.docs:
+            t = self.docs[op.key]
             try:
                 shape = json.loads(op.data or b"")["shape"][0]
             except Exception as exc:
@@ -604,6 +634,13 @@ class _Named:
             return f"shrinks {t} to {shape} rows below its {self.rows[t]} committed" if shape < self.rows[t] else None
         why = self.holds(op.key, op.data or b"")
         return f"rewrites {op.key}, which then {why}" if why else None
+
+
+def _place(arr: Array, index: int) -> tuple[str, int | None]:
+    """Where chunk `index` of `arr` is stored: (its object's key, its position in that shard; None: the object
+    is the chunk's own)."""
+    key, _, position = arr.chunk_key(index).partition("#")
+    return key, int(position) if position else None
 
 
 def _store(objects: Mapping[str, bytes]) -> MemoryStore:

@@ -4,7 +4,8 @@ are durable once it is fsynced, a name created, replaced or removed in a folder 
 chosen operation the power fails (`PowerLoss`, raised there and by every operation after it); `recover` then
 writes the folder as the disk would hold it after a restart: the folders' durable names, each naming the bytes
 its file held when it was last fsynced (a file never fsynced is empty, or with `tear`, a random part of what was
-written to it). What was on disk before the simulation started is durable.
+written to it). What was on disk before the simulation started is durable. `in_place` lists the files written
+over where they stood (none, for a store that writes each object aside and renames it over the old one).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class SimulatedDisk(Files):
         self.root = os.path.abspath(os.fspath(root))
         self.crash_at, self.tear, self.rng = crash_at, tear, random.Random(seed)
         self.ops, self.dead = 0, False
+        self.in_place: list[str] = []  # files written over where they are (a store writes aside and renames)
         self._lock = threading.RLock()
         self._next = 0
         self._inode: dict[str, int] = {}  # path -> its file's number, now
@@ -83,6 +85,8 @@ class SimulatedDisk(Files):
     def write(self, path: str, data: bytes, sync: bool) -> None:
         with self._lock:
             self._op()
+            if path in self._inode:
+                self.in_place.append(os.path.relpath(path, self.root))
             super().write(path, data, sync=False)
             n = self._inode.get(path) or self._file(path)
             self._written[n] = bytes(data)

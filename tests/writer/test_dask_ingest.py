@@ -13,6 +13,7 @@ pytest.importorskip("distributed")
 
 import dask_sources as src  # noqa: E402
 from expected import expected_tables, wait_for_scenes  # noqa: E402
+from formats import layout, storage_layout  # noqa: E402
 from zarrfeed.loader import Dataset  # noqa: E402
 from zarrfeed.writer import dask as zdask  # noqa: E402
 from zarrfeed.writer.dataset_writer import DatasetWriter  # noqa: E402
@@ -95,6 +96,37 @@ def test_cluster_ingest_to_s3_equals_a_local_ingest(client, s3, tmp_path):
     assert_same(stored(url, server.options), stored(tmp_path / "local.zarr"))
     assert Dataset.open(url, storage_options=server.options).validate().ok
     assert_recorded_as_local(url, tmp_path / "local.zarr", server.options)
+
+
+def inner_chunks(path) -> dict[str, bytes]:
+    """Every inner chunk (v3) or chunk (v2) below the committed rows, by key, as stored."""
+    ds = Dataset.open(path)
+    out = {}
+    for t, arr in ds.tables.items():
+        indices = list(range(-(-ds.rows[t] // arr.chunks[0])))
+        out.update(zip([arr.chunk_key(i) for i in indices], arr.read_chunks(indices), strict=True))
+    return out
+
+
+def test_cluster_ingest_into_v3_shards_is_inner_chunk_for_inner_chunk_a_local_ingest(client, tmp_path):
+    """Shards of several inner chunks, which neighbouring sources share (every source's frames go into one
+    shard): each task writes a shard under a lock of the whole cluster named by the shard's key, as a local
+    writer's lock is, so no task's rows are lost to another's write back of the shard. The shards' bytes depend
+    on the order of the writes (each appends to its shard); their inner chunks, and the digests recorded, do not."""
+    chunks = {"agents": 200, "frames": 8, "scenes": 2, "traffic_light_faces": 50}
+    v3 = layout(3, chunks)
+    summary = zdask.ingest(client, SOURCES, src.small, tmp_path / "d.zarr", chunks=chunks, **v3)
+    with DatasetWriter(tmp_path / "local.zarr", workers=2, chunks=chunks, **v3) as w:
+        w.ingest(chain.from_iterable(src.small(s) for s in SOURCES))
+    ds = Dataset.open(tmp_path / "d.zarr")
+    assert ds.tables["frames"].sharding.inner_per_shard > 50 and summary.episodes == 20
+    want = expected_tables(list(chain.from_iterable(src.small(s) for s in SOURCES)))
+    for t, rows in want.items():
+        assert ds.read_rows(t, 0, ds.rows[t]).tobytes() == rows.tobytes(), t
+    assert inner_chunks(tmp_path / "d.zarr") == inner_chunks(tmp_path / "local.zarr")
+    assert ds.validate().ok
+    assert_recorded_as_local(tmp_path / "d.zarr", tmp_path / "local.zarr")
+    assert zdask._ChunkLocks("zarrfeed/id")["frames/c/0"].name == "zarrfeed/id/frames/c/0"
 
 
 def test_a_worker_killed_mid_task_changes_nothing(client, tmp_path):
@@ -282,7 +314,7 @@ def test_a_table_as_a_dask_dataframe_and_parquet_export_on_the_cluster(client, t
     assert back.sort_by("_row").drop_columns(["_row"]).equals(ds.to_arrow("agents"))
 
 
-def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp_path):
+def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp_path, zarr_format):
     """A write task reads the lease document before it stores rows: with a token the document does not name
     (the client that placed the rows lost the lease, and another writer may be writing there), `_write`
     raises LeaseLost and no chunk of the rows is stored; with the holder's token the same call stores them.
@@ -293,7 +325,7 @@ def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp
     from zarrfeed.writer.lease import LeaseLost
 
     path = tmp_path / "d.zarr"
-    committer = Committer(Location.of(path), chunks=src.SMALL)
+    committer = Committer(Location.of(path), chunks=src.SMALL, layout=storage_layout(zarr_format, src.SMALL))
     try:
         schema_doc = committer.schema.to_json()
         loaded = zdask._load(src.small, 3, schema_doc, "raise")  # 3 episodes: whole chunks and shared ones
@@ -309,7 +341,7 @@ def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp
 
         def chunks() -> list[str]:
             return [k for k in store.keys() if k.split("/")[0] in committer.schema.tables
-                    and not k.rsplit("/", 1)[-1].startswith(".")]
+                    and not k.rsplit("/", 1)[-1].startswith(".") and not k.endswith("/zarr.json")]
 
         assert committer.lease_token != "0" * 32
         with pytest.raises(LeaseLost, match="no longer holds the write lease"):
@@ -318,7 +350,8 @@ def test_a_write_task_of_a_client_that_lost_the_lease_writes_nothing(client, tmp
         assert chunks() == []
         result = zdask._write(loaded, which, counted.checked, committer.location, committer.dataset_id,
                               committer.lease_token, schema_doc, starts)
-        assert result["writes"] and len(chunks()) == len(result["writes"])
+        written = {committer.arrays[w.table].chunk_key(w.index).partition("#")[0] for w in result["writes"]}
+        assert result["writes"] and sorted(chunks()) == sorted(written)  # (v3: the shards of the chunks)
     finally:
         committer.fail(None)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from expected import expected_tables, wait_for_scenes
+from formats import layout
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
@@ -39,11 +40,11 @@ def assert_holds(path, episodes) -> None:
         np.testing.assert_array_equal(ds[name][: ds.rows[name]], arr)
 
 
-def test_append_then_resume_writes_every_episode_once(tmp_path):
+def test_append_then_resume_writes_every_episode_once(tmp_path, zarr_format):
     """Item 1: resume numbered its input from 0 while the journal numbered the whole dataset."""
     out = tmp_path / "d.zarr"
     first, more = small_episodes(2, seed=0), small_episodes(5, seed=1)
-    with DatasetWriter(out, workers=0, chunks=SMALL) as w:
+    with DatasetWriter(out, workers=0, chunks=SMALL, **layout(zarr_format, SMALL)) as w:
         w.ingest(first)
     w = DatasetWriter(out, workers=2, mode="a", chunks=SMALL)
     for ep in more[:2]:
@@ -77,11 +78,11 @@ def test_resume_after_a_partial_commit_of_a_killed_process(tmp_path):
     assert_holds(out, list(synthetic.episodes(30, seed=5, frames=40, agents_per_frame=300)))
 
 
-def test_two_writers_at_once_the_second_is_refused_and_changes_nothing(tmp_path):
+def test_two_writers_at_once_the_second_is_refused_and_changes_nothing(tmp_path, zarr_format):
     """Item 2: the second writer overwrote the first's rows, and validate() said valid."""
     out = tmp_path / "d.zarr"
     eps = small_episodes(6, seed=2)
-    with DatasetWriter(out, workers=0, chunks=SMALL) as w:
+    with DatasetWriter(out, workers=0, chunks=SMALL, **layout(zarr_format, SMALL)) as w:
         w.ingest(eps[:2])
     first = DatasetWriter(out, workers=2, mode="a")
     before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
@@ -252,10 +253,10 @@ def test_a_resumed_episode_must_be_the_one_submitted_before(tmp_path):
             w.ingest([eps[0], other[1], eps[2]], resume=True)
 
 
-def test_caller_keys_make_retries_idempotent(tmp_path):
+def test_caller_keys_make_retries_idempotent(tmp_path, zarr_format):
     out = tmp_path / "d.zarr"
     eps = small_episodes(4, seed=8)
-    with DatasetWriter(out, workers=2) as w:
+    with DatasetWriter(out, workers=2, **layout(zarr_format)) as w:
         assert w.submit(eps[0], key="scene-a") and w.submit(eps[1], key=7)
         assert not w.submit(eps[0], key="scene-a")  # in flight: not twice
         w.sync()

@@ -98,7 +98,7 @@ class ChunkCheck:
         table = array.table
         record = self.records.get(table, {}).get(index)
         if raw is None:
-            self._same_dataset(array.store, key)  # a dataset put in its place says so, not "missing"
+            self._same_dataset(array.store, table, key)  # a dataset put in its place says so, not "missing"
             if array.missing_is_fill and self.recorded(table, index):  # (else the decoder refuses it)
                 raise ChunkError(f"table '{table}': chunk '{key}' of {self.where} is missing, though its commit "
                                  "recorded it as stored; the dataset is incomplete (zarrfeed validate lists every "
@@ -116,7 +116,7 @@ class ChunkCheck:
         later = self._later.get((table, index))
         if later is not None and len(raw) == later[0] and digest(raw) == later[1]:
             return raw
-        return self._recheck(array.store, table, index, key, raw)
+        return self._recheck(array, index, key, raw)
 
     def _rows_check(self, array: Array, index: int, key: str, raw: bytes) -> None:
         """`ChunkError` unless the rows of the last chunk `raw` below the reader's count are those its commit
@@ -126,25 +126,25 @@ class ChunkCheck:
         got = rows_digest(array, key, raw, rows)
         if got == self.tails[table]:
             return
-        self._same_dataset(array.store, key)  # another dataset put in its place is said so
+        self._same_dataset(array.store, table, key)  # another dataset put in its place is said so
         raise ChunkChanged(f"table '{table}': chunk '{key}' of {self.where} is not the chunk that was committed (its "
                            f"rows {index * c}-{index * c + rows} have digest {got}; the commit recorded "
                            f"{self.tails[table]}): the file was changed or replaced, or another dataset was put in "
                            "its place")
 
-    def _recheck(self, store: Store, table: str, index: int, key: str, raw: bytes) -> bytes:
+    def _recheck(self, array: Array, index: int, key: str, raw: bytes) -> bytes:
         """The last chunk, which a writer may have rewritten since the reader opened: read again after the
-        latest manifest, accepted if that is the same dataset and the bytes match its record (or it has none)."""
+        latest manifest, accepted if that is the same dataset and the bytes match its record (or it has none).
+        Read through its array: an inner chunk of a v3 shard is no object of its own."""
+        table = array.table
         for attempt in range(RECHECKS):
             if attempt:
                 time.sleep(0.05 * attempt)
-            latest = self._same_dataset(store, key).get(table, {}).get(index)
-            try:
-                now = store[key]
-            except KeyError:
+            latest = self._same_dataset(array.store, table, key).get(table, {}).get(index)
+            now = array.read_chunks([index])[0]
+            if now is None:
                 raise ChunkError(f"table '{table}': chunk '{key}' of {self.where} is missing, below the rows "
-                                 "read; the dataset is incomplete (zarrfeed validate lists every missing chunk)"
-                                 ) from None
+                                 "read; the dataset is incomplete (zarrfeed validate lists every missing chunk)")
             if latest is None:
                 return now  # a writer is in it, its record withdrawn: unchecked
             if len(now) == latest[0] and digest(now) == latest[1]:
@@ -153,7 +153,7 @@ class ChunkCheck:
             raw = now
         raise _changed(table, key, raw, latest, self.where)
 
-    def _same_dataset(self, store: Store, key: str) -> dict[str, dict[int, ChunkRecord | None]]:
+    def _same_dataset(self, store: Store, table: str, key: str) -> dict[str, dict[int, ChunkRecord | None]]:
         """The latest chunk records, if the latest manifest is the dataset the reader opened, grown or not;
         else `ChunkError`: another dataset is in its place."""
         doc, log = latest_log(store)
@@ -165,7 +165,7 @@ class ChunkCheck:
                 why = f"chunk '{t}/{changed[0]}' is recorded with another digest"
         if why is not None:
             o = self.opened
-            raise ChunkChanged(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' of {self.where} cannot be read as "
+            raise ChunkChanged(f"table '{table}': chunk '{key}' of {self.where} cannot be read as "
                              f"the dataset opened (commit {o.commit}): another dataset was put in its place since "
                              f"({why}); open it again")
         return chunks

@@ -42,15 +42,17 @@ def rows_digests(array: Array, key: str, raw: bytes | None, rows: Sequence[int])
 Check = Callable[[Array, int, str, "bytes | None"], "bytes | None"]
 
 
-def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None) -> None:
-    """Raise `ChunkError` if the stored bytes `raw` of chunk `key` (`table/index`) are not those its commit
-    recorded (`record`: size and digest; None: nothing recorded, nothing to check)."""
+def check_chunk(key: str, raw: bytes | None, record: tuple[int, str] | None, table: str | None = None) -> None:
+    """Raise `ChunkError` if the stored bytes `raw` of chunk `key` of `table` (default: the key's folder, as in
+    `table/index`) are not those its commit recorded (`record`: size and digest; None: nothing recorded,
+    nothing to check)."""
     if record is None or raw is None:
         return
     size, expected = record
     got = digest(raw)
     if len(raw) != size or got != expected:
-        raise ChunkChanged(f"table '{key.rsplit('/', 1)[0]}': chunk '{key}' is not the chunk that was committed "
+        name = table or key.rsplit('/', 1)[0]
+        raise ChunkChanged(f"table '{name}': chunk '{key}' is not the chunk that was committed "
                          f"({len(raw)} bytes, digest {got}; the commit recorded {size} bytes, digest {expected}): "
                          "the file was changed or replaced")
 
@@ -74,7 +76,7 @@ def read_rows(array: Array, start: int, stop: int, fields: list[str] | None = No
     buf: np.ndarray | None = None
     for i, key, raw in zip(indices, keys, array.read_chunks(list(indices)), strict=True):
         if digests is not None:
-            check_chunk(key, raw, digests.get(i))
+            check_chunk(key, raw, digests.get(i), array.table)
         if check is not None:
             raw = check(array, i, key, raw)
         lo, hi = max(start, i * c), min(stop, (i + 1) * c)
@@ -124,8 +126,8 @@ def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray
     if raw is None:
         name = array.table or "table"
         c = array.chunks[0]
-        name, _, inner = key[len(array.path) + 1:].partition("#")  # `c/3#5`: inner chunk 5 of shard c/3
-        found = array.meta.chunk_index(name) if key.startswith(array.path + "/") else None
+        stored, _, inner = key[len(array.path) + 1:].partition("#")  # `c/3#5`: inner chunk 5 of shard c/3
+        found = array.meta.chunk_index(stored) if key.startswith(array.path + "/") else None
         found = found + int(inner) if found is not None and inner.isdigit() else found
         rows = f" (rows {found * c:,}-{(found + 1) * c:,})" if found is not None else ""
         raise ChunkError(f"table '{name}': chunk '{key}'{rows} is missing, below the committed rows; the dataset "

@@ -22,8 +22,10 @@ EMPTY = 2**64 - 1  # an inner chunk left out of its shard: it holds only the fil
 GAP = 1 << 16  # chunks of one shard closer than this are read by one range request (a request costs more)
 
 
-def read_indexes(store: Store, spec: ShardingSpec, shards: Sequence[str]) -> dict[str, np.ndarray | None]:
-    """Each shard's decoded index ((n, 2) uint64: offset, bytes), None for a shard that is not stored."""
+def read_indexes(store: Store, spec: ShardingSpec, shards: Sequence[str], table: str = ""
+                 ) -> dict[str, np.ndarray | None]:
+    """Each shard's decoded index ((n, 2) uint64: offset, bytes), None for a shard that is not stored;
+    `ChunkError` naming `table` (if given) and the shard for an index that does not decode."""
     start, stop = spec.index_range(None)
     raws = store.get_ranges([(key, start, stop) for key in shards])
     out: dict[str, np.ndarray | None] = {}
@@ -34,15 +36,16 @@ def read_indexes(store: Store, spec: ShardingSpec, shards: Sequence[str]) -> dic
         try:
             out[key] = spec.decode_index(raw)
         except ValueError as exc:
-            raise ChunkError(f"shard '{key}': its index cannot be read ({exc}); the file is truncated or corrupt") \
-                from None
+            raise ChunkError(f"{_table(table)}shard '{key}': its index cannot be read ({exc}); the file is truncated "
+                             "or corrupt") from None
     return out
 
 
-def inner_stored(store: Store, spec: ShardingSpec, places: Sequence[tuple[str, int]]) -> list[bool]:
+def inner_stored(store: Store, spec: ShardingSpec, places: Sequence[tuple[str, int]], table: str = ""
+                 ) -> list[bool]:
     """Whether each inner chunk at `places` ((shard key, position)) is stored: its shard is, and its index
     entry is not that of a chunk left out."""
-    indexes = read_indexes(store, spec, sorted({key for key, _ in places}))
+    indexes = read_indexes(store, spec, sorted({key for key, _ in places}), table)
     out = []
     for key, position in places:
         index = indexes[key]
@@ -50,10 +53,11 @@ def inner_stored(store: Store, spec: ShardingSpec, places: Sequence[tuple[str, i
     return out
 
 
-def read_inner_chunks(store: Store, spec: ShardingSpec, places: Sequence[tuple[str, int]]) -> list[bytes | None]:
+def read_inner_chunks(store: Store, spec: ShardingSpec, places: Sequence[tuple[str, int]], table: str = ""
+                      ) -> list[bytes | None]:
     """The encoded bytes of each inner chunk at `places` ((shard key, position in the shard)); None for one
-    whose shard is not stored or that its shard leaves out (all fill)."""
-    indexes = read_indexes(store, spec, sorted({key for key, _ in places}))
+    whose shard is not stored or that its shard leaves out (all fill). Errors name `table`, if given."""
+    indexes = read_indexes(store, spec, sorted({key for key, _ in places}), table)
     wanted: dict[str, list[tuple[int, int, int]]] = {}  # shard -> (offset, bytes, place number)
     for n, (key, position) in enumerate(places):
         index = indexes[key]
@@ -79,10 +83,14 @@ def read_inner_chunks(store: Store, spec: ShardingSpec, places: Sequence[tuple[s
     out: list[bytes | None] = [None] * len(places)
     for (key, lo, hi), raw, spans in zip(requests, store.get_ranges(requests), parts, strict=True):
         if raw is None or len(raw) != hi - lo:
-            raise ChunkError(f"shard '{key}': bytes {lo}-{hi} that its index points to are "
+            raise ChunkError(f"{_table(table)}shard '{key}': bytes {lo}-{hi} that its index points to are "
                              f"{'gone' if raw is None else f'{len(raw)} bytes long'}; the shard was replaced or "
                              "truncated while it was read")
         view = memoryview(raw)
         for start, nbytes, n in spans:
             out[n] = bytes(view[start:start + nbytes])
     return out
+
+
+def _table(table: str) -> str:
+    return f"table '{table}': " if table else ""

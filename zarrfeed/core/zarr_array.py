@@ -285,7 +285,7 @@ class Array:
             return [got.get(k) for k in keys]
         per = sharding.inner_per_shard
         places = [(_join(self.path, self.meta.chunk_name(i)), i % per) for i in indices]
-        return read_inner_chunks(self.store, sharding, places)
+        return read_inner_chunks(self.store, sharding, places, self.table)
 
     def has_chunk(self, index: int) -> bool:
         """Whether chunk `index` is stored (in a sharded array: its shard is, and holds it)."""
@@ -293,7 +293,7 @@ class Array:
         if sharding is None:
             return self.chunk_key(index) in self.store
         key = _join(self.path, self.meta.chunk_name(index))
-        return inner_stored(self.store, sharding, [(key, index % sharding.inner_per_shard)])[0]
+        return inner_stored(self.store, sharding, [(key, index % sharding.inner_per_shard)], self.table)[0]
 
     def write_chunks(self, chunks: Mapping[int, bytes], durable_later: bool = False) -> None:
         """Store encoded chunks (index -> bytes), each object atomically (`durable_later`: through

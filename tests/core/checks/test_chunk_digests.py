@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 from expected import expected_tables, recount
+from formats import layout
 from zarrfeed.loader import Dataset, Loader
 from zarrfeed.writer import synthetic
 from zarrfeed.writer.dataset_writer import DatasetWriter
@@ -39,11 +40,12 @@ def written(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_every_chunk_of_a_closed_dataset_is_recorded_shared_chunks_included(tmp_path, workers):
-    """Small episodes flushed often: many chunks are written by two segments (read, merged, written back)."""
+def test_every_chunk_of_a_closed_dataset_is_recorded_shared_chunks_included(tmp_path, workers, zarr_format):
+    """Small episodes flushed often: many chunks are written by two segments (read, merged, written back); in v3
+    every shard is written by several."""
     out = tmp_path / "d.zarr"
     eps = episodes(30, seed=1, frames=7, agents=13)
-    with DatasetWriter(out, workers=workers, chunks=SMALL, commit_interval=0.0) as w:
+    with DatasetWriter(out, workers=workers, chunks=SMALL, commit_interval=0.0, **layout(zarr_format, SMALL)) as w:
         for i, ep in enumerate(eps[:20]):
             w.submit(ep)
             if i % 3 == 0:

@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numcodecs
 import numpy as np
 import pytest
 import xxhash
 from expected import expected_tables
+from formats import array, chunk_bytes, layout, put_chunk
 from repo_paths import SUPPORT
 from zarrfeed.loader import Dataset, Loader, LoaderError
 from zarrfeed.writer import synthetic
@@ -37,15 +37,16 @@ def episodes(n: int, seed: int = 0) -> list[dict]:
     return list(synthetic.episodes(n, seed=seed, frames=20, agents_per_frame=30))
 
 
-def killed_mid_ingest(out: Path, committed: int, more: int = 2) -> None:
+def killed_mid_ingest(out: Path, committed: int, more: int = 2, zarr_format: int = 2) -> None:
     """A writer in its own process commits `committed` episodes, has `more` placed, and is SIGKILLed: nothing of
     its close (the seal of the last chunks) runs."""
     code = f"""
 import os, signal, sys, time
 sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(SUPPORT)!r}]
 from test_tail_chunk_digests import CHUNKS, episodes
+from formats import layout
 from zarrfeed.writer.dataset_writer import DatasetWriter
-w = DatasetWriter(sys.argv[1], workers=1, chunks=CHUNKS, commit_interval=0)
+w = DatasetWriter(sys.argv[1], workers=1, chunks=CHUNKS, commit_interval=0, **layout({zarr_format}, CHUNKS))
 eps = episodes({committed + more})
 for ep in eps[:{committed}]:
     w.submit(ep)
@@ -63,13 +64,13 @@ def manifest(out: Path) -> dict:
 
 
 def change_row(out: Path, table: str, row: int, field: str = "track_id") -> None:
-    """Change `field` of `row` of `table` inside its chunk file, re-encoded so that it decodes fine."""
+    """Change `field` of `row` of `table` inside its chunk (a file of its own, or an inner chunk of a v3 shard),
+    re-encoded so that it decodes fine."""
     arr = Array.open(DirectoryStore(out), table, read_only=True)
     c = arr.chunks[0]
-    path = out / table / str(row // c)
-    rows = np.frombuffer(numcodecs.Blosc().decode(path.read_bytes()), arr.dtype).copy()
+    rows = arr.decode_chunk(chunk_bytes(out, table, row // c)).copy()
     rows[field][row % c] += 1
-    path.write_bytes(arr.compressor.encode(rows))
+    put_chunk(out, table, row // c, arr.encode_chunk(rows))
 
 
 def read_all(out: Path, **kw) -> None:
@@ -78,12 +79,12 @@ def read_all(out: Path, **kw) -> None:
             pass
 
 
-def test_a_killed_writer_records_the_rows_of_its_last_chunks(tmp_path):
+def test_a_killed_writer_records_the_rows_of_its_last_chunks(tmp_path, zarr_format):
     """Each commit records, per table whose last chunk is partly filled, the XXH3-64 of those committed rows: the
     same digest as a plain read of the array's rows (the format layer, not the loader) gives, and the chunk itself
     has no record (never sealed)."""
     out = tmp_path / "d.zarr"
-    killed_mid_ingest(out, committed=3)
+    killed_mid_ingest(out, committed=3, zarr_format=zarr_format)
     doc = manifest(out)
     ds = Dataset.open(out)
     assert doc["committed"]["agents"] % CHUNKS["agents"]  # the case under test: a partly filled last chunk
@@ -104,13 +105,14 @@ def test_a_killed_writer_records_the_rows_of_its_last_chunks(tmp_path):
                                                                        for t, n in doc["committed"].items()), deep
 
 
-def test_a_changed_row_of_a_killed_writers_last_chunk_is_refused_by_every_reader(tmp_path):
+def test_a_changed_row_of_a_killed_writers_last_chunk_is_refused_by_every_reader(tmp_path, zarr_format):
     out = tmp_path / "d.zarr"
-    killed_mid_ingest(out, committed=3)
+    killed_mid_ingest(out, committed=3, zarr_format=zarr_format)
     n = manifest(out)["committed"]["agents"]
     last = n // CHUNKS["agents"]
     change_row(out, "agents", last * CHUNKS["agents"] + 1)  # a committed row of the last chunk
-    named = f"chunk 'agents/{last}' .* is not the chunk that was committed"
+    key = array(out, "agents").chunk_key(last)
+    named = f"chunk '{key}' .* is not the chunk that was committed"
     for cache in ("off", "host"):
         with pytest.raises(LoaderError, match=named):
             read_all(out, cache=cache)
@@ -120,23 +122,24 @@ def test_a_changed_row_of_a_killed_writers_last_chunk_is_refused_by_every_reader
     with pytest.raises(ChunkError, match=named):
         ds.read_rows("agents", n - 3, n)
     report = ds.validate()
-    assert not report.ok and any(f"agents/{last}" in v.message for v in report.violations), report
+    assert not report.ok and any(key in v.message for v in report.violations), report
     deep = ds.verify()
-    assert len(deep.problems) == 1 and f"agents/{last}" in deep.problems[0], deep
+    assert len(deep.problems) == 1 and key in deep.problems[0], deep
     r = subprocess.run([sys.executable, "-m", "zarrfeed", "load", str(out), "--workers", "1", "-q"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and f"agents/{last}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and key in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_resume_and_append_refuse_a_changed_last_chunk_before_anything_changes(tmp_path):
+def test_resume_and_append_refuse_a_changed_last_chunk_before_anything_changes(tmp_path, zarr_format):
     """A resume or an append rewrites the last chunk and seals it: the change would be laundered."""
     out = tmp_path / "d.zarr"
-    killed_mid_ingest(out, committed=3)
+    killed_mid_ingest(out, committed=3, zarr_format=zarr_format)
     n = manifest(out)["committed"]["frames"]
     change_row(out, "frames", n - 1, "timestamp")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and "lease" not in p.name}
+    key = array(out, "frames").chunk_key(n // CHUNKS["frames"])
     for resume in (True, False):
-        with pytest.raises(FormatError, match=f"table 'frames': chunk 'frames/{n // CHUNKS['frames']}' does not "
+        with pytest.raises(FormatError, match=f"table 'frames': chunk '{key}' does not "
                                               "hold the rows that were committed"):
             with DatasetWriter(out, workers=0, mode="a") as w:
                 w.ingest(episodes(5), resume=resume)
@@ -144,9 +147,9 @@ def test_resume_and_append_refuse_a_changed_last_chunk_before_anything_changes(t
     assert after == before
 
 
-def test_resume_after_the_kill_writes_every_episode_once_and_seals_the_last_chunks(tmp_path):
+def test_resume_after_the_kill_writes_every_episode_once_and_seals_the_last_chunks(tmp_path, zarr_format):
     out = tmp_path / "d.zarr"
-    killed_mid_ingest(out, committed=3)
+    killed_mid_ingest(out, committed=3, zarr_format=zarr_format)
     with DatasetWriter(out, workers=1, mode="a") as w:
         w.ingest(episodes(5), resume=True)
     ds = Dataset.open(out)
@@ -195,9 +198,9 @@ def test_a_manifest_edited_to_turn_the_check_off_is_refused(tmp_path, edit, says
         Dataset.open(out)
 
 
-def edit_commit_2(out: Path, edit) -> None:
-    """Write 3 episodes to `out`, one commit each, then `edit(doc)` numbered commit 2."""
-    with DatasetWriter(out, workers=0, chunks=CHUNKS, commit_interval=0) as w:
+def edit_commit_2(out: Path, edit, zarr_format: int = 2) -> None:
+    """Write 3 episodes to `out` in `zarr_format`, one commit each, then `edit(doc)` numbered commit 2."""
+    with DatasetWriter(out, workers=0, chunks=CHUNKS, commit_interval=0, **layout(zarr_format, CHUNKS)) as w:
         for ep in episodes(3):
             w.submit(ep)
             w.sync()
@@ -214,21 +217,23 @@ def test_a_numbered_commit_with_a_bad_digest_is_refused(tmp_path):
         Dataset.open(out, commit=2)
 
 
-def test_a_commit_made_before_tails_were_recorded_opens_with_its_last_chunk_unchecked(tmp_path):
+def test_a_commit_made_before_tails_were_recorded_opens_with_its_last_chunk_unchecked(tmp_path, zarr_format):
     """Numbered commits made before this version have no `tails`: they still open (their last chunk is read as
-    before, unchecked but for the latest manifest's records)."""
+    before, unchecked but for the latest manifest's records; in v3 read again from its shard, no object of its
+    own)."""
     out = tmp_path / "d.zarr"
-    edit_commit_2(out, lambda doc: doc.pop("tails"))
+    edit_commit_2(out, lambda doc: doc.pop("tails"), zarr_format)
     ds = Dataset.open(out, commit=2)
     assert ds.check.tails == {}
     ds.read_rows("agents", 0, ds.rows["agents"])
 
 
-def test_a_closed_dataset_keeps_reading_while_another_writer_appends(tmp_path):
+def test_a_closed_dataset_keeps_reading_while_another_writer_appends(tmp_path, zarr_format):
     """The rows check does not refuse a last chunk that a live writer is rewriting: rows below the reader's count
-    are as they were in every version of the chunk."""
+    are as they were in every version of the chunk (in v3, of every version of its shard, which the writer
+    replaces whole)."""
     out = tmp_path / "d.zarr"
-    with DatasetWriter(out, workers=0, chunks=CHUNKS) as w:
+    with DatasetWriter(out, workers=0, chunks=CHUNKS, **layout(zarr_format, CHUNKS)) as w:
         w.ingest(episodes(3))
     ds = Dataset.open(out)
     n = ds.rows["agents"]

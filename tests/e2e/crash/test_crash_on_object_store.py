@@ -6,12 +6,15 @@ those operations, chosen at random among all of them (seeded: a failure prints t
 ZARRFEED_CRASH_SEED and ZARRFEED_CRASH_AT to replay it), the operation in flight landing or not (a few cases
 run on a real S3 server too, moto on loopback, where s3fs's requests are the operations). A new writer
 then opens what the store holds (the operations that returned, and the one in flight if it landed) and the same
-episodes are sent again. Always: every acknowledged episode was committed, the dataset then holds every episode
-once, in order (equal to one written in one go), `validate` and `verify` pass, and the record of both writers
+episodes are sent again. Always: every acknowledged episode was committed, every committed chunk reads as written
+before anything is sent again, the dataset then holds every episode once, in order (equal to one written in one
+go), `validate` and `verify` pass, and the record of both writers
 keeps the protocol's order (`order_problems`: chunks and log segments before the manifest that names them, the
 lease written on the store before each manifest, the numbered commit object created only after its manifest,
 nothing a manifest names deleted or changed). A control shows that check, and the whole test, failing on a
-writer that publishes its manifest before its chunks."""
+writer that publishes its manifest before its chunks. The same runs in zarr v3 with small shards, each written
+again (one PUT of the whole shard) while it holds committed inner chunks; `order_problems` then reads each shard's
+inner chunks, and its own controls show it flags a shard written again without one."""
 import dataclasses
 import json
 import os
@@ -28,7 +31,7 @@ from power_loss import PowerLoss
 from zarrfeed import Dataset, DatasetWriter
 from zarrfeed.core import manifest_io as commits
 from zarrfeed.core.manifest import MANIFEST_KEY
-from zarrfeed.core.errors import FormatError
+from zarrfeed.core.errors import ChunkError, FormatError
 from zarrfeed.core.stores import FsspecStore
 from zarrfeed.writer import lease as leases
 from zarrfeed.writer import synthetic
@@ -40,6 +43,11 @@ CRASH_POINTS = int(os.environ.get("ZARRFEED_CRASH_POINTS", "60"))  # per seed, a
 SEEDS = [int(s) for s in os.environ.get("ZARRFEED_CRASH_SEED", "1,2").split(",")]
 REPLAY = [int(n) for n in os.environ.get("ZARRFEED_CRASH_AT", "").split(",") if n]  # these operations only
 S3_CRASH_POINTS = int(os.environ.get("ZARRFEED_S3_CRASH_POINTS", "6"))  # on S3, with the first seed
+# zarr v3: inner chunks small against their shards (agents 3 a shard, frames 25): each shard is written in parts,
+# as episodes arrive, and holds committed inner chunks when it is written again
+V3_CHUNKS = {"agents": 100, "frames": 10, "scenes": 2, "traffic_light_faces": 40}
+V3 = {"zarr_format": 3, "shard_bytes": 35_000}
+V3_SEED = int(os.environ.get("ZARRFEED_CRASH_SEED_V3", "3"))
 LEASE_TIMEOUT = 600.0  # no heartbeat within a case: every run makes the same operations
 SEGMENT_BYTES = 1 << 20  # not an object store's 16 MiB: six of them made and freed per writer cost seconds here
 
@@ -47,11 +55,14 @@ SEGMENT_BYTES = 1 << 20  # not an object store's 16 MiB: six of them made and fr
 @dataclasses.dataclass
 class Place:
     """Where a case writes: a dataset's URL, its storage options, and the simulator of its store (`sim(**kw)`:
-    a new one, with `crash_at`, `seed` or `objects`)."""
+    a new one, with `crash_at`, `seed` or `objects`); the chunk rows and zarr format of the dataset made there
+    (`layout`: the writer's zarr_format and shard_bytes; none: v2)."""
 
     url: str
     options: dict
     sim: Callable[..., Any]
+    chunks: dict = dataclasses.field(default_factory=lambda: CHUNKS)
+    layout: dict = dataclasses.field(default_factory=dict)
 
 
 @pytest.fixture
@@ -67,9 +78,9 @@ def place():
 def write(place: Place, acked: list[str], mode: str = "w") -> None:
     """Send EPISODES by key, acknowledging every ACK_EVERY with `sync()` (the keys acknowledged so far are in
     `acked` once `sync()` returns; all of them once `close()` returned)."""
-    with DatasetWriter(place.url, workers=0, chunks=CHUNKS, commit_interval=3600, mode=mode,
+    with DatasetWriter(place.url, workers=0, chunks=place.chunks, commit_interval=3600, mode=mode,
                        lease_timeout=LEASE_TIMEOUT, segment_bytes=SEGMENT_BYTES,
-                       storage_options=place.options) as w:
+                       storage_options=place.options, **place.layout) as w:
         for i, ep in enumerate(EPISODES):
             w.submit(ep, key=f"e{i}")
             if i % ACK_EVERY == ACK_EVERY - 1:
@@ -130,10 +141,18 @@ def reference():
     return recorded_run(Place(url, {}, lambda **kw: ObjectStoreCrash(url, **kw)))
 
 
+@pytest.fixture(scope="module")
+def reference_v3():
+    """The same in zarr v3, with small shards."""
+    url = f"memory://zarrfeed-crash-{uuid.uuid4().hex[:12]}/d.zarr"
+    return recorded_run(Place(url, {}, lambda **kw: ObjectStoreCrash(url, **kw), V3_CHUNKS, V3))
+
+
 def crash_and_restart(place: Place, crash_at: int, seed: int, expected: dict[str, np.ndarray],
-                      check_order: bool = True):
+                      check_order: bool = True, read_first: bool = True):
     """Write until the machine dies at request `crash_at`, restart on what the store holds and send every
-    episode again; check what the module's docstring says (`check_order`: the record's order too)."""
+    episode again; check what the module's docstring says (`check_order`: the record's order too;
+    `read_first`: the committed rows read as written before anything is sent again)."""
     acked: list[str] = []
     sim = place.sim(crash_at=crash_at, seed=seed)
     with pytest.MonkeyPatch.context() as mp:
@@ -146,12 +165,17 @@ def crash_and_restart(place: Place, crash_at: int, seed: int, expected: dict[str
     restart = place.sim(objects=objects)
     with pytest.MonkeyPatch.context() as mp:
         restart.install(mp)
+        if read_first and MANIFEST_KEY in objects and any(json.loads(objects[MANIFEST_KEY])["committed"].values()):
+            ds = Dataset.open(place.url, storage_options=place.options)  # before anything is sent again: every
+            for t, rows in expected.items():  # committed chunk reads as written
+                assert ds.read_rows(t, 0, ds.rows[t]).tobytes() == rows[:ds.rows[t]].tobytes(), t
+            assert ds.verify().ok
         if MANIFEST_KEY not in objects:  # no commit landed: nothing was acknowledged, the place is free
             assert acked == [], f"no manifest survived, yet {acked} were acknowledged"
             assert set(objects) <= {leases.LEASE_KEY}, f"no manifest, yet {sorted(objects)} are stored"
             write(place, [])
         else:
-            with DatasetWriter(place.url, workers=0, chunks=CHUNKS, mode="a", lease_timeout=LEASE_TIMEOUT,
+            with DatasetWriter(place.url, workers=0, chunks=place.chunks, mode="a", lease_timeout=LEASE_TIMEOUT,
                                segment_bytes=SEGMENT_BYTES, storage_options=place.options) as w:
                 lost = [k for k in acked if not w.is_committed(k)]
                 assert not lost, f"acknowledged episodes lost by the crash: {lost}"
@@ -211,15 +235,38 @@ def test_every_acknowledged_episode_survives_a_crash_at_any_store_operation(plac
         assert fates == {True, False}, "the request in flight should both land and not, across the cases"
 
 
+def test_v3_shards_survive_a_crash_at_any_store_operation(place, reference_v3):
+    """In zarr v3 with small shards: a shard that holds committed inner chunks is written again (one PUT of the
+    whole shard) as rows arrive; a crash at any operation, the PUT in flight landing or not, keeps every committed
+    inner chunk as its log records it (`order_problems` reads each shard's inner chunks)."""
+    expected, ops = reference_v3
+    assert not (problems := order_problems(ops)), "\n".join(problems)
+    assert sum(o.key == "agents/c/2" for o in ops) >= 3  # a shard written in parts, across commits
+    n = ops[-1].n
+    points = REPLAY or sorted(random.Random(V3_SEED).sample(range(1, n + 1), min(CRASH_POINTS, n)))
+    fates = crash_at_points(dataclasses.replace(place, chunks=V3_CHUNKS, layout=V3), expected, ops, V3_SEED, points)
+    if not REPLAY and len(points) >= 20:
+        assert fates == {True, False}, "the request in flight should both land and not, across the cases"
+
+
 def test_on_s3_too(s3, reference):
     """The same on a real S3 server (moto, on 127.0.0.1): s3fs's requests are the operations, the lease and the
     numbered commits are conditional PUTs (`If-None-Match`, `If-Match`), a batch of PUTs is in flight at once.
     Fewer cases, each about 3 s: ZARRFEED_S3_CRASH_POINTS (default 6) with the first seed, one in each sixth of
     the requests."""
+    on_s3(s3, reference, SEEDS[0])
+
+
+def test_v3_shards_on_s3_too(s3, reference_v3):
+    """The same in zarr v3: each shard is one PUT of the whole object, whatever its inner chunks."""
+    on_s3(s3, reference_v3, V3_SEED, V3_CHUNKS, V3)
+
+
+def on_s3(s3, reference, seed: int, chunks: dict = CHUNKS, layout: dict | None = None) -> None:
     bucket, server = s3
     url = f"{bucket}/d.zarr"
     options = {**server.options, "zarrfeed_timeout": 60}  # a loaded machine's moto is no store that stopped
-    place = Place(url, options, lambda **kw: S3Crash(url, server.fs(), **kw))
+    place = Place(url, options, lambda **kw: S3Crash(url, server.fs(), **kw), chunks, layout or {})
 
     def clear() -> None:
         fs = server.fs()
@@ -233,9 +280,9 @@ def test_on_s3_too(s3, reference):
     assert not (problems := order_problems(ops)), "\n".join(problems)
     assert any(o.kind == "replace" and o.key == leases.LEASE_KEY for o in ops)  # renewed with If-Match
     assert any(o.kind == "create" and o.key.startswith("zarrfeed.commits/") for o in ops)  # If-None-Match
-    n, k, rng = ops[-1].n, min(S3_CRASH_POINTS, ops[-1].n), random.Random(SEEDS[0])
+    n, k, rng = ops[-1].n, min(S3_CRASH_POINTS, ops[-1].n), random.Random(seed)
     points = REPLAY or [rng.randrange(i * n // k, (i + 1) * n // k) + 1 for i in range(k)]
-    crash_at_points(place, expected, ops, SEEDS[0], points, clear)
+    crash_at_points(place, expected, ops, seed, points, clear)
 
 
 def test_a_create_stopped_between_its_documents_is_finished(place, reference):
@@ -290,15 +337,18 @@ def test_the_order_check_flags_a_manifest_published_before_its_chunks(place, bro
 
 def test_a_crash_finds_a_writer_that_publishes_before_its_chunks(place, reference):
     """The crash test fails on that writer even without the order check: the machine dying between its
-    manifest and its chunks leaves a commit whose chunks are missing, which the restart refuses (here the
-    machine dies at the second request after the first manifest with rows)."""
+    manifest and its chunks leaves a commit whose chunks are missing, which the read of the committed rows
+    after the crash refuses, and so does a writer appending (here the machine dies at the second request after
+    the first manifest with rows)."""
     expected, _ = reference
     _, ops = recorded_run(place, publish_first)
     first = next(o for o in ops if o.key == MANIFEST_KEY and b'"agents": 0' not in (o.data or b""))
     with pytest.MonkeyPatch.context() as mp:
         publish_first(mp)
-        with pytest.raises(FormatError, match="is missing, below the .* rows committed; the dataset is damaged"):
+        with pytest.raises(ChunkError, match="is missing, below the committed rows; the dataset is incomplete"):
             crash_and_restart(place, first.n + 2, seed=0, expected=expected, check_order=False)
+        with pytest.raises(FormatError, match="is missing, below the .* rows committed; the dataset is damaged"):
+            crash_and_restart(place, first.n + 2, seed=0, expected=expected, check_order=False, read_first=False)
 
 
 def one_after_another(ops: list[Op]) -> list[Op]:
@@ -377,4 +427,35 @@ def test_the_order_check_flags_each_kind_of_disorder(reference, disorder, said):
     _, ops = reference
     problems = order_problems(one_after_another(disorder(list(ops))) if disorder is not chunk_in_flight
                               else disorder(list(ops)))
+    assert any(said in p for p in problems), problems
+
+
+def committed(rows: int):
+    return lambda o: o.key == MANIFEST_KEY and json.loads(o.data)["committed"]["agents"] >= rows
+
+
+def sealed_inner_chunk_dropped(ops: list[Op]) -> list[Op]:
+    """A shard rewritten, once a manifest records each of its inner chunks, with its first version (which held
+    one of them)."""
+    m = index(ops, committed(900))  # agents/c/2 holds rows 600-900
+    first = next(o for o in ops if o.key == "agents/c/2")
+    return ops[:m + 1] + [first] + ops[m + 1:]
+
+
+def tail_inner_chunk_dropped(ops: list[Op]) -> list[Op]:
+    """The shard of a table's last, partly filled inner chunk rewritten without it."""
+    m = index(ops, committed(701))  # the last inner chunk is agents/c/2#1 (rows 700-800)
+    first = next(o for o in ops if o.key == "agents/c/2")
+    return ops[:m + 1] + [first] + ops[m + 1:]
+
+
+@pytest.mark.parametrize("disorder, said", [
+    (sealed_inner_chunk_dropped, "rewrites agents/c/2, which then does not hold its inner chunk 1, which its log"),
+    (tail_inner_chunk_dropped, "rewrites agents/c/2, which then does not hold its inner chunk 1, whose 32 committed"),
+])
+def test_the_order_check_reads_the_inner_chunks_of_a_shard(reference_v3, disorder, said):
+    """A control of the v3 crash test: a shard written again without a committed inner chunk is flagged."""
+    _, ops = reference_v3
+    assert json.loads(next(o for o in ops if committed(701)(o)).data)["committed"]["agents"] == 732
+    problems = order_problems(one_after_another(disorder(list(ops))))
     assert any(said in p for p in problems), problems

@@ -17,6 +17,9 @@ episodes, the first ones in order (an episode not acknowledged is there whole or
 never written), and `validate` and `verify` pass (`zarrfeed validate --deep`). After the Dask ingest is resumed
 (or every episode sent again to a new server): the dataset equals one written without a power loss.
 
+Both paths run in zarr v3 too (small shards that sources, and the server's appends, share; ZARRFEED_CRASH_POINTS_V3
+per path), and no file is ever written over in place.
+
 The Dask path's operations follow the order its tasks finish in, and the server's the moments its writer commits
 by time, so a seed and point replay a point near the same place, not always the same operation.
 """
@@ -43,13 +46,14 @@ from zarrfeed.writer import dask as zdask
 from zarrfeed.writer.committer import Committer
 
 CRASH_POINTS = int(os.environ.get("ZARRFEED_CRASH_POINTS", "40"))  # per path; the run chooses among all ops
+V3_CRASH_POINTS = int(os.environ.get("ZARRFEED_CRASH_POINTS_V3", "20"))  # per path, in zarr v3
 WAIT = 30.0  # seconds any wait on the cluster or the server may take before the test fails (never a hang)
 
 
-def pick(ops: int, seed: int) -> list[tuple[int, bool]]:
+def pick(ops: int, seed: int, points: int = CRASH_POINTS) -> list[tuple[int, bool]]:
     """The crash points of a run (operation, tear), seeded."""
     rng = random.Random(seed)
-    return [(op, rng.random() < 0.5) for op in sorted(rng.sample(range(1, ops + 1), min(CRASH_POINTS, ops)))]
+    return [(op, rng.random() < 0.5) for op in sorted(rng.sample(range(1, ops + 1), min(points, ops)))]
 
 
 def tables(path) -> dict[str, np.ndarray]:
@@ -156,6 +160,9 @@ def bounded(fn, *args, **kwargs):
 SOURCES = list(range(5))
 FIRST_SOURCES = 2  # the first ingest's; the second resumes with all of them
 D_CHUNKS = {"agents": 1000, "frames": 40, "scenes": 3, "traffic_light_faces": 200}  # chunks shared by sources
+# zarr v3: shards of three agent chunks (of 100 rows), which neighbouring sources share
+D_V3 = ({"agents": 100, "frames": 4, "scenes": 1, "traffic_light_faces": 20},
+        {"zarr_format": 3, "shard_bytes": 3 * 100 * 116})
 
 
 def _small(seed: int):
@@ -193,9 +200,11 @@ def recording(acked: set):
     return write_manifest
 
 
-def dask_ingest(client, path, acked: set) -> None:
-    """Ingest the first sources, then all of them resumed; the keys acknowledged so far are added to `acked`."""
-    zdask.ingest(client, SOURCES[:FIRST_SOURCES], _small, path, chunks=D_CHUNKS, commit_interval=0)
+def dask_ingest(client, path, acked: set, v3: bool = False) -> None:
+    """Ingest the first sources, then all of them resumed; the keys acknowledged so far are added to `acked`
+    (`v3`: into a zarr v3 dataset, `D_V3`)."""
+    chunks, layout = D_V3 if v3 else (D_CHUNKS, {})
+    zdask.ingest(client, SOURCES[:FIRST_SOURCES], _small, path, chunks=chunks, commit_interval=0, **layout)
     acked.update(D_KEYS[:sum(len(list(_small(s))) for s in SOURCES[:FIRST_SOURCES])])  # returned: committed
     zdask.ingest(client, SOURCES, _small, path, resume=True, commit_interval=0)
     acked.update(D_KEYS)
@@ -245,23 +254,33 @@ def dask_run(client, path, disk: SimulatedDisk, acked: set, ingest=None) -> None
             settle(client)
 
 
-@pytest.fixture(scope="module")
-def dask_reference(client, tmp_path_factory):
+def reference_of_dask(client, path, v3: bool = False):
     """The dataset the Dask path writes without a power loss; and how many file operations that took."""
-    path = tmp_path_factory.mktemp("dask_reference") / "d.zarr"
     disk = SimulatedDisk(path)
     acked: set = set()
-    dask_run(client, path, disk, acked)
+    dask_run(client, path, disk, acked, ingest=lambda c, p, a: dask_ingest(c, p, a, v3))
     assert not disk.dead and acked == set(D_KEYS)
+    assert (Dataset.open(path).tables["agents"].sharding is not None) == v3
     return tables(path), disk.ops
 
 
+@pytest.fixture(scope="module")
+def dask_reference(client, tmp_path_factory):
+    return reference_of_dask(client, tmp_path_factory.mktemp("dask_reference") / "d.zarr")
+
+
+@pytest.fixture(scope="module")
+def dask_reference_v3(client, tmp_path_factory):
+    return reference_of_dask(client, tmp_path_factory.mktemp("dask_reference_v3") / "d.zarr", v3=True)
+
+
 def dask_crash_and_recover(client, tmp_path, crash_at: int, tear: bool, seed: int,
-                           expected: dict[str, np.ndarray]) -> None:
+                           expected: dict[str, np.ndarray], v3: bool = False) -> None:
     path, recovered = tmp_path / f"d{crash_at}.zarr", tmp_path / f"r{crash_at}.zarr"
     disk = SimulatedDisk(path, crash_at=crash_at, tear=tear, seed=seed)
     acked: set = set()
-    dask_run(client, path, disk, acked)
+    dask_run(client, path, disk, acked, ingest=lambda c, p, a: dask_ingest(c, p, a, v3))
+    assert not disk.in_place, disk.in_place
     if not disk.dead:  # this run took fewer operations than the reference's (its tasks finished in another order)
         check_final(path, expected)
         return
@@ -272,7 +291,7 @@ def dask_crash_and_recover(client, tmp_path, crash_at: int, tear: bool, seed: in
     if not (recovered / "zarrfeed.json").exists():  # no commit survived: nothing was acknowledged either
         assert not acked, f"no manifest survived, yet {len(acked)} episodes were acknowledged"
         shutil.rmtree(recovered)
-        bounded(dask_ingest, client, recovered, set())  # the place is free for a new dataset
+        bounded(dask_ingest, client, recovered, set(), v3)  # the place is free for a new dataset
     else:
         check_recovered(recovered, D_KEYS, D_EPISODES, acked, expected)
         summary = bounded(zdask.ingest, client, SOURCES, _small, recovered, resume=True)  # `--resume`
@@ -287,6 +306,22 @@ def test_every_committed_episode_of_the_dask_path_survives_a_power_loss(client, 
         try:
             replayable("dask", seed, crash_at, ops, tear,
                        lambda: dask_crash_and_recover(client, tmp_path, crash_at, tear, seed, expected))  # noqa: B023
+        finally:
+            for p in tmp_path.iterdir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def test_every_committed_episode_of_the_dask_path_into_v3_shards_survives_a_power_loss(client, tmp_path,
+                                                                                        dask_reference_v3):
+    """The same into zarr v3, whose shards the sources' tasks share (each writes a shard under its cluster-wide
+    lock, replacing it whole)."""
+    expected, ops = dask_reference_v3
+    seed = 2
+    for crash_at, tear in pick(ops, seed, V3_CRASH_POINTS):
+        try:
+            replayable("dask v3", seed, crash_at, ops, tear,
+                       lambda: dask_crash_and_recover(client, tmp_path, crash_at, tear, seed, expected,  # noqa: B023
+                                                      v3=True))
         finally:
             for p in tmp_path.iterdir():
                 shutil.rmtree(p, ignore_errors=True)
@@ -371,29 +406,45 @@ def server_run(path, disk: SimulatedDisk, acked: set) -> None:
                 raise
 
 
-def initial(path) -> None:
-    """The dataset the server appends to (on disk before the simulation: durable)."""
-    write_dataset(path, S_FIRST, workers=0, chunks=S_CHUNKS)
+# zarr v3: shards of three agent chunks of 100 rows; the server's appends go into the first episode's shards
+S_V3 = ({"agents": 100, "frames": 5, "scenes": 1, "traffic_light_faces": 20},
+        {"zarr_format": 3, "shard_bytes": 3 * 100 * 116})
 
 
-@pytest.fixture(scope="module")
-def server_reference(tmp_path_factory):
-    path = tmp_path_factory.mktemp("server_reference") / "d.zarr"
-    initial(path)
+def initial(path, v3: bool = False) -> None:
+    """The dataset the server appends to (on disk before the simulation: durable; `v3`: in zarr v3, `S_V3`)."""
+    chunks, layout = S_V3 if v3 else (S_CHUNKS, {})
+    write_dataset(path, S_FIRST, workers=0, chunks=chunks, **layout)
+
+
+def reference_of_server(path, v3: bool = False):
+    initial(path, v3)
     disk = SimulatedDisk(path)
     acked: set = set()
     server_run(path, disk, acked)
     assert not disk.dead and acked == set(S_KEYS[1:])
+    assert (Dataset.open(path).tables["agents"].sharding is not None) == v3
     return tables(path), disk.ops
 
 
-def server_crash_and_recover(tmp_path, crash_at: int, tear: bool, seed: int, expected: dict[str, np.ndarray]
-                             ) -> None:
+@pytest.fixture(scope="module")
+def server_reference(tmp_path_factory):
+    return reference_of_server(tmp_path_factory.mktemp("server_reference") / "d.zarr")
+
+
+@pytest.fixture(scope="module")
+def server_reference_v3(tmp_path_factory):
+    return reference_of_server(tmp_path_factory.mktemp("server_reference_v3") / "d.zarr", v3=True)
+
+
+def server_crash_and_recover(tmp_path, crash_at: int, tear: bool, seed: int, expected: dict[str, np.ndarray],
+                             v3: bool = False) -> None:
     path, recovered = tmp_path / f"d{crash_at}.zarr", tmp_path / f"r{crash_at}.zarr"
-    initial(path)
+    initial(path, v3)
     disk = SimulatedDisk(path, crash_at=crash_at, tear=tear, seed=seed)
     acked: set = set()
     server_run(path, disk, acked)
+    assert not disk.in_place, disk.in_place
     if not disk.dead:  # this run took fewer operations than the reference's (its writer committed less often)
         check_final(path, expected)
         return
@@ -411,6 +462,21 @@ def test_every_acknowledged_episode_of_the_server_survives_a_power_loss(tmp_path
         try:
             replayable("serve", seed, crash_at, ops, tear,
                        lambda: server_crash_and_recover(tmp_path, crash_at, tear, seed, expected))  # noqa: B023
+        finally:
+            for p in tmp_path.iterdir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def test_every_acknowledged_episode_of_the_server_into_v3_shards_survives_a_power_loss(tmp_path,
+                                                                                        server_reference_v3):
+    """The same into zarr v3: the server's writer appends into the shards of the dataset's last rows."""
+    expected, ops = server_reference_v3
+    seed = 2
+    for crash_at, tear in pick(ops, seed, V3_CRASH_POINTS):
+        try:
+            replayable("serve v3", seed, crash_at, ops, tear,
+                       lambda: server_crash_and_recover(tmp_path, crash_at, tear, seed, expected,  # noqa: B023
+                                                        v3=True))
         finally:
             for p in tmp_path.iterdir():
                 shutil.rmtree(p, ignore_errors=True)

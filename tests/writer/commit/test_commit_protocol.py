@@ -4,6 +4,7 @@ import contextlib
 
 import pytest
 from expected import assert_holds
+from formats import storage_layout
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import L5KIT_SCHEMA, synthetic
 from zarrfeed.writer.chunk_write import write_rows
@@ -35,9 +36,11 @@ def rows_of(episode: dict) -> dict:
     return {t: len(a) for t, a in episode.items()}
 
 
-def test_episodes_commit_in_the_order_placed_whatever_order_their_rows_are_stored(tmp_path):
+def test_episodes_commit_in_the_order_placed_whatever_order_their_rows_are_stored(tmp_path, zarr_format):
     eps = episodes(3, seed=1)
-    c = Committer(Location.of(tmp_path / "d.zarr"), chunks={"agents": 64, "frames": 16}, commit_interval=0)
+    chunks = {"agents": 64, "frames": 16}
+    c = Committer(Location.of(tmp_path / "d.zarr"), chunks=chunks, commit_interval=0,
+                  layout=storage_layout(zarr_format, chunks))
     c.begin_input(fingerprint(eps[0]), resume=False)
     keys = [Position(fingerprint(eps[0]), i) for i in range(3)]
     starts = [c.place(k, rows_of(e), fingerprint(e)) for k, e in zip(keys, eps, strict=True)]
@@ -63,9 +66,13 @@ def test_episodes_commit_in_the_order_placed_whatever_order_their_rows_are_store
     assert ds.validate().ok and report.ok and report.verified > 0 and report.unverifiable == 0
 
 
-def test_rows_written_elsewhere_are_reserved_and_reported_written(tmp_path):
+def test_rows_written_elsewhere_are_reserved_and_reported_written(tmp_path, zarr_format):
+    """The later episode's rows are stored first: in v3 the shards the two share are written by the later one
+    first, then merged into by the earlier one."""
     eps = episodes(2, seed=2)
-    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=0)
+    chunks = {"agents": 16, "frames": 8, "scenes": 1, "traffic_light_faces": 8}
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=0, chunks=chunks,
+                  layout=storage_layout(zarr_format, chunks))
     first = c.reserve("a", rows_of(eps[0]), fingerprint(eps[0]))
     second = c.reserve("b", rows_of(eps[1]), fingerprint(eps[1]))
     with pytest.raises(ValueError, match="key a: already committed or placed"):
@@ -135,11 +142,13 @@ def test_a_failed_committer_keeps_a_folder_it_found_and_never_removes_after_losi
             "longer held") in caplog.messages
 
 
-def test_a_committer_that_fails_commits_what_is_durable_first(tmp_path):
+def test_a_committer_that_fails_commits_what_is_durable_first(tmp_path, zarr_format):
     """fail() after an error: the episodes already stored are committed before the lease goes (a resume then
     starts after them); the rows of one not stored are not."""
     eps = episodes(2, seed=6)
-    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=1000)  # no commit but the forced ones
+    chunks = {"agents": 16, "frames": 8, "scenes": 1, "traffic_light_faces": 8}
+    c = Committer(Location.of(tmp_path / "d.zarr"), commit_interval=1000, chunks=chunks,  # no commit but the
+                  layout=storage_layout(zarr_format, chunks))  # forced ones
     starts = [c.place(k, rows_of(e), fingerprint(e)) for k, e in zip("ab", eps, strict=True)]
     for t in L5KIT_SCHEMA.tables:
         c.grow(t, starts[1][t] + len(eps[1][t]))

@@ -10,6 +10,7 @@ import threading
 import numcodecs
 import numpy as np
 import pytest
+from formats import storage_layout
 from test_commit_protocol import episodes, rows_of, write
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import L5KIT_SCHEMA
@@ -160,9 +161,9 @@ def test_appending_to_a_dataset_of_another_tool(tmp_path):
     assert doc["dataset_id"] == again.dataset_id and len(again.dataset_id) > 8
 
 
-def test_appending_keeps_the_identity_journal_and_log(tmp_path):
+def test_appending_keeps_the_identity_journal_and_log(tmp_path, zarr_format):
     path = tmp_path / "d.zarr"
-    c = Committer(Location.of(path), commit_interval=0)
+    c = Committer(Location.of(path), commit_interval=0, layout=storage_layout(zarr_format))
     put(c, "a", episodes(1, seed=3)[0])
     c.skip("bad")
     c.close()
@@ -255,11 +256,13 @@ def test_a_commit_that_fails_is_published_whole_by_the_next(tmp_path, monkeypatc
     assert Dataset.open(path).rows["scenes"] == 2
 
 
-def test_a_last_chunk_recorded_by_a_closed_writer_is_withdrawn_before_it_is_written_again(tmp_path):
+def test_a_last_chunk_recorded_by_a_closed_writer_is_withdrawn_before_it_is_written_again(tmp_path, zarr_format):
     """Its digest would no longer match: withdrawn (None) by a commit before the first write there, sealed again
-    at close; a table not written to keeps its record; a writer that writes nothing keeps every record."""
+    at close; a table not written to keeps its record; a writer that writes nothing keeps every record (in v3,
+    the last inner chunk of a shard that the next write replaces whole)."""
     path = tmp_path / "d.zarr"
-    c = Committer(Location.of(path), chunks={"agents": 64, "frames": 16, "scenes": 4}, commit_interval=0)
+    chunks = {"agents": 64, "frames": 16, "scenes": 4}
+    c = Committer(Location.of(path), chunks=chunks, commit_interval=0, layout=storage_layout(zarr_format, chunks))
     ep = episodes(1, seed=7)[0]
     put(c, "a", ep)
     c.close()
@@ -464,9 +467,9 @@ def test_an_empty_range_reported_at_the_start_of_a_stored_one_loses_nothing(tmp_
     assert c.close() == {"scenes": 3, "frames": 5, "agents": 0, "traffic_light_faces": 0}
 
 
-def test_reopening_drops_rows_stored_past_the_last_commit(tmp_path):
+def test_reopening_drops_rows_stored_past_the_last_commit(tmp_path, zarr_format):
     path = tmp_path / "d.zarr"
-    c = Committer(Location.of(path), commit_interval=0)
+    c = Committer(Location.of(path), commit_interval=0, layout=storage_layout(zarr_format))
     put(c, "a", episodes(1, seed=8)[0])
     c.commit(force=True)
     c.grow("agents", 10_000)  # rows past the commit (a writer killed mid-write)
