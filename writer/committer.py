@@ -40,7 +40,6 @@ from ..core.bounded_calls import bounded, within
 from ..core.errors import FormatError
 from ..core.location import Location
 from ..core.manifest import MANIFEST_KEY
-from ..core.v3_meta import ZARR_JSON
 from ..core.stores import PARTIAL, Store
 from ..core.zarr_array import Array
 from .chunk_write import ChunkWrite
