@@ -100,10 +100,6 @@ def _watcher() -> Callable[[], None] | None:
     return lambda: waiting(since)
 
 
-class _Busy(Exception):
-    """The table's lock was not taken within a look's patience."""
-
-
 def _proc_lock(p: int) -> int:
     return _LOCK_BASE + 1 + p
 
@@ -287,11 +283,11 @@ class HostSegment:
         deadline = time.monotonic() + _PATIENCE
 
         def waiting() -> None:
-            if time.monotonic() > deadline:
-                raise _Busy
+            if time.monotonic() > deadline:  # (a builtin: the error family is for what users are told)
+                raise TimeoutError("the host cache's table lock was not taken within a look's patience")
         try:
             self._enter(waiting)
-        except _Busy:
+        except TimeoutError:
             return False
         return True
 
