@@ -124,13 +124,13 @@ def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray
         out[:] = array.decode_chunk(None).reshape(-1).view(np.uint8)
         return
     if raw is None:
-        name = array.table or "table"
+        table = array.table or "table"
         c = array.chunks[0]
         stored, _, inner = key[len(array.path) + 1:].partition("#")  # `c/3#5`: inner chunk 5 of shard c/3
         found = array.meta.chunk_index(stored) if key.startswith(array.path + "/") else None
         found = found + int(inner) if found is not None and inner.isdigit() else found
         rows = f" (rows {found * c:,}-{(found + 1) * c:,})" if found is not None else ""
-        raise ChunkError(f"table '{name}': chunk '{key}'{rows} is missing, below the committed rows; the dataset "
+        raise ChunkError(f"table '{table}': chunk '{key}'{rows} is missing, below the committed rows; the dataset "
                          "is incomplete (zarrfeed validate lists every missing chunk)")
     try:
         array.decode_into(raw, out)
