@@ -132,6 +132,6 @@ def test_a_shard_index_pointing_outside_its_shard_is_called_corrupt(v3, entry):
     with pytest.raises(ChunkError) as info:
         _read_all(v3)
     message = str(info.value)
-    assert message.startswith("shard 'agents/c/0'") and "outside" in message, message
+    assert message.startswith("table 'agents': shard 'agents/c/0'") and "outside" in message, message
     assert "while it was read" not in message
     np.testing.assert_equal(len(message.splitlines()), 1)

@@ -169,7 +169,14 @@ def _open_v3_table(store: Store, name: str, mode: str, dtype: np.dtype | None,
 
 def _v3_written_problem(arr: Array, compressor: dict[str, Any] | None) -> str | None:
     """Whether a v3 array is compressed as zarrfeed wrote it (`compressor`, the codec config its manifest's
-    schema records): its `zarr.json` holds v3 codecs, compared as the numcodecs codec they run."""
+    schema records): its `zarr.json` holds v3 codecs, compared as the numcodecs codec they run; and with the
+    values' bytes as zarrfeed writes them (little-endian, not transposed), since a changed `bytes` or
+    `transpose` codec decodes the same stored bytes (whose digests still hold) into other values."""
+    codecs = arr.codecs
+    if getattr(codecs, "endian", None) == "big":
+        return "its 'bytes' codec is big-endian, but zarrfeed wrote the table little-endian"
+    if getattr(codecs, "transposes", ()):
+        return "its codecs have a 'transpose', but zarrfeed wrote the table with none"
     want = array_meta.normal_codec(compressor)
     got = array_meta.normal_codec(arr.compressor.get_config() if arr.compressor else None)
     return None if got == want else (f"it is compressed with {got}, not {want}, the compressor its manifest's "
@@ -362,6 +369,10 @@ def open_tables(group: Group, mode: str = "r") -> tuple[Schema, dict[str, Array]
         wanted = L5KIT_SCHEMA.tables
     else:
         wanted = None  # no schema to go by: every array of structured records is a table
+    # a table's v3 document that is damaged, or not an array's, is no array member: opened, it says what it is
+    # (as a damaged v2 `.zarray` does), rather than the table being called missing
+    names = sorted(set(names) | {n for n, t in (wanted or {}).items()
+                                 if not t.path and n not in names and f"{n}/{ZARR_JSON}" in group.store})
     arrays, others = {}, {}
     at_paths = {n: t for n, t in (wanted or {}).items() if t.path}
     for name, table in at_paths.items():
@@ -419,9 +430,13 @@ def detect_schema(group: Group, arrays: dict[str, Array]) -> Schema:
         if diff:
             raise FormatError(f"table '{name}': wrong dtype, it {diff}")
         if doc is not None and arrays[name].chunks[0] != table.chunk_rows:  # commits count chunks of the schema's
-            raise FormatError(f"table '{name}': {name}/.zarray: field 'chunks' is [{arrays[name].chunks[0]}], but the "
-                              f"manifest's schema has {table.chunk_rows} rows per chunk; the array's metadata is "
-                              "damaged (restore it from a copy)")
+            rows = arrays[name].chunks[0]
+            field = f"field 'chunks' is [{rows}]" if arrays[name].zarr_format == 2 else \
+                f"the {'sharding codec' if arrays[name].sharding is not None else 'chunk grid'} has chunks of " \
+                f"{rows} rows"
+            raise FormatError(f"table '{name}': {arrays[name].doc_key}: {field}, but the manifest's schema has "
+                              f"{table.chunk_rows} rows per chunk; the array's metadata is damaged (restore it from "
+                              "a copy)")
     return schema
 
 

@@ -82,10 +82,13 @@ def read_inner_chunks(store: Store, spec: ShardingSpec, places: Sequence[tuple[s
                 parts.append([(0, nbytes, n)])
     out: list[bytes | None] = [None] * len(places)
     for (key, lo, hi), raw, spans in zip(requests, store.get_ranges(requests), parts, strict=True):
-        if raw is None or len(raw) != hi - lo:
-            raise ChunkError(f"{_table(table)}shard '{key}': bytes {lo}-{hi} that its index points to are "
-                             f"{'gone' if raw is None else f'{len(raw)} bytes long'}; the shard was replaced or "
-                             "truncated while it was read")
+        if raw is None:  # gone between its index and its chunks: deleted (a table cut shorter), or another copy
+            raise ChunkError(f"{_table(table)}shard '{key}': gone while it was read (its index was read a moment "
+                             "before); the dataset was changed under this reader")
+        if len(raw) != hi - lo:  # a shard is only ever replaced by a longer one (append-only): its index lies
+            raise ChunkError(f"{_table(table)}shard '{key}': its index points outside the shard (bytes {lo:,}-"
+                             f"{hi:,}, of which {len(raw):,} are stored); the shard is corrupt (restore it from a "
+                             "copy)")
         view = memoryview(raw)
         for start, nbytes, n in spans:
             out[n] = bytes(view[start:start + nbytes])
