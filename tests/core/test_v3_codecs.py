@@ -145,7 +145,7 @@ def test_zstd_and_blosc_decode_straight_into_out_and_refuse_another_size():
         smaller = CodecChain.default(values.dtype, (999,), compressor)
         with pytest.raises(ValueError, match="decodes to 8000 bytes, a chunk holds 7992"):
             smaller.decode_into(raw, np.empty(7992, np.uint8))
-        with pytest.raises(ValueError, match="cannot decode|shorter than|decodes to"):
+        with pytest.raises(ValueError, match="cannot decode|shorter than|decodes to|truncated"):
             chain.decode_into(raw[:20] + bytes(20), out)
     gz = CodecChain.default(values.dtype, (999,), numcodecs.GZip(level=1))
     with pytest.raises(ValueError, match="decodes to 8000 bytes, a chunk holds 7992"):

@@ -4,6 +4,8 @@ Policy's replay buffer) and against the v2 specification, without zarr-python.""
 import base64
 import json
 import math
+import subprocess
+import sys
 import zipfile
 
 import numcodecs
@@ -260,3 +262,35 @@ def test_a_chunk_too_short_for_its_header_says_so(tmp_path):
     with pytest.raises(ChunkError, match=r"chunk 'img/1' cannot be decoded \(ValueError: it is 0 bytes, shorter "
                                          r"than a Blosc header \(16\)\); the file is truncated or corrupt$"):
         read_rows(arr, 0, 8)
+
+
+@pytest.mark.parametrize("zarr_format,filtered", [(2, False), (2, True), (3, False)])
+def test_a_truncated_blosc_chunk_is_refused_before_blosc_reads_past_its_end(tmp_path, zarr_format, filtered):
+    """c-blosc trusts the compressed size its header states: a chunk cut short was read past its end, which
+    killed `zarrfeed validate` with SIGSEGV now and then. The frame is checked first, on every Blosc path (into
+    the caller's buffer, and through filters), in both formats, in a process of its own so a crash shows."""
+    code = f"""
+import numcodecs, numpy as np, pathlib
+from zarrfeed.core.chunks import ChunkError, read_rows
+from zarrfeed.core.stores import DirectoryStore
+from zarrfeed.core.zarr_array import Array
+from zarrfeed.core.zarr_meta import ArrayMeta
+from zarrfeed.core.v3_meta import ArrayMetaV3
+from zarrfeed.core.v3_codecs import CodecChain
+dtype, blosc = np.dtype("<i4"), numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE)
+filters = [numcodecs.Delta(dtype="<i4")] if {filtered} else None
+meta = (ArrayMeta.new((4096,), 1024, dtype, blosc, filters=filters) if {zarr_format} == 2 else
+        ArrayMetaV3.new((4096,), 1024, dtype, CodecChain.default(dtype, (1024,), blosc)))
+arr = Array.create(DirectoryStore({str(tmp_path)!r}), "x", meta)
+arr.write(0, np.random.default_rng(0).integers(0, 2**31, 4096).astype(dtype))
+key = arr.chunk_key(1)
+path = pathlib.Path({str(tmp_path)!r}) / key
+path.write_bytes(path.read_bytes()[:100])
+try:
+    read_rows(arr, 0, 4096)
+except ChunkError as exc:
+    print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out
+    assert "its Blosc header says" in out.stdout and "it holds 100 (truncated)" in out.stdout, out

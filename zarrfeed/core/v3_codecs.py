@@ -24,6 +24,7 @@ from typing import Any, Callable, Collection
 import numcodecs
 import numpy as np
 
+from .blosc_frame import blosc_decoded_size
 from .errors import FieldError, MetaError
 from .v3_sharding import ShardingSpec
 
@@ -109,6 +110,8 @@ class BytesBytesCodec:
         """`data` decoded (a crc32c checked and cut off, with no copy); `ValueError` if it does not decode."""
         if self.codec is None:
             return _checked(data)
+        if self.name == "blosc":
+            blosc_decoded_size(data)
         try:
             out = self.codec.decode(data)
         except (RuntimeError, ValueError, TypeError, OSError, EOFError) as exc:
@@ -121,9 +124,7 @@ class BytesBytesCodec:
         if self.name not in ("blosc", "zstd"):
             _copy_exact(self.decode(data), out)
             return
-        if self.name == "blosc" and len(data) < 16:
-            raise ValueError(f"it is {len(data)} bytes, shorter than a Blosc header (16)")
-        size = _blosc_size(data) if self.name == "blosc" else _zstd_size(data)
+        size = blosc_decoded_size(data) if self.name == "blosc" else _zstd_size(data)
         if size not in (None, out.nbytes):  # (both accept a larger `out` silently)
             raise ValueError(f"it decodes to {size} bytes, a chunk holds {out.nbytes}")
         try:
@@ -146,11 +147,6 @@ def _copy_exact(data: memoryview, out: np.ndarray) -> None:
     if len(data) != out.nbytes:
         raise ValueError(f"it decodes to {len(data)} bytes, a chunk holds {out.nbytes}")
     out[:] = np.frombuffer(data, np.uint8)
-
-
-def _blosc_size(data: memoryview) -> int:
-    """The decoded size a Blosc header says (bytes 4-8)."""
-    return int.from_bytes(data[4:8], "little")
 
 
 def _zstd_size(data: memoryview) -> int | None:

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import numcodecs
 import numpy as np
 
+from .blosc_frame import blosc_decoded_size
 from .errors import MetaError
 
 ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
@@ -323,15 +324,13 @@ class V2Codecs:
         bytes do not decode to exactly one chunk."""
         comp = self.compressor
         if isinstance(comp, numcodecs.Blosc) and not self.filters:
-            # Blosc accepts a larger `out` silently; its 16-byte header says the decoded size (bytes 4-8)
-            header = bytes(memoryview(raw)[:16])
-            if len(header) < 16:
-                raise ValueError(f"it is {len(raw)} bytes, shorter than a Blosc header (16)")
-            size = int.from_bytes(header[4:8], "little")
+            size = blosc_decoded_size(raw)  # (Blosc accepts a larger `out` silently)
             if size != out.nbytes:
                 raise ValueError(f"it decodes to {size} bytes, a chunk holds {out.nbytes}")
             comp.decode(raw, out=out)
             return
+        if isinstance(comp, numcodecs.Blosc):
+            blosc_decoded_size(raw)
         data: Any = comp.decode(raw) if comp else raw
         for f in reversed(self.filters or []):
             data = f.decode(data)
