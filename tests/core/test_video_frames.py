@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from repo_paths import REAL_SCENE
 
+from zarrfeed.core import video_frames
 from zarrfeed.core.errors import FormatError
 from zarrfeed.core.video_frames import VideoReader, decode_at, probe
 
@@ -184,3 +185,41 @@ def test_without_pyav_says_what_to_install():
             "try:\n    require_av()\nexcept ImportError as exc:\n    print(exc)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.stdout == "decoding video needs PyAV: pip install 'zarrfeed[video]'\n", done.stderr
+
+
+class Watched:
+    """A container whose seeks land `late` ticks after the target, counting the frames it decodes."""
+
+    def __init__(self, container, late=0):
+        self.container, self.late, self.decoded = container, late, 0
+
+    def seek(self, target, **kwargs):
+        self.container.seek(target + self.late if target else 0, **kwargs)
+
+    def decode(self, stream):
+        for frame in self.container.decode(stream):
+            self.decoded += 1
+            yield frame
+
+
+def test_seek_decodes_from_the_key_frame_asked_for(golden):
+    """Frames 2 and 151 are key frames (one every 2 frames of an episode in the golden): decoding one decodes it
+    alone; frames 3 and 152 decode 2."""
+    with av.open(str(VIDEO)) as container:
+        for frame, decoded in [(2, 1), (3, 2), (0, 1), (151, 1), (152, 2)]:
+            watched = Watched(container)
+            out = np.zeros((1, 48, 64, 3), np.uint8)
+            video_frames._decode(watched, container.streams.video[0], at([frame]), out, 1e-4, "cam")
+            np.testing.assert_array_equal(out[0], golden[frame])
+            assert watched.decoded == decoded, frame
+
+
+def test_seek_landing_late_starts_over(small):
+    """A demuxer that lands after the first frame asked for: decoded from the stream's start instead."""
+    path, times, frames = small
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        watched = Watched(container, late=int(1 / float(stream.time_base)))  # a second (10 frames) late
+        out = np.zeros((3, 96, 96, 3), np.uint8)
+        video_frames._decode(watched, stream, times[13:16], out, 1e-4, "small")
+        np.testing.assert_array_equal(out, frames[13:16])

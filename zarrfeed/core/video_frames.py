@@ -25,10 +25,11 @@ from .errors import FormatError
 
 Source = Union[str, "os.PathLike[str]", IO[bytes]]
 
-# Decoder threads per open stream. zarrfeed decodes in worker processes, one per core: FFmpeg's own threads on top
-# of them only contend for the same cores. On 96x96 frames dav1d decodes faster in one thread than with its
-# automatic count (frame threads add a frame of latency per thread and a hand-off per frame: measured in the
-# change that added this module); 1 also keeps a worker's process count what the caller configured.
+# Decoder threads per open stream. zarrfeed decodes in worker processes, about one per core, so FFmpeg's own threads
+# only contend with the other workers for the same cores, and on small frames a frame is too little work to split:
+# on 2 cores, two processes each decoding 96x96 AV1 (dav1d) take about 170 us per frame with 1 thread against
+# 250-300 us with FFmpeg's automatic count, and one process alone is no faster with it either (about 140 against
+# 165). One thread also keeps a worker's thread count what the caller configured.
 DECODER_THREADS = 1
 
 
@@ -155,21 +156,34 @@ def _decode(container: Any, stream: Any, timestamps: np.ndarray, out: np.ndarray
             name: str) -> None:
     """Seek `stream` to the key frame at or before the first timestamp and decode forward into `out`, converting
     only the frames asked for and stopping at the last one."""
-    av = require_av()
-    n = len(timestamps)
-    if n == 0:
+    if len(timestamps) == 0:
         return
-    ftb = float(stream.time_base)
+    # the last key frame that may be the first frame asked for (up to `tolerance` after its timestamp)
+    target = max(0, int((float(timestamps[0]) + tolerance) / float(stream.time_base)))
+    if not _decode_from(container, stream, target, timestamps, out, tolerance, name, may_land_late=target > 0):
+        # the demuxer landed after the first frame asked for (a container that seeks by decode time, whose key
+        # frames show later than they decode): from the start of the stream
+        _decode_from(container, stream, 0, timestamps, out, tolerance, name, may_land_late=False)
+
+
+def _decode_from(container: Any, stream: Any, target: int, timestamps: np.ndarray, out: np.ndarray,
+                 tolerance: float, name: str, may_land_late: bool) -> bool:
+    """`_decode` from the key frame at or before `target` (in the stream's time base); False, with nothing
+    written, when `may_land_late` and the first frame decoded is already past the first timestamp."""
+    av = require_av()
+    n, ftb = len(timestamps), float(stream.time_base)
     height, width = out.shape[1], out.shape[2]
     reformat = _reformatter().reformat
     i, seen = 0, None  # the next timestamp to fill; the last frame decoded (seconds)
     try:
-        container.seek(int(max(0.0, float(timestamps[0]) - tolerance) / ftb), stream=stream, backward=True)
+        container.seek(target, stream=stream, backward=True)
         for frame in container.decode(stream):
             if frame.pts is None:
                 continue
             t = frame.pts * ftb
             if t > timestamps[i] + tolerance:  # passed a timestamp without a frame there
+                if seen is None and may_land_late:
+                    return False
                 raise _missed(name, timestamps[i], seen, t)
             if t >= timestamps[i] - tolerance:
                 if frame.width != width or frame.height != height:
@@ -181,7 +195,7 @@ def _decode(container: Any, stream: Any, timestamps: np.ndarray, out: np.ndarray
                     out[i] = out[i - 1]
                     i += 1
                 if i == n:
-                    return
+                    return True
             seen = t
     except av.FFmpegError as exc:
         raise FormatError(f"{name}: cannot be decoded at {float(timestamps[i]):.6f} s "
