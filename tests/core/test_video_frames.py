@@ -62,6 +62,11 @@ def test_fsspec_file(golden):
     with fsspec.filesystem("file").open(str(VIDEO), "rb") as f:
         np.testing.assert_array_equal(decoded(range(40, 72), source=f), golden[40:72])
         np.testing.assert_array_equal(decoded(range(3, 6), source=f), golden[3:6])  # the same file again
+    reader = pickle.loads(pickle.dumps(VideoReader(str(VIDEO), opener=fsspec.filesystem("file").open)))
+    out = np.zeros((3, 48, 64, 3), np.uint8)
+    reader.decode_at(at(range(100, 103)), out)
+    np.testing.assert_array_equal(out, golden[100:103])
+    reader.close()
 
 
 def test_between_frames_refused(golden):
@@ -223,3 +228,11 @@ def test_seek_landing_late_starts_over(small):
         out = np.zeros((3, 96, 96, 3), np.uint8)
         video_frames._decode(watched, stream, times[13:16], out, 1e-4, "small")
         np.testing.assert_array_equal(out, frames[13:16])
+
+
+def test_missing_or_not_a_video(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^cam: no such video file$"):
+        decode_at(tmp_path / "gone.mp4", at([1]), np.zeros((1, 48, 64, 3), np.uint8), what="cam")
+    (tmp_path / "text.mp4").write_text("not a video\n")
+    with pytest.raises(FormatError, match=r"^.*text\.mp4: cannot be opened as a video \(.*\)$"):
+        probe(tmp_path / "text.mp4")

@@ -3,8 +3,9 @@ stream holds read from its packets alone.
 
 `decode_at` decodes exactly the frames at given timestamps (ascending) into a caller's array, as LeRobot's own
 `pyav` backend finds them: a frame matches a timestamp when `pts * time_base` is within `tolerance` of it. It seeks
-once, to the key frame at or before the first timestamp, decodes forward, converts only the frames asked for, and
-stops at the last one. `VideoReader` keeps one file's container open across calls, for a caller that decodes many
+once, to the key frame at or before the first timestamp (again from the stream's start only if the demuxer lands
+past it), decodes forward, converts only the frames asked for, straight into the caller's array, and stops at the
+last one. `VideoReader` keeps one file's container open across calls, for a caller that decodes many
 runs of frames from the same file (a worker decoding chunk after chunk). `probe` reads frame count, per-frame
 timestamps, size, codec and rate without decoding.
 
@@ -58,7 +59,9 @@ def _open(source: Source, what: str) -> tuple[Any, Any]:
         source.seek(0)
     try:
         container = av.open(source if not isinstance(source, os.PathLike) else os.fspath(source), "r")
-    except (av.FFmpegError, OSError, EOFError) as exc:
+    except FileNotFoundError:  # (PyAV's own is an FFmpegError too)
+        raise FileNotFoundError(f"{_name(source, what)}: no such video file") from None
+    except av.FFmpegError as exc:  # (a file object's own OSError, a store's, is the caller's to name)
         raise FormatError(f"{_name(source, what)}: cannot be opened as a video ({_first_line(exc)})") from None
     if not container.streams.video:
         container.close()
@@ -73,7 +76,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class VideoInfo:
     """What a video stream holds, read from its container and packets (no frame decoded).
 
