@@ -246,15 +246,14 @@ class LeRobotLoader(Loader):
     from zarrfeed.writer import DatasetWriter, replay_buffer_schema
 
     schema = replay_buffer_schema({"state": (np.float32, (2,)), "action": (np.float32, (2,))})
-    if __name__ == "__main__":   # worker processes start from a guarded script
-        with DatasetWriter("demo.zarr", schema) as writer:
-            for i, t in enumerate((5, 8)):
-                writer.submit({"state": np.ones((t, 2), np.float32), "action": np.zeros((t, 2), np.float32)},
-                              key=f"demo-{i}")
-        dt = {"state": [-0.1, 0.0], "action": [0.0, 0.1, 0.2]}
-        with LeRobotLoader("demo.zarr", dt, fps=10, batch_size=4, num_workers=0) as loader:
-            batch = next(iter(loader))
-        assert batch["action"].shape == (4, 3, 2) and batch["state_is_pad"].shape == (4, 2)
+    with DatasetWriter("demo.zarr", schema, workers=0) as writer:    # two episodes, of 5 and 8 steps
+        for i, t in enumerate((5, 8)):
+            writer.submit({"state": np.ones((t, 2), np.float32), "action": np.zeros((t, 2), np.float32)},
+                          key=f"demo-{i}")
+    dt = {"state": [-0.1, 0.0], "action": [0.0, 0.1, 0.2]}    # seconds, as LeRobotDataset takes them
+    with LeRobotLoader("demo.zarr", dt, fps=10, batch_size=4, shuffle=False, num_workers=0) as loader:
+        batch = next(iter(loader))
+    assert batch["action"].shape == (4, 3, 2) and batch["state_is_pad"].tolist()[0] == [True, False]
     ```
 
     Args:
