@@ -92,12 +92,13 @@ class FrameSamples(GroupedSamples):
         self.chunk_rows = {k: ds[k].chunks[0] for k in keys}
         super().__init__(self.frame // self.chunk_rows[keys[0]])
         group = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.sizes)
-        every = np.arange(len(self.frame), dtype=np.int64)
+        lo, hi = self.first[self.episode], self.end[self.episode] - 1
         reads: list[list[tuple[str, int]]] = [[] for _ in range(len(self.sizes))]
         for k in keys:  # each group's chunks of key k: the distinct chunks of the rows its samples read
-            chunk = self.rows(k, every)[0] // self.chunk_rows[k]
-            span = int(chunk.max(initial=0)) + 1
-            pairs = np.unique(group[:, None] * span + chunk)
+            span = -(-max(int(ends[-1]) if n else 0, 1) // self.chunk_rows[k])
+            pairs = np.unique(np.concatenate([np.zeros(0, np.int64)] + [  # one offset at a time: O(samples) memory
+                np.unique(group * span + np.clip(self.frame + off, lo, hi) // self.chunk_rows[k])
+                for off in self.offsets.get(k, np.zeros(1, np.int64)).tolist()]))
             for g, c in zip((pairs // span).tolist(), (pairs % span).tolist(), strict=True):
                 reads[g].append((k, c))
         self.reads = reads

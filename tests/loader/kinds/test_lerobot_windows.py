@@ -178,3 +178,31 @@ def test_resumed_mid_epoch_on_two_ranks_every_sample_once(lr_buffer):
     with LeRobotLoader(lr_buffer, {**DT, "action": [0.0, 0.1]}, **kw) as other:  # other deltas: refused
         with pytest.raises(ValueError, match="loader state has delta_indices="):
             other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("frames", ["uint8", "float32"])
+def test_the_golden_dataset_equals_what_lerobot_returned(frames):
+    """The dataset LeRobot 0.4.4 wrote, read in place with the `delta_timestamps` stored beside what its
+    `LeRobotDataset(...)[i]` returned for every frame: tabular values exactly; the camera's frames as uint8
+    equal to its decoded bytes, as float32 equal to them / 255."""
+    pytest.importorskip("zarrfeed.core.lerobot_meta", reason="the LeRobot v3 reader is not in this tree")
+    import json
+
+    with np.load(GOLDEN / "samples.npz") as data:
+        want = {k: data[k] for k in data.files}
+    deltas = json.loads(str(want.pop("delta_timestamps")))
+    with LeRobotLoader(GOLDEN / "dataset", deltas, frames=frames, shuffle=False, batch_size=40,
+                       num_workers=0) as loader:
+        got = epoch(loader)
+    assert (got["sample"] == np.arange(153)).all()
+    cam = "observation.images.cam"
+    for key, value in want.items():
+        if key == cam:
+            continue
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+        assert (got[key] == value).all(), key
+    if frames == "uint8":
+        assert (got[cam] == want[cam].transpose(0, 1, 3, 4, 2)).all()
+    else:
+        assert got[cam].dtype == np.float32 and got[cam].shape == want[cam].shape
+        assert np.abs(got[cam] - want[cam] / np.float32(255)).max() <= 1e-7
