@@ -53,13 +53,16 @@ def delta_offsets(delta_timestamps: Mapping[str, Sequence[float]] | None, fps: f
     for key, deltas in (delta_timestamps or {}).items():
         if key not in keys:
             raise ValueError(f"delta_timestamps: no key {key!r} in the dataset's steps ({', '.join(keys)})")
-        values = [deltas] if isinstance(deltas, (int, float)) else list(deltas)
+        if isinstance(deltas, (str, bytes, Mapping)) or not isinstance(deltas, (Sequence, np.ndarray)):
+            raise ValueError(f"delta_timestamps[{key!r}] must be a list of seconds, got {deltas!r}")
+        values: list[Any] = list(deltas)
         if not values:
             raise ValueError(f"delta_timestamps[{key!r}] is empty; give at least one delta (0.0: the frame itself)")
-        for d in values:
+        for j, d in enumerate(values):
             if isinstance(d, bool) or not isinstance(d, (int, float, np.integer, np.floating)) or \
                     not math.isfinite(d):
                 raise ValueError(f"delta_timestamps[{key!r}]: {d!r} is not a number of seconds")
+            values[j] = d = float(d)
             if abs(d * fps - round(d * fps)) / fps > TOLERANCE_S:
                 raise ValueError(f"delta_timestamps[{key!r}]: {d!r} s is not a multiple of 1/fps (fps {fps:g}) "
                                  f"within {TOLERANCE_S:g} s, as LeRobot's check_delta_timestamps requires")

@@ -151,6 +151,14 @@ def test_deltas_and_options_refused_in_one_line(lr_buffer, real_scene):
         assert loader.samples.offsets["action"].tolist() == [-1]
     with pytest.raises(ValueError, match="delta_timestamps: no key 'image' in the dataset's steps"):
         LeRobotLoader(lr_buffer, {"image": [0.0]}, fps=FPS)
+    with pytest.raises(ValueError, match=r"delta_timestamps\['action'\] must be a list of seconds, got 0.1"):
+        LeRobotLoader(lr_buffer, {"action": 0.1}, fps=FPS)
+    with pytest.raises(ValueError, match=r"delta_timestamps\['action'\]: 'a' is not a number of seconds"):
+        LeRobotLoader(lr_buffer, {"action": ["a"]}, fps=FPS)
+    with pytest.raises(ValueError, match=r"delta_timestamps\['action'\] is empty"):
+        LeRobotLoader(lr_buffer, {"action": []}, fps=FPS)
+    with pytest.raises(ValueError, match=r"delta_timestamps\['action'\]: 0.25 s is not a multiple"):
+        LeRobotLoader(lr_buffer, {"action": np.array([0.25])}, fps=FPS)  # (numpy values named as numbers)
     with pytest.raises(ValueError, match="fps= is needed"):
         LeRobotLoader(lr_buffer, DT)
     with pytest.raises(ValueError, match="fps must be a positive number"):
