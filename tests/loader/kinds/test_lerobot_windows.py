@@ -2,7 +2,9 @@
 checked against `lerobot_item` below, its rules written out plainly one item at a time (offsets round(d * fps),
 rows clamped to the episode, `<key>_is_pad`, the frame's own value for a key without deltas, a camera's
 single-frame window squeezed, float32 frames channels first / 255), on replay buffers (a LeRobot v3 root opens
-as one) and, when the LeRobot reader is there, on the golden dataset LeRobot itself wrote."""
+as one); and equal to what LeRobot itself returned for every frame of the golden dataset, its frames written
+into a replay buffer and, where the LeRobot reader is in the tree, read where they lie."""
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -12,11 +14,13 @@ from zarrfeed import LeRobotLoader
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import DatasetWriter, replay_buffer_schema
 
+from repo_paths import REAL_SCENE
+
 FPS = 10
 LENGTHS = [1, 7, 13, 3, 25, 1, 40, 9]  # episodes of one frame among them; chunks of 8 frames cross episodes
 DT = {"state": [-0.2, -0.1, 0.0], "action": [0.0, 0.1, 0.2, 0.3], "cam": [-0.1, 0.0]}
 SCALARS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
-GOLDEN = Path(__file__).resolve().parents[4] / "shared" / "data" / "lerobot_v3_small"
+GOLDEN = REAL_SCENE.parent / "lerobot_v3_small"  # what LeRobot wrote and returned (../shared/data/README.md)
 
 
 @pytest.fixture(scope="module")
@@ -188,29 +192,73 @@ def test_resumed_mid_epoch_on_two_ranks_every_sample_once(lr_buffer):
             other.load_state_dict(state)
 
 
+def golden_samples() -> tuple[dict, dict[str, np.ndarray]]:
+    """LeRobot's `delta_timestamps` and what its `LeRobotDataset(...)[i]` returned for every frame."""
+    import json
+
+    if not GOLDEN.is_dir() and not os.environ.get("CI"):
+        pytest.skip(f"LeRobot's golden dataset is not at {GOLDEN}")
+    with np.load(GOLDEN / "samples.npz") as data:
+        want = {k: data[k] for k in data.files}
+    return json.loads(str(want.pop("delta_timestamps"))), want
+
+
+def check_golden(got: dict[str, np.ndarray], want: dict[str, np.ndarray], cam: str, frames: str) -> None:
+    """Tabular values exactly; the camera's frames as uint8 equal to LeRobot's decoded bytes, as float32 equal
+    to them / 255."""
+    assert (got["sample"] == np.arange(153)).all()
+    for key, value in want.items():
+        if key != cam:
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+            assert (got[key] == value).all(), key
+    if frames == "uint8":
+        assert (got[cam] == want[cam].transpose(0, 1, 3, 4, 2)).all()
+    else:
+        assert got[cam].dtype == np.float32 and got[cam].shape == want[cam].shape
+        assert np.abs(got[cam] - want[cam] / np.float32(255)).max() <= 1e-7
+
+
+def test_lerobots_items_from_a_replay_buffer_of_the_golden_frames(tmp_path):
+    """The golden dataset's Parquet columns and its video's frames (decoded with PyAV, as LeRobot's pyav backend
+    does) written as a replay buffer (keys without dots: table names are folders): the items equal what
+    LeRobot returned, with its delta_timestamps and fps."""
+    av = pytest.importorskip("av")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    deltas, want = golden_samples()
+    root = GOLDEN / "dataset"
+    table = pq.read_table(root / "data" / "chunk-000" / "file-000.parquet")
+    with av.open(str(root / "videos" / "observation.images.cam" / "chunk-000" / "file-000.mp4")) as video:
+        cam = np.stack([f.to_ndarray(format="rgb24") for f in video.decode(video=0)])
+    columns = {}
+    for name in table.column_names:  # (fixed-size lists: LeRobot's vectors)
+        c = table[name].combine_chunks()
+        columns[name.replace(".", "_")] = c.flatten().to_numpy().reshape(len(c), c.type.list_size) \
+            if pa.types.is_fixed_size_list(c.type) else c.to_numpy()
+    columns["observation_images_cam"] = cam
+    ends = np.flatnonzero(np.diff(np.append(columns["episode_index"], -1))) + 1
+    schema = replay_buffer_schema({k: (v.dtype, v.shape[1:]) for k, v in columns.items()}, chunk_rows=16)
+    with DatasetWriter(tmp_path / "golden.zarr", schema, workers=0) as writer:
+        for e, (a, b) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends, strict=True)):
+            writer.submit({k: v[a:b] for k, v in columns.items()}, key=f"e{e}")
+    renamed = {k.replace(".", "_"): v for k, v in deltas.items()}
+    for frames in ("uint8", "float32"):
+        with LeRobotLoader(tmp_path / "golden.zarr", renamed, fps=10, frames=frames, shuffle=False, batch_size=40,
+                           num_workers=0) as loader:
+            got = epoch(loader)
+        named = {short + pad: full + pad for full in ("observation.state", "observation.images.cam")
+                 for short in [full.replace(".", "_")] for pad in ("", "_is_pad")}  # LeRobot's names again
+        check_golden({named.get(k, k): v for k, v in got.items()}, want, "observation.images.cam", frames)
+
+
 @pytest.mark.parametrize("frames", ["uint8", "float32"])
 def test_the_golden_dataset_equals_what_lerobot_returned(frames):
     """The dataset LeRobot 0.4.4 wrote, read in place with the `delta_timestamps` stored beside what its
     `LeRobotDataset(...)[i]` returned for every frame: tabular values exactly; the camera's frames as uint8
     equal to its decoded bytes, as float32 equal to them / 255."""
     pytest.importorskip("zarrfeed.core.lerobot_meta", reason="the LeRobot v3 reader is not in this tree")
-    import json
-
-    with np.load(GOLDEN / "samples.npz") as data:
-        want = {k: data[k] for k in data.files}
-    deltas = json.loads(str(want.pop("delta_timestamps")))
+    deltas, want = golden_samples()
     with LeRobotLoader(GOLDEN / "dataset", deltas, frames=frames, shuffle=False, batch_size=40,
                        num_workers=0) as loader:
-        got = epoch(loader)
-    assert (got["sample"] == np.arange(153)).all()
-    cam = "observation.images.cam"
-    for key, value in want.items():
-        if key == cam:
-            continue
-        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
-        assert (got[key] == value).all(), key
-    if frames == "uint8":
-        assert (got[cam] == want[cam].transpose(0, 1, 3, 4, 2)).all()
-    else:
-        assert got[cam].dtype == np.float32 and got[cam].shape == want[cam].shape
-        assert np.abs(got[cam] - want[cam] / np.float32(255)).max() <= 1e-7
+        check_golden(epoch(loader), want, "observation.images.cam", frames)
