@@ -262,3 +262,24 @@ def test_the_golden_dataset_equals_what_lerobot_returned(frames):
     with LeRobotLoader(GOLDEN / "dataset", deltas, frames=frames, shuffle=False, batch_size=40,
                        num_workers=0) as loader:
         check_golden(epoch(loader), want, "observation.images.cam", frames)
+
+
+def test_every_loader_option_with_its_default_and_the_probe_makes_the_loaders_batch(lr_buffer):
+    """It takes every `LoaderOptions` option (with its default; an unknown one refused in one line), and the
+    probe that sizes a transform's output makes the batch the loader makes, after a round trip through pickle."""
+    import pickle
+
+    from zarrfeed.core.keywords import option_names
+    from zarrfeed.loader.options import Options
+
+    defaults = option_names(Options) | {"num_workers": 0}
+    with LeRobotLoader(lr_buffer, DT, fps=FPS, frames="float32", batch_size=6, **defaults) as loader:
+        plan = loader.plan()
+        batches = [{k: np.array(v) for k, v in b.items()} for b in loader]
+        for k in (0, 5, len(plan) - 1):
+            made = pickle.loads(pickle.dumps(loader.source.probe_batch(plan, k)))()
+            assert list(made) == list(batches[k])
+            assert all(made[n].tobytes() == batches[k][n].tobytes() for n in made)
+    with pytest.raises(TypeError, match=r"^LeRobotLoader.__init__\(\) got an unexpected keyword argument "
+                                        r"'num_worker'. Did you mean 'num_workers'\?$"):
+        LeRobotLoader(lr_buffer, DT, fps=FPS, num_worker=2)
