@@ -7,9 +7,10 @@ from .dataset import Dataset, ValidationReport
 from .options import LoaderOptions
 from .parquet_export import export_parquet
 from .kinds.l5kit_samples import AgentSampleLoader, EgoSampleLoader
+from .kinds.lerobot_windows import LeRobotLoader
 from .kinds.sequences import SequenceLoader
 from .kinds.windows import WindowLoader
 
-__all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "Loader", "LoaderError",
-           "LoaderOptions", "LoaderStalledError", "SequenceLoader", "StoreUnreachable", "ValidationReport",
-           "WindowLoader", "export_parquet", "from_arrow", "to_arrow"]
+__all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "LeRobotLoader", "Loader",
+           "LoaderError", "LoaderOptions", "LoaderStalledError", "SequenceLoader", "StoreUnreachable",
+           "ValidationReport", "WindowLoader", "export_parquet", "from_arrow", "to_arrow"]

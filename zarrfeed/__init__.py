@@ -20,7 +20,7 @@ _NAMES = {
     "zarrfeed.writer": ["DatasetWriter", "L5KIT_SCHEMA", "Schema", "Table", "Link", "write_dataset", "ingest_parquet",
                "synthetic", "convert"],
     "zarrfeed.loader": ["Dataset", "Loader", "WindowLoader", "AgentSampleLoader",
-               "SequenceLoader",
+               "SequenceLoader", "LeRobotLoader",
                "EgoSampleLoader", "ValidationReport", "export_parquet",
                "from_arrow", "to_arrow"],
     # every exception zarrfeed raises of its own, `Error` at their base (zarrfeed/core/errors.py imports nothing

@@ -1,6 +1,7 @@
-"""What the kinds of batch made of samples share (window samples, L5Kit agent and ego samples, sequences):
-their samples grouped by the chunk they read (`GroupedSamples`), the description of such a kind
-(`GroupSource`) and the base of its builder (`SampleBuilder`).
+"""What the kinds of batch made of samples share (window samples, L5Kit agent and ego samples, sequences,
+LeRobot's items): their samples grouped by the chunk they read (`GroupedSamples`), the episodes selected
+(`select_episodes`), the description of such a kind (`GroupSource`) and the base of its builder
+(`SampleBuilder`, with where each resident chunk lies in the cache).
 
 A loader of samples (L5Kit windows, Diffusion Policy sequences) hands the plan its samples as groups, each of
 which reads a few chunks: group g is a plan "chunk" of `group_rows` rows whose first `sizes[g]` are samples.
@@ -64,6 +65,33 @@ class GroupedSamples:
         return np.concatenate(ids), np.concatenate(groups)
 
 
+def select_episodes(episodes: np.ndarray | None, n: int) -> np.ndarray:
+    """The episodes a loader of episodes' steps samples (`episodes=` of `SequenceLoader`, `LeRobotLoader`), as
+    indices in order, from None (all), a boolean mask over the episodes (Diffusion Policy's `episode_mask`) or an
+    index array."""
+    if episodes is None:
+        return np.arange(n, dtype=np.int64)
+    sel = np.asarray(episodes)
+    if sel.dtype == bool:
+        if sel.shape != (n,):
+            raise ValueError(f"episodes: a mask of {sel.shape[0] if sel.ndim == 1 else sel.shape} values, but the "
+                             f"buffer has {n} episodes")
+        return np.flatnonzero(sel).astype(np.int64)
+    if sel.size == 0:
+        return np.zeros(0, np.int64)
+    if sel.ndim != 1 or sel.dtype.kind not in "iu":
+        raise ValueError(f"episodes: expected a boolean mask or an array of episode indices, got {sel.dtype} "
+                         f"{sel.shape}")
+    if sel.min() < 0 or sel.max() >= n:
+        raise ValueError(f"episodes: index {int(sel.min() if sel.min() < 0 else sel.max())} is not an episode of "
+                         f"the buffer's {n}")
+    unique, counts = np.unique(sel.astype(np.int64), return_counts=True)
+    if (counts > 1).any():  # (a 0/1 mask given as integers reads as indices repeated: a mask is boolean)
+        raise ValueError(f"episodes: episode {int(unique[counts > 1][0])} is named {int(counts.max())} times; give "
+                         "each episode once, or a boolean mask over the episodes")
+    return unique
+
+
 class SampleBuilder:
     """The base of a builder of samples: batch k of a gather message is made by `one_batch(dst, plan, orders,
     k, slots)`, each kind's, from the epoch's plan and the cache slots of the chunks it reads; `layout` lays
@@ -74,6 +102,19 @@ class SampleBuilder:
         self.cache, self.slot_bytes = cache.chunks, cache.slot_bytes
         self.samples, self.dtypes, self.layout = samples, dtypes, layout
         self.plans = WorkerPlans(config, samples.selection())
+        self.bases: dict[str, tuple[dict, int, np.ndarray]] = {}  # per key, of the current message's slots
+
+    def chunk_bases(self, key: str, slots: dict[int, int]) -> tuple[int, np.ndarray]:
+        """Where each resident chunk of `key` starts in the cache, by chunk index from the first resident one:
+        made once per message (a message's batches read the same slots)."""
+        made = self.bases.get(key)
+        if made is None or made[0] is not slots:
+            first = min(slots)  # (a chunk not resident, which the plan never asks for, is far outside the
+            at = np.full(max(slots) - first + 1, -(1 << 62), np.int64)  # cache: the gather refuses it)
+            for chunk, slot in slots.items():
+                at[chunk - first] = slot * self.slot_bytes
+            made = self.bases[key] = (slots, first, at)
+        return made[1], made[2]
 
     def one_batch(self, dst: Any, plan: EpochPlan, orders: dict, k: int,
                   slots: dict[str, dict[int, int]]) -> dict[str, int] | None:

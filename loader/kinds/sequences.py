@@ -34,7 +34,7 @@ from ...core.keywords import spelled_out
 from ..options import SEQUENCE_GROUPS, LoaderOptions, Options
 from ..ordering.plan import EpochPlan, PlanConfig
 from .base import CacheView
-from .sample_groups import GroupedSamples, GroupSource, SampleBuilder
+from .sample_groups import GroupedSamples, GroupSource, SampleBuilder, select_episodes
 from .source import plan_settings
 
 preload_in_workers(__name__)  # see zarrfeed.core._proc.pool
@@ -76,7 +76,7 @@ class SequenceSamples(GroupedSamples):
         ds.require_link(EPISODES, END, ends)  # one line naming the episode, not an IndexError below
         self.first = np.concatenate([[0], ends[:-1]]).astype(np.int64)
         self.length = ends - self.first
-        self.episodes = _episodes(episodes, n)
+        self.episodes = select_episodes(episodes, n)
         self.episode, self.start = sequence_starts(ends, self.episodes, self.S, pad_before, pad_after)
         lo = self.first[self.episode] + np.maximum(self.start, 0)  # the steps each sample reads: [lo, hi)
         hi = self.first[self.episode] + np.minimum(self.start + self.S, self.length[self.episode])
@@ -118,32 +118,6 @@ def _whole(value: object, name: str) -> int:
         raise ValueError(f"{name} must be a whole number, got {value!r}") from None
 
 
-def _episodes(episodes: np.ndarray | None, n: int) -> np.ndarray:
-    """The episodes to sample, as indices in order, from None (all), a boolean mask over the episodes
-    (Diffusion Policy's `episode_mask`) or an index array."""
-    if episodes is None:
-        return np.arange(n, dtype=np.int64)
-    sel = np.asarray(episodes)
-    if sel.dtype == bool:
-        if sel.shape != (n,):
-            raise ValueError(f"episodes: a mask of {sel.shape[0] if sel.ndim == 1 else sel.shape} values, but the "
-                             f"buffer has {n} episodes")
-        return np.flatnonzero(sel).astype(np.int64)
-    if sel.size == 0:
-        return np.zeros(0, np.int64)
-    if sel.ndim != 1 or sel.dtype.kind not in "iu":
-        raise ValueError(f"episodes: expected a boolean mask or an array of episode indices, got {sel.dtype} "
-                         f"{sel.shape}")
-    if sel.min() < 0 or sel.max() >= n:
-        raise ValueError(f"episodes: index {int(sel.min() if sel.min() < 0 else sel.max())} is not an episode of "
-                         f"the buffer's {n}")
-    unique, counts = np.unique(sel.astype(np.int64), return_counts=True)
-    if (counts > 1).any():  # (a 0/1 mask given as integers reads as indices repeated: a mask is boolean)
-        raise ValueError(f"episodes: episode {int(unique[counts > 1][0])} is named {int(counts.max())} times; give "
-                         "each episode once, or a boolean mask over the episodes")
-    return unique
-
-
 def _layout(ds: Dataset, seqs: SequenceSamples, batch_size: int) -> Layout:
     cols: list[tuple] = [("sample", np.dtype(np.int64), (), -1), ("episode", np.dtype(np.int64), (), -1),
                          ("is_pad", np.dtype(bool), (seqs.S,), -1)]
@@ -164,19 +138,6 @@ class SequenceBuilder(SampleBuilder):
         super().__init__(cache, config, samples, dtypes, layout)
         self.by_name = {c.name: c for c in layout.columns}
         self.specs = {k: np.array([0, dtypes[k].itemsize, self.by_name[k].base], np.int64) for k in samples.keys}
-        self.bases: dict[str, tuple[dict, int, np.ndarray]] = {}  # per key, of the current message's slots
-
-    def chunk_bases(self, key: str, slots: dict[int, int]) -> tuple[int, np.ndarray]:
-        """Where each resident chunk of `key` starts in the cache, by chunk index from the first resident one:
-        made once per message (a message's batches read the same slots)."""
-        made = self.bases.get(key)
-        if made is None or made[0] is not slots:
-            first = min(slots)  # (a chunk not resident, which the plan never asks for, is far outside the
-            at = np.full(max(slots) - first + 1, -(1 << 62), np.int64)  # cache: the gather refuses it)
-            for chunk, slot in slots.items():
-                at[chunk - first] = slot * self.slot_bytes
-            made = self.bases[key] = (slots, first, at)
-        return made[1], made[2]
 
     def one_batch(self, dst: Any, p: EpochPlan, orders: dict, k: int, slots: dict[str, dict[int, int]]) -> None:
         seqs, by_name, dtypes = self.samples, self.by_name, self.dtypes

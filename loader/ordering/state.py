@@ -45,7 +45,8 @@ def selection_digest(parts: Iterable[np.ndarray] | None) -> str:
 
 # settings that follow from the options (and, by default, the window: from shuffle_bytes and what is read)
 _DERIVED = frozenset({"table_rows", "chunk_rows", "samples", "shuffle_window"})
-_SELECTED_BY = {"SequenceLoader": "episodes"}  # the option that selects what a loader reads (default rows=)
+# the option that selects what a loader reads (default rows=)
+_SELECTED_BY = {"SequenceLoader": "episodes", "LeRobotLoader": "episodes"}
 # AgentSampleLoader's minimums of the agents mask, which select its agents without rows=: recorded only then, and
 # named when the selection differs (the digest decides, as for rows=: equal minimums select equal agents)
 MASK_MINIMUMS = ("min_history", "min_future")

@@ -114,7 +114,8 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path):
     shared = {cls: zarrfeed.loader.LoaderOptions for cls in (zarrfeed.loader.Loader, zarrfeed.loader.WindowLoader,
                                                              zarrfeed.loader.AgentSampleLoader,
                                                              zarrfeed.loader.EgoSampleLoader,
-                                                             zarrfeed.loader.SequenceLoader)}
+                                                             zarrfeed.loader.SequenceLoader,
+                                                             zarrfeed.loader.LeRobotLoader)}
     shared |= {cls: zarrfeed.flight.RemoteOptions for cls in (zarrfeed.flight.RemoteLoader,
                                                               zarrfeed.flight.RemoteWindowLoader,
                                                               zarrfeed.flight.RemoteAgentSampleLoader,
