@@ -1,4 +1,5 @@
-"""`Dataset`: open a zarrfeed or L5Kit dataset, describe it (`info`) and check it (`validate`)."""
+"""`Dataset`: open a zarrfeed or L5Kit dataset (or a replay buffer, or a LeRobot v3 root: `lerobot_dataset`),
+describe it (`info`) and check it (`validate`)."""
 from __future__ import annotations
 
 
@@ -10,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..core import chunk_check, commit_log_reads, dataset_format, manifest_io, not_a_dataset
+from ..core import chunk_check, commit_log_reads, dataset_format, lerobot_meta, manifest_io, not_a_dataset
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import Check, check_chunk, read_coordinates, read_rows
@@ -163,7 +164,16 @@ class Dataset:
 
     @classmethod
     def _open(cls, location: Location, mode: str, commit: int | None, read_check: bool = True) -> "Dataset":
-        group = dataset_format.open_group(location, mode)
+        try:
+            group: Group | None = dataset_format.open_group(location, mode)
+        except FormatError:
+            if not lerobot_meta.is_lerobot(location):
+                raise
+            group = None  # no zarr group: a LeRobot root, read in place
+        if group is None:
+            from .lerobot_dataset import LeRobotDataset  # (it builds on this module)
+
+            return LeRobotDataset.open_root(location, mode, commit)
         schema, arrays, others = dataset_format.open_tables(group, "r" if mode == "r" else "r+")
         if not schema.tables:  # an empty group, a replay buffer's data/, xarray's output: said so, not read as empty
             raise not_a_dataset.refusal(location, group, others)

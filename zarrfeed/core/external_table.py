@@ -23,7 +23,7 @@ from .errors import ChunkError
 
 class ExternalTable:
     """`rows` records of `dtype` read from files of another format, in chunks of `chunk_rows` (the last one
-    zero-padded). Subclasses say how rows [start, stop) are read (`_read`)."""
+    zero-padded). Subclasses say how rows [start, stop) are read (`read_records`)."""
 
     reads_own_chunks: ClassVar[bool] = True  # the fetcher reads its chunks through `read_chunks`, never by key
     sharding = None
@@ -83,7 +83,7 @@ class ExternalTable:
                 continue
             start, stop = i * self.chunk_rows, min((i + 1) * self.chunk_rows, self.rows)
             chunk = np.zeros(self.chunk_rows, self.dtype)
-            records = self._read(start, stop)
+            records = self.read_records(start, stop)
             if records.shape != (stop - start,) or records.dtype != self.dtype:
                 raise ChunkError(f"table '{self.table}': chunk '{self.chunk_key(i)}' read as {records.shape} "
                                  f"{records.dtype}, not {stop - start} records of {self.dtype}")
@@ -99,7 +99,7 @@ class ExternalTable:
             raise ValueError(f"{data.size} bytes for a chunk of {self.chunk_rows * self.dtype.itemsize}")
         out.view(np.uint8).reshape(-1)[:] = data
 
-    def _read(self, start: int, stop: int) -> np.ndarray:
+    def read_records(self, start: int, stop: int) -> np.ndarray:
         """Records [start, stop) of this table (`ChunkError` naming the file if they cannot be read)."""
         raise NotImplementedError
 
@@ -111,5 +111,5 @@ class MemoryTable(ExternalTable):
         super().__init__(table, records.dtype, len(records), chunk_rows, path)
         self.records = records
 
-    def _read(self, start: int, stop: int) -> np.ndarray:
+    def read_records(self, start: int, stop: int) -> np.ndarray:
         return self.records[start:stop]

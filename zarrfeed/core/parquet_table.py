@@ -23,7 +23,8 @@ class ParquetTable(ExternalTable):
     records `dtype` (the field named as the column), file f holding rows [starts[f], stops[f])."""
 
     def __init__(self, location: Location, table: str, column: str, dtype: np.dtype, files: Sequence[str],
-                 starts: Sequence[int], stops: Sequence[int], chunk_rows: int = CHUNK_ROWS) -> None:
+                 starts: Sequence[int] | np.ndarray, stops: Sequence[int] | np.ndarray,
+                 chunk_rows: int = CHUNK_ROWS) -> None:
         rows = int(max(stops, default=0))
         super().__init__(table, dtype, rows, chunk_rows, posixpath_dir(files))
         self.location, self.column, self.files = location, column, list(files)
@@ -41,7 +42,7 @@ class ParquetTable(ExternalTable):
             self._fs = self.location.filesystem()
         return self._fs
 
-    def _read(self, start: int, stop: int) -> np.ndarray:
+    def read_records(self, start: int, stop: int) -> np.ndarray:
         out = np.zeros(stop - start, self.dtype)
         for f in np.flatnonzero((self.starts < stop) & (self.stops > start)).tolist():
             lo, hi = max(start, int(self.starts[f])), min(stop, int(self.stops[f]))

@@ -29,7 +29,7 @@ class VideoTable(ExternalTable):
     `episode_file[e]` indexes `files` (paths below `location`). `unreadable`: why the timestamps could not be
     read when the dataset was opened (each read then raises `ChunkError` saying so)."""
 
-    def __init__(self, location: Location, table: str, camera: str, shape: tuple[int, int, int],
+    def __init__(self, location: Location, table: str, camera: str, shape: tuple[int, ...],
                  files: Sequence[str], episode_file: np.ndarray, episode: np.ndarray, timestamps: np.ndarray,
                  chunk_rows: int = CHUNK_ROWS, unreadable: str | None = None) -> None:
         dtype = np.dtype([(table, np.uint8, tuple(shape))])
@@ -39,7 +39,7 @@ class VideoTable(ExternalTable):
         self.episode, self.timestamps = np.asarray(episode, np.int64), np.asarray(timestamps, np.float64)
         self.unreadable = unreadable
 
-    def _read(self, start: int, stop: int) -> np.ndarray:
+    def read_records(self, start: int, stop: int) -> np.ndarray:
         if self.unreadable:
             raise ChunkError(f"camera '{self.camera}': frame times unknown ({self.unreadable})")
         out = np.zeros(stop - start, self.dtype)
@@ -48,6 +48,9 @@ class VideoTable(ExternalTable):
         cuts = np.flatnonzero(np.diff(episodes)) + 1
         for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(episodes)].tolist(), strict=True):
             e = int(episodes[lo])
+            if e < 0:
+                raise ChunkError(f"camera '{self.camera}': row {start + lo} is in no episode (meta/episodes' "
+                                 "ranges do not cover it)")
             name = self.files[int(self.episode_file[e])]
             wanted = self.timestamps[start + lo:start + hi]
             frames[lo:hi] = _decode_frames(self.location, name, wanted, self.frame_shape,
