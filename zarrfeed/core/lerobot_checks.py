@@ -89,8 +89,10 @@ def _data_file(meta: LeRobotMeta, fs: Any, root: str, f: int, name: str) -> Foun
         bad = np.flatnonzero(got != want)
         if len(bad):
             row = int(bad[0])
-            found.append((name, f"episode {int(episode[row])}: column '{column}' is {got[row]} at row {row} of the "
-                                f"file (dataset row {start + row}), expected {want[row]}"))
+            e = int(episode[row])
+            which = f"episode {e}" if e >= 0 else "a row of no episode"
+            found.append((name, f"{which}: column '{column}' is {got[row]} at row {row} of the file (dataset row "
+                                f"{start + row}), expected {want[row]}"))
     return found
 
 
