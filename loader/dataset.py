@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from ..core import chunk_check, commit_log_reads, dataset_format, lerobot_meta, manifest_io, not_a_dataset
+from ..core import chunk_check, commit_log_reads, dataset_format, manifest_io, not_a_dataset
 from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import Check, check_chunk, read_coordinates, read_rows
@@ -25,6 +25,10 @@ from .arrow_bridge import ArrowStream, table_batches
 
 
 STEPS = "steps"  # a replay buffer's step tables read together (see `read_rows`)
+
+# datasets of other formats, without a zarr group, each read by a module of its own that adds itself here when
+# the package is imported (a LeRobot v3 root: `lerobot_dataset`): (whether a location holds one, its opener)
+OTHER_ROOTS: list[tuple[Callable[[Location], bool], Callable[[Location, str, int | None], "Dataset"]]] = []
 
 
 @dataclass
@@ -165,15 +169,15 @@ class Dataset:
     @classmethod
     def _open(cls, location: Location, mode: str, commit: int | None, read_check: bool = True) -> "Dataset":
         try:
-            group: Group | None = dataset_format.open_group(location, mode)
+            group = dataset_format.open_group(location, mode)
         except FormatError:
-            if not lerobot_meta.is_lerobot(location):
+            other = next((open_root for holds, open_root in OTHER_ROOTS if holds(location)), None)
+            if other is None:
                 raise
-            group = None  # no zarr group: a LeRobot root, read in place
-        if group is None:
-            from .lerobot_dataset import LeRobotDataset  # (it builds on this module)
-
-            return LeRobotDataset.open_root(location, mode, commit)
+        else:
+            other = None
+        if other is not None:  # no zarr group: a dataset of another format, read in place
+            return other(location, mode, commit)
         schema, arrays, others = dataset_format.open_tables(group, "r" if mode == "r" else "r+")
         if not schema.tables:  # an empty group, a replay buffer's data/, xarray's output: said so, not read as empty
             raise not_a_dataset.refusal(location, group, others)

@@ -1,5 +1,6 @@
-"""A LeRobot v3 root opened as a `Dataset`, read in place: the tables of `core.lerobot_tables` (a replay
-buffer's shape: `episodes` and one step table per feature), and `lerobot`, its parsed metadata.
+"""A LeRobot v3 root opened as a `Dataset` (`Dataset.open` of a location holding `meta/info.json`), read in
+place: the tables of `core.lerobot_tables` (a replay buffer's shape: `episodes` and one step table per feature),
+and `lerobot`, its parsed metadata.
 
 It has no commits and no recorded digests (`digests()` is None, nothing is checked against records); its
 `version_tag` is a digest of its files' names, sizes and times. `validate` checks what the format promises
@@ -11,12 +12,12 @@ from typing import Any, Callable
 
 from ..core import lerobot_checks
 from ..core.errors import FormatError
-from ..core.lerobot_meta import LeRobotMeta
+from ..core.lerobot_meta import LeRobotMeta, is_lerobot
 from ..core.lerobot_tables import lerobot_tables
 from ..core.links import Violation
 from ..core.location import Location
 from ..core.zarr_array import Group
-from .dataset import Dataset, ValidationReport, VerifyReport
+from .dataset import OTHER_ROOTS, Dataset, ValidationReport, VerifyReport
 
 
 class LeRobotDataset(Dataset):
@@ -100,3 +101,6 @@ class LeRobotDataset(Dataset):
         if progress:
             progress(chunks)
         return VerifyReport(unverifiable=chunks, recorded=False)
+
+
+OTHER_ROOTS.append((is_lerobot, LeRobotDataset.open_root))  # `Dataset.open` reads such a root as this class
