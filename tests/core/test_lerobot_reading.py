@@ -12,6 +12,7 @@ from repo_paths import LEROBOT_ROOT
 from zarrfeed.core.chunks import read_coordinates, read_rows
 from zarrfeed.core.errors import FormatError
 from zarrfeed.core.external_table import ExternalTable
+from zarrfeed.core.lerobot_checks import validate
 from zarrfeed.core.lerobot_meta import LeRobotMeta, is_lerobot
 from zarrfeed.core.lerobot_tables import lerobot_tables
 from zarrfeed.core.location import Location
@@ -100,6 +101,7 @@ def test_data_and_videos_over_several_files_read_the_same(tmp_path):
     root = split_root(tmp_path / "split")
     meta = LeRobotMeta.read(Location.of(root))
     assert meta.data_files == [DATA, "data/chunk-000/file-001.parquet"] and len(meta.video_files[CAM]) == 2
+    assert validate(meta) == []
     _, tables = lerobot_tables(meta, chunk_rows=50, video_chunk_rows=16)
     want = current_frames()
     for name in (*FEATURES, CAM):

@@ -258,9 +258,10 @@ def _episodes(fs: Any, root: str, cameras: list[str]) -> tuple[Episodes, np.ndar
     import pyarrow as pa
 
     table = pa.concat_tables([t.select(columns) for t in tables])
-    for c in columns:
-        if c != "tasks" and table[c].null_count:
-            raise FormatError(f"{files[0]}: column '{c}' has missing values")
+    for name, t in zip(files, tables, strict=True):
+        for c in columns:
+            if c != "tasks" and t[c].null_count:
+                raise FormatError(f"{name}: column '{c}' has missing values")
 
     def col(name: str, dtype: Any) -> np.ndarray:
         return np.asarray(table[name].to_numpy(), dtype)
