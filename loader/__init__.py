@@ -4,6 +4,7 @@ from ..core.errors import FormatError, LoaderError, LoaderStalledError, StoreUnr
 from .arrow_bridge import to_arrow
 from .loader import Loader
 from .dataset import Dataset, ValidationReport
+from .lerobot_dataset import LeRobotDataset as LeRobotDataset  # (adds the LeRobot v3 reader to `Dataset.open`)
 from .options import LoaderOptions
 from .parquet_export import export_parquet
 from .kinds.l5kit_samples import AgentSampleLoader, EgoSampleLoader

@@ -1,4 +1,5 @@
-"""`Dataset`: open a zarrfeed or L5Kit dataset, describe it (`info`) and check it (`validate`)."""
+"""`Dataset`: open a zarrfeed or L5Kit dataset (or a replay buffer, or a LeRobot v3 root: `lerobot_dataset`),
+describe it (`info`) and check it (`validate`)."""
 from __future__ import annotations
 
 
@@ -24,6 +25,10 @@ from .arrow_bridge import ArrowStream, table_batches
 
 
 STEPS = "steps"  # a replay buffer's step tables read together (see `read_rows`)
+
+# datasets of other formats, without a zarr group, each read by a module of its own that adds itself here when
+# the package is imported (a LeRobot v3 root: `lerobot_dataset`): (whether a location holds one, its opener)
+OTHER_ROOTS: list[tuple[Callable[[Location], bool], Callable[[Location, str, int | None], "Dataset"]]] = []
 
 
 @dataclass
@@ -163,7 +168,16 @@ class Dataset:
 
     @classmethod
     def _open(cls, location: Location, mode: str, commit: int | None, read_check: bool = True) -> "Dataset":
-        group = dataset_format.open_group(location, mode)
+        try:
+            group = dataset_format.open_group(location, mode)
+        except FormatError:
+            other = next((open_root for holds, open_root in OTHER_ROOTS if holds(location)), None)
+            if other is None:
+                raise
+        else:
+            other = None
+        if other is not None:  # no zarr group: a dataset of another format, read in place
+            return other(location, mode, commit)
         schema, arrays, others = dataset_format.open_tables(group, "r" if mode == "r" else "r+")
         if not schema.tables:  # an empty group, a replay buffer's data/, xarray's output: said so, not read as empty
             raise not_a_dataset.refusal(location, group, others)

@@ -210,10 +210,11 @@ class ChunkFetcher:
 
     def _attempt(self, refs: list[ChunkRef]) -> list[bytes | BaseException]:
         """One try at every chunk: its bytes, or the error its request met (FileNotFoundError: not stored). Chunks
-        of their own object are fetched by one concurrent `cat`; inner chunks of shards through their array (a
-        failure there fails every chunk of that array, which is tried again)."""
+        of their own object are fetched by one concurrent `cat`; inner chunks of shards, and chunks of tables not
+        stored as zarr arrays (`core.external_table`), through their array (a failure there fails every chunk of
+        that array, which is tried again)."""
         out: list[bytes | BaseException] = [FileNotFoundError()] * len(refs)
-        plain = [i for i, c in enumerate(refs) if c.array.sharding is None]
+        plain = [i for i, c in enumerate(refs) if not _through_array(c.array)]
         if plain:
             paths = [f"{self.root}/{refs[i].key}" for i in plain]
             try:
@@ -224,7 +225,7 @@ class ChunkFetcher:
                 out[i] = got.get(path, FileNotFoundError(path))
         sharded: dict[int, list[int]] = {}
         for i, c in enumerate(refs):
-            if c.array.sharding is not None:
+            if _through_array(c.array):
                 sharded.setdefault(id(c.array), []).append(i)
         for group in sharded.values():
             array = refs[group[0]].array
@@ -248,6 +249,12 @@ class ChunkFetcher:
         check_chunk(ref.key, raw, record, ref.array.table)
         return raw
 
+
+
+def _through_array(array: Array) -> bool:
+    """Whether `array`'s chunks are read through its `read_chunks` rather than fetched as objects by key: inner
+    chunks of v3 shards, and tables whose rows are not zarr chunks (`ExternalTable.reads_own_chunks`)."""
+    return array.sharding is not None or bool(getattr(array, "reads_own_chunks", False))
 
 
 def _read(refs: list[ChunkRef]) -> list[bytes | None]:

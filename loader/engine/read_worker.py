@@ -25,6 +25,7 @@ from ...core._proc.pool import RemoteError, preload_in_workers
 from ...core._proc.shm import SharedBlock, check_room
 from ...core.chunk_check import ChunkCheck
 from ...core.chunks import decode_chunk_into
+from ...core.external_table import ExternalTable
 from ...core.schema import Table
 from ...core.location import Location
 from ..caches.chunk_cache import ChunkMemory
@@ -77,16 +78,21 @@ class DatasetOpener:
     digests: dict[str, dict[int, tuple[int, str]]] | None = None
     check: ChunkCheck | None = None
     tables: dict[str, Table] | None = None  # the schema's, for tables whose arrays are not at their names
+    external: dict[str, ExternalTable] | None = None  # tables not stored as zarr arrays: handed over themselves
 
     @classmethod
     def of(cls, ds, fetch: FetchOptions) -> "DatasetOpener":
         cached = fetch.cache_dir is not None and ds.location.settings.remote
         at_paths = {n: t for n, t in ds.schema.tables.items() if t.path}
+        external = {n: a for n, a in ds.tables.items() if isinstance(a, ExternalTable)}
         return cls(ds.location, dict(ds.rows), fetch, ds.digests(tail=False) if cached else None, ds.check,
-                   at_paths or None)
+                   at_paths or None, external or None)
 
     def open_table(self, store: Any, name: str) -> Any:
-        """The array of table `name` in `store` (where the schema puts it)."""
+        """The array of table `name` in `store` (where the schema puts it); an external table is itself (it
+        opens its files when it reads)."""
+        if name in (self.external or {}):
+            return (self.external or {})[name]
         table = (self.tables or {}).get(name)
         if table is None:
             return dataset_format.open_table(store, name)

@@ -10,3 +10,5 @@ REAL_SCENE = Path(os.environ.get("ZARRFEED_REAL_SCENE")
                   or ROOT.parent / "shared" / "data" / "l5kit_single_scene.zarr")
 DP_BUFFER = REAL_SCENE.parent / "dp_replay_small.zarr"
 DP_SAMPLES = REAL_SCENE.parent / "dp_samples_s16_b1_a7.npz"
+LEROBOT_ROOT = REAL_SCENE.parent / "lerobot_v3_small" / "dataset"  # a LeRobot v3 dataset LeRobot 0.4.4 wrote
+LEROBOT_SAMPLES = LEROBOT_ROOT.parent / "samples.npz"  # what its LeRobotDataset returned for every frame

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
         info = ds.info()
         formats = sorted({t.get("zarr_format", 2) for t in info.values()})
         said = f", zarr {'/'.join(f'v{n}' for n in formats)}" if formats != [2] else ""
-        print(json.dumps(info, indent=2) if args.json else f"{ds.location} ({ds.schema.name}{said})\n"
+        about = f"{ds.lerobot.describe()}\n\n" if getattr(ds, "lerobot", None) is not None else ""  # a LeRobot root
+        print(json.dumps(info, indent=2) if args.json else f"{ds.location} ({ds.schema.name}{said})\n{about}"
               f"{format_info(info)}")
     return 0

@@ -179,9 +179,7 @@ class Schema:
         order = list(self.tables)
         parents: dict[str, Link] = {}
         for t in self.tables.values():
-            if not _TABLE_NAME.fullmatch(t.name):
-                raise ValueError(f"table {t.name!r}: a table's name is its folder in the store: letters, digits, _ "
-                                 "and - only, not starting with - (no /, . or ..)")
+            self._check_name(t)
             if t.path and not all(_TABLE_NAME.fullmatch(p) for p in t.path.split("/")):
                 raise ValueError(f"table {t.name!r}: path {t.path!r} is not a path of plain folder names")
             if t.dtype.names is None:
@@ -207,6 +205,12 @@ class Schema:
             if order.index(link.parent) >= order.index(link.child):
                 raise ValueError(f"link {link}: list parent table '{link.parent}' before '{link.child}'")
             parents[link.child] = link
+
+    def _check_name(self, t: Table) -> None:
+        """`ValueError` unless the table's name is a plain folder name (it is its array's folder)."""
+        if not _TABLE_NAME.fullmatch(t.name):
+            raise ValueError(f"table {t.name!r}: a table's name is its folder in the store: letters, digits, _ "
+                             "and - only, not starting with - (no /, . or ..)")
 
     def links_from(self, table: str) -> list[Link]:
         """Links whose parent is `table`."""

@@ -1,0 +1,126 @@
+"""A LeRobot v3 root read in place as tables: the golden dataset's values are LeRobot's own, tabular values
+exactly, video frames exactly as its PyAV decoding gave them."""
+import pickle
+import warnings
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from lerobot_roots import CAM, DATA, copy_root, current_frames, edit_info, split_root
+from repo_paths import LEROBOT_ROOT
+
+from zarrfeed.core.chunks import read_coordinates, read_rows
+from zarrfeed.core.errors import FormatError
+from zarrfeed.core.external_table import ExternalTable
+from zarrfeed.core.lerobot_checks import validate
+from zarrfeed.core.lerobot_meta import LeRobotMeta, is_lerobot
+from zarrfeed.core.lerobot_tables import lerobot_tables
+from zarrfeed.core.location import Location
+from zarrfeed.core.parquet_table import ParquetTable
+
+FEATURES = ("observation.state", "action", "timestamp", "frame_index", "episode_index", "index", "task_index")
+
+
+@pytest.fixture(scope="module")
+def golden():
+    meta = LeRobotMeta.read(Location.of(LEROBOT_ROOT))
+    return meta, *lerobot_tables(meta)
+
+
+def test_the_metadata_says_what_lerobot_wrote(golden):
+    meta, schema, _ = golden
+    assert is_lerobot(Location.of(LEROBOT_ROOT)) and meta.fps == 10 and meta.tasks == ["pick", "place"]
+    assert list(meta.episodes.length) == [40, 32, 26, 31, 24] and meta.episodes.end[-1] == 153
+    assert meta.features["observation.state"].shape == (6,) and meta.features["index"].shape == ()
+    assert meta.cameras[CAM].shape == (48, 64, 3) and meta.data_files == [DATA]
+    assert schema.name == "lerobot" and schema.step_tables() == [*FEATURES, CAM]
+    assert schema.tables["observation.state"].dtype == np.dtype([("observation.state", np.float32, (6,))])
+
+
+def test_every_feature_reads_as_the_parquet_and_lerobot_hold_it(golden):
+    _, _, tables = golden
+    parquet, want = pq.read_table(LEROBOT_ROOT / DATA), current_frames()
+    for name in FEATURES:
+        got = read_rows(tables[name], 0, 153)[name]
+        assert np.array_equal(got, np.stack(parquet[name].to_numpy(zero_copy_only=False))), name
+        assert np.array_equal(got, want[name]), name
+    frames = read_rows(tables[CAM], 0, 153)[CAM]
+    assert frames.dtype == np.uint8 and np.array_equal(frames, want[CAM])  # 0 difference: the same decoder
+
+
+def test_chunks_smaller_than_row_groups_and_episodes_read_the_same(golden):
+    meta, _, _ = golden
+    _, small = lerobot_tables(meta, chunk_rows=7, video_chunk_rows=5)
+    want = current_frames()
+    rows = np.array([152, 0, 39, 40, 97, 98, 128, 129, 3])
+    for name in ("observation.state", "index", CAM):
+        assert small[name].chunks == ((7,) if name != CAM else (5,))
+        assert np.array_equal(read_coordinates(small[name], rows)[name], want[name][rows]), name
+        assert np.array_equal(read_rows(small[name], 30, 75)[name], want[name][30:75]), name
+
+
+def test_a_chunk_is_its_decoded_bytes_zero_padded(golden):
+    _, _, tables = golden
+    raw = tables["action"].read_chunks([0, 1])
+    assert raw[1] is None and len(raw[0]) == 1024 * 24
+    assert not np.frombuffer(raw[0], np.uint8)[153 * 24:].any()
+    out = np.empty(1024 * 24, np.uint8)
+    tables["action"].decode_into(raw[0], out)
+    with pytest.raises(ValueError, match="bytes for a chunk"):
+        tables["action"].decode_into(raw[0][:-1], out)
+
+
+def test_external_tables_are_picklable_and_flagged_for_the_fetcher(golden):
+    _, _, tables = golden
+    read_rows(tables["observation.state"], 0, 10)  # (opened its files once: nothing open goes in the pickle)
+    for name in ("episodes", "observation.state", CAM):
+        table = pickle.loads(pickle.dumps(tables[name]))
+        assert isinstance(table, ExternalTable) and table.reads_own_chunks and table.sharding is None
+        assert table.chunk_key(3) == f"{name}#3" and table.zarr_format is None and not table.missing_is_fill
+    again = pickle.loads(pickle.dumps(tables[CAM]))
+    assert np.array_equal(read_rows(again, 40, 42)[CAM], current_frames()[CAM][40:42])
+
+
+def test_a_fixed_size_list_column_is_read_by_row_groups_without_reading_others(golden, monkeypatch):
+    meta, _, tables = golden
+    asked = []
+    real = pq.ParquetFile.read_row_groups
+
+    def spy(self, groups, *args, **kwargs):
+        asked.append((list(groups), kwargs.get("columns")))
+        return real(self, groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    table = ParquetTable(meta.location, "action", "action", tables["action"].dtype, meta.data_files,
+                         meta.data_start, meta.data_stop, chunk_rows=10)
+    assert np.array_equal(read_rows(table, 40, 50)["action"], current_frames()["action"][40:50])
+    assert asked == [([1], ["action"])]  # episode 1's row group only (the file's row groups are its episodes)
+
+
+def test_data_and_videos_over_several_files_read_the_same(tmp_path):
+    root = split_root(tmp_path / "split")
+    meta = LeRobotMeta.read(Location.of(root))
+    assert meta.data_files == [DATA, "data/chunk-000/file-001.parquet"] and len(meta.video_files[CAM]) == 2
+    assert validate(meta) == []
+    _, tables = lerobot_tables(meta, chunk_rows=50, video_chunk_rows=16)
+    want = current_frames()
+    for name in (*FEATURES, CAM):
+        assert np.array_equal(read_rows(tables[name], 0, 153)[name], want[name]), name
+
+
+def test_features_not_read_are_left_out_with_a_warning_and_unknown_dtypes_refused(tmp_path):
+    root = copy_root(tmp_path / "r")
+
+    def add(info):
+        info["features"]["observation.images.top"] = {"dtype": "image", "shape": [8, 8, 3], "names": None}
+        info["features"]["language"] = {"dtype": "string", "shape": [1], "names": None}
+    edit_info(root, add)
+    with pytest.warns(UserWarning) as said:
+        meta = LeRobotMeta.read(Location.of(root))
+    assert sorted(str(w.message).split("feature ")[1].split(" left out")[0] for w in said) == \
+        ["'language'", "'observation.images.top'"]
+    assert set(meta.left_out) == {"observation.images.top", "language"} and "language" not in meta.features
+    edit_info(root, lambda info: info["features"]["action"].update(dtype="float128x"))
+    with warnings.catch_warnings(), pytest.raises(FormatError, match=r"meta/info.json: features.action: dtype "):
+        warnings.simplefilter("ignore")
+        LeRobotMeta.read(Location.of(root))

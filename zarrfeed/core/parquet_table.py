@@ -1,0 +1,115 @@
+"""One column of a sequence of Parquet files read as a table (a LeRobot feature over its data files).
+
+The files hold consecutive rows of the table: file f holds rows [start[f], stop[f]). A chunk is `chunk_rows`
+consecutive rows; reading it reads, from each file it overlaps, only the row groups that hold its rows and only
+its column, with pyarrow. A (nested) fixed-size list column becomes a numpy array of the feature's shape without
+a Python loop over rows.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ChunkError
+from .external_table import ExternalTable
+from .location import Location
+
+CHUNK_ROWS = 1024
+
+
+class ParquetTable(ExternalTable):
+    """Column `column` of the Parquet `files` (paths below `location`) as the table `table` of one-field
+    records `dtype` (the field named as the column), file f holding rows [starts[f], stops[f])."""
+
+    def __init__(self, location: Location, table: str, column: str, dtype: np.dtype, files: Sequence[str],
+                 starts: Sequence[int] | np.ndarray, stops: Sequence[int] | np.ndarray,
+                 chunk_rows: int = CHUNK_ROWS) -> None:
+        rows = int(max(stops, default=0))
+        super().__init__(table, dtype, rows, chunk_rows, posixpath_dir(files))
+        self.location, self.column, self.files = location, column, list(files)
+        self.starts, self.stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        self._groups: dict[int, np.ndarray] = {}  # per file: the first row of each row group, and the end
+        self._fs: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fs"] = None  # opened again where it is used
+        return state
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            self._fs = self.location.filesystem()
+        return self._fs
+
+    def read_records(self, start: int, stop: int) -> np.ndarray:
+        out = np.zeros(stop - start, self.dtype)
+        for f in np.flatnonzero((self.starts < stop) & (self.stops > start)).tolist():
+            lo, hi = max(start, int(self.starts[f])), min(stop, int(self.stops[f]))
+            values = self.read_file_rows(f, lo - int(self.starts[f]), hi - int(self.starts[f]))
+            out[self.column][lo - start:hi - start] = values
+        return out
+
+    def read_file_rows(self, f: int, lo: int, hi: int) -> np.ndarray:
+        """Rows [lo, hi) of file `f` of this column, as a numpy array of the field's dtype and shape
+        (`ChunkError` naming the file if they cannot be read)."""
+        import pyarrow.parquet as pq
+
+        fs, root = self._filesystem()
+        name = self.files[f]
+        try:
+            with fs.open(f"{root}/{name}", "rb") as fh:
+                pf = pq.ParquetFile(fh)
+                bounds = self._groups.get(f)
+                if bounds is None:
+                    sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+                    bounds = self._groups[f] = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+                if hi > bounds[-1]:
+                    raise ChunkError(f"{name}: holds {int(bounds[-1])} rows, but the episodes place rows up to "
+                                     f"{hi} in it (column '{self.column}', table '{self.table}')")
+                first = int(np.searchsorted(bounds, lo, side="right")) - 1
+                last = int(np.searchsorted(bounds, hi, side="left"))
+                if self.column not in pf.schema_arrow.names:
+                    raise ChunkError(f"{name}: column '{self.column}' missing")
+                table = pf.read_row_groups(list(range(first, last)), columns=[self.column])
+        except FileNotFoundError:
+            raise ChunkError(f"{name}: missing (column '{self.column}' of table '{self.table}')") from None
+        except ChunkError:
+            raise
+        except Exception as exc:  # pyarrow's: a truncated or corrupt file
+            raise ChunkError(f"{name}: column '{self.column}' cannot be read ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        column = table.column(0).slice(lo - int(bounds[first]), hi - lo)
+        return column_values(column, self.dtype[self.column], f"{name}: column '{self.column}'")
+
+
+def column_values(column: Any, field: np.dtype, where: str) -> np.ndarray:
+    """An Arrow column (chunked) of scalars or (nested) lists as a numpy array (n, *field.shape) of field's base
+    dtype: list levels flattened by pyarrow, then reshaped (`ChunkError` naming `where` for missing values or a
+    list of another length)."""
+    import pyarrow as pa
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n = len(array)
+    while pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or \
+            pa.types.is_fixed_size_list(array.type):
+        if array.null_count:
+            raise ChunkError(f"{where}: missing values")
+        array = array.flatten()
+    if array.null_count:
+        raise ChunkError(f"{where}: missing values")
+    values = array.to_numpy(zero_copy_only=False)
+    want = n * int(np.prod(field.shape, dtype=np.int64))
+    if values.size != want:
+        raise ChunkError(f"{where}: {values.size} values for {n} rows of shape {field.shape}")
+    try:
+        return values.astype(field.base, copy=False).reshape((n, *field.shape))
+    except (TypeError, ValueError) as exc:
+        raise ChunkError(f"{where}: values of {values.dtype}, not {field.base} ({exc})") from None
+
+
+def posixpath_dir(files: Sequence[str]) -> str:
+    """The folder the files are in (their common one), as a table's `path`."""
+    import posixpath
+
+    return posixpath.commonpath(list(files)) if files else ""
