@@ -74,7 +74,7 @@ def test_a_video_segment_past_the_end_of_its_file_is_named(root):
     edit_episodes(root, late)
     assert found(root) == [f"{VIDEO}: episode 4: key 'videos/{CAM}/from_timestamp'..'to_timestamp' is "
                            "15.3000..17.7000 s, outside the video's 0..15.3000 s"]
-    with pytest.raises(ChunkError, match=rf"{VIDEO}, episode 4: no frame at timestamp 15.3000 s"):
+    with pytest.raises(ChunkError, match=rf"{VIDEO}, episode 4: no frame at 15.300000 s: the stream ends first"):
         read_rows(tables(root)[CAM], 129, 131)
 
 

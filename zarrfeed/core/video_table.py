@@ -15,9 +15,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ChunkError
+from .errors import ChunkError, FormatError
 from .external_table import ExternalTable
 from .location import Location
+from .video_frames import VideoReader
 
 CHUNK_ROWS = 32
 TOLERANCE = 1e-4  # seconds: LeRobot's `tolerance_s` between a frame's time and the one asked for
@@ -38,6 +39,7 @@ class VideoTable(ExternalTable):
         self.files, self.episode_file = list(files), np.asarray(episode_file, np.int64)
         self.episode, self.timestamps = np.asarray(episode, np.int64), np.asarray(timestamps, np.float64)
         self.unreadable = unreadable
+        self._readers: dict[str, VideoReader] = {}  # per file, opened on first use (a worker's own)
 
     def read_records(self, start: int, stop: int) -> np.ndarray:
         if self.unreadable:
@@ -52,52 +54,28 @@ class VideoTable(ExternalTable):
                 raise ChunkError(f"camera '{self.camera}': row {start + lo} is in no episode (meta/episodes' "
                                  "ranges do not cover it)")
             name = self.files[int(self.episode_file[e])]
-            wanted = self.timestamps[start + lo:start + hi]
-            frames[lo:hi] = _decode_frames(self.location, name, wanted, self.frame_shape,
-                                           f"camera '{self.camera}', {name}, episode {e}")
+            where = f"camera '{self.camera}', {name}, episode {e}"
+            reader = self._reader(name)
+            try:
+                reader.decode_at(self.timestamps[start + lo:start + hi], frames[lo:hi], TOLERANCE)
+            except FileNotFoundError:
+                raise ChunkError(f"{where}: the video file is missing") from None
+            except (FormatError, ValueError, OSError) as exc:
+                said = str(exc).removeprefix(f"{reader.what}: ")  # (the reader names the file; `where` too)
+                raise ChunkError(f"{where}: {said}") from None
         return out
 
+    def _reader(self, name: str) -> VideoReader:
+        """The reader of video file `name`: FFmpeg reads a local file itself, a remote one through fsspec."""
+        reader = self._readers.get(name)
+        if reader is None:
+            fs, root = self.location.filesystem()
+            path = f"{root}/{name}"
+            opener = None if not self.location.settings.remote else (lambda p, fs=fs: fs.open(p, "rb"))
+            reader = self._readers[name] = VideoReader(path, opener, what=f"camera '{self.camera}', {name}")
+        return reader
 
-def _decode_frames(location: Location, name: str, timestamps: np.ndarray, shape: tuple[int, ...],
-                   where: str) -> np.ndarray:
-    """The frames of video file `name` (below `location`) shown at `timestamps` (seconds, ascending), as
-    (n, H, W, 3) uint8 RGB: one seek to the key frame before the first, then decoded forward, each frame matched
-    to the timestamps within `TOLERANCE`. `ChunkError` naming `where` and the timestamp of a frame not found, or
-    the file if it cannot be read."""
-    import av
-
-    out = np.zeros((len(timestamps), *shape), np.uint8)
-    found = np.zeros(len(timestamps), bool)
-    if not len(timestamps):
-        return out
-    fs, root = location.filesystem()
-    first, last = float(timestamps.min()), float(timestamps.max())
-    try:
-        with fs.open(f"{root}/{name}", "rb") as fh, av.open(fh) as container:
-            stream = container.streams.video[0]
-            base = float(stream.time_base)
-            container.seek(max(int((first - TOLERANCE) / base), 0), stream=stream, backward=True, any_frame=False)
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                t = frame.pts * base
-                if t > last + TOLERANCE:
-                    break
-                near = np.flatnonzero(np.abs(timestamps - t) <= TOLERANCE)
-                if len(near):
-                    pixels = frame.to_ndarray(format="rgb24")
-                    if pixels.shape != tuple(shape):
-                        raise ChunkError(f"{where}: frames of {pixels.shape}, not the {tuple(shape)} info.json says")
-                    out[near], found[near] = pixels, True
-    except FileNotFoundError:
-        raise ChunkError(f"{where}: the video file is missing") from None
-    except ChunkError:
-        raise
-    except Exception as exc:  # PyAV's errors: a truncated or corrupt file
-        raise ChunkError(f"{where}: cannot be decoded ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    if not found.all():
-        t = float(timestamps[np.flatnonzero(~found)[0]])
-        raise ChunkError(f"{where}: no frame at timestamp {t:.4f} s (within {TOLERANCE} s)")
-    return out
-
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_readers"] = {}  # each process opens its own files
+        return state
