@@ -162,8 +162,8 @@ class _Export:
         """Begin a new conversion, or with `resume` take up the one in `<out>.partial/`."""
         journal = self.partial / JOURNAL
         if self.partial.exists() and not resume:
-            raise FileExistsError(f"{self.partial}: an interrupted conversion; finish it (resume=True, --resume) "
-                                  "or remove it")
+            said = f"{self.partial}: an interrupted conversion into {self.out.name}; finish it "
+            raise FormatError(said + "(resume=True) or remove it", cli=said + "(--resume) or remove it")
         if resume and self.partial.exists() and not journal.exists():
             if (self.partial / fmt.INFO).exists():  # stopped between its last two steps: complete
                 self.done = True
@@ -187,8 +187,8 @@ class _Export:
             good += len(line) + 1
             if n == 0:
                 if entry.get("settings") != self.settings:
-                    raise ValueError(f"{self.partial}: an interrupted conversion of another source or with other "
-                                     "settings; resume with those, or remove it")
+                    raise FormatError(f"{self.partial}: an interrupted conversion of another source or with other "
+                                      "settings (fps, task, codec, keys, sizes); resume with those, or remove it")
             elif "assembled" in entry:
                 self.assembled.add(entry["assembled"])
             else:
@@ -288,7 +288,7 @@ class _Export:
         same = [r for r in self.records if r["data"] == last["data"]]
         size = sum(r["sizes"]["data"] for r in same) / _MB
         per_frame = size / max(1, sum(r["length"] for r in same))
-        record["data"] = (list(fmt.next_file(*last["data"], chunks_size))
+        record["data"] = (list(fmt.next_file(last["data"][0], last["data"][1], chunks_size))
                           if size + per_frame * record["length"] >= data_mb else last["data"])
         record["videos"] = {}
         for key in self.cameras:

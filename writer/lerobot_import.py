@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from ..core.errors import FormatError
 from ..core.keys import Position
+from ..core.location import Location
 from ..core.replay_buffer import replay_buffer_schema
 from . import lerobot_format as fmt
 from . import lerobot_video
@@ -160,9 +161,9 @@ def lerobot_to_replay_buffer(root: str | os.PathLike, out: str | os.PathLike, *,
         raise ValueError(f"{root}: two features get one data key ({renamed}); give names=")
     episodes.names = renamed
     identity = episodes.identity()
-    if not resume and holds_data(out):
-        raise FileExistsError(f"{out}: already exists and is not empty; import to another path, or finish an "
-                              "interrupted import into it (resume=True, --resume)")
+    if not resume and holds_data(Location.of(out)):
+        said = f"{out}: already exists and is not empty; import to another path, or finish an interrupted import "
+        raise FormatError(said + "into it (resume=True)", cli=said + "into it (--resume)")
     schema = replay_buffer_schema({renamed[k]: v for k, v in episodes.keys().items()})
     with DatasetWriter(out, schema, workers=0, mode="a" if resume else "w", progress=progress,
                        durable=durable) as w:
