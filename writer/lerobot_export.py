@@ -151,6 +151,7 @@ class _Export:
         self.steps, self.out, self.settings, self.durable = steps, out, settings, durable
         self.partial = out.with_name(out.name + ".partial")
         self.records: list[dict[str, Any]] = []
+        self.filled: dict[str, list[int]] = {}  # a data or video file -> [bytes, frames] of its episodes' pieces
         self.assembled: set[str] = set()
         self.cameras = [f.name for f in steps.features if f.video]
         self.columns = [f for f in steps.features if not f.video]
@@ -192,7 +193,7 @@ class _Export:
             elif "assembled" in entry:
                 self.assembled.add(entry["assembled"])
             else:
-                self.records.append(entry)
+                self._recorded(entry)
         with open(journal, "r+b") as f:  # drop a line cut short, so that the next record starts a line
             f.truncate(good)
 
@@ -271,10 +272,18 @@ class _Export:
         record["stats"], record["dtypes"] = lerobot_stats.as_json(stats), lerobot_stats.dtypes_of(stats)
         self._place(record)
         closing = self._closed_by(record)
-        self.records.append(record)
+        self._recorded(record)
         self._append(record)
         for path in closing:
             self._assemble(path)
+
+    def _recorded(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        for key, path in [("data", self._data_path(record["data"]))] + [
+                (k, self._video_path(k, record["videos"][k][:2])) for k in self.cameras]:
+            filled = self.filled.setdefault(path, [0, 0])
+            filled[0] += record["sizes"][key]
+            filled[1] += record["length"]
 
     def _place(self, record: dict[str, Any]) -> None:
         """Which data and video files the episode goes to, by LeRobot's rule: a new file when the current
@@ -285,16 +294,15 @@ class _Export:
             record["videos"] = {k: [0, 0, 0.0, record[f"duration/{k}"]] for k in self.cameras}
             return
         last = self.records[-1]
-        same = [r for r in self.records if r["data"] == last["data"]]
-        size = sum(r["sizes"]["data"] for r in same) / _MB
-        per_frame = size / max(1, sum(r["length"] for r in same))
+        size, frames = self.filled[self._data_path(last["data"])]
+        per_frame = size / _MB / max(1, frames)
         record["data"] = (list(fmt.next_file(last["data"][0], last["data"][1], chunks_size))
-                          if size + per_frame * record["length"] >= data_mb else last["data"])
+                          if size / _MB + per_frame * record["length"] >= data_mb else last["data"])
         record["videos"] = {}
         for key in self.cameras:
             chunk, file, _, stop = last["videos"][key]
-            size = sum(r["sizes"][key] for r in self.records if r["videos"][key][:2] == [chunk, file]) / _MB
-            if size + record["sizes"][key] / _MB >= video_mb:
+            size = self.filled[self._video_path(key, [chunk, file])][0]
+            if (size + record["sizes"][key]) / _MB >= video_mb:
                 (chunk, file), stop = fmt.next_file(chunk, file, chunks_size), 0.0
             record["videos"][key] = [chunk, file, stop, stop + record[f"duration/{key}"]]
 
@@ -369,9 +377,9 @@ class _Export:
                              frames=sum(r["length"] for r in self.records), tasks=1,
                              robot_type=self.settings["robot_type"], sizes=tuple(self.settings["sizes"]))
         self._write_json(fmt.INFO, info)
-        for folder in ("meta", "meta/episodes/chunk-000"):
-            self._sync_dir(self.partial / folder)
         shutil.rmtree(self.partial / PIECES, ignore_errors=True)
+        for folder in sorted(p for p in self.partial.rglob("*") if p.is_dir()):  # every entry made, durable
+            self._sync_dir(folder)
         (self.partial / JOURNAL).unlink()
         self._sync_dir(self.partial)
 

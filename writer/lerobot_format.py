@@ -65,7 +65,8 @@ def check_feature(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Feature
         raise ValueError(f"key {name!r}: {feature.dtype} steps; LeRobot's columns hold numbers and booleans")
     if len(shape) > 1 and not (len(shape) == 2 and 1 in shape):
         raise ValueError(f"key {name!r}: steps of shape {shape}; LeRobot's Parquet columns hold a number or a "
-                         "vector per frame (and cameras uint8 (H, W, 3)): leave the key out (keys=) or reshape it")
+                         "vector per frame (and cameras uint8 (H, W, 3)): leave the key out (keys=, --keys) or "
+                         "reshape it")
     return feature
 
 

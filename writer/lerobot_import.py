@@ -51,7 +51,7 @@ class LeRobotEpisodes:
         for key, spec in features.items():
             if spec["dtype"] in ("image", "string"):
                 raise FormatError(f"{self.root / fmt.INFO}: feature {key!r} is of dtype {spec['dtype']!r}; "
-                                  "imported are video and numeric features (leave it out with keys=)")
+                                  "imported are video and numeric features (leave it out: keys=, --keys)")
         self.features = features
         self.cameras = [k for k, v in features.items() if v["dtype"] == "video"]
         files = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))

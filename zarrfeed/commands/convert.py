@@ -35,6 +35,8 @@ def add(command: Command) -> None:
     p.add_argument("--video-codec", choices=tuple(CODECS), default="libsvtav1",
                    help="with --to lerobot: libsvtav1 (LeRobot's default, AV1, lossy), h264 (lossy) or lossless "
                    "(H.264 in RGB, qp 0)")
+    p.add_argument("--keys", type=lambda text: [k for k in text.split(",") if k], metavar="K1,K2",
+                   help="with --to lerobot or replay-buffer: the keys (features) to write (default: all)")
     p.add_argument("--no-fsync", dest="durable", action="store_false", help="do not fsync (scratch data)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -72,14 +74,14 @@ def _lerobot(args: argparse.Namespace) -> int:
 
             source = Dataset.open(Location.of(args.source, store_options(args)))
             summary = to_lerobot(source, args.out, fps=args.fps, task=args.task, video_codec=args.video_codec,
-                                 resume=args.resume, progress=show_progress(args), durable=args.durable)
+                                 keys=args.keys, resume=args.resume, progress=show_progress(args), durable=args.durable)
             print(f"wrote {summary['path']}: {summary['episodes']} episodes, {summary['frames']} frames in "
                   f"{summary['seconds']:.2f} s")
             return 0
         from ..writer.lerobot_import import lerobot_to_replay_buffer
 
-        summary = lerobot_to_replay_buffer(args.source, args.out, resume=args.resume, progress=show_progress(args),
-                                           durable=args.durable)
+        summary = lerobot_to_replay_buffer(args.source, args.out, keys=args.keys, resume=args.resume,
+                                           progress=show_progress(args), durable=args.durable)
         from ..loader import Dataset
 
         print_summary(summary, Dataset.open(args.out).rows)
