@@ -22,10 +22,11 @@ from zarrfeed.writer import DatasetWriter, lerobot_export, lerobot_stats, lerobo
 from zarrfeed.writer.lerobot_export import to_lerobot
 from zarrfeed.writer.lerobot_import import lerobot_to_replay_buffer
 
+from repo_paths import REAL_SCENE, SUPPORT
+
 pytest.importorskip("av")
-GOLDEN = Path(__file__).parents[3] / "shared" / "data" / "lerobot_v3_small" / "dataset"
-if not GOLDEN.exists():
-    GOLDEN = Path("/work/shared/data/lerobot_v3_small/dataset")
+GOLDEN = REAL_SCENE.parent / "lerobot_v3_small" / "dataset"
+LEROBOT_PYTHON = os.environ.get("ZARRFEED_LEROBOT_PYTHON")  # a Python with LeRobot 0.4.4 (not a test dependency)
 RENAMED = {"observation.state": "state", "action": "action", "observation.images.cam": "image"}
 KEYS = {"state": (np.float32, (6,)), "action": (np.float32, (6,)), "image": (np.uint8, (96, 96, 3))}
 LENGTHS = (20, 1, 31)
@@ -352,3 +353,27 @@ def test_what_lerobot_cannot_hold_is_refused_in_one_line(tmp_path):
     info = json.loads((tmp_path / "c/meta/info.json").read_text())
     assert info["features"]["n_contacts"]["shape"] == [1] and info["video_path"] is None
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON, reason="ZARRFEED_LEROBOT_PYTHON: no Python with LeRobot given")
+@pytest.mark.parametrize("codec", ["libsvtav1", "lossless"])
+def test_lerobots_own_reader_opens_it(buffer, tmp_path, monkeypatch, codec):
+    """LeRobot's `LeRobotDataset` reads what zarrfeed writes (several data and video files): tabular values
+    equal, frames within the codec's loss (lossless: equal)."""
+    monkeypatch.setattr(lerobot_export, "_MB", 1024)
+    to_lerobot(buffer[0], tmp_path / "out", fps=10, task="push", video_codec=codec, data_files_size_in_mb=4,
+               video_files_size_in_mb=30)
+    run = subprocess.run([str(LEROBOT_PYTHON), str(SUPPORT / "lerobot_opens.py"), str(tmp_path / "out"),
+                          str(tmp_path / "got.npz")], capture_output=True, text=True,
+                         env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1",
+                                           "HF_HOME": str(tmp_path / "hf")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    got, eps = np.load(tmp_path / "got.npz"), buffer[1]
+    for key in ("state", "action"):
+        assert np.array_equal(got[key], np.concatenate([e[key] for e in eps]))
+    assert got["tasks"].tolist() == ["push"]
+    frames = np.concatenate([e["image"] for e in eps])
+    if codec == "lossless":
+        assert np.array_equal(got["image"], frames)
+    else:
+        assert np.array_equal(got["image"], decoded(tmp_path / "out"))  # LeRobot decodes as zarrfeed does
