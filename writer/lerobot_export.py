@@ -169,15 +169,17 @@ class _Export:
             if (self.partial / fmt.INFO).exists():  # stopped between its last two steps: complete
                 self.done = True
                 return
-            shutil.rmtree(self.partial)  # stopped before its first record: nothing to keep
+            shutil.rmtree(self.partial)  # stopped before its journal began: nothing to keep
         if resume and journal.exists():
-            self._read_journal(journal)
-            self._clean()
-            return
+            if self._read_journal(journal):
+                self._clean()
+                return
+            shutil.rmtree(self.partial)  # stopped while its journal's first line was written
         self.partial.mkdir(parents=True)
         self._append({"settings": self.settings})
 
-    def _read_journal(self, journal: Path) -> None:
+    def _read_journal(self, journal: Path) -> bool:
+        """Take up the journal's records; False if it does not even hold its settings."""
         lines = journal.read_bytes().split(b"\n")
         good = 0
         for n, line in enumerate(lines):
@@ -194,8 +196,11 @@ class _Export:
                 self.assembled.add(entry["assembled"])
             else:
                 self._recorded(entry)
+        if not good:
+            return False
         with open(journal, "r+b") as f:  # drop a line cut short, so that the next record starts a line
             f.truncate(good)
+        return True
 
     def _append(self, entry: dict[str, Any]) -> None:
         with open(self.partial / JOURNAL, "ab") as f:

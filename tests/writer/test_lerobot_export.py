@@ -377,3 +377,35 @@ def test_lerobots_own_reader_opens_it(buffer, tmp_path, monkeypatch, codec):
         assert np.array_equal(got["image"], frames)
     else:
         assert np.array_equal(got["image"], decoded(tmp_path / "out"))  # LeRobot decodes as zarrfeed does
+
+
+def test_a_journal_cut_short_is_taken_up(buffer, tmp_path):
+    """A kill while a journal line was written leaves half a line: resume drops it (and redoes that episode);
+    one while its first line (the settings) was written leaves nothing to keep: resume starts over."""
+    out = tmp_path / "out"
+    to_lerobot(buffer[0], tmp_path / "whole", fps=10, video_codec="lossless")
+    (tmp_path / "out.partial").mkdir()
+    (tmp_path / "out.partial" / "journal.jsonl").write_bytes(b'{"settings": {"ident')
+    to_lerobot(buffer[0], out, fps=10, video_codec="lossless", resume=True)
+    journal = []
+
+    def stop_after_two(self, entry):
+        journal.append(entry)
+        real(self, entry)
+        if len(journal) == 3:
+            raise KeyboardInterrupt
+
+    real = lerobot_export._Export._append
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lerobot_export._Export, "_append", stop_after_two)
+        with pytest.raises(KeyboardInterrupt):
+            to_lerobot(buffer[0], tmp_path / "again", fps=10, video_codec="lossless")
+    lines = (tmp_path / "again.partial" / "journal.jsonl").read_bytes()
+    (tmp_path / "again.partial" / "journal.jsonl").write_bytes(lines[:-40])  # the second record cut short
+    summary = to_lerobot(buffer[0], tmp_path / "again", fps=10, video_codec="lossless", resume=True)
+    assert summary["episodes"] == 2
+    for root in (out, tmp_path / "again"):
+        assert files(root) == files(tmp_path / "whole")
+        assert pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").equals(
+            pq.read_table(tmp_path / "whole/meta/episodes/chunk-000/file-000.parquet"))
+        assert np.array_equal(decoded(root), decoded(tmp_path / "whole"))
