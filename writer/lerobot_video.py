@@ -1,0 +1,127 @@
+"""Camera streams as LeRobot 0.4.4 writes them, with PyAV (the `video` extra: FFmpeg's encoders and the AV1
+decoder come in its wheels, nothing to install on the system).
+
+One episode's frames are encoded into an MP4 of their own (`encode_episode`: LeRobot's `encode_video_frames`
+defaults, libsvtav1 in yuv420p with a key frame every 2 frames, crf 30, preset 12), and the episodes of one
+video file are then joined without re-encoding (`concatenate`: FFmpeg's concat demuxer, packets copied, as
+LeRobot's `concatenate_video_files`). An episode's place in its file is the duration of the episodes before
+it (`duration`, as LeRobot's `get_video_duration_in_s`).
+
+`CODECS` names the settings: "libsvtav1" (LeRobot's default; lossy), "h264" (LeRobot's libx264 choice, crf 30,
+lossy) and "lossless" (libx264rgb with qp 0 in RGB: H.264's lossless mode without the RGB-to-YUV conversion,
+decoded by LeRobot's pyav backend back to the very bytes).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# name -> (PyAV encoder, pixel format, options, info.json's video.codec is read from the file)
+CODECS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "libsvtav1": ("libsvtav1", "yuv420p", {"g": "2", "crf": "30", "preset": "12"}),
+    "h264": ("libx264", "yuv420p", {"g": "2", "crf": "30"}),
+    "lossless": ("libx264rgb", "rgb24", {"g": "2", "qp": "0"}),
+}
+
+
+def av() -> Any:
+    """PyAV, or an ImportError of one line naming the extra."""
+    try:
+        import av as pyav
+    except ImportError:
+        raise ImportError("LeRobot videos need PyAV: pip install 'zarrfeed[video]'") from None
+    return pyav
+
+
+def check_codec(name: str) -> None:
+    """Refuse, in one line, a codec setting this module does not know or an encoder PyAV lacks."""
+    if name not in CODECS:
+        raise ValueError(f"video codec {name!r}: not one of {', '.join(CODECS)}")
+    encoder = CODECS[name][0]
+    try:
+        av().codec.Codec(encoder, "w")
+    except Exception:  # PyAV raises its own UnknownCodecError, or FFmpeg's
+        raise ValueError(f"video codec {name!r}: this PyAV has no {encoder} encoder") from None
+
+
+def encode_episode(frames: np.ndarray, path: Path, fps: int, codec: str) -> None:
+    """Encode `frames` (T, H, W, 3) uint8 into a new MP4 at `path` (its own stream, `fps` frames a second)."""
+    pyav = av()
+    encoder, pix_fmt, options = CODECS[codec]
+    with pyav.open(str(path), "w") as out:
+        stream = out.add_stream(encoder, fps, options=dict(options))
+        stream.pix_fmt = pix_fmt
+        stream.height, stream.width = int(frames.shape[1]), int(frames.shape[2])
+        for frame in frames:
+            for packet in stream.encode(pyav.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def duration(path: Path) -> float:
+    """The video's duration in seconds, as LeRobot measures an episode's (its stream's duration)."""
+    pyav = av()
+    with pyav.open(str(path)) as container:
+        stream = container.streams.video[0]
+        if stream.duration is not None:
+            return float(stream.duration * stream.time_base)
+        return float(container.duration / pyav.time_base)
+
+
+def concatenate(pieces: list[Path], out: Path) -> None:
+    """Join the MP4s `pieces` (same codec, size and rate) into `out` by copying their packets (FFmpeg's concat
+    demuxer), with the index at the front (faststart), as LeRobot's `concatenate_video_files`."""
+    pyav = av()
+    with tempfile.NamedTemporaryFile("w", suffix=".ffconcat", dir=out.parent, delete=False) as listing:
+        listing.write("ffconcat version 1.0\n")
+        for piece in pieces:
+            listing.write(f"file '{piece.resolve()}'\n")
+    try:
+        with pyav.open(listing.name, "r", format="concat", options={"safe": "0"}) as src, \
+                pyav.open(str(out), "w", format="mp4", options={"movflags": "faststart"}) as dst:
+            streams = {}
+            for stream in src.streams:
+                if stream.type == "video":
+                    streams[stream.index] = dst.add_stream_from_template(template=stream, opaque=True)
+                    streams[stream.index].time_base = stream.time_base
+            for packet in src.demux():
+                if packet.stream.index not in streams or packet.dts is None:
+                    continue
+                packet.stream = streams[packet.stream.index]
+                dst.mux(packet)
+    finally:
+        os.unlink(listing.name)
+
+
+def video_info(path: Path) -> dict[str, Any]:
+    """info.json's `info` of a video feature, read from its first file as LeRobot's `get_video_info` reads it."""
+    with av().open(str(path)) as container:
+        stream = container.streams.video[0]
+        info: dict[str, Any] = {"video.height": stream.height, "video.width": stream.width,
+                                "video.codec": stream.codec.canonical_name, "video.pix_fmt": stream.pix_fmt,
+                                "video.is_depth_map": False, "video.fps": int(stream.base_rate),
+                                "video.channels": 4 if "rgba" in stream.pix_fmt or "yuva" in stream.pix_fmt else 3}
+        info["has_audio"] = bool(container.streams.audio)
+    return info
+
+
+def decode(path: Path, start: float, stop: float) -> list[tuple[float, np.ndarray]]:
+    """The frames of `path` whose time lies in [start, stop) (seconds, less 1e-4 at each end), with their
+    times: from the key frame before `start` forward, as LeRobot's pyav backend reads them (RGB, uint8)."""
+    pyav = av()
+    out = []
+    with pyav.open(str(path)) as container:
+        stream = container.streams.video[0]
+        container.seek(max(0, int((start - 1e-4) / stream.time_base)), stream=stream, backward=True, any_frame=False)
+        for frame in container.decode(stream):
+            t = float(frame.pts * stream.time_base)
+            if t >= stop - 1e-4:
+                break
+            if t >= start - 1e-4:
+                out.append((t, frame.to_ndarray(format="rgb24")))
+    return out
