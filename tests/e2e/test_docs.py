@@ -35,7 +35,7 @@ def test_every_block_is_of_a_known_kind():
     runnable = [p.relative_to(DOCS).as_posix() for p in PAGES if any(k in RUNS for k, _ in blocks(p))]
     for page in ("getting-started.md", "cli.md", "guides/writing.md", "guides/loading.md", "guides/l5kit.md",
                  "guides/serving.md", "guides/arrow.md", "guides/pictures.md", "guides/dask.md",
-                 "guides/diffusion-policy.md"):
+                 "guides/diffusion-policy.md", "guides/lerobot.md"):
         assert page in runnable, page
 
 
