@@ -13,8 +13,11 @@ kept in --data and reused). Windows as Diffusion Policy samples them: `observati
 - the decode bound (video variants): PyAV decoding every frame of the dataset's videos once into RGB, each file
   split at half its duration, the pieces over 2 processes (one decoder thread each, --decode-threads: the same
   2 cores), as frames/s and as dataset rows/s (frames/s over the cameras: each item needs one new frame per camera).
-A loader's first batch is timed from its construction (opening the dataset included); its items/s are those of
-the batches after the first, up to --batches batches or --seconds seconds, within one epoch. Medians of --repeat
+A loader's first batch is timed from its construction (opening the dataset included). LeRobot's items/s are
+those of the batches after the first, up to --batches batches or --seconds seconds (its steady pace: each item
+costs the same). zarrfeed's are a whole epoch's items over the whole epoch's time, from the loader's
+construction to its last batch: zarrfeed decodes each window's chunks before that window's first batch, so a
+pace measured after the first batch would leave the decoding out. Medians of --repeat
 are printed, then the ratios, last; --json writes them as speeds (first batches as first batches/s) for
 bench/figures.py.
 """
@@ -62,6 +65,17 @@ def timed(make_batches: Callable[[], Iterator[Any]], batches: int, seconds: floa
     if items == 0:  # an epoch of one batch: the first is all there is
         return first / (t1 - t0), t1 - t0
     return items / elapsed, t1 - t0
+
+
+def timed_epoch(make_batches: Callable[[], Iterator[Any]]) -> tuple[float, float]:
+    """(items/s of one whole epoch, from `make_batches()` to its last batch; seconds to the first batch)."""
+    t0 = time.perf_counter()
+    it = make_batches()
+    items = len(next(it)["index"])
+    first = time.perf_counter() - t0
+    for batch in it:
+        items += len(batch["index"])
+    return items / (time.perf_counter() - t0), first
 
 
 def lerobot_batches(root: Path, dt: dict, seed: int) -> Iterator[Any]:
@@ -165,7 +179,7 @@ def bench_variant(variant: str, root: Path, args: argparse.Namespace, runs: dict
         record("LeRobot first batch (s)", first, "s")
 
     def ours(seed: int) -> None:
-        rate, first = timed(lambda: zarrfeed_batches(zarrfeed, root, dt, seed), args.batches, args.seconds)
+        rate, first = timed_epoch(lambda: zarrfeed_batches(zarrfeed, root, dt, seed))
         record("zarrfeed (items/s)", rate, "items/s")
         record("zarrfeed first batch (s)", first, "s")
 
