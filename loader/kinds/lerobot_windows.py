@@ -9,7 +9,8 @@ offset `round(delta * fps)` (a delta that is not a multiple of 1/fps within 1e-4
 
 The steps are any episode source shaped as a replay buffer (an `episodes` table whose `end` closes each episode,
 one step table per key): a LeRobot v3 root opens so, and a Diffusion Policy replay buffer is one. Samples are
-grouped by the chunk of the first key their frame lies in (`sample_groups`); the chunks a shuffle window reads
+grouped by the chunk their frame lies in of the key read with the smallest chunks (`sample_groups`; a camera's
+runs of 32 frames, so a shuffle window holds few frames to decode before its first batch); the chunks it reads
 are decoded once into the shared cache and every batch is gathered from there, one pass per key.
 """
 from __future__ import annotations
@@ -77,7 +78,8 @@ def is_camera(dtype: np.dtype) -> bool:
 
 class FrameSamples(GroupedSamples):
     """One sample per frame of the selected episodes, in order (`frame`: its global row), grouped by the chunk
-    of `keys[0]` the frame lies in, and the chunks of every key each group reads."""
+    of `grouping` (the key read with the fewest rows per chunk) the frame lies in, and the chunks of every key
+    each group reads."""
 
     def __init__(self, ds: Dataset, keys: list[str], offsets: dict[str, np.ndarray],
                  episodes: np.ndarray | None) -> None:
@@ -93,7 +95,10 @@ class FrameSamples(GroupedSamples):
         within = np.arange(int(length.sum()), dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
         self.frame = self.first[self.episode] + within
         self.chunk_rows = {k: ds[k].chunks[0] for k in keys}
-        super().__init__(self.frame // self.chunk_rows[keys[0]])
+        # grouped by the key of the smallest chunks (a camera's runs of frames, not a Parquet column's 1,024 rows):
+        # a window of groups then holds few frames to decode before its first batch
+        self.grouping = min(keys, key=lambda k: self.chunk_rows[k]) if keys else ""
+        super().__init__(self.frame // self.chunk_rows[self.grouping] if keys else self.frame)
         group = np.repeat(np.arange(len(self.sizes), dtype=np.int64), self.sizes)
         lo, hi = self.first[self.episode], self.end[self.episode] - 1
         reads: list[list[tuple[str, int]]] = [[] for _ in range(len(self.sizes))]
@@ -178,7 +183,7 @@ class LeRobotBuilder(SampleBuilder):
 @dataclass
 class LeRobotSource(GroupSource):
     """Batches of LeRobot's items (see `LeRobotLoader`), gathered from the cached chunks of their keys: the plan's
-    'chunks' are groups of frames, one per chunk of the first key."""
+    'chunks' are groups of frames, one per chunk of the key with the smallest chunks."""
 
     builds: ClassVar[type[SampleBuilder]] = LeRobotBuilder
     dataset: Dataset
@@ -242,7 +247,7 @@ class LeRobotLoader(Loader):
     with a single delta has no T axis, as LeRobot squeezes it.
 
     It takes every loader's options (`LoaderOptions`, listed below); `shuffle_window` counts groups of frames,
-    one per chunk of the first key.
+    one per chunk of the key read with the smallest chunks (a camera's 32 frames).
 
     ```python
     import numpy as np
