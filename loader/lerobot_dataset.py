@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ..core import lerobot_checks
 from ..core.errors import FormatError
 from ..core.lerobot_meta import LeRobotMeta, is_lerobot
-from ..core.lerobot_tables import lerobot_tables
+from ..core.lerobot_tables import open_lerobot
 from ..core.links import Violation
 from ..core.location import Location
 from ..core.zarr_array import Group
@@ -33,11 +33,7 @@ class LeRobotDataset(Dataset):
                               "write to it")
         if commit is not None:
             raise FormatError(f"{location}: a LeRobot dataset has no commits; open it without commit=")
-        try:
-            meta = LeRobotMeta.read(location)
-            schema, tables = lerobot_tables(meta)
-        except FormatError as exc:
-            raise FormatError(f"{str(location).rstrip('/')}/{exc}") from None
+        meta, schema, tables = open_lerobot(location)
         group = Group(location.store("r"), "", read_only=True)  # (no zarr group: its store, for `close`)
         # (external tables have the part of `Array`'s interface that tables are used through)
         ds = cls(location, group, tables, {n: t.shape[0] for n, t in tables.items()},  # type: ignore[arg-type]
