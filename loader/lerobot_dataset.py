@@ -21,7 +21,25 @@ from .dataset import OTHER_ROOTS, Dataset, ValidationReport, VerifyReport
 
 
 class LeRobotDataset(Dataset):
-    """A LeRobot v3 root as a zarrfeed dataset (see the module's docstring); made by `Dataset.open`."""
+    """A LeRobot v3 root as a zarrfeed dataset, read in place: the table `episodes` (per episode its `end`,
+    `episode_index` and `length`) and one step table per feature, named as the feature, as a replay buffer's;
+    `read_rows`, `to_arrow` and every loader work on it. It records no commits nor digests; `validate` checks
+    what the format promises.
+
+    Made by `Dataset.open` of such a root (the constructor takes what opening found):
+
+    Args:
+        location: Where the root is.
+        group: Its store's root (a LeRobot root holds no zarr group).
+        tables: Each table, read from the root's Parquet and video files where they lie.
+        rows: Each table's rows.
+        schema: Its schema (named "lerobot").
+        commit: None (a LeRobot dataset has no commits).
+        dataset_id: None.
+
+    Attributes:
+        lerobot: The parsed `meta/`: fps, features, cameras, tasks, the episodes' files and time ranges, stats.
+    """
 
     lerobot: LeRobotMeta
 
