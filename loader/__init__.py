@@ -4,7 +4,7 @@ from ..core.errors import FormatError, LoaderError, LoaderStalledError, StoreUnr
 from .arrow_bridge import to_arrow
 from .loader import Loader
 from .dataset import Dataset, ValidationReport
-from .lerobot_dataset import LeRobotDataset as LeRobotDataset  # (adds the LeRobot v3 reader to `Dataset.open`)
+from .lerobot_dataset import LeRobotDataset  # (adds the LeRobot v3 reader to `Dataset.open`)
 from .options import LoaderOptions
 from .parquet_export import export_parquet
 from .kinds.l5kit_samples import AgentSampleLoader, EgoSampleLoader
@@ -12,6 +12,6 @@ from .kinds.lerobot_windows import LeRobotLoader
 from .kinds.sequences import SequenceLoader
 from .kinds.windows import WindowLoader
 
-__all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "LeRobotLoader", "Loader",
-           "LoaderError", "LoaderOptions", "LoaderStalledError", "SequenceLoader", "StoreUnreachable",
+__all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "LeRobotDataset", "LeRobotLoader",
+           "Loader", "LoaderError", "LoaderOptions", "LoaderStalledError", "SequenceLoader", "StoreUnreachable",
            "ValidationReport", "WindowLoader", "export_parquet", "from_arrow", "to_arrow"]

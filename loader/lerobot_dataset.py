@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ..core import lerobot_checks
 from ..core.errors import FormatError
 from ..core.lerobot_meta import LeRobotMeta, is_lerobot
-from ..core.lerobot_tables import lerobot_tables
+from ..core.lerobot_tables import open_lerobot
 from ..core.links import Violation
 from ..core.location import Location
 from ..core.zarr_array import Group
@@ -21,7 +21,25 @@ from .dataset import OTHER_ROOTS, Dataset, ValidationReport, VerifyReport
 
 
 class LeRobotDataset(Dataset):
-    """A LeRobot v3 root as a zarrfeed dataset (see the module's docstring); made by `Dataset.open`."""
+    """A LeRobot v3 root as a zarrfeed dataset, read in place: the table `episodes` (per episode its `end`,
+    `episode_index` and `length`) and one step table per feature, named as the feature, as a replay buffer's;
+    `read_rows`, `to_arrow` and every loader work on it. It records no commits nor digests; `validate` checks
+    what the format promises.
+
+    Made by `Dataset.open` of such a root (the constructor takes what opening found):
+
+    Args:
+        location: Where the root is.
+        group: Its store's root (a LeRobot root holds no zarr group).
+        tables: Each table, read from the root's Parquet and video files where they lie.
+        rows: Each table's rows.
+        schema: Its schema (named "lerobot").
+        commit: None (a LeRobot dataset has no commits).
+        dataset_id: None.
+
+    Attributes:
+        lerobot: The parsed `meta/`: fps, features, cameras, tasks, the episodes' files and time ranges, stats.
+    """
 
     lerobot: LeRobotMeta
 
@@ -33,11 +51,7 @@ class LeRobotDataset(Dataset):
                               "write to it")
         if commit is not None:
             raise FormatError(f"{location}: a LeRobot dataset has no commits; open it without commit=")
-        try:
-            meta = LeRobotMeta.read(location)
-            schema, tables = lerobot_tables(meta)
-        except FormatError as exc:
-            raise FormatError(f"{str(location).rstrip('/')}/{exc}") from None
+        meta, schema, tables = open_lerobot(location)
         group = Group(location.store("r"), "", read_only=True)  # (no zarr group: its store, for `close`)
         # (external tables have the part of `Array`'s interface that tables are used through)
         ds = cls(location, group, tables, {n: t.shape[0] for n, t in tables.items()},  # type: ignore[arg-type]

@@ -16,15 +16,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-CODEBASE_VERSION = "v3.0"
+from ..core.lerobot_meta import (CODEBASE_VERSION, DATA_PATH, EPISODES_PATH, FRAME_COLUMNS, FRAME_FEATURES, INFO,
+                                 NUMERIC, STATS, TASKS, VIDEO, VIDEO_PATH, video_columns)
+
+__all__ = ["CODEBASE_VERSION", "DATA_PATH", "EPISODES_PATH", "FRAME_COLUMNS", "INFO", "STATS", "TASKS",
+           "VIDEO_PATH", "Feature", "check_feature", "data_schema", "data_table", "tasks_table", "info_json",
+           "next_file", "episode_row"]
+
 CHUNKS_SIZE, DATA_FILE_MB, VIDEO_FILE_MB = 1000, 100, 200  # LeRobot's defaults (info.json says them)
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-INFO, STATS, TASKS = "meta/info.json", "meta/stats.json", "meta/tasks.parquet"
-FRAME_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
-_FRAME_FEATURES = {"timestamp": "float32", "frame_index": "int64", "episode_index": "int64", "index": "int64",
-                   "task_index": "int64"}
 _PANDAS_VERSION = "3.1.1"  # the pandas whose tasks.parquet layout this writes when pandas is not installed
 
 
@@ -48,7 +47,7 @@ class Feature:
     def spec(self) -> dict[str, Any]:
         """Its entry in info.json's `features` (a camera's `info` is added from its first video file)."""
         if self.video:
-            return {"dtype": "video", "shape": list(self.shape), "names": ["height", "width", "channels"]}
+            return {"dtype": VIDEO, "shape": list(self.shape), "names": ["height", "width", "channels"]}
         return {"dtype": self.dtype.name, "shape": [self.width], "names": None}
 
 
@@ -61,7 +60,7 @@ def check_feature(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Feature
         raise ValueError(f"key {name!r}: a column LeRobot writes itself; rename the key")
     if feature.video:
         return feature
-    if feature.dtype.kind not in "biuf" or feature.dtype.byteorder == ">":
+    if feature.dtype.name not in NUMERIC or feature.dtype.byteorder == ">":
         raise ValueError(f"key {name!r}: {feature.dtype} steps; LeRobot's columns hold numbers and booleans")
     if len(shape) > 1 and not (len(shape) == 2 and 1 in shape):
         raise ValueError(f"key {name!r}: steps of shape {shape}; LeRobot's Parquet columns hold a number or a "
@@ -85,7 +84,7 @@ def data_schema(columns: list[Feature], fingerprint: str) -> pa.Schema:
         scalar = f.width == 1 and len(f.shape) <= 1
         fields.append(pa.field(f.name, base if scalar else pa.list_(pa.field("element", base), f.width)))
         hf[f.name] = _hf_feature(f)
-    for name, dtype in _FRAME_FEATURES.items():
+    for name, dtype in FRAME_FEATURES.items():
         fields.append(pa.field(name, pa.from_numpy_dtype(np.dtype(dtype))))
         hf[name] = {"dtype": dtype, "_type": "Value"}
     meta = {"huggingface": json.dumps({"info": {"features": hf}, "fingerprint": fingerprint})}
@@ -135,7 +134,7 @@ def info_json(features: list[Feature], video_info: dict[str, dict], *, fps: int,
         specs[f.name] = f.spec()
         if f.video:
             specs[f.name]["info"] = video_info[f.name]
-    for name, dtype in _FRAME_FEATURES.items():
+    for name, dtype in FRAME_FEATURES.items():
         specs[name] = {"dtype": dtype, "shape": [1], "names": None}
     return {"codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": episodes,
             "total_frames": frames, "total_tasks": tasks, "chunks_size": sizes[0],
@@ -156,9 +155,7 @@ def episode_row(record: dict[str, Any], cameras: list[str], stats: dict[str, dic
                            "data/chunk_index": record["data"][0], "data/file_index": record["data"][1],
                            "dataset_from_index": record["from"], "dataset_to_index": record["from"] + record["length"]}
     for key in cameras:
-        chunk, file, start, stop = record["videos"][key]
-        row.update({f"videos/{key}/chunk_index": chunk, f"videos/{key}/file_index": file,
-                    f"videos/{key}/from_timestamp": start, f"videos/{key}/to_timestamp": stop})
+        row.update(zip(video_columns(key), record["videos"][key], strict=True))
     for key, s in stats.items():
         for stat, value in s.items():
             row[f"stats/{key}/{stat}"] = value

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.video_frames import require_av
+
 # name -> (PyAV encoder, pixel format, options, info.json's video.codec is read from the file)
 CODECS: dict[str, tuple[str, str, dict[str, str]]] = {
     "libsvtav1": ("libsvtav1", "yuv420p", {"g": "2", "crf": "30", "preset": "12"}),
@@ -28,29 +30,20 @@ CODECS: dict[str, tuple[str, str, dict[str, str]]] = {
 }
 
 
-def av() -> Any:
-    """PyAV, or an ImportError of one line naming the extra."""
-    try:
-        import av as pyav
-    except ImportError:
-        raise ImportError("LeRobot videos need PyAV: pip install 'zarrfeed[video]'") from None
-    return pyav
-
-
 def check_codec(name: str) -> None:
     """Refuse, in one line, a codec setting this module does not know or an encoder PyAV lacks."""
     if name not in CODECS:
         raise ValueError(f"video codec {name!r}: not one of {', '.join(CODECS)}")
-    encoder = CODECS[name][0]
+    encoder, pyav = CODECS[name][0], require_av()
     try:
-        av().codec.Codec(encoder, "w")
+        pyav.codec.Codec(encoder, "w")
     except Exception:  # PyAV raises its own UnknownCodecError, or FFmpeg's
         raise ValueError(f"video codec {name!r}: this PyAV has no {encoder} encoder") from None
 
 
 def encode_episode(frames: np.ndarray, path: Path, fps: int, codec: str) -> None:
     """Encode `frames` (T, H, W, 3) uint8 into a new MP4 at `path` (its own stream, `fps` frames a second)."""
-    pyav = av()
+    pyav = require_av()
     encoder, pix_fmt, options = CODECS[codec]
     with pyav.open(str(path), "w") as out:
         stream = out.add_stream(encoder, fps, options=dict(options))
@@ -65,7 +58,7 @@ def encode_episode(frames: np.ndarray, path: Path, fps: int, codec: str) -> None
 
 def duration(path: Path) -> float:
     """The video's duration in seconds, as LeRobot measures an episode's (its stream's duration)."""
-    pyav = av()
+    pyav = require_av()
     with pyav.open(str(path)) as container:
         stream = container.streams.video[0]
         if stream.duration is not None:
@@ -76,7 +69,7 @@ def duration(path: Path) -> float:
 def concatenate(pieces: list[Path], out: Path) -> None:
     """Join the MP4s `pieces` (same codec, size and rate) into `out` by copying their packets (FFmpeg's concat
     demuxer), with the index at the front (faststart), as LeRobot's `concatenate_video_files`."""
-    pyav = av()
+    pyav = require_av()
     with tempfile.NamedTemporaryFile("w", suffix=".ffconcat", dir=out.parent, delete=False) as listing:
         listing.write("ffconcat version 1.0\n")
         for piece in pieces:
@@ -100,7 +93,7 @@ def concatenate(pieces: list[Path], out: Path) -> None:
 
 def video_info(path: Path) -> dict[str, Any]:
     """info.json's `info` of a video feature, read from its first file as LeRobot's `get_video_info` reads it."""
-    with av().open(str(path)) as container:
+    with require_av().open(str(path)) as container:
         stream = container.streams.video[0]
         info: dict[str, Any] = {"video.height": stream.height, "video.width": stream.width,
                                 "video.codec": stream.codec.canonical_name, "video.pix_fmt": stream.pix_fmt,
@@ -108,20 +101,3 @@ def video_info(path: Path) -> dict[str, Any]:
                                 "video.channels": 4 if "rgba" in stream.pix_fmt or "yuva" in stream.pix_fmt else 3}
         info["has_audio"] = bool(container.streams.audio)
     return info
-
-
-def decode(path: Path, start: float, stop: float) -> list[tuple[float, np.ndarray]]:
-    """The frames of `path` whose time lies in [start, stop) (seconds, less 1e-4 at each end), with their
-    times: from the key frame before `start` forward, as LeRobot's pyav backend reads them (RGB, uint8)."""
-    pyav = av()
-    out = []
-    with pyav.open(str(path)) as container:
-        stream = container.streams.video[0]
-        container.seek(max(0, int((start - 1e-4) / stream.time_base)), stream=stream, backward=True, any_frame=False)
-        for frame in container.decode(stream):
-            t = float(frame.pts * stream.time_base)
-            if t >= stop - 1e-4:
-                break
-            if t >= start - 1e-4:
-                out.append((t, frame.to_ndarray(format="rgb24")))
-    return out

@@ -219,9 +219,10 @@ class LeRobotSource(GroupSource):
 
 
 def _fps(ds: Dataset, fps: float | None) -> float:
-    """The frame rate deltas are rounded at: `fps`, else the LeRobot dataset's own."""
+    """The frame rate deltas are rounded at: a LeRobot dataset's own (an `fps` that differs refused: LeRobot
+    always uses the dataset's), else `fps`."""
+    meta = getattr(ds, "lerobot", None)
     if fps is None:
-        meta = getattr(ds, "lerobot", None)
         if meta is None:
             raise ValueError(f"{ds.location}: fps= is needed (this {ds.schema.name} dataset does not say its "
                              "frame rate; a LeRobot dataset's is read from meta/info.json)")
@@ -229,6 +230,9 @@ def _fps(ds: Dataset, fps: float | None) -> float:
     if isinstance(fps, bool) or not isinstance(fps, (int, float, np.integer, np.floating)) or \
             not math.isfinite(fps) or fps <= 0:
         raise ValueError(f"fps must be a positive number of frames per second, got {fps!r}")
+    if meta is not None and float(fps) != meta.fps:
+        raise ValueError(f"{ds.location}: fps={fps!r} differs from the LeRobot dataset's own {meta.fps:g} "
+                         "(meta/info.json), which LeRobot always uses; leave fps= out")
     return float(fps)
 
 
@@ -273,7 +277,8 @@ class LeRobotLoader(Loader):
         episodes: The episodes to sample: a boolean mask over the episodes or an index array (default all).
         frames: `"uint8"` (channels last, as stored) or `"float32"` (LeRobot's channels first in [0, 1]).
         batch_size: Samples per batch.
-        fps: Frames per second the deltas are rounded at (default: the LeRobot dataset's; needed otherwise).
+        fps: Frames per second the deltas are rounded at: needed for a replay buffer; a LeRobot dataset's own
+            (meta/info.json) is used, and another refused.
     """
 
     def __init__(self, dataset_or_path: Dataset | str | os.PathLike,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from zarrfeed.core import video_frames
 from zarrfeed.core.errors import FormatError
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import DatasetWriter, lerobot_export, lerobot_stats, lerobot_video, replay_buffer_schema
@@ -149,11 +151,14 @@ def decoded(root: Path, key: str = "image") -> np.ndarray:
         chunk, file = r[f"videos/{key}/chunk_index"], r[f"videos/{key}/file_index"]
         path = root / f"videos/{key}/chunk-{chunk:03d}/file-{file:03d}.mp4"
         start = r[f"videos/{key}/from_timestamp"]
-        got = lerobot_video.decode(path, start, start + r["length"] / 10)
-        assert len(got) == r["length"], (path, r["episode_index"])
-        assert [t for t, _ in got] == pytest.approx([start + n / 10 for n in range(r["length"])], abs=1e-4)
-        out += [f for _, f in got]
-    return np.stack(out)
+        times = start + np.arange(r["length"]) / 10
+        info = video_frames.probe(path)  # (each frame there, and only those, at its time)
+        within = info.pts[(info.pts > start - 1e-4) & (info.pts < times[-1] + 1e-4)]
+        assert within.tolist() == pytest.approx(times.tolist(), abs=1e-4), (path, r["episode_index"])
+        frames = np.empty((r["length"], info.height, info.width, 3), np.uint8)
+        video_frames.decode_at(path, times, frames)
+        out.append(frames)
+    return np.concatenate(out)
 
 
 def test_frames_within_the_codecs_loss(buffer, exported):
@@ -241,7 +246,7 @@ def test_an_existing_output_is_refused(buffer, exported, tmp_path):
 def test_missing_pyav_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "av", None)
     with pytest.raises(ImportError, match=r"pip install 'zarrfeed\[video\]'"):
-        lerobot_video.av()
+        lerobot_video.check_codec("libsvtav1")
 
 
 KILLED = """
@@ -341,6 +346,32 @@ def test_the_golden_dataset_imported_as_lerobot_decodes_it(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert decoded(tmp_path / "again", "observation_images_cam").shape == (153, 48, 64, 3)
+
+
+def test_an_opened_lerobot_dataset_imports_as_its_location_does(tmp_path):
+    """The import reads through the in-place reader: a dataset `Dataset.open` made of the root imports as the
+    root itself; replay-buffer keys hold no dots, so the features' are made "_" unless `names=` says."""
+    lerobot_to_replay_buffer(GOLDEN, tmp_path / "path.zarr", keys=["observation.state", "observation.images.cam"])
+    lerobot_to_replay_buffer(Dataset.open(GOLDEN), tmp_path / "opened.zarr", names={"action": "act"})
+    by_path, opened = Dataset.open(tmp_path / "path.zarr"), Dataset.open(tmp_path / "opened.zarr")
+    assert set(by_path.schema.tables) == {"episodes", "observation_state", "observation_images_cam"}
+    assert set(opened.schema.tables) == {"episodes", "observation_state", "act", "observation_images_cam"}
+    for key in ("episodes", "observation_state", "observation_images_cam"):
+        assert np.array_equal(by_path.read_rows(key, 0, by_path.rows[key]), opened.read_rows(key, 0, opened.rows[key]))
+    with pytest.raises(FormatError, match="not a LeRobot v3 dataset"):
+        lerobot_to_replay_buffer(Dataset.open(tmp_path / "path.zarr"), tmp_path / "no.zarr")
+
+
+def test_a_feature_not_read_is_refused_unless_left_out(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(GOLDEN, root)
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.images.png"] = {"dtype": "image", "shape": [4, 4, 3], "names": None}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(FormatError, match=r"feature 'observation.images.png' is of dtype 'image'.*keys="):
+        lerobot_to_replay_buffer(root, tmp_path / "a.zarr")
+    lerobot_to_replay_buffer(root, tmp_path / "b.zarr", keys=["action"])
+    assert Dataset.open(tmp_path / "b.zarr").rows["action"] == 153
 
 
 def test_what_lerobot_cannot_hold_is_refused_in_one_line(tmp_path):

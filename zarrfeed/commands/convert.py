@@ -80,8 +80,8 @@ def _lerobot(args: argparse.Namespace) -> int:
             return 0
         from ..writer.lerobot_import import lerobot_to_replay_buffer
 
-        summary = lerobot_to_replay_buffer(args.source, args.out, keys=args.keys, resume=args.resume,
-                                           progress=show_progress(args), durable=args.durable)
+        summary = lerobot_to_replay_buffer(Location.of(args.source, store_options(args)), args.out, keys=args.keys,
+                                           resume=args.resume, progress=show_progress(args), durable=args.durable)
         from ..loader import Dataset
 
         print_summary(summary, Dataset.open(args.out).rows)

@@ -25,12 +25,28 @@ INFO = "meta/info.json"
 EPISODES_DIR = "meta/episodes"
 TASKS = "meta/tasks.parquet"
 STATS = "meta/stats.json"
+# the path templates info.json names (`data_path`, `video_path`) as LeRobot writes them, and its episodes' files
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = EPISODES_DIR + "/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+CODEBASE_VERSION = "v3.0"  # the version written; any "v3.*" is read
 REQUIRED = ("codebase_version", "fps", "features", "total_episodes", "total_frames", "data_path")
+# LeRobot's own columns of every frame, with their dtypes (features of every dataset, never a source's own keys)
+FRAME_FEATURES = {"timestamp": "float32", "frame_index": "int64", "episode_index": "int64", "index": "int64",
+                  "task_index": "int64"}
+FRAME_COLUMNS = tuple(FRAME_FEATURES)
 NUMERIC = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
            "float16", "float32", "float64")
 NOT_READ = {"image": "images stored in Parquet (PNG bytes), not read", "string": "strings, not read",
             "audio": "audio, not read"}
 VIDEO = "video"
+
+
+def video_columns(camera: str) -> tuple[str, str, str, str]:
+    """The columns of meta/episodes that place an episode in camera `camera`'s video: its file's chunk_index and
+    file_index, and the time range [from, to) of its frames there."""
+    where = f"videos/{camera}"
+    return f"{where}/chunk_index", f"{where}/file_index", f"{where}/from_timestamp", f"{where}/to_timestamp"
 
 
 def is_lerobot(location: Location) -> bool:
@@ -109,7 +125,7 @@ class LeRobotMeta:
         info = _info(fs, root)
         features, cameras, left_out = _features(info)
         for name, why in left_out.items():
-            warnings.warn(f"{location}/{INFO}: feature '{name}' left out ({why})", stacklevel=3)
+            warnings.warn(f"{location}/{INFO}: feature '{name}' left out ({why})", stacklevel=4)
         episodes, data_chunk, video_chunk = _episodes(fs, root, list(cameras))
         data_files, episodes.data_file = _files(data_chunk, episodes.data_file, info, "data_path")
         starts = np.array([episodes.start[episodes.data_file == i].min() for i in range(len(data_files))], np.int64)
@@ -119,7 +135,7 @@ class LeRobotMeta:
             video_files[cam], episodes.video_file[cam] = _files(video_chunk[cam], episodes.video_file[cam], info,
                                                                 "video_path", video_key=cam)
         return cls(location, info, float(info["fps"]), features, cameras, left_out, _tasks(fs, root), episodes,
-                   _stats(fs, root), data_files, starts, stops, video_files)
+                   _json_object(fs, root, STATS), data_files, starts, stops, video_files)
 
     def describe(self) -> str:
         """One paragraph: episodes, frames, tasks, fps, features and cameras."""
@@ -138,16 +154,24 @@ def _read_bytes(fs: Any, root: str, name: str) -> bytes | None:
         return None
 
 
-def _info(fs: Any, root: str) -> dict[str, Any]:
-    raw = _read_bytes(fs, root, INFO)
+def _json_object(fs: Any, root: str, name: str) -> dict[str, Any] | None:
+    """The JSON object in file `name` (None: no such file; `FormatError` naming it if it is not one)."""
+    raw = _read_bytes(fs, root, name)
     if raw is None:
-        raise FormatError(f"{INFO}: missing (not a LeRobot dataset)")
+        return None
     try:
-        info = json.loads(raw)
+        doc = json.loads(raw)
     except ValueError as exc:
-        raise FormatError(f"{INFO}: not JSON ({exc})") from None
-    if not isinstance(info, dict):
-        raise FormatError(f"{INFO}: a JSON {type(info).__name__}, not an object")
+        raise FormatError(f"{name}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise FormatError(f"{name}: a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _info(fs: Any, root: str) -> dict[str, Any]:
+    info = _json_object(fs, root, INFO)
+    if info is None:
+        raise FormatError(f"{INFO}: missing (not a LeRobot dataset)")
     for key in REQUIRED:
         if key not in info:
             raise FormatError(f"{INFO}: key '{key}' missing")
@@ -253,7 +277,7 @@ def _episodes(fs: Any, root: str, cameras: list[str]) -> tuple[Episodes, np.ndar
     columns = ["episode_index", "tasks", "length", "data/chunk_index", "data/file_index", "dataset_from_index",
                "dataset_to_index"]
     for cam in cameras:
-        columns += [f"videos/{cam}/{k}" for k in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
+        columns += video_columns(cam)
     tables = [_parquet(fs, root, name, columns) for name in files]
     import pyarrow as pa
 
@@ -281,10 +305,9 @@ def _episodes(fs: Any, root: str, cameras: list[str]) -> tuple[Episodes, np.ndar
                    [table["tasks"][int(i)].as_py() or [] for i in order], files=files)
     video_chunk = {}
     for cam in cameras:
-        video_chunk[cam] = ordered(f"videos/{cam}/chunk_index", np.int64)
-        out.video_file[cam] = ordered(f"videos/{cam}/file_index", np.int64)
-        out.from_timestamp[cam] = ordered(f"videos/{cam}/from_timestamp", np.float64)
-        out.to_timestamp[cam] = ordered(f"videos/{cam}/to_timestamp", np.float64)
+        chunk, file, start, stop = video_columns(cam)
+        video_chunk[cam], out.video_file[cam] = ordered(chunk, np.int64), ordered(file, np.int64)
+        out.from_timestamp[cam], out.to_timestamp[cam] = ordered(start, np.float64), ordered(stop, np.float64)
     return out, ordered("data/chunk_index", np.int64), video_chunk
 
 
@@ -301,16 +324,3 @@ def _tasks(fs: Any, root: str) -> list[str]:
     for i, task in zip(index, table[names[0]].to_pylist(), strict=True):
         tasks[i] = str(task)
     return tasks
-
-
-def _stats(fs: Any, root: str) -> dict[str, Any] | None:
-    raw = _read_bytes(fs, root, STATS)
-    if raw is None:
-        return None
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise FormatError(f"{STATS}: not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise FormatError(f"{STATS}: a JSON {type(doc).__name__}, not an object")
-    return doc

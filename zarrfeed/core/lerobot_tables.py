@@ -14,6 +14,7 @@ import numpy as np
 from .errors import ChunkError, FormatError
 from .external_table import ExternalTable, MemoryTable
 from .lerobot_meta import INFO, LeRobotMeta
+from .location import Location
 from .parquet_table import ParquetTable
 from .replay_buffer import END, EPISODE_CHUNK, EPISODES, RESERVED
 from .schema import ENDS, Link, Schema, Table
@@ -30,6 +31,17 @@ class LeRobotSchema(Schema):
     def _check_name(self, t: Table) -> None:
         if not _FEATURE.fullmatch(t.name) or ".." in t.name:
             raise ValueError(f"feature {t.name!r}: not a name zarrfeed reads (letters, digits, _, - and ., no ..)")
+
+
+def open_lerobot(location: Location) -> tuple[LeRobotMeta, Schema, dict[str, ExternalTable]]:
+    """The LeRobot root at `location`: its metadata, schema and tables (`FormatError` in one line naming the file
+    below the location and the key or episode)."""
+    try:
+        meta = LeRobotMeta.read(location)
+        schema, tables = lerobot_tables(meta)
+    except FormatError as exc:
+        raise FormatError(f"{str(location).rstrip('/')}/{exc}") from None
+    return meta, schema, tables
 
 
 def lerobot_tables(meta: LeRobotMeta, chunk_rows: int | None = None,

@@ -264,6 +264,17 @@ def test_the_golden_dataset_equals_what_lerobot_returned(frames):
         check_golden(epoch(loader), want, "observation.images.cam", frames)
 
 
+def test_an_fps_other_than_a_lerobot_datasets_own_is_refused_in_one_line():
+    """LeRobot rounds `delta_timestamps` at the dataset's own fps: another is refused, the same one taken."""
+    pytest.importorskip("zarrfeed.core.lerobot_meta", reason="the LeRobot v3 reader is not in this tree")
+    deltas, _ = golden_samples()
+    with pytest.raises(ValueError, match=r"^\S+: fps=20 differs from the LeRobot dataset's own 10 \(meta/info.json\)"
+                                         r", which LeRobot always uses; leave fps= out$"):
+        LeRobotLoader(GOLDEN / "dataset", deltas, fps=20, num_workers=0)
+    with LeRobotLoader(GOLDEN / "dataset", deltas, fps=10, shuffle=False, batch_size=40, num_workers=0) as loader:
+        assert len(loader.plan()) == 4
+
+
 def test_every_loader_option_with_its_default_and_the_probe_makes_the_loaders_batch(lr_buffer):
     """It takes every `LoaderOptions` option (with its default; an unknown one refused in one line), and the
     probe that sizes a transform's output makes the batch the loader makes, after a round trip through pickle."""
