@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from repo_paths import ROOT
+from repo_paths import LEROBOT_ROOT, ROOT
 
 
 def figures_module():
@@ -165,6 +165,11 @@ def _stubs(script, module, dataset, tmp_path):
             "zarr": SimpleNamespace(open_group=lambda *a, **kw: {
                 "data": {k: SimpleNamespace(chunks=(73,)) for k in module.KEYS}}),
             "zarrfeed_epochs": lambda path: epochs, "dp_batches": lambda *a: (1.0, 2)}, []),
+        # LeRobot itself is in the bench's environment only: every variant is the golden root (its info.json)
+        "bench_lerobot.py": ({
+            "make": lambda variant, episodes, out=None: LEROBOT_ROOT, "video_pieces": lambda root: [],
+            "timed": lambda *a: (1.0, 2.0), "timed_epoch": lambda *a: (100.0, 0.5),
+            "decode_bound": lambda *a: 50.0, "zarrfeed_loader_class": lambda: (object, "")}, []),
     }.get(script)
 
 
