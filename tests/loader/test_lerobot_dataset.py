@@ -113,3 +113,46 @@ def test_the_fetcher_reads_external_tables_through_the_table_on_a_remote_store(s
     with Loader(ds, "action", batch_size=64, shuffle=False, num_workers=1, copy=True) as loader:
         action = np.concatenate([b["action"] for b in loader])
     np.testing.assert_array_equal(action, current_frames()["action"])
+
+
+def _rewrite_action(root) -> None:
+    """The data file replaced by one whose `action` differs, row groups as before."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    at = table.schema.get_field_index("action")
+    values = np.stack(table["action"].to_numpy(zero_copy_only=False)) + 1000
+    table = table.set_column(at, table.schema.field(at), pa.array(list(values), table.schema.field(at).type))
+    groups = pq.ParquetFile(path).metadata
+    with pq.ParquetWriter(f"{path}.new", table.schema) as writer:
+        start = 0
+        for g in range(groups.num_row_groups):
+            writer.write_table(table.slice(start, groups.row_group(g).num_rows))
+            start += groups.row_group(g).num_rows
+    os.replace(f"{path}.new", path)
+
+
+def _rewrite_video(root) -> None:
+    """The camera's video replaced by one of other frames at the same times."""
+    from zarrfeed.writer import lerobot_video
+
+    frames = np.full((153, 48, 64, 3), 7, np.uint8)
+    lerobot_video.encode_episode(frames, root / "new.mp4", 10, "libsvtav1")
+    os.replace(root / "new.mp4", root / VIDEO)
+
+
+@pytest.mark.parametrize("key, rewrite", [("action", _rewrite_action), (CAM, _rewrite_video)])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_file_replaced_under_an_open_loader_is_refused_never_mixed(tmp_path, key, rewrite, workers):
+    root = copy_root(tmp_path / "root")
+    ds = Dataset.open(root)
+    with Loader(ds, key, batch_size=64, shuffle=False, num_workers=workers, cache="off", copy=True) as loader:
+        first = np.concatenate([b[key] for b in loader])
+        np.testing.assert_array_equal(first, current_frames()[key])
+        rewrite(root)
+        with pytest.raises(Exception, match="replaced or rewritten since the dataset was opened") as refused:
+            list(loader)
+        assert "\n" not in str(refused.value)
+    assert Dataset.open(root).read_rows(key, 0, 1)[key].shape[0] == 1  # opened again: read as it is now

@@ -7,12 +7,13 @@ a Python loop over rows.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .errors import ChunkError
 from .external_table import ExternalTable
+from .file_tags import Tag, check_unchanged
 from .location import Location
 
 CHUNK_ROWS = 1024
@@ -20,15 +21,18 @@ CHUNK_ROWS = 1024
 
 class ParquetTable(ExternalTable):
     """Column `column` of the Parquet `files` (paths below `location`) as the table `table` of one-field
-    records `dtype` (the field named as the column), file f holding rows [starts[f], stops[f])."""
+    records `dtype` (the field named as the column), file f holding rows [starts[f], stops[f]). With `tags`
+    (file -> its `core.file_tags` tag when the dataset was opened), a read of a file that no longer has its tag is
+    refused (`ChunkError`), never mixed with what was read before."""
 
     def __init__(self, location: Location, table: str, column: str, dtype: np.dtype, files: Sequence[str],
                  starts: Sequence[int] | np.ndarray, stops: Sequence[int] | np.ndarray,
-                 chunk_rows: int = CHUNK_ROWS) -> None:
+                 chunk_rows: int = CHUNK_ROWS, tags: Mapping[str, Tag | None] | None = None) -> None:
         rows = int(max(stops, default=0))
         super().__init__(table, dtype, rows, chunk_rows, posixpath_dir(files))
         self.location, self.column, self.files = location, column, list(files)
         self.starts, self.stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        self.tags = dict(tags) if tags is not None else None
         self._groups: dict[int, np.ndarray] = {}  # per file: the first row of each row group, and the end
         self._fs: Any = None
 
@@ -72,6 +76,8 @@ class ParquetTable(ExternalTable):
                 if self.column not in pf.schema_arrow.names:
                     raise ChunkError(f"{name}: column '{self.column}' missing")
                 table = pf.read_row_groups(list(range(first, last)), columns=[self.column])
+            if self.tags is not None:  # (after the read: a file replaced while it was read is refused too)
+                check_unchanged(fs, f"{root}/{name}", name, self.tags.get(name))
         except FileNotFoundError:
             raise ChunkError(f"{name}: missing (column '{self.column}' of table '{self.table}')") from None
         except ChunkError:
