@@ -34,6 +34,11 @@ class LeRobotEpisodes:
     """The episodes of the LeRobot v3.0 dataset at the directory `root`, key -> steps, in episode order."""
 
     def __init__(self, root: str | os.PathLike, keys: list[str] | None = None) -> None:
+        if "://" in os.fspath(root):
+            raise ValueError(f"{os.fspath(root)}: a LeRobot dataset is imported from a local directory (copy it here "
+                             "first; Dataset.open reads one at a URL in place)")
+        if keys is not None and not keys:
+            raise ValueError("keys: none given; name at least one feature to import (default: every feature)")
         self.root = Path(root)
         try:
             self.info = json.loads((self.root / fmt.INFO).read_text())
