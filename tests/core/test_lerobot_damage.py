@@ -101,6 +101,18 @@ def test_totals_and_stats_that_disagree_are_named(root):
                            "meta/stats.json: key 'action' missing (no statistics of that feature)"]
 
 
+def test_an_info_json_whose_fps_or_camera_size_the_files_contradict_is_named(root):
+    def lie(info):
+        info["fps"] = 20
+        info["features"][CAM]["shape"] = [96, 128, 3]
+
+    edit_info(root, lie)
+    assert found(root) == [f"{DATA}: episode 0: column 'timestamp' steps by 0.1 s at frame 1, not 1/fps = 0.05 s "
+                           "(info.json's fps 20)",
+                           f"{VIDEO}: camera '{CAM}': frames of 48x64 (height x width), but meta/info.json gives "
+                           "96x128"]
+
+
 @pytest.mark.parametrize("key", ["fps", "features", "data_path", "codebase_version"])
 def test_a_missing_info_key_refuses_the_root_in_one_line(root, key):
     edit_info(root, lambda info: info.pop(key))
