@@ -105,7 +105,7 @@ def _time_steps(meta: LeRobotMeta, name: str, table: Any, start: int, episodes: 
         a, b = int(meta.episodes.start[e]) - start, int(meta.episodes.end[e]) - start
         steps = np.diff(times[a:b])
         slack = TOLERANCE + 2 * np.spacing(np.abs(times[a + 1:b]).astype(np.float32))  # (float32 columns' rounding)
-        bad = np.flatnonzero(np.abs(steps - 1 / meta.fps) > slack)
+        bad = np.flatnonzero(~(np.abs(steps - 1 / meta.fps) <= slack))  # (NaN too)
         if len(bad):
             return [(name, f"episode {e}: column 'timestamp' steps by {steps[bad[0]]:.6g} s at frame "
                            f"{int(bad[0]) + 1}, not 1/fps = {1 / meta.fps:.6g} s (info.json's fps {meta.fps:g})")]
