@@ -214,9 +214,13 @@ class LeRobotSource(GroupSource):
 
 
 def _fps(ds: Dataset, fps: float | None) -> float:
-    """The frame rate deltas are rounded at: `fps`, else the LeRobot dataset's own."""
+    """The frame rate deltas are rounded at: `fps`, else the LeRobot dataset's own (a LeRobot dataset's frames are
+    at its own: another `fps` would turn deltas into offsets of other durations, so it is refused)."""
+    meta = getattr(ds, "lerobot", None)
+    if fps is not None and meta is not None and fps != meta.fps:
+        raise ValueError(f"fps={fps!r}: the frames of {ds.location} are at {meta.fps:g} fps (its meta/info.json); "
+                         "leave fps= out")
     if fps is None:
-        meta = getattr(ds, "lerobot", None)
         if meta is None:
             raise ValueError(f"{ds.location}: fps= is needed (this {ds.schema.name} dataset does not say its "
                              "frame rate; a LeRobot dataset's is read from meta/info.json)")

@@ -156,3 +156,12 @@ def test_a_file_replaced_under_an_open_loader_is_refused_never_mixed(tmp_path, k
             list(loader)
         assert "\n" not in str(refused.value)
     assert Dataset.open(root).read_rows(key, 0, 1)[key].shape[0] == 1  # opened again: read as it is now
+
+
+def test_a_frame_rate_other_than_the_roots_own_is_refused():
+    from zarrfeed import LeRobotLoader
+
+    with pytest.raises(ValueError, match=r"fps=20: the frames of .* are at 10 fps \(its meta/info.json\)"):
+        LeRobotLoader(LEROBOT_ROOT, {"action": [0.0, 0.1]}, fps=20, num_workers=0)
+    with LeRobotLoader(LEROBOT_ROOT, {"action": [0.0, 0.1]}, fps=10, num_workers=0, shuffle=False) as loader:
+        assert sum(len(b["action"]) for b in loader) == 153
