@@ -124,6 +124,10 @@ def to_lerobot(source: Any, out: str | os.PathLike, *, fps: int, task: str = DEF
         raise FileExistsError(f"{out}: already exists; convert to another path, or remove it first")
     if int(fps) != fps or fps < 1:
         raise ValueError(f"fps={fps}: LeRobot's fps is a positive whole number of frames a second")
+    own = getattr(getattr(source, "lerobot", None), "fps", None)  # a LeRobot dataset's frame rate
+    if own is not None and own != fps:
+        raise ValueError(f"fps={fps}: the source is a LeRobot dataset of {own:g} fps; its frames are written at that "
+                         "rate")
     steps = StepSource(source, keys)
     if not len(steps):
         raise ValueError("the source holds no episode; LeRobot's datasets hold at least one")

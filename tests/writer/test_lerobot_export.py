@@ -468,3 +468,13 @@ def test_an_import_of_no_keys_or_from_a_url_is_refused_in_one_line(tmp_path):
                           "--to", "replay-buffer"], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "from a local directory" in run.stderr, run.stderr
     assert not (tmp_path / "rb.zarr").exists()
+
+
+def test_a_lerobot_source_is_written_at_its_own_frame_rate(tmp_path):
+    keys = ["observation.state", "action"]
+    with pytest.raises(ValueError, match="fps=30: the source is a LeRobot dataset of 10 fps"):
+        to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=30, keys=keys)
+    with pytest.raises(ValueError, match=r"key 'timestamp': a column LeRobot writes itself; .* \(keys=, --keys\)"):
+        to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=10)
+    to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=10, keys=keys)
+    assert Dataset.open(tmp_path / "out").validate().ok
