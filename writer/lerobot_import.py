@@ -139,7 +139,12 @@ class LeRobotEpisodes:
         if not path.exists():
             raise FormatError(f"{path}: missing (camera {key}, episode {ep['episode_index']})")
         wanted = start + timestamps.astype(np.float64)
-        decoded = lerobot_video.decode(path, float(wanted.min()), float(wanted.max()) + 1e-3)
+        try:
+            decoded = lerobot_video.decode(path, float(wanted.min()), float(wanted.max()) + 1e-3)
+        except lerobot_video.av().FFmpegError as exc:  # a damaged or truncated file
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise FormatError(f"{path}: cannot be decoded (camera {key}, episode {ep['episode_index']}: {said})") \
+                from None
         times = np.array([t for t, _ in decoded])
         frames = np.empty((len(wanted), *self.features[key]["shape"]), np.uint8)
         for n, t in enumerate(wanted):

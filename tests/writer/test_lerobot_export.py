@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -478,3 +479,13 @@ def test_a_lerobot_source_is_written_at_its_own_frame_rate(tmp_path):
         to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=10)
     to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=10, keys=keys)
     assert Dataset.open(tmp_path / "out").validate().ok
+
+
+def test_an_import_of_a_truncated_video_names_file_camera_and_episode(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(GOLDEN, root)
+    video = root / "videos/observation.images.cam/chunk-000/file-000.mp4"
+    video.write_bytes(video.read_bytes()[:video.stat().st_size // 2])
+    with pytest.raises(FormatError, match=r"file-000.mp4: cannot be decoded \(camera observation.images.cam, "
+                                          r"episode 1: "):
+        lerobot_to_replay_buffer(root, tmp_path / "rb.zarr")
