@@ -183,7 +183,13 @@ class _Export:
 
         fd = os.open(self.partial, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise
+            except OSError:  # a filesystem without locks (some network and FUSE ones): the conversion goes unguarded
+                os.close(fd)
+                return
             if not os.path.samestat(os.fstat(fd), os.stat(self.partial)):
                 raise FileNotFoundError(self.partial)  # renamed to <out> by the conversion that held it
         except (BlockingIOError, FileNotFoundError):
