@@ -115,8 +115,8 @@ def test_the_fetcher_reads_external_tables_through_the_table_on_a_remote_store(s
     np.testing.assert_array_equal(action, current_frames()["action"])
 
 
-def _rewrite_action(root) -> None:
-    """The data file replaced by one whose `action` differs, row groups as before."""
+def _rewrite_action(root, regroup: bool = False) -> None:
+    """The data file replaced by one whose `action` differs, row groups as before (`regroup`: all in one)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -128,9 +128,11 @@ def _rewrite_action(root) -> None:
     groups = pq.ParquetFile(path).metadata
     with pq.ParquetWriter(f"{path}.new", table.schema) as writer:
         start = 0
-        for g in range(groups.num_row_groups):
+        for g in range(groups.num_row_groups if not regroup else 0):
             writer.write_table(table.slice(start, groups.row_group(g).num_rows))
             start += groups.row_group(g).num_rows
+        if regroup:
+            writer.write_table(table)
     os.replace(f"{path}.new", path)
 
 
@@ -143,7 +145,8 @@ def _rewrite_video(root) -> None:
     os.replace(root / "new.mp4", root / VIDEO)
 
 
-@pytest.mark.parametrize("key, rewrite", [("action", _rewrite_action), (CAM, _rewrite_video)])
+@pytest.mark.parametrize("key, rewrite", [("action", _rewrite_action), ("action", lambda root: _rewrite_action(
+    root, regroup=True)), (CAM, _rewrite_video)])
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_file_replaced_under_an_open_loader_is_refused_never_mixed(tmp_path, key, rewrite, workers):
     root = copy_root(tmp_path / "root")

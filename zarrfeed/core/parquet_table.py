@@ -76,17 +76,26 @@ class ParquetTable(ExternalTable):
                 if self.column not in pf.schema_arrow.names:
                     raise ChunkError(f"{name}: column '{self.column}' missing")
                 table = pf.read_row_groups(list(range(first, last)), columns=[self.column])
-            if self.tags is not None:  # (after the read: a file replaced while it was read is refused too)
-                check_unchanged(fs, f"{root}/{name}", name, self.tags.get(name))
+            self._check_unchanged(fs, root, name)  # (after the read: a file replaced while it was read too)
         except FileNotFoundError:
+            self._check_unchanged(fs, root, name)  # (a file there when opened: gone since)
             raise ChunkError(f"{name}: missing (column '{self.column}' of table '{self.table}')") from None
-        except ChunkError:
+        except ChunkError as exc:
+            if "since the dataset was opened" not in str(exc):
+                self._check_unchanged(fs, root, name)  # (a file replaced: said so, rather than what it now lacks)
             raise
         except Exception as exc:  # pyarrow's: a truncated or corrupt file
+            self._check_unchanged(fs, root, name)
             raise ChunkError(f"{name}: column '{self.column}' cannot be read ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
         column = table.column(0).slice(lo - int(bounds[first]), hi - lo)
         return column_values(column, self.dtype[self.column], f"{name}: column '{self.column}'")
+
+
+    def _check_unchanged(self, fs: Any, root: str, name: str) -> None:
+        """`ChunkError` if file `name` is no longer what it was when the dataset was opened (with `tags`)."""
+        if self.tags is not None:
+            check_unchanged(fs, f"{root}/{name}", name, self.tags.get(name))
 
 
 def column_values(column: Any, field: np.dtype, where: str) -> np.ndarray:

@@ -64,18 +64,13 @@ class VideoTable(ExternalTable):
             reader = self._reader(name)
             try:
                 reader.decode_at(self.timestamps[start + lo:start + hi], frames[lo:hi], TOLERANCE)
-            except FileNotFoundError:
-                raise ChunkError(f"{where}: the video file is missing") from None
             except (FormatError, ValueError, OSError) as exc:
+                self._check_unchanged(name, reader)  # (a file replaced: said so, rather than what it now lacks)
+                if isinstance(exc, FileNotFoundError):
+                    raise ChunkError(f"{where}: the video file is missing") from None
                 said = str(exc).removeprefix(f"{reader.what}: ")  # (the reader names the file; `where` too)
                 raise ChunkError(f"{where}: {said}") from None
-            if self.tags is not None:  # (after decoding: a file replaced while it was decoded is refused too)
-                fs, root = self._filesystem()
-                try:
-                    check_unchanged(fs, f"{root}/{name}", f"camera '{self.camera}', {name}", self.tags.get(name))
-                except ChunkError:
-                    reader.close()  # (it may hold the old file open)
-                    raise
+            self._check_unchanged(name, reader)  # (after decoding: a file replaced while it was decoded too)
         return out
 
     def _reader(self, name: str) -> VideoReader:
@@ -87,6 +82,17 @@ class VideoTable(ExternalTable):
             opener = None if not self.location.settings.remote else (lambda p, fs=fs: fs.open(p, "rb"))
             reader = self._readers[name] = VideoReader(path, opener, what=f"camera '{self.camera}', {name}")
         return reader
+
+    def _check_unchanged(self, name: str, reader: VideoReader) -> None:
+        """`ChunkError` if video file `name` is no longer what it was when the dataset was opened (with `tags`);
+        its reader is closed then (it may hold the old file open)."""
+        if self.tags is not None:
+            fs, root = self._filesystem()
+            try:
+                check_unchanged(fs, f"{root}/{name}", f"camera '{self.camera}', {name}", self.tags.get(name))
+            except ChunkError:
+                reader.close()
+                raise
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._fs is None:
