@@ -120,21 +120,37 @@ def to_lerobot(source: Any, out: str | os.PathLike, *, fps: int, task: str = DEF
         durable: fsync files and directories (False: scratch data).
     """
     out = _local(out)
-    if out.exists():
+    if out.exists() and not resume:
         raise FileExistsError(f"{out}: already exists; convert to another path, or remove it first")
     if int(fps) != fps or fps < 1:
         raise ValueError(f"fps={fps}: LeRobot's fps is a positive whole number of frames a second")
+    own = getattr(getattr(source, "lerobot", None), "fps", None)  # a LeRobot dataset's frame rate
+    if own is not None and own != fps:
+        raise ValueError(f"fps={fps}: the source is a LeRobot dataset of {own:g} fps; its frames are written at that "
+                         "rate")
     steps = StepSource(source, keys)
     if not len(steps):
         raise ValueError("the source holds no episode; LeRobot's datasets hold at least one")
-    if any(f.video for f in steps.features):
-        lerobot_video.check_codec(video_codec)
+    if not steps.features:
+        raise ValueError("keys: none given; name at least one key to write (default: every key)")
+    for feature in steps.features:
+        if feature.video:
+            lerobot_video.check_codec(video_codec)
+            lerobot_video.check_size(video_codec, feature.shape[0], feature.shape[1], int(fps), feature.name)
     settings = {"identity": steps.identity(), "fps": int(fps), "task": task, "video_codec": video_codec,
                 "keys": [f.name for f in steps.features], "robot_type": robot_type,
                 "sizes": [chunks_size, data_files_size_in_mb, video_files_size_in_mb]}
     export = _Export(steps, out, settings, durable)
-    export.start(resume)
-    return export.run(progress)
+    try:
+        if out.exists():  # resume: a conversion killed after its last step is finished
+            if export.finished():
+                return {"episodes": 0, "frames": 0, "seconds": 0.0, "path": str(out)}
+            raise FileExistsError(f"{out}: already exists, and not as this conversion's output (its fps, episodes, "
+                                  "frames, keys or task differ); convert to another path, or remove it first")
+        export.start(resume)
+        return export.run(progress)
+    finally:
+        export.unlock()
 
 
 def _local(out: str | os.PathLike) -> Path:
@@ -156,26 +172,77 @@ class _Export:
         self.cameras = [f.name for f in steps.features if f.video]
         self.columns = [f for f in steps.features if not f.video]
         self.done = False
+        self._lock: int | None = None  # the descriptor holding `<out>.partial/`'s lock
+
+    # -- one conversion at a time ----------------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Hold `<out>.partial/` for this conversion alone (an exclusive `flock` on the folder, released by
+        `unlock` or when the process ends, however it ends); `FormatError` if another conversion holds it."""
+        import fcntl
+
+        fd = os.open(self.partial, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise
+            except OSError:  # a filesystem without locks (some network and FUSE ones): the conversion goes unguarded
+                os.close(fd)
+                return
+            if not os.path.samestat(os.fstat(fd), os.stat(self.partial)):
+                raise FileNotFoundError(self.partial)  # renamed to <out> by the conversion that held it
+        except (BlockingIOError, FileNotFoundError):
+            os.close(fd)
+            raise FormatError(f"{self.partial}: another conversion is writing into {self.out.name} now; wait for it "
+                              "to end (or stop it), then resume") from None
+        self._lock = fd
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def finished(self) -> bool:
+        """Whether `<out>` holds this conversion, complete: its info.json's fps, episodes, frames and features
+        and its task are those this conversion writes (a conversion killed after renaming `<out>.partial/`)."""
+        try:
+            info = json.loads((self.out / fmt.INFO).read_text())
+            tasks = pq.read_table(self.out / fmt.TASKS).to_pylist()
+        except (OSError, ValueError, pa.ArrowException):
+            return False
+        features = [f.name for f in self.steps.features] + list(fmt.FRAME_COLUMNS)
+        return (not self.partial.exists() and info.get("fps") == self.settings["fps"]
+                and info.get("total_episodes") == len(self.steps)
+                and info.get("total_frames") == int(self.steps.ends[-1])
+                and sorted(info.get("features", {})) == sorted(features) and len(tasks) == 1
+                and self.settings["task"] in tasks[0].values())
 
     # -- the journal -----------------------------------------------------------------------------------------
 
     def start(self, resume: bool) -> None:
         """Begin a new conversion, or with `resume` take up the one in `<out>.partial/`."""
         journal = self.partial / JOURNAL
-        if self.partial.exists() and not resume:
-            said = f"{self.partial}: an interrupted conversion into {self.out.name}; finish it "
-            raise FormatError(said + "(resume=True) or remove it", cli=said + "(--resume) or remove it")
-        if resume and self.partial.exists() and not journal.exists():
-            if (self.partial / fmt.INFO).exists():  # stopped between its last two steps: complete
+        if self.partial.exists():
+            self.lock()
+            if not resume:
+                said = f"{self.partial}: an interrupted conversion into {self.out.name}; finish it "
+                raise FormatError(said + "(resume=True) or remove it", cli=said + "(--resume) or remove it")
+            if not journal.exists() and (self.partial / fmt.INFO).exists():  # stopped between its last two steps
                 self.done = True
                 return
-            shutil.rmtree(self.partial)  # stopped before its journal began: nothing to keep
-        if resume and journal.exists():
-            if self._read_journal(journal):
+            if journal.exists() and self._read_journal(journal):
                 self._clean()
                 return
-            shutil.rmtree(self.partial)  # stopped while its journal's first line was written
-        self.partial.mkdir(parents=True)
+            shutil.rmtree(self.partial)  # stopped before its journal (or its first line) was written
+            self.unlock()
+        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.partial.mkdir()
+        except FileExistsError:
+            raise FormatError(f"{self.partial}: another conversion into {self.out.name} began at the same time; "
+                              "wait for it to end (or stop it), then resume") from None
+        self.lock()
         self._append({"settings": self.settings})
 
     def _read_journal(self, journal: Path) -> bool:

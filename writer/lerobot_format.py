@@ -57,7 +57,8 @@ def check_feature(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Feature
     if "/" in name:
         raise ValueError(f"key {name!r}: LeRobot's feature names cannot hold '/'")
     if name in FRAME_COLUMNS:
-        raise ValueError(f"key {name!r}: a column LeRobot writes itself; rename the key")
+        raise ValueError(f"key {name!r}: a column LeRobot writes itself; rename the key, or leave it out (keys=, "
+                         "--keys)")
     if feature.video:
         return feature
     if feature.dtype.name not in NUMERIC or feature.dtype.byteorder == ">":

@@ -37,6 +37,8 @@ class LeRobotEpisodes:
     `read_rows`). Only `keys` (default: every feature but LeRobot's own columns) are read."""
 
     def __init__(self, source: Any, keys: list[str] | None = None) -> None:
+        if keys is not None and not keys:
+            raise ValueError("keys: none given; name at least one feature to import (default: every feature)")
         self.meta, self.read = _reader(source)
         where = f"{str(self.meta.location).rstrip('/')}/{INFO}"
         features = [k for k in self.meta.info["features"] if k not in FRAME_COLUMNS]

@@ -41,6 +41,28 @@ def check_codec(name: str) -> None:
         raise ValueError(f"video codec {name!r}: this PyAV has no {encoder} encoder") from None
 
 
+def check_size(name: str, height: int, width: int, fps: int, key: str) -> None:
+    """Refuse, in one line naming the key, frames of a size the codec setting `name` cannot encode (libx264 in
+    yuv420p needs even sizes; SVT-AV1 frames of at least 4x4): its encoder is opened on that size, so that a
+    conversion is refused before anything is written rather than failing at its first episode."""
+    from fractions import Fraction
+
+    pyav = require_av()
+    encoder, pix_fmt, options = CODECS[name]
+    context = pyav.CodecContext.create(encoder, "w")
+    context.width, context.height, context.pix_fmt = int(width), int(height), pix_fmt
+    context.time_base, context.framerate = Fraction(1, int(fps)), Fraction(int(fps), 1)
+    context.options = dict(options)
+    try:
+        context.open()
+    except pyav.FFmpegError:
+        why = "libx264 in yuv420p needs an even height and width" if encoder == "libx264" else \
+            f"{encoder} refuses that size"
+        others = ", ".join(c for c in CODECS if c != name)
+        raise ValueError(f"key {key!r}: frames of {height}x{width} (height x width) cannot be encoded with video codec "
+                         f"{name!r} ({why}); resize them, or choose another codec ({others})") from None
+
+
 def encode_episode(frames: np.ndarray, path: Path, fps: int, codec: str) -> None:
     """Encode `frames` (T, H, W, 3) uint8 into a new MP4 at `path` (its own stream, `fps` frames a second)."""
     pyav = require_av()

@@ -4,6 +4,7 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -99,6 +100,28 @@ def test_totals_and_stats_that_disagree_are_named(root):
     assert found(root) == ["meta/info.json: key 'total_episodes' is 6, but meta/episodes holds 5 episodes",
                            "meta/info.json: key 'total_frames' is 150, but the episodes end at frame 153",
                            "meta/stats.json: key 'action' missing (no statistics of that feature)"]
+
+
+def test_an_info_json_whose_fps_or_camera_size_the_files_contradict_is_named(root):
+    def lie(info):
+        info["fps"] = 20
+        info["features"][CAM]["shape"] = [96, 128, 3]
+
+    edit_info(root, lie)
+    assert found(root) == [f"{DATA}: episode 0: column 'timestamp' steps by 0.1 s at frame 1, not 1/fps = 0.05 s "
+                           "(info.json's fps 20)",
+                           f"{VIDEO}: camera '{CAM}': frames of 48x64 (height x width), but meta/info.json gives "
+                           "96x128"]
+
+
+def test_a_missing_timestamp_is_named(root):
+    table = pq.read_table(root / DATA)
+    at = table.schema.get_field_index("timestamp")
+    times = table["timestamp"].to_numpy().copy()
+    times[45] = np.nan  # (episode 1, frame 5)
+    pq.write_table(table.set_column(at, table.schema.field(at), pa.array(times)), root / DATA)
+    assert found(root) == [f"{DATA}: episode 1: column 'timestamp' steps by nan s at frame 5, not 1/fps = 0.1 s "
+                           "(info.json's fps 10)"]
 
 
 @pytest.mark.parametrize("key", ["fps", "features", "data_path", "codebase_version"])

@@ -113,3 +113,58 @@ def test_the_fetcher_reads_external_tables_through_the_table_on_a_remote_store(s
     with Loader(ds, "action", batch_size=64, shuffle=False, num_workers=1, copy=True) as loader:
         action = np.concatenate([b["action"] for b in loader])
     np.testing.assert_array_equal(action, current_frames()["action"])
+
+
+def _rewrite_action(root, regroup: bool = False) -> None:
+    """The data file replaced by one whose `action` differs, row groups as before (`regroup`: all in one)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    at = table.schema.get_field_index("action")
+    values = np.stack(table["action"].to_numpy(zero_copy_only=False)) + 1000
+    table = table.set_column(at, table.schema.field(at), pa.array(list(values), table.schema.field(at).type))
+    groups = pq.ParquetFile(path).metadata
+    with pq.ParquetWriter(f"{path}.new", table.schema) as writer:
+        start = 0
+        for g in range(groups.num_row_groups if not regroup else 0):
+            writer.write_table(table.slice(start, groups.row_group(g).num_rows))
+            start += groups.row_group(g).num_rows
+        if regroup:
+            writer.write_table(table)
+    os.replace(f"{path}.new", path)
+
+
+def _rewrite_video(root) -> None:
+    """The camera's video replaced by one of other frames at the same times."""
+    from zarrfeed.writer import lerobot_video
+
+    frames = np.full((153, 48, 64, 3), 7, np.uint8)
+    lerobot_video.encode_episode(frames, root / "new.mp4", 10, "libsvtav1")
+    os.replace(root / "new.mp4", root / VIDEO)
+
+
+@pytest.mark.parametrize("key, rewrite", [("action", _rewrite_action), ("action", lambda root: _rewrite_action(
+    root, regroup=True)), (CAM, _rewrite_video)])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_file_replaced_under_an_open_loader_is_refused_never_mixed(tmp_path, key, rewrite, workers):
+    root = copy_root(tmp_path / "root")
+    ds = Dataset.open(root)
+    with Loader(ds, key, batch_size=64, shuffle=False, num_workers=workers, cache="off", copy=True) as loader:
+        first = np.concatenate([b[key] for b in loader])
+        np.testing.assert_array_equal(first, current_frames()[key])
+        rewrite(root)
+        with pytest.raises(Exception, match="replaced or rewritten since the dataset was opened") as refused:
+            list(loader)
+        assert "\n" not in str(refused.value)
+    assert Dataset.open(root).read_rows(key, 0, 1)[key].shape[0] == 1  # opened again: read as it is now
+
+
+def test_a_frame_rate_other_than_the_roots_own_is_refused():
+    from zarrfeed import LeRobotLoader
+
+    with pytest.raises(ValueError, match=r"fps=20 differs from the LeRobot dataset's own 10 \(meta/info.json\)"):
+        LeRobotLoader(LEROBOT_ROOT, {"action": [0.0, 0.1]}, fps=20, num_workers=0)
+    with LeRobotLoader(LEROBOT_ROOT, {"action": [0.0, 0.1]}, fps=10, num_workers=0, shuffle=False) as loader:
+        assert sum(len(b["action"]) for b in loader) == 153

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from zarrfeed.core import video_frames
-from zarrfeed.core.errors import FormatError
+from zarrfeed.core.errors import ChunkError, FormatError
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import DatasetWriter, lerobot_export, lerobot_stats, lerobot_video, replay_buffer_schema
 from zarrfeed.writer.lerobot_export import to_lerobot
@@ -440,3 +440,85 @@ def test_a_journal_cut_short_is_taken_up(buffer, tmp_path):
         assert pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").equals(
             pq.read_table(tmp_path / "whole/meta/episodes/chunk-000/file-000.parquet"))
         assert np.array_equal(decoded(root), decoded(tmp_path / "whole"))
+
+
+def test_frames_a_codec_cannot_encode_and_no_keys_are_refused_before_anything_is_written(tmp_path):
+    source = tmp_path / "odd.zarr"
+    with DatasetWriter(source, replay_buffer_schema({"image": (np.uint8, (95, 97, 3))}), workers=0) as w:
+        w.ingest([{"image": np.zeros((3, 95, 97, 3), np.uint8)}])
+    with pytest.raises(ValueError, match=r"key 'image': frames of 95x97 .* video codec 'h264' \(libx264 in yuv420p "
+                                         "needs an even height and width\\)"):
+        to_lerobot(source, tmp_path / "out", fps=10, video_codec="h264")
+    with pytest.raises(ValueError, match="keys: none given"):
+        to_lerobot(source, tmp_path / "out", fps=10, keys=[])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+    run = subprocess.run([sys.executable, "-m", "zarrfeed", "convert", str(source), str(tmp_path / "out"), "--to",
+                          "lerobot", "--fps", "10", "--video-codec", "h264"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "even height and width" in run.stderr, run.stderr
+    to_lerobot(source, tmp_path / "out", fps=10, video_codec="lossless")  # (odd sizes are fine in RGB)
+    assert Dataset.open(tmp_path / "out").validate().ok
+
+
+def test_a_conversion_in_progress_is_never_taken_up_by_another(buffer, tmp_path, monkeypatch):
+    import fcntl
+
+    real = lerobot_export._Export._episode
+
+    def stop_after_one(self, i):
+        if i == 1:
+            raise KeyboardInterrupt
+        real(self, i)
+
+    monkeypatch.setattr(lerobot_export._Export, "_episode", stop_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        to_lerobot(buffer[0], tmp_path / "out", fps=10, video_codec="lossless")
+    monkeypatch.setattr(lerobot_export._Export, "_episode", real)
+    held = os.open(tmp_path / "out.partial", os.O_RDONLY)  # another conversion writing into it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for resume in (True, False):
+            with pytest.raises(FormatError, match="another conversion is writing into out now"):
+                to_lerobot(buffer[0], tmp_path / "out", fps=10, video_codec="lossless", resume=resume)
+    finally:
+        os.close(held)
+    assert to_lerobot(buffer[0], tmp_path / "out", fps=10, video_codec="lossless", resume=True)["episodes"] == 2
+
+
+def test_resuming_a_finished_conversion_finishes_at_once(buffer, exported):
+    done = to_lerobot(Dataset.open(buffer[0]), exported, fps=10, task="push the block", resume=True)
+    assert done["episodes"] == 0 and done["path"] == str(exported)
+    for other in ({"fps": 11, "task": "push the block"}, {"fps": 10, "task": "another"}):
+        with pytest.raises(FileExistsError, match="not as this conversion's output"):
+            to_lerobot(buffer[0], exported, resume=True, **other)
+
+
+def test_an_import_of_no_keys_or_from_an_unreadable_url_is_refused_in_one_line(tmp_path):
+    """(The import reads through the in-place reader, so a URL is read where it lies: one it cannot read is one
+    line, exit 2, nothing written.)"""
+    with pytest.raises(ValueError, match="keys: none given"):
+        lerobot_to_replay_buffer(GOLDEN, tmp_path / "rb.zarr", keys=[])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    run = subprocess.run([sys.executable, "-m", "zarrfeed", "convert", "s3://bucket/root", str(tmp_path / "rb.zarr"),
+                          "--to", "replay-buffer"], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert not (tmp_path / "rb.zarr").exists()
+
+
+def test_a_lerobot_source_is_written_at_its_own_frame_rate(tmp_path):
+    keys = ["observation.state", "action"]
+    with pytest.raises(ValueError, match="fps=30: the source is a LeRobot dataset of 10 fps"):
+        to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=30, keys=keys)
+    with pytest.raises(ValueError, match=r"key 'timestamp': a column LeRobot writes itself; .* \(keys=, --keys\)"):
+        to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=10)
+    to_lerobot(Dataset.open(GOLDEN), tmp_path / "out", fps=10, keys=keys)
+    assert Dataset.open(tmp_path / "out").validate().ok
+
+
+def test_an_import_of_a_truncated_video_names_file_camera_and_episode(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(GOLDEN, root)
+    video = root / "videos/observation.images.cam/chunk-000/file-000.mp4"
+    video.write_bytes(video.read_bytes()[:video.stat().st_size // 2])
+    with pytest.raises(ChunkError, match=r"camera 'observation.images.cam', videos/observation.images.cam/"
+                                         r"chunk-000/file-000.mp4, episode 1: cannot be decoded at "):
+        lerobot_to_replay_buffer(root, tmp_path / "rb.zarr")

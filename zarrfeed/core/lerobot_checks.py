@@ -2,8 +2,10 @@
 agree with their lengths and info.json's totals; every data and video file the episodes name exists; the data
 files' `index`, `episode_index` and `frame_index` columns are those the episodes' ranges give; each episode's
 video segment lies within its file and holds as many frames as the episode (its packets counted with PyAV,
-nothing decoded); stats.json has every feature. Each violation is (where: the file, what: one line naming the
-episode and the key).
+nothing decoded), and the video's frames are the size info.json gives the camera; within each episode the
+`timestamp` column steps by 1/fps (the rule of LeRobot's former `check_timestamps_sync`: `delta_timestamps` become
+frame offsets at info.json's fps); stats.json has every feature. Each violation is (where: the file, what: one
+line naming the episode and the key).
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def _data_file(meta: LeRobotMeta, fs: Any, root: str, f: int, name: str) -> Foun
     """The columns `index`, `episode_index` and `frame_index` of data file `f` against the episodes in it."""
     import pyarrow.parquet as pq
 
-    columns = ["index", "episode_index", "frame_index"]
+    columns = ["index", "episode_index", "frame_index", "timestamp"]
     try:
         with fs.open(f"{root}/{name}", "rb") as fh:
             pf = pq.ParquetFile(fh)
@@ -83,7 +85,7 @@ def _data_file(meta: LeRobotMeta, fs: Any, root: str, f: int, name: str) -> Foun
     for e in mine.tolist():
         a, b = int(ep.start[e]) - start, int(ep.end[e]) - start
         episode[a:b], frame[a:b] = e, np.arange(b - a)
-    found = []
+    found = _time_steps(meta, name, table, start, mine)
     for column, want in (("index", np.arange(start, stop)), ("episode_index", episode), ("frame_index", frame)):
         got = np.asarray(table[column].to_numpy(zero_copy_only=False))
         bad = np.flatnonzero(got != want)
@@ -94,6 +96,20 @@ def _data_file(meta: LeRobotMeta, fs: Any, root: str, f: int, name: str) -> Foun
             found.append((name, f"{which}: column '{column}' is {got[row]} at row {row} of the file (dataset row "
                                 f"{start + row}), expected {want[row]}"))
     return found
+
+
+def _time_steps(meta: LeRobotMeta, name: str, table: Any, start: int, episodes: np.ndarray) -> Found:
+    """The first episode of data file `name` whose `timestamp` does not step by 1/fps (within LeRobot's 1e-4 s)."""
+    times = np.asarray(table["timestamp"].to_numpy(zero_copy_only=False), np.float64)
+    for e in episodes.tolist():
+        a, b = int(meta.episodes.start[e]) - start, int(meta.episodes.end[e]) - start
+        steps = np.diff(times[a:b])
+        slack = TOLERANCE + 2 * np.spacing(np.abs(times[a + 1:b]).astype(np.float32))  # (float32 columns' rounding)
+        bad = np.flatnonzero(~(np.abs(steps - 1 / meta.fps) <= slack))  # (NaN too)
+        if len(bad):
+            return [(name, f"episode {e}: column 'timestamp' steps by {steps[bad[0]]:.6g} s at frame "
+                           f"{int(bad[0]) + 1}, not 1/fps = {1 / meta.fps:.6g} s (info.json's fps {meta.fps:g})")]
+    return []
 
 
 def _video_file(meta: LeRobotMeta, fs: Any, root: str, cam: str, v: int, name: str) -> Found:
@@ -107,12 +123,17 @@ def _video_file(meta: LeRobotMeta, fs: Any, root: str, cam: str, v: int, name: s
             base = float(stream.time_base)
             pts = [p.pts for p in container.demux(stream) if p.pts is not None]
             step = float(1 / stream.average_rate) if stream.average_rate else 1 / meta.fps
+            size = (stream.codec_context.height, stream.codec_context.width)
     except Exception as exc:
         return [(name, f"camera '{cam}': not a readable video ({type(exc).__name__}: "
                        f"{str(exc).splitlines()[0] if str(exc) else ''})")]
     times = np.sort(np.asarray(pts, np.float64) * base)
     end = float(times[-1]) + step if len(times) else 0.0
     ep, found = meta.episodes, []
+    want = meta.cameras[cam].shape[:2]
+    if size != want:
+        found.append((name, f"camera '{cam}': frames of {size[0]}x{size[1]} (height x width), but {INFO} gives "
+                            f"{want[0]}x{want[1]}"))
     for e in np.flatnonzero(ep.video_file[cam] == v).tolist():
         lo, hi = float(ep.from_timestamp[cam][e]), float(ep.to_timestamp[cam][e])
         if lo < -TOLERANCE or hi > end + TOLERANCE or hi < lo:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .errors import FormatError
+from .file_tags import Tag, file_tag
 from .location import Location
 
 INFO = "meta/info.json"
@@ -98,7 +99,8 @@ class Episodes:
 class LeRobotMeta:
     """What a LeRobot v3 root's `meta/` says (see the module's docstring). `data_files` are the data files in
     the order of their episodes (paths below the root), `data_start`/`data_stop` the dataset rows each holds;
-    `video_files[camera]` likewise the camera's video files."""
+    `video_files[camera]` likewise the camera's video files; `file_tags` what each data and video file was when
+    the metadata was read (`core.file_tags`: every read of it checks it is still so)."""
 
     location: Location
     info: dict[str, Any]
@@ -113,6 +115,7 @@ class LeRobotMeta:
     data_start: np.ndarray
     data_stop: np.ndarray
     video_files: dict[str, list[str]]
+    file_tags: dict[str, Tag | None] = field(default_factory=dict)  # data and video file -> its tag when read
 
     @property
     def total_frames(self) -> int:
@@ -134,8 +137,10 @@ class LeRobotMeta:
         for cam in cameras:
             video_files[cam], episodes.video_file[cam] = _files(video_chunk[cam], episodes.video_file[cam], info,
                                                                 "video_path", video_key=cam)
+        tags = {name: file_tag(fs, f"{root}/{name}") for name in [*data_files, *(f for files in video_files.values()
+                                                                              for f in files)]}
         return cls(location, info, float(info["fps"]), features, cameras, left_out, _tasks(fs, root), episodes,
-                   _json_object(fs, root, STATS), data_files, starts, stops, video_files)
+                   _json_object(fs, root, STATS), data_files, starts, stops, video_files, tags)
 
     def describe(self) -> str:
         """One paragraph: episodes, frames, tasks, fps, features and cameras."""

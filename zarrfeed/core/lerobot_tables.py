@@ -59,7 +59,7 @@ def lerobot_tables(meta: LeRobotMeta, chunk_rows: int | None = None,
     for name, feature in meta.features.items():
         dtype = np.dtype([(name, feature.dtype, feature.shape)] if feature.shape else [(name, feature.dtype)])
         tables[name] = ParquetTable(meta.location, name, name, dtype, meta.data_files, meta.data_start,
-                                    meta.data_stop, **parquet)
+                                    meta.data_stop, tags=meta.file_tags, **parquet)
     if meta.cameras:
         episode, times, unreadable = _frame_times(meta, tables.get("timestamp"))
         video = {"chunk_rows": video_chunk_rows} if video_chunk_rows else {}
@@ -67,7 +67,8 @@ def lerobot_tables(meta: LeRobotMeta, chunk_rows: int | None = None,
             at = np.maximum(episode, 0)
             shifted = ep.from_timestamp[cam][at] + times if len(ep) else times
             tables[cam] = VideoTable(meta.location, cam, cam, feature.shape, meta.video_files[cam],
-                                     ep.video_file[cam], episode, shifted, unreadable=unreadable, **video)
+                                     ep.video_file[cam], episode, shifted, unreadable=unreadable,
+                                     tags=meta.file_tags, **video)
     schema_tables = {name: Table(name, t.dtype, t.chunks[0]) for name, t in tables.items()}  # (no folder: no path)
     links = tuple(Link(EPISODES, END, name, ENDS) for name in tables if name != EPISODES)
     try:

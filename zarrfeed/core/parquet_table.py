@@ -7,12 +7,13 @@ a Python loop over rows.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .errors import ChunkError
 from .external_table import ExternalTable
+from .file_tags import Tag, check_unchanged
 from .location import Location
 
 CHUNK_ROWS = 1024
@@ -20,15 +21,18 @@ CHUNK_ROWS = 1024
 
 class ParquetTable(ExternalTable):
     """Column `column` of the Parquet `files` (paths below `location`) as the table `table` of one-field
-    records `dtype` (the field named as the column), file f holding rows [starts[f], stops[f])."""
+    records `dtype` (the field named as the column), file f holding rows [starts[f], stops[f]). With `tags`
+    (file -> its `core.file_tags` tag when the dataset was opened), a read of a file that no longer has its tag is
+    refused (`ChunkError`), never mixed with what was read before."""
 
     def __init__(self, location: Location, table: str, column: str, dtype: np.dtype, files: Sequence[str],
                  starts: Sequence[int] | np.ndarray, stops: Sequence[int] | np.ndarray,
-                 chunk_rows: int = CHUNK_ROWS) -> None:
+                 chunk_rows: int = CHUNK_ROWS, tags: Mapping[str, Tag | None] | None = None) -> None:
         rows = int(max(stops, default=0))
         super().__init__(table, dtype, rows, chunk_rows, posixpath_dir(files))
         self.location, self.column, self.files = location, column, list(files)
         self.starts, self.stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        self.tags = dict(tags) if tags is not None else None
         self._groups: dict[int, np.ndarray] = {}  # per file: the first row of each row group, and the end
         self._fs: Any = None
 
@@ -72,15 +76,26 @@ class ParquetTable(ExternalTable):
                 if self.column not in pf.schema_arrow.names:
                     raise ChunkError(f"{name}: column '{self.column}' missing")
                 table = pf.read_row_groups(list(range(first, last)), columns=[self.column])
+            self._check_unchanged(fs, root, name)  # (after the read: a file replaced while it was read too)
         except FileNotFoundError:
+            self._check_unchanged(fs, root, name)  # (a file there when opened: gone since)
             raise ChunkError(f"{name}: missing (column '{self.column}' of table '{self.table}')") from None
-        except ChunkError:
+        except ChunkError as exc:
+            if "since the dataset was opened" not in str(exc):
+                self._check_unchanged(fs, root, name)  # (a file replaced: said so, rather than what it now lacks)
             raise
         except Exception as exc:  # pyarrow's: a truncated or corrupt file
+            self._check_unchanged(fs, root, name)
             raise ChunkError(f"{name}: column '{self.column}' cannot be read ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
         column = table.column(0).slice(lo - int(bounds[first]), hi - lo)
         return column_values(column, self.dtype[self.column], f"{name}: column '{self.column}'")
+
+
+    def _check_unchanged(self, fs: Any, root: str, name: str) -> None:
+        """`ChunkError` if file `name` is no longer what it was when the dataset was opened (with `tags`)."""
+        if self.tags is not None:
+            check_unchanged(fs, f"{root}/{name}", name, self.tags.get(name))
 
 
 def column_values(column: Any, field: np.dtype, where: str) -> np.ndarray:

@@ -11,12 +11,13 @@ and kept by the caches as any decoded chunk is, never once per sample.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .errors import ChunkError, FormatError
 from .external_table import ExternalTable
+from .file_tags import Tag, check_unchanged
 from .location import Location
 from .video_frames import VideoReader
 
@@ -28,18 +29,23 @@ class VideoTable(ExternalTable):
     """Camera `camera`'s frames (`shape` (H, W, 3)) as the table `table` of one-field records. `episode[i]` is
     row i's episode, `timestamps[i]` its time in that episode's video (`from_timestamp + timestamp`);
     `episode_file[e]` indexes `files` (paths below `location`). `unreadable`: why the timestamps could not be
-    read when the dataset was opened (each read then raises `ChunkError` saying so)."""
+    read when the dataset was opened (each read then raises `ChunkError` saying so). With `tags` (file -> its
+    `core.file_tags` tag when the dataset was opened), frames of a file that no longer has its tag are refused
+    (`ChunkError`), never mixed with frames read before."""
 
     def __init__(self, location: Location, table: str, camera: str, shape: tuple[int, ...],
                  files: Sequence[str], episode_file: np.ndarray, episode: np.ndarray, timestamps: np.ndarray,
-                 chunk_rows: int = CHUNK_ROWS, unreadable: str | None = None) -> None:
+                 chunk_rows: int = CHUNK_ROWS, unreadable: str | None = None,
+                 tags: Mapping[str, Tag | None] | None = None) -> None:
         dtype = np.dtype([(table, np.uint8, tuple(shape))])
         super().__init__(table, dtype, len(episode), chunk_rows, f"videos/{camera}")
         self.location, self.camera, self.frame_shape = location, camera, tuple(shape)
         self.files, self.episode_file = list(files), np.asarray(episode_file, np.int64)
         self.episode, self.timestamps = np.asarray(episode, np.int64), np.asarray(timestamps, np.float64)
         self.unreadable = unreadable
+        self.tags = dict(tags) if tags is not None else None
         self._readers: dict[str, VideoReader] = {}  # per file, opened on first use (a worker's own)
+        self._fs: tuple[Any, str] | None = None
 
     def read_records(self, start: int, stop: int) -> np.ndarray:
         if self.unreadable:
@@ -58,24 +64,43 @@ class VideoTable(ExternalTable):
             reader = self._reader(name)
             try:
                 reader.decode_at(self.timestamps[start + lo:start + hi], frames[lo:hi], TOLERANCE)
-            except FileNotFoundError:
-                raise ChunkError(f"{where}: the video file is missing") from None
             except (FormatError, ValueError, OSError) as exc:
+                self._check_unchanged(name, reader)  # (a file replaced: said so, rather than what it now lacks)
+                if isinstance(exc, FileNotFoundError):
+                    raise ChunkError(f"{where}: the video file is missing") from None
                 said = str(exc).removeprefix(f"{reader.what}: ")  # (the reader names the file; `where` too)
                 raise ChunkError(f"{where}: {said}") from None
+            self._check_unchanged(name, reader)  # (after decoding: a file replaced while it was decoded too)
         return out
 
     def _reader(self, name: str) -> VideoReader:
         """The reader of video file `name`: FFmpeg reads a local file itself, a remote one through fsspec."""
         reader = self._readers.get(name)
         if reader is None:
-            fs, root = self.location.filesystem()
+            fs, root = self._filesystem()
             path = f"{root}/{name}"
             opener = None if not self.location.settings.remote else (lambda p, fs=fs: fs.open(p, "rb"))
             reader = self._readers[name] = VideoReader(path, opener, what=f"camera '{self.camera}', {name}")
         return reader
 
+    def _check_unchanged(self, name: str, reader: VideoReader) -> None:
+        """`ChunkError` if video file `name` is no longer what it was when the dataset was opened (with `tags`);
+        its reader is closed then (it may hold the old file open)."""
+        if self.tags is not None:
+            fs, root = self._filesystem()
+            try:
+                check_unchanged(fs, f"{root}/{name}", f"camera '{self.camera}', {name}", self.tags.get(name))
+            except ChunkError:
+                reader.close()
+                raise
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            self._fs = self.location.filesystem()
+        return self._fs
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"] = {}  # each process opens its own files
+        state["_fs"] = None
         return state
