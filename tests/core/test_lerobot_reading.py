@@ -11,7 +11,7 @@ from repo_paths import LEROBOT_ROOT
 
 from zarrfeed.core.chunks import read_coordinates, read_rows
 from zarrfeed.core.errors import FormatError
-from zarrfeed.core.external_table import ExternalTable
+from zarrfeed.core.external_table import ChunkRead, ExternalTable
 from zarrfeed.core.lerobot_checks import validate
 from zarrfeed.core.lerobot_meta import LeRobotMeta, is_lerobot
 from zarrfeed.core.lerobot_tables import lerobot_tables
@@ -59,15 +59,22 @@ def test_chunks_smaller_than_row_groups_and_episodes_read_the_same(golden):
         assert np.array_equal(read_rows(small[name], 30, 75)[name], want[name][30:75]), name
 
 
-def test_a_chunk_is_its_decoded_bytes_zero_padded(golden):
+def test_a_chunk_is_read_straight_into_the_buffer_zero_padded(golden):
+    """`read_chunks` gives tokens, and `decode_into` reads the rows into the caller's buffer (a loader's shared
+    memory), the rows past the table's end zeroed; a buffer of another size is refused."""
     _, _, tables = golden
     raw = tables["action"].read_chunks([0, 1])
-    assert raw[1] is None and len(raw[0]) == 1024 * 24
-    assert not np.frombuffer(raw[0], np.uint8)[153 * 24:].any()
-    out = np.empty(1024 * 24, np.uint8)
+    assert raw[1] is None and isinstance(raw[0], ChunkRead) and raw[0].chunk == 0
+    out = np.full(1024 * 24, 255, np.uint8)
     tables["action"].decode_into(raw[0], out)
+    assert not out[153 * 24:].any()
+    np.testing.assert_array_equal(out[:153 * 24].view("<f4").reshape(153, 6),
+                                  read_rows(tables["action"], 0, 153)["action"])
     with pytest.raises(ValueError, match="bytes for a chunk"):
-        tables["action"].decode_into(raw[0][:-1], out)
+        tables["action"].decode_into(raw[0], out[:-1])
+    copied = np.empty_like(out)
+    tables["action"].decode_into(out.tobytes(), copied)  # (decoded bytes, copied)
+    np.testing.assert_array_equal(copied, out)
 
 
 def test_external_tables_are_picklable_and_flagged_for_the_fetcher(golden):

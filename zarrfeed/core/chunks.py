@@ -134,6 +134,8 @@ def decode_chunk_into(array: Array, key: str, raw: bytes | None, out: np.ndarray
                          "is incomplete (zarrfeed validate lists every missing chunk)")
     try:
         array.decode_into(raw, out)
+    except ChunkError:  # (a table that reads its rows as it decodes them, `external_table`, names what failed)
+        raise
     except Exception as exc:
         name = array.table or "table"
         raise ChunkError(f"table '{name}': chunk '{key}' cannot be decoded ({type(exc).__name__}: {exc}); "

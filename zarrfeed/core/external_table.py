@@ -3,10 +3,11 @@ streams) and shown to the readers as a table of fixed-size chunks.
 
 An `ExternalTable` has the part of `zarr_array.Array`'s interface that `core.chunks.read_rows`, the loader's
 chunk fetcher and decoder, and `Dataset` use: `shape`, `chunks`, `dtype`, `table`, `path`, `chunk_key`,
-`read_chunks`, `decode_into`, `has_chunk`. What `read_chunks` returns for a chunk is its DECODED bytes (one full
-chunk of records, the rows past the end zeroed), so `decode_into` only checks the size and copies: the decoding
-(a Parquet column to numpy, video frames to pixels) happens where the bytes are fetched, once per chunk, and the
-decoded chunk is kept by the caches as any other. Such a table has no shards, no fill value and no zarr format.
+`read_chunks`, `decode_into`, `has_chunk`. What `read_chunks` returns for a chunk is a `ChunkRead`, an empty
+token naming it: `decode_into` then reads the chunk's rows straight into the caller's buffer (a loader's shared
+memory), so a chunk's pixels or values are written once, where they are kept, with no copy on the way (the
+decoding, a Parquet column to numpy or video frames to pixels, happens there, once per chunk, and the decoded
+chunk is kept by the caches as any other). Such a table has no shards, no fill value and no zarr format.
 
 `reads_own_chunks` tells the loader's `ChunkFetcher` to fetch its chunks through `read_chunks` on a remote
 location too (there are no chunk objects to `cat`). A table is picklable and opens its files lazily, so a
@@ -19,6 +20,18 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from .errors import ChunkError
+
+
+class ChunkRead(bytes):
+    """What `ExternalTable.read_chunks` gives for chunk number `chunk`: no bytes (nothing is stored to check or
+    cache), a token for `decode_into`, which reads the chunk where it is to be kept."""
+
+    chunk: int
+
+    def __new__(cls, chunk: int) -> "ChunkRead":
+        made = super().__new__(cls)
+        made.chunk = int(chunk)
+        return made
 
 
 class ExternalTable:
@@ -74,30 +87,36 @@ class ExternalTable:
         return 0 <= index < self.nchunks
 
     def read_chunks(self, indices: Sequence[int]) -> list[bytes | None]:
-        """Each chunk's decoded bytes: `chunk_rows` records, the rows past the table's end zeroed; None for an
-        index past the last chunk."""
-        out: list[bytes | None] = []
-        for i in indices:
-            if not self.has_chunk(i):
-                out.append(None)
-                continue
-            start, stop = i * self.chunk_rows, min((i + 1) * self.chunk_rows, self.rows)
-            chunk = np.zeros(self.chunk_rows, self.dtype)
-            records = self.read_records(start, stop)
-            if records.shape != (stop - start,) or records.dtype != self.dtype:
-                raise ChunkError(f"table '{self.table}': chunk '{self.chunk_key(i)}' read as {records.shape} "
-                                 f"{records.dtype}, not {stop - start} records of {self.dtype}")
-            chunk[:stop - start] = records
-            out.append(chunk.tobytes())
-        return out
+        """Each chunk as a `ChunkRead` (read by `decode_into`); None for an index past the last chunk."""
+        return [ChunkRead(i) if self.has_chunk(i) else None for i in indices]
 
     def decode_into(self, raw: bytes | memoryview, out: np.ndarray) -> None:
-        """Copy the decoded bytes `raw` of one chunk into `out` (bytes of one full chunk); `ValueError` if their
-        sizes differ."""
-        data = np.frombuffer(raw, np.uint8)
-        if data.size != out.size * out.itemsize or out.size * out.itemsize != self.chunk_rows * self.dtype.itemsize:
-            raise ValueError(f"{data.size} bytes for a chunk of {self.chunk_rows * self.dtype.itemsize}")
-        out.view(np.uint8).reshape(-1)[:] = data
+        """Chunk `raw` (a `ChunkRead`; or the decoded bytes of one chunk, copied) into `out` (the bytes of one full
+        chunk): its records straight into it, the rows past the table's end zeroed. `ValueError` if `out` is not
+        one chunk's size."""
+        size = self.chunk_rows * self.dtype.itemsize
+        if out.size * out.itemsize != size:
+            raise ValueError(f"{out.size * out.itemsize} bytes for a chunk of {size}")
+        flat = out.view(np.uint8).reshape(-1)
+        if not isinstance(raw, ChunkRead):
+            data = np.frombuffer(raw, np.uint8)
+            if data.size != size:
+                raise ValueError(f"{data.size} bytes for a chunk of {size}")
+            flat[:] = data
+            return
+        start, stop = raw.chunk * self.chunk_rows, min((raw.chunk + 1) * self.chunk_rows, self.rows)
+        records = flat.view(self.dtype)
+        records[stop - start:] = np.zeros(1, self.dtype)
+        self.read_records_into(start, stop, records[:stop - start])
+
+    def read_records_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Records [start, stop) of this table into `out` (records of `dtype`): `read_records`'s, copied, unless a
+        table reads them in place."""
+        records = self.read_records(start, stop)
+        if records.shape != (stop - start,) or records.dtype != self.dtype:
+            raise ChunkError(f"table '{self.table}': rows {start}-{stop} read as {records.shape} {records.dtype}, not "
+                             f"{stop - start} records of {self.dtype}")
+        out[:] = records
 
     def read_records(self, start: int, stop: int) -> np.ndarray:
         """Records [start, stop) of this table (`ChunkError` naming the file if they cannot be read)."""

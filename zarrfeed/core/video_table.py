@@ -48,9 +48,14 @@ class VideoTable(ExternalTable):
         self._fs: tuple[Any, str] | None = None
 
     def read_records(self, start: int, stop: int) -> np.ndarray:
+        out = np.zeros(stop - start, self.dtype)
+        self.read_records_into(start, stop, out)
+        return out
+
+    def read_records_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        """The frames of rows [start, stop) decoded straight into `out` (a loader's cache slot)."""
         if self.unreadable:
             raise ChunkError(f"camera '{self.camera}': frame times unknown ({self.unreadable})")
-        out = np.zeros(stop - start, self.dtype)
         frames = out[self.table]
         episodes = self.episode[start:stop]
         cuts = np.flatnonzero(np.diff(episodes)) + 1
@@ -71,7 +76,6 @@ class VideoTable(ExternalTable):
                 said = str(exc).removeprefix(f"{reader.what}: ")  # (the reader names the file; `where` too)
                 raise ChunkError(f"{where}: {said}") from None
             self._check_unchanged(name, reader)  # (after decoding: a file replaced while it was decoded too)
-        return out
 
     def _reader(self, name: str) -> VideoReader:
         """The reader of video file `name`: FFmpeg reads a local file itself, a remote one through fsspec."""
