@@ -141,15 +141,24 @@ def _check_request(timestamps: np.ndarray, out: np.ndarray, name: str) -> None:
         raise ValueError(f"{name}: timestamps are not ascending")
 
 
-def _reformatter() -> Any:
-    """This thread's PyAV `VideoReformatter`. `frame.to_ndarray(format=...)` makes a new one, and with it a new
-    swscale context, for every frame: on small frames that set-up costs ten times the conversion itself. One kept
-    per thread keeps its context while frames keep their size and format, and converts to the same bytes."""
-    found = getattr(_local, "reformatter", None)
-    if found is None:
+def _rgb(frame: Any) -> np.ndarray:
+    """`frame` converted to RGB (H, W, 3) uint8 as `frame.to_ndarray(format="rgb24")` converts it, to the same
+    bytes, faster: that call makes a new `VideoReformatter`, and with it a new swscale context, for every frame
+    (on small frames the set-up costs ten times the conversion); one kept per thread keeps its context while
+    frames keep their size and format. Since PyAV 16 swscale may split a conversion over threads, which on
+    96x96 frames costs four times the conversion itself (234 against 59 us a frame measured here): one thread
+    (older PyAV converts on one thread and has no `threads` argument)."""
+    convert = getattr(_local, "rgb", None)
+    if convert is None:
         from av.video.reformatter import VideoReformatter
-        found = _local.reformatter = VideoReformatter()
-    return found
+
+        reformat = VideoReformatter().reformat
+        try:
+            reformat(frame, format="rgb24", threads=1)
+            convert = _local.rgb = lambda f: reformat(f, format="rgb24", threads=1).to_ndarray()
+        except TypeError:
+            convert = _local.rgb = lambda f: reformat(f, format="rgb24").to_ndarray()
+    return convert(frame)
 
 
 _local = threading.local()
@@ -176,7 +185,6 @@ def _decode_from(container: Any, stream: Any, target: int, timestamps: np.ndarra
     av = require_av()
     n, ftb = len(timestamps), float(stream.time_base)
     height, width = out.shape[1], out.shape[2]
-    reformat = _reformatter().reformat
     i, seen = 0, None  # the next timestamp to fill; the last frame decoded (seconds)
     try:
         container.seek(target, stream=stream, backward=True)
@@ -192,7 +200,7 @@ def _decode_from(container: Any, stream: Any, target: int, timestamps: np.ndarra
                 if frame.width != width or frame.height != height:
                     raise FormatError(f"{name}: frames are {frame.width}x{frame.height} (width x height), "
                                       f"not the {width}x{height} asked for")
-                out[i] = reformat(frame, format="rgb24").to_ndarray()
+                out[i] = _rgb(frame)
                 i += 1
                 while i < n and abs(t - timestamps[i]) <= tolerance:  # the same frame asked for again
                     out[i] = out[i - 1]
