@@ -266,9 +266,9 @@ def test_a_chunk_too_short_for_its_header_says_so(tmp_path):
 
 @pytest.mark.parametrize("zarr_format,filtered", [(2, False), (2, True), (3, False)])
 def test_a_truncated_blosc_chunk_is_refused_before_blosc_reads_past_its_end(tmp_path, zarr_format, filtered):
-    """c-blosc trusts the compressed size its header states: a chunk cut short was read past its end, which
-    killed `zarrfeed validate` with SIGSEGV now and then. The frame is checked first, on every Blosc path (into
-    the caller's buffer, and through filters), in both formats, in a process of its own so a crash shows."""
+    """c-blosc trusts the compressed size its header states and reads a chunk cut short past its end (a crash,
+    not an error): the frame is checked first, on every Blosc path (into the caller's buffer, and through
+    filters), in both formats, in a process of its own so a crash shows."""
     code = f"""
 import numcodecs, numpy as np, pathlib
 from zarrfeed.core.chunks import ChunkError, read_rows
