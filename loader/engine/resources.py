@@ -14,6 +14,9 @@ log = logging.getLogger("zarrfeed.loader")
 _GROUP_ROWS = 32768  # rows per gather message (see Sizing.group)
 _GROUP_ROWS_TRANSFORM = 4096
 _RING_BYTES = 8 << 20
+# and at most 8 MiB of batches a message: large batches (camera frames) gain nothing from groups, while the ring
+# holds two groups per worker, all of it mapped before the first batch (340 MiB for 64 windows of two 96x96 frames)
+_GROUP_BYTES = 8 << 20
 
 
 @dataclass
@@ -33,9 +36,10 @@ class Sizing:
         """Batches per gather message: about 32,768 rows' worth, or 4,096 with a transform (whose cost is
         unknown: a batch waits for its whole group). Each message costs the consumer's process tens of
         microseconds (send, wake a worker, receive), so larger groups cut its CPU per epoch
-        (`bench/bench_loader.py` measures cached epochs)."""
+        (`bench/bench_loader.py` measures cached epochs); and no more than 8 MiB of batches (see `_GROUP_BYTES`)."""
         rows = _GROUP_ROWS_TRANSFORM if self.workers.transform else _GROUP_ROWS
-        return max(1, rows // max(self.source.rows_touched(), 1))
+        by_rows = rows // max(self.source.rows_touched(), 1)
+        return max(1, min(by_rows, _GROUP_BYTES // max(self.source.layout.slot_bytes, 1)))
 
     def ring_slots(self) -> int:
         """Batches in flight: `prefetch`, two groups per worker, and at least 8 MiB of batches (with fewer

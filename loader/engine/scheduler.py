@@ -270,8 +270,12 @@ class Epoch:
             if count < g and self.k_issue + count < self.plan.num_batches and self.k_issue > self.k_next:
                 break  # wait for room for a whole group, unless the consumer is waiting for this one
             windows = self.plan.group_windows(self.k_issue, count)
-            if not all(self._make_resident(w) for w in windows) or any(self.pending[w] for w in windows) \
-                    or not self._filled(self.k_issue, count):
+            admitted = all(self._make_resident(w) for w in windows)
+            if self.k_issue == self.k_next and count > 1:  # the consumer waits for this very batch: send the
+                count = self._ready_batches(self.k_issue, count)  # batches ready now, not a group behind windows
+                windows = self.plan.group_windows(self.k_issue, count)  # still decoding (a first batch waited
+                admitted = all(w in self.resident for w in windows)  # for ~4 windows of video frames)
+            if not admitted or any(self.pending[w] for w in windows) or not self._filled(self.k_issue, count):
                 break
             self._send(self.source.gather_message(self.plan, self.k_issue, count,
                                                   {w: self.resident[w] for w in windows}))
@@ -282,6 +286,15 @@ class Epoch:
                 if not self._make_resident(w):
                     break
                 ahead -= 1
+
+    def _ready_batches(self, first: int, count: int) -> int:
+        """How many of batches [first, first + count) can be gathered now, from the first on (at least 1): their
+        windows resident, decoded and their index filled."""
+        n = 0
+        while n < count and self._filled(first + n, 1) and all(
+                w in self.resident and not self.pending[w] for w in self.plan.batch_windows(first + n)):
+            n += 1
+        return max(n, 1)
 
     def _filled(self, first: int, count: int) -> bool:
         """Whether the index holds the positions that batches [first, first + count) read (a window's parts

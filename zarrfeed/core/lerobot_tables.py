@@ -11,10 +11,12 @@ import re
 
 import numpy as np
 
+from ._proc.pool import preload_in_workers
 from .errors import ChunkError, FormatError
 from .external_table import ExternalTable, MemoryTable
 from .lerobot_meta import INFO, LeRobotMeta
 from .location import Location
+from .parquet_files import ParquetFiles
 from .parquet_table import ParquetTable
 from .replay_buffer import END, EPISODE_CHUNK, EPISODES, RESERVED
 from .schema import ENDS, Link, Schema, Table
@@ -55,11 +57,15 @@ def lerobot_tables(meta: LeRobotMeta, chunk_rows: int | None = None,
     records = np.zeros(len(ep), [(END, np.int64), ("episode_index", np.int64), ("length", np.int64)])
     records[END], records["episode_index"], records["length"] = ep.end, ep.index, ep.length
     tables: dict[str, ExternalTable] = {EPISODES: MemoryTable(EPISODES, records, EPISODE_CHUNK, "meta/episodes")}
+    # the libraries the tables read with, imported once by the loaders' fork server if it has not started yet
+    preload_in_workers("pyarrow.parquet", "zarrfeed.core.parquet_files",
+                       *(("av", "zarrfeed.core.video_frames") if meta.cameras else ()))
     parquet = {"chunk_rows": chunk_rows} if chunk_rows else {}
+    reader = ParquetFiles(meta.location, list(meta.features))  # (each column's table reads what the others read)
     for name, feature in meta.features.items():
         dtype = np.dtype([(name, feature.dtype, feature.shape)] if feature.shape else [(name, feature.dtype)])
         tables[name] = ParquetTable(meta.location, name, name, dtype, meta.data_files, meta.data_start,
-                                    meta.data_stop, tags=meta.file_tags, **parquet)
+                                    meta.data_stop, tags=meta.file_tags, reader=reader, **parquet)
     if meta.cameras:
         episode, times, unreadable = _frame_times(meta, tables.get("timestamp"))
         video = {"chunk_rows": video_chunk_rows} if video_chunk_rows else {}

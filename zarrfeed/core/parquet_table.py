@@ -15,6 +15,7 @@ from .errors import ChunkError
 from .external_table import ExternalTable
 from .file_tags import Tag, check_unchanged
 from .location import Location
+from .parquet_files import ParquetFiles
 
 CHUNK_ROWS = 1024
 
@@ -27,24 +28,15 @@ class ParquetTable(ExternalTable):
 
     def __init__(self, location: Location, table: str, column: str, dtype: np.dtype, files: Sequence[str],
                  starts: Sequence[int] | np.ndarray, stops: Sequence[int] | np.ndarray,
-                 chunk_rows: int = CHUNK_ROWS, tags: Mapping[str, Tag | None] | None = None) -> None:
+                 chunk_rows: int = CHUNK_ROWS, tags: Mapping[str, Tag | None] | None = None,
+                 reader: ParquetFiles | None = None) -> None:
         rows = int(max(stops, default=0))
         super().__init__(table, dtype, rows, chunk_rows, posixpath_dir(files))
         self.location, self.column, self.files = location, column, list(files)
         self.starts, self.stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         self.tags = dict(tags) if tags is not None else None
-        self._groups: dict[int, np.ndarray] = {}  # per file: the first row of each row group, and the end
-        self._fs: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_fs"] = None  # opened again where it is used
-        return state
-
-    def _filesystem(self) -> tuple[Any, str]:
-        if self._fs is None:
-            self._fs = self.location.filesystem()
-        return self._fs
+        # the open files and recent reads, shared with the tables of the other columns of `files` when given
+        self.reader = reader if reader is not None else ParquetFiles(location, [column])
 
     def read_records(self, start: int, stop: int) -> np.ndarray:
         out = np.zeros(stop - start, self.dtype)
@@ -57,38 +49,34 @@ class ParquetTable(ExternalTable):
     def read_file_rows(self, f: int, lo: int, hi: int) -> np.ndarray:
         """Rows [lo, hi) of file `f` of this column, as a numpy array of the field's dtype and shape
         (`ChunkError` naming the file if they cannot be read)."""
-        import pyarrow.parquet as pq
-
-        fs, root = self._filesystem()
+        fs, root = self.reader.filesystem()
         name = self.files[f]
         try:
-            with fs.open(f"{root}/{name}", "rb") as fh:
-                pf = pq.ParquetFile(fh)
-                bounds = self._groups.get(f)
-                if bounds is None:
-                    sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
-                    bounds = self._groups[f] = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-                if hi > bounds[-1]:
-                    raise ChunkError(f"{name}: holds {int(bounds[-1])} rows, but the episodes place rows up to "
-                                     f"{hi} in it (column '{self.column}', table '{self.table}')")
-                first = int(np.searchsorted(bounds, lo, side="right")) - 1
-                last = int(np.searchsorted(bounds, hi, side="left"))
-                if self.column not in pf.schema_arrow.names:
-                    raise ChunkError(f"{name}: column '{self.column}' missing")
-                table = pf.read_row_groups(list(range(first, last)), columns=[self.column])
+            bounds = self.reader.row_group_bounds(name)
+            if hi > bounds[-1]:
+                raise ChunkError(f"{name}: holds {int(bounds[-1])} rows, but the episodes place rows up to "
+                                 f"{hi} in it (column '{self.column}', table '{self.table}')")
+            first = int(np.searchsorted(bounds, lo, side="right")) - 1
+            last = int(np.searchsorted(bounds, hi, side="left"))
+            table = self.reader.read(name, first, last)
+            if self.column not in table.column_names:
+                raise ChunkError(f"{name}: column '{self.column}' missing")
             self._check_unchanged(fs, root, name)  # (after the read: a file replaced while it was read too)
         except FileNotFoundError:
+            self.reader.forget(name)
             self._check_unchanged(fs, root, name)  # (a file there when opened: gone since)
             raise ChunkError(f"{name}: missing (column '{self.column}' of table '{self.table}')") from None
         except ChunkError as exc:
+            self.reader.forget(name)
             if "since the dataset was opened" not in str(exc):
                 self._check_unchanged(fs, root, name)  # (a file replaced: said so, rather than what it now lacks)
             raise
         except Exception as exc:  # pyarrow's: a truncated or corrupt file
+            self.reader.forget(name)
             self._check_unchanged(fs, root, name)
             raise ChunkError(f"{name}: column '{self.column}' cannot be read ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-        column = table.column(0).slice(lo - int(bounds[first]), hi - lo)
+        column = table.column(self.column).slice(lo - int(bounds[first]), hi - lo)
         return column_values(column, self.dtype[self.column], f"{name}: column '{self.column}'")
 
 

@@ -203,7 +203,7 @@ def alive(pids):
     for pid in pids:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # (gone, or going while its stat was read)
             continue
         if state != "Z":
             out.append(pid)

@@ -6,6 +6,7 @@ every chunk its windows read is pinned and decoded, a window is unpinned only on
 cache and a chunk never decoded hold batches back, and a dead worker is reported (or restarted)."""
 import contextlib
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -173,13 +174,24 @@ class SmallSizing(Sizing):
         return 3
 
 
-class FakeRun(Run):
-    """A `Run` with the test's cache and pool."""
+class GroupSizing(Sizing):
+    """Gather messages of 8 batches (a group spans several windows) and a ring of 16 slots."""
 
-    def __init__(self, loader: Loader, plan, make_cache, before, dead: bool = False, restart: bool = False) -> None:
+    def group(self) -> int:
+        return 8
+
+    def ring_slots(self) -> int:
+        return 16
+
+
+class FakeRun(Run):
+    """A `Run` with the test's cache and pool (and `sizing`, a `Sizing` class)."""
+
+    def __init__(self, loader: Loader, plan, make_cache, before, dead: bool = False, restart: bool = False,
+                 sizing: type[Sizing] = SmallSizing) -> None:
         self.make_cache, self.before, self.dead = make_cache, before, dead
         workers = WorkerOptions(num_workers=0, restart_workers=restart)
-        sizing = SmallSizing(loader.source, workers, 0, remote_store=False, host=False)
+        sizing = sizing(loader.source, workers, 0, remote_store=False, host=False)
         super().__init__(loader.source, sizing, None, plan)
 
     def _cache(self, plan, need):
@@ -301,6 +313,40 @@ def test_a_chunk_never_decoded_holds_its_batches_back(harness):
         epoch._issue()
     assert not h.gathers and not epoch.done.any()
     assert any(epoch.pending.values())
+
+
+def test_a_batch_waited_for_goes_once_its_own_windows_are_decoded_not_its_whole_group(harness):
+    """The first batch of a group that spans several windows is gathered as soon as its own windows are decoded:
+    it once waited for every window of the group (four windows of video frames before a LeRobot first batch)."""
+    h = harness(sizing=GroupSizing)
+    first_windows = set(h.plan.group_windows(0, 1))
+    assert len(h.plan.group_windows(0, 8)) > len(first_windows)  # the group reads windows batch 0 does not
+    pin = h.cache.pin_window
+
+    def later_windows_never_decode(window, keys):
+        h.cache.decoder = "workers" if window in first_windows else "never"
+        return pin(window, keys)
+    h.cache.shared = True  # (the scheduler polls for chunks others decode)
+    h.cache.pin_window = later_windows_never_decode
+    epoch = h.epoch()
+    for _ in range(20):
+        epoch._receive(0)
+        epoch._issue()
+    assert h.gathers and h.gathers[0] == 0 and epoch.done[0]
+    assert not epoch.done[-1]  # the batches of the undecoded windows wait
+
+
+def test_a_gather_message_holds_at_most_8_mib_of_batches_so_the_ring_stays_small():
+    """Batches of camera frames (3.5 MB each, 25 rows touched per sample) once went 20 to a message, and the ring
+    (two messages per worker, mapped before the first batch) took 340 MiB; small batches keep their groups."""
+    def sizing(rows: int, slot_bytes: int) -> Sizing:
+        source = SimpleNamespace(rows_touched=lambda: rows, layout=SimpleNamespace(slot_bytes=slot_bytes))
+        return Sizing(source, WorkerOptions(num_workers=2), 0, remote_store=False)  # type: ignore[arg-type]
+    frames = sizing(64 * 25, 3_600_000)
+    assert frames.group() == 2
+    assert frames.ring_slots() * 3_600_000 <= 64 << 20
+    assert sizing(4096, 400_000).group() == 8  # 32,768 rows a message, as before
+    assert sizing(64 * 25, 64 << 20).group() == 1
 
 
 def test_a_cache_with_no_room_waits_and_goes_on_once_there_is(harness):
