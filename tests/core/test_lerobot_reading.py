@@ -1,6 +1,8 @@
 """A LeRobot v3 root read in place as tables: the golden dataset's values are LeRobot's own, tabular values
 exactly, video frames exactly as its PyAV decoding gave them."""
 import pickle
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -130,6 +132,22 @@ def test_the_columns_of_a_root_read_each_range_of_row_groups_once_from_a_file_op
     assert len(opened) == 1 and [a[1] for a in asked] == [list(FEATURES)] * 2  # chunks 0 and 2, once each
     again = pickle.loads(pickle.dumps(tables["action"]))  # (a worker's copy opens its own)
     assert again.reader is not tables["action"].reader and not again.reader._files
+
+
+def test_reading_a_column_does_not_import_pandas(golden, tmp_path):
+    """A loader worker's first read imported pandas through pyarrow's `to_numpy` (0.2 s of every first batch)."""
+    _, _, tables = golden
+    (tmp_path / "tables.pkl").write_bytes(pickle.dumps({k: tables[k] for k in ("observation.state", "index")}))
+    code = ("import pickle, sys\n"
+            f"tables = pickle.loads(open({str(tmp_path / 'tables.pkl')!r}, 'rb').read())\n"
+            "from zarrfeed.core.chunks import read_rows\n"
+            "rows = [read_rows(t, 0, 153) for t in tables.values()]\n"
+            "print('pandas' in sys.modules, float(rows[0]['observation.state'].sum()), int(rows[1]['index'][-1]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    state = float(current_frames()["observation.state"].sum())
+    imported, total, last = out.stdout.split()
+    assert imported == "False" and last == "152" and abs(float(total) - state) <= 1e-3 * max(1.0, abs(state))
 
 
 def test_data_and_videos_over_several_files_read_the_same(tmp_path):
