@@ -168,7 +168,7 @@ def _stubs(script, module, dataset, tmp_path):
         # LeRobot itself is in the bench's environment only: every variant is the golden root (its info.json)
         "bench_lerobot.py": ({
             "make": lambda variant, episodes, out=None: LEROBOT_ROOT, "video_pieces": lambda root: [],
-            "timed": lambda *a: (1.0, 2.0), "timed_epoch": lambda *a: (100.0, 0.5),
+            "timed": lambda *a: (1.0, 2.0), "timed_epoch": lambda *a: (100.0, 120.0, 0.5),
             "decode_bound": lambda *a: 50.0, "zarrfeed_loader_class": lambda: (object, "")}, []),
     }.get(script)
 
