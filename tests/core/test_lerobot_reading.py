@@ -1,24 +1,29 @@
 """A LeRobot v3 root read in place as tables: the golden dataset's values are LeRobot's own, tabular values
 exactly, video frames exactly as its PyAV decoding gave them."""
+import os
 import pickle
+import shutil
 import subprocess
 import sys
 import warnings
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lerobot_roots import CAM, DATA, copy_root, current_frames, edit_info, split_root
 from repo_paths import LEROBOT_ROOT
 
 from zarrfeed.core.chunks import read_coordinates, read_rows
-from zarrfeed.core.errors import FormatError
+from zarrfeed.core import parquet_files
+from zarrfeed.core.errors import ChunkError, FormatError
 from zarrfeed.core.external_table import ChunkRead, ExternalTable
 from zarrfeed.core.lerobot_checks import validate
 from zarrfeed.core.lerobot_meta import LeRobotMeta, is_lerobot
 from zarrfeed.core.lerobot_tables import lerobot_tables
 from zarrfeed.core.location import Location
 from zarrfeed.core.parquet_table import ParquetTable
+from zarrfeed.loader import Dataset
 
 FEATURES = ("observation.state", "action", "timestamp", "frame_index", "episode_index", "index", "task_index")
 
@@ -148,6 +153,82 @@ def test_reading_a_column_does_not_import_pandas(golden, tmp_path):
     state = float(current_frames()["observation.state"].sum())
     imported, total, last = out.stdout.split()
     assert imported == "False" and last == "152" and abs(float(total) - state) <= 1e-3 * max(1.0, abs(state))
+
+
+def test_a_forked_process_reads_through_its_own_open_files_never_the_parents():
+    """Loader workers started with "fork" used the files their parent had open (one file offset for both): reads
+    raced, failing as corrupt Parquet or, worse, reading another column's bytes."""
+    meta = LeRobotMeta.read(Location.of(LEROBOT_ROOT))
+    _, tables = lerobot_tables(meta)
+    want = current_frames()
+    read_rows(tables["action"], 0, 10)
+    read_rows(tables[CAM], 0, 2)  # (the parent's files are open now)
+    parents = [h for h, _ in tables["action"].reader._files.values()] + list(tables[CAM]._readers.values())
+    assert len(parents) == 2
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: say whether it read right, through files of its own
+        ok = False
+        try:
+            ok = (np.array_equal(read_rows(tables["action"], 0, 153)["action"], want["action"])
+                  and np.array_equal(read_rows(tables[CAM], 40, 42)[CAM], want[CAM][40:42])
+                  and not any(h is p for h, _ in tables["action"].reader._files.values() for p in parents)
+                  and not any(v is p for v in tables[CAM]._readers.values() for p in parents))
+        finally:
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(w)
+    said = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert said == b"1"
+    assert np.array_equal(read_rows(tables["action"], 0, 153)["action"], want["action"])  # the parent's still read
+
+
+def test_a_file_opened_while_its_path_was_swapped_to_another_is_refused(tmp_path, monkeypatch):
+    """A file swapped for another while it was opened, and back before the check after the read, left the other
+    file's handle open: each later read returned its rows while the path's check passed."""
+    root = copy_root(tmp_path / "root")
+    ds = Dataset.open(root)
+    path, other = root / DATA, tmp_path / "other.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(table.schema.get_field_index("index"), "index",
+                                    pa.array(np.arange(len(table)) + 1000)), other)
+    ds["index"].reader.forget(DATA)  # (opening the root read the timestamps: opened again below)
+    real_open = parquet_files.ParquetFiles._open
+
+    def swapped_while_opened(self, name):
+        if name in self._files:
+            return real_open(self, name)
+        os.replace(path, tmp_path / "kept.parquet")
+        shutil.copy(other, path)
+        try:
+            return real_open(self, name)
+        finally:
+            os.replace(tmp_path / "kept.parquet", path)  # back before the check
+    monkeypatch.setattr(parquet_files.ParquetFiles, "_open", swapped_while_opened)
+    for _ in range(2):
+        with pytest.raises(ChunkError, match=r"file-000.parquet: was replaced or rewritten since the dataset was "
+                                             r"opened \(the file opened is another\)"):
+            ds.read_rows("index", 0, 10)
+
+
+def test_lists_of_several_lengths_whose_total_matches_are_refused_not_shifted_between_rows(tmp_path):
+    """A variable-length list column of 5 and 7 values where (6,) is expected had the right total: its rows were
+    read with values shifted into their neighbours."""
+    root = copy_root(tmp_path / "root")
+    table = pq.read_table(root / DATA)
+    n, values = len(table), np.concatenate(table["observation.state"].to_numpy(zero_copy_only=False))
+    lengths = np.where(np.arange(n) % 2 == 0, 5, 7)
+    lengths[-1] += 6 * n - lengths.sum()
+    ragged = pa.ListArray.from_arrays(pa.array(np.r_[0, np.cumsum(lengths)].astype(np.int32)),
+                                      pa.array(values, pa.float32()))
+    at = table.schema.get_field_index("observation.state")
+    pq.write_table(table.set_column(at, pa.field("observation.state", pa.list_(pa.float32())), ragged),
+                   root / DATA)
+    with pytest.raises(ChunkError, match=r"column 'observation.state': lists of 5 to \d+ values, not one length "
+                                         r"for rows of shape \(6,\)"):
+        Dataset.open(root).read_rows("observation.state", 0, 20)
 
 
 def test_data_and_videos_over_several_files_read_the_same(tmp_path):

@@ -7,6 +7,8 @@ replaced or rewritten under an open loader is refused in one line rather than re
 """
 from __future__ import annotations
 
+import io
+import os
 from typing import Any
 
 from .errors import ChunkError
@@ -42,6 +44,27 @@ def check_unchanged(fs: Any, path: str, name: str, recorded: Tag | None) -> None
         what = "appeared" if recorded is None else "is gone" if now is None else "was replaced or rewritten"
         raise ChunkError(f"{name}: {what} since the dataset was opened (its size, time or identity differ); "
                          "open the dataset again to read it as it is now")
+
+
+def check_handle(handle: Any, name: str, recorded: Tag | None) -> None:
+    """`ChunkError` naming `name` if the open file `handle` is not the file tagged `recorded`: a handle kept open
+    across reads must be checked itself, since its path may have been swapped to another file while it was
+    opened and back since. Local files by `fstat`; others by what the handle was opened with (an fsspec file's
+    `details`: ETag, size...), comparing what both state."""
+    details = getattr(handle, "details", None)
+    if isinstance(details, dict):
+        now = dict(tag_of(details))
+    else:
+        try:
+            st = os.fstat(handle.fileno())
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            return  # (nothing to tell it by: the path's check after each read is all there is)
+        now = dict(tag_of({"size": st.st_size, "mtime": st.st_mtime, "ino": st.st_ino}))
+    then = dict(recorded or ())
+    shared = now.keys() & then.keys()
+    if recorded is None or any(now[k] != then[k] for k in shared):
+        raise ChunkError(f"{name}: was replaced or rewritten since the dataset was opened (the file opened is "
+                         "another); open the dataset again to read it as it is now")
 
 
 def _local(fs: Any) -> bool:

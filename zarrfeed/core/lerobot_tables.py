@@ -61,7 +61,8 @@ def lerobot_tables(meta: LeRobotMeta, chunk_rows: int | None = None,
     preload_in_workers("pyarrow.parquet", "zarrfeed.core.parquet_files",
                        *(("av", "zarrfeed.core.video_frames") if meta.cameras else ()))
     parquet = {"chunk_rows": chunk_rows} if chunk_rows else {}
-    reader = ParquetFiles(meta.location, list(meta.features))  # (each column's table reads what the others read)
+    # one reader for every column's table: each reads the rows the others read (see `parquet_files`)
+    reader = ParquetFiles(meta.location, list(meta.features), meta.file_tags)
     for name, feature in meta.features.items():
         dtype = np.dtype([(name, feature.dtype, feature.shape)] if feature.shape else [(name, feature.dtype)])
         tables[name] = ParquetTable(meta.location, name, name, dtype, meta.data_files, meta.data_start,

@@ -7,12 +7,14 @@ window asks each column table for the same rows, one after another, so the read 
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .file_tags import Tag, check_handle
 from .location import Location
 
 KEEP_FILES = 8  # files kept open per process
@@ -23,11 +25,14 @@ class ParquetFiles:
     """The Parquet files below `location` whose `columns` tables read; `read` hands out the columns of a range
     of row groups. Pickled without its open files and reads: each process opens its own."""
 
-    def __init__(self, location: Location, columns: Sequence[str]) -> None:
+    def __init__(self, location: Location, columns: Sequence[str], tags: Mapping[str, Tag | None] | None = None
+                 ) -> None:
         self.location, self.columns = location, list(columns)
+        self.tags = dict(tags) if tags is not None else None  # each opened file is checked against its tag
         self._reset()
 
     def _reset(self) -> None:
+        self._pid = os.getpid()
         self._fs: Any = None
         self._root = ""
         self._files: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # name -> (open file, ParquetFile)
@@ -36,26 +41,36 @@ class ParquetFiles:
         self._lock = threading.Lock()  # (a worker may decode in several threads)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"location": self.location, "columns": self.columns}
+        return {"location": self.location, "columns": self.columns, "tags": self.tags}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reset()
 
+    def _mine(self) -> None:
+        """In a process forked after files were opened (a worker started with "fork"), forget the parent's: their
+        file offsets are shared with it, so reads in both would race. (Before taking the lock: the parent may have
+        held it when it forked.)"""
+        if self._pid != os.getpid():
+            self._reset()
+
     def filesystem(self) -> tuple[Any, str]:
         """The store's filesystem and the dataset's root on it."""
+        self._mine()
         if self._fs is None:
             self._fs, self._root = self.location.filesystem()
         return self._fs, self._root
 
     def row_group_bounds(self, name: str) -> np.ndarray:
         """The first row of each row group of file `name`, and its row count last."""
+        self._mine()
         with self._lock:
             return self._bounds_of(name)
 
     def read(self, name: str, first: int, last: int) -> Any:
         """Row groups [first, last) of file `name`, the `columns` it has, as a pyarrow Table."""
         key = (name, first, last)
+        self._mine()
         with self._lock:
             table = self._reads.get(key)
             if table is not None:
@@ -73,6 +88,7 @@ class ParquetFiles:
 
     def forget(self, name: str) -> None:
         """Close file `name` and drop what was read from it (after a failed read)."""
+        self._mine()
         with self._lock:
             opened = self._files.pop(name, None)
             self._bounds.pop(name, None)
@@ -89,6 +105,8 @@ class ParquetFiles:
             fs, root = self.filesystem()
             fh = fs.open(f"{root}/{name}", "rb")
             try:
+                if self.tags is not None:
+                    check_handle(fh, name, self.tags.get(name))
                 opened = self._files[name] = (fh, pq.ParquetFile(fh))
             except BaseException:
                 fh.close()

@@ -37,7 +37,7 @@ class ParquetTable(ExternalTable):
         self.starts, self.stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         self.tags = dict(tags) if tags is not None else None
         # the open files and recent reads, shared with the tables of the other columns of `files` when given
-        self.reader = reader if reader is not None else ParquetFiles(location, [column])
+        self.reader = reader if reader is not None else ParquetFiles(location, [column], tags)
 
     def read_records(self, start: int, stop: int) -> np.ndarray:
         out = np.zeros(stop - start, self.dtype)
@@ -99,6 +99,11 @@ def column_values(column: Any, field: np.dtype, where: str) -> np.ndarray:
             pa.types.is_fixed_size_list(array.type):
         if array.null_count:
             raise ChunkError(f"{where}: missing values")
+        if not pa.types.is_fixed_size_list(array.type):  # lists of one length each: else the total may still
+            lengths = np.diff(_numbers(array.offsets))  # match while the values shift between rows
+            if lengths.size and (lengths != lengths[0]).any():
+                raise ChunkError(f"{where}: lists of {int(lengths.min())} to {int(lengths.max())} values, not "
+                                 f"one length for rows of shape {field.shape}")
         array = array.flatten()
     if array.null_count:
         raise ChunkError(f"{where}: missing values")

@@ -11,6 +11,7 @@ and kept by the caches as any decoded chunk is, never once per sample.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ class VideoTable(ExternalTable):
         self.tags = dict(tags) if tags is not None else None
         self._readers: dict[str, VideoReader] = {}  # per file, opened on first use (a worker's own)
         self._fs: tuple[Any, str] | None = None
+        self._pid = os.getpid()  # whose readers these are
 
     def read_records(self, start: int, stop: int) -> np.ndarray:
         out = np.zeros(stop - start, self.dtype)
@@ -79,6 +81,8 @@ class VideoTable(ExternalTable):
 
     def _reader(self, name: str) -> VideoReader:
         """The reader of video file `name`: FFmpeg reads a local file itself, a remote one through fsspec."""
+        if self._pid != os.getpid():  # forked (a worker started with "fork"): never the parent's open files, whose
+            self._readers, self._fs, self._pid = {}, None, os.getpid()  # offsets it shares
         reader = self._readers.get(name)
         if reader is None:
             fs, root = self._filesystem()

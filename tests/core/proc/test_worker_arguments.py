@@ -8,7 +8,8 @@ import pytest
 from zarrfeed.core._proc.pool import WorkerPool, _CPickled, _packed
 from zarrfeed.core._proc.shm import SharedBlock
 
-from pool_echo import echo_setup
+import multiprocess as mp
+from pool_echo import Carrier, echo_setup, forward_setup
 
 
 def test_arguments_the_c_pickler_takes_are_pickled_by_it_and_the_others_left_to_dill():
@@ -49,3 +50,17 @@ def test_workers_get_their_arguments_with_every_start_method(method, make):
     finally:
         pool.stop()
         block.close()
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_connection_inside_an_argument_reaches_the_worker_as_a_connection(method):
+    """The C pickler alone sent a `multiprocess` connection as its descriptor's number: the worker's sends failed
+    (or went to whatever file had that number there)."""
+    mine, theirs = mp.Pipe()
+    pool = WorkerPool(1, forward_setup, (Carrier(theirs),), "forward worker", start_method=method)
+    try:
+        pool.send(0, 7)
+        assert mine.poll(30), "nothing came through the connection"
+        assert mine.recv() == ("forwarded", 7)
+    finally:
+        pool.stop()

@@ -14,6 +14,8 @@ Pipes rather than queues, and the standard library's C pickler rather than the p
 from __future__ import annotations
 
 import contextlib
+import copyreg
+import io
 import os
 import pickle
 import select
@@ -92,12 +94,24 @@ class _CPickled:
 
     def __reduce__(self) -> tuple[Any, ...]:
         try:
-            payload = pickle.dumps(self.arg, pickle.HIGHEST_PROTOCOL)
+            payload = _c_pickled(self.arg)
         except (pickle.PicklingError, TypeError, AttributeError):
             payload = b"__main__"
         if b"__main__" in payload:
             return _same, (self.arg,)
         return pickle.loads, (payload,)
+
+
+def _c_pickled(arg: Any) -> bytes:
+    """`arg` pickled by the C pickler with `multiprocess`'s own reducers (a `Connection` or `Queue` passes its
+    descriptors to the worker, as `multiprocess` pickles them, rather than their numbers)."""
+    from multiprocess.reduction import ForkingPickler
+
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, **ForkingPickler._extra_reducers}
+    pickler.dump(arg)
+    return buffer.getvalue()
 
 
 def _same(arg: Any) -> Any:
