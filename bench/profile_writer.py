@@ -20,8 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def cpu_of(pid: int) -> float:
     """User + system CPU-seconds of live process `pid`."""
