@@ -98,7 +98,8 @@ def main() -> None:
     print(f"{args.scenes} scenes, {gb:.2f} GB in memory, DatasetWriter(workers={args.workers}), medians of "
           f"{args.repeat}\n")
     total = med("zarrfeed", "total")
-    print(f"  zarrfeed open to close {total:.3f} s ({gb / total * 1e3:,.0f} MB/s): start {med('zarrfeed', 'start'):.3f} s, ingest {med('zarrfeed', 'ingest'):.3f} s, "
+    print(f"  zarrfeed open to close {total:.3f} s ({gb / total * 1e3:,.0f} MB/s): "
+          f"start {med('zarrfeed', 'start'):.3f} s, ingest {med('zarrfeed', 'ingest'):.3f} s, "
           f"close {med('zarrfeed', 'close'):.3f} s")
     wcpu = statistics.median(sum(r["worker_cpu"]) for r in runs["zarrfeed"])
     print(f"  CPU-s per GB: parent {med('zarrfeed', 'parent_cpu') / gb:.2f} (start "
