@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from ..core._proc.imports import script_unnamed_if_unreadable
-from ..core._proc.pool import context
+from ..core._proc.pool import Failed, WorkerPool, describe_exit
+from ..core.errors import WorkerError
 from ..core.arrow_records import records_to_arrow, schema_metadata
 from ..core.chunk_check import ChunkCheck
 from ..core.refusals import refused_writes
@@ -56,6 +56,44 @@ def _write_piece(location: Location, commit: int | None, check: ChunkCheck | Non
 
 def _piece_task(args: tuple) -> int:
     return _write_piece(*args)
+
+
+def _piece_worker(wid: int) -> Callable[[tuple], tuple[int, int]]:
+    """A worker of `_pieces_in_workers`: each message is one piece's arguments; the reply, (the worker, the
+    piece's bytes)."""
+    return lambda task: (wid, _piece_task(task))
+
+
+def _pieces_in_workers(tasks: list[tuple], workers: int) -> Iterator[int]:
+    """Each piece written by one of `workers` processes (zarrfeed's own pool: a worker that fails or dies stops
+    the export at once, its error raised here; `multiprocess.Pool.terminate` after a failed task hung now and
+    then, as CPython's own pool does: python/cpython#78178), yielding each piece's bytes as it is written."""
+    pool = WorkerPool(workers, _piece_worker, (), "export worker")
+    try:
+        queued, busy = list(reversed(tasks)), [0] * workers
+        for wid in range(workers):
+            for _ in range(2):  # two each: the next is there when one is written
+                if queued:
+                    pool.send(wid, queued.pop())
+                    busy[wid] += 1
+        while any(busy):
+            for reply in pool.poll(0.5):
+                if isinstance(reply, Failed):
+                    if reply.error.exc is not None:
+                        raise reply.error.exc
+                    raise WorkerError(f"export worker {reply.worker} failed: {reply.error}", reply.error)
+                wid, written = reply
+                busy[wid] -= 1
+                yield written
+                if queued:
+                    pool.send(wid, queued.pop())
+                    busy[wid] += 1
+            dead = pool.dead()
+            if dead:
+                raise WorkerError(describe_exit("export worker", *dead[0]) + " while writing Parquet files")
+        pool.stop()
+    finally:
+        pool.kill()
 
 
 def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathLike | Location,
@@ -131,11 +169,8 @@ def export_parquet(dataset: Dataset | str | os.PathLike, out_dir: str | os.PathL
                     for task in tasks:
                         bar.update(_piece_task(task))
                 else:
-                    with script_unnamed_if_unreadable():  # a script in no file is not run again by the workers
-                        pool = context(None).Pool(workers)
-                    with pool:  # left on an error: its processes are stopped
-                        for done in pool.imap_unordered(_piece_task, tasks):
-                            bar.update(done)
+                    for done in _pieces_in_workers(tasks, workers):
+                        bar.update(done)
     except BaseException:  # no half export: what this run wrote and made goes (the files it replaced were
         # removed above)
         for t in names:

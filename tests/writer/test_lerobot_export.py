@@ -250,9 +250,15 @@ def test_missing_pyav_is_one_line(monkeypatch):
 
 
 KILLED = """
-import sys
+import sys, time
 from zarrfeed.writer import lerobot_export
 lerobot_export._MB = 1024  # sizes in KiB: several data and video files from a small source
+append = lerobot_export._Export._append
+def append_then_wait_at_the_fifth(self, entry):  # the kill lands mid-conversion on any machine, however loaded
+    append(self, entry)
+    if (self.partial / lerobot_export.JOURNAL).read_bytes().count(b"\\n") >= 5:
+        time.sleep(120)
+lerobot_export._Export._append = append_then_wait_at_the_fifth
 lerobot_export.to_lerobot(sys.argv[1], sys.argv[2], fps=10, video_codec=sys.argv[3], data_files_size_in_mb=4,
                           video_files_size_in_mb=int(sys.argv[4]), durable=False)
 """
