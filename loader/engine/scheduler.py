@@ -271,10 +271,10 @@ class Epoch:
                 break  # wait for room for a whole group, unless the consumer is waiting for this one
             windows = self.plan.group_windows(self.k_issue, count)
             admitted = all(self._make_resident(w) for w in windows)
-            if self.k_issue == self.k_next and count > 1:  # the consumer waits for this very batch: send the
-                count = self._ready_batches(self.k_issue, count)  # batches ready now, not a group behind windows
-                windows = self.plan.group_windows(self.k_issue, count)  # still decoding (a first batch waited
-                admitted = all(w in self.resident for w in windows)  # for ~4 windows of video frames)
+            if self.k_issue == self.k_next and count > 1:  # the consumer waits for this very batch: the
+                count = self._ready_batches(self.k_issue, count)  # batches ready now go, not a group held back by
+                windows = self.plan.group_windows(self.k_issue, count)  # windows still decoding (a group of
+                admitted = all(w in self.resident for w in windows)  # batches of frames spans several windows)
             if not admitted or any(self.pending[w] for w in windows) or not self._filled(self.k_issue, count):
                 break
             self._send(self.source.gather_message(self.plan, self.k_issue, count,
