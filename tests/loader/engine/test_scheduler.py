@@ -316,8 +316,8 @@ def test_a_chunk_never_decoded_holds_its_batches_back(harness):
 
 
 def test_a_batch_waited_for_goes_once_its_own_windows_are_decoded_not_its_whole_group(harness):
-    """The first batch of a group that spans several windows is gathered as soon as its own windows are decoded:
-    it once waited for every window of the group (four windows of video frames before a LeRobot first batch)."""
+    """The first batch of a group that spans several windows is gathered as soon as its own windows are decoded,
+    not once every window of the group is (four windows of video frames before a LeRobot first batch)."""
     h = harness(sizing=GroupSizing)
     first_windows = set(h.plan.group_windows(0, 1))
     assert len(h.plan.group_windows(0, 8)) > len(first_windows)  # the group reads windows batch 0 does not
@@ -337,8 +337,8 @@ def test_a_batch_waited_for_goes_once_its_own_windows_are_decoded_not_its_whole_
 
 
 def test_a_gather_message_holds_at_most_8_mib_of_batches_so_the_ring_stays_small():
-    """Batches of camera frames (3.5 MB each, 25 rows touched per sample) once went 20 to a message, and the ring
-    (two messages per worker, mapped before the first batch) took 340 MiB; small batches keep their groups."""
+    """Batches of camera frames (3.5 MB each, 25 rows touched per sample) go at most 8 MiB to a message, so the
+    ring (two messages per worker, mapped before the first batch) stays small; small batches keep their groups."""
     def sizing(rows: int, slot_bytes: int) -> Sizing:
         source = SimpleNamespace(rows_touched=lambda: rows, layout=SimpleNamespace(slot_bytes=slot_bytes))
         return Sizing(source, WorkerOptions(num_workers=2), 0, remote_store=False)  # type: ignore[arg-type]
