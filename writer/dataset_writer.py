@@ -9,6 +9,8 @@ seconds the parent also sends partly filled segments (so little is ever uncommit
 segment shares with the next one is written under zarr's per-chunk file lock, in a folder outside the
 dataset. When every row of an episode is written, the episode is committed: a new manifest holding the row
 counts and the journal of episode keys is published in one atomic write (docs/architecture.md#commits).
+The workers start in the background (in a fresh process the fork server starts first, about a quarter of a
+second): until they are up the parent writes full segments itself, and commits nothing.
 """
 from __future__ import annotations
 
