@@ -9,6 +9,8 @@ seconds the parent also sends partly filled segments (so little is ever uncommit
 segment shares with the next one is written under zarr's per-chunk file lock, in a folder outside the
 dataset. When every row of an episode is written, the episode is committed: a new manifest holding the row
 counts and the journal of episode keys is published in one atomic write (docs/architecture.md#commits).
+The workers start in the background (in a fresh process the fork server starts first, about a quarter of a
+second): until they are up the parent writes full segments itself, and commits nothing.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..core.keywords import count, seconds, spelled_out
-from ..core._proc.pool import Failed, WorkerPool, describe_exit
+from ..core._proc.pool import Failed, PoolStart, WorkerPool, describe_exit
 from ..core.errors import WorkerError, WriteRefused
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
@@ -105,6 +107,7 @@ class DatasetWriter:
         self._buffers: SegmentBuffers | None = None
         self._lock_dir: str | None = None
         self._pool: WorkerPool | None = None
+        self._starting: PoolStart | None = None  # the workers, until they are started
         # the parent's own calls on an object store are bounded like the workers' (see bounded_calls.bounded)
         self.committer = Committer(self.location, schema, mode=mode, overwrite=overwrite, chunks=chunks,
                                    compressor=compressor, coordinator=coordinator, lease_timeout=lease_timeout,
@@ -129,13 +132,14 @@ class DatasetWriter:
             self._buffers = SegmentBuffers(self.schema.tables, len(self.schema.tables) + 2 * max(workers, 1),
                                            max(segment_bytes, 2 * max(chunk_bytes), *shard_bytes), align)
             self._shared_chunks = 0
-            if workers > 0:
-                self._pool = WorkerPool(workers, write_worker.setup,
-                                        (self.location, self.schema.tables, self._sync, self._buffers.blocks,
-                                         self.committer.fence),
-                                        "writer worker", start_method)
+            if workers > 0:  # started behind the first episodes, which this process writes meanwhile
+                self._starting = PoolStart(workers, write_worker.setup,
+                                           (self.location, self.schema.tables, self._sync, self._buffers.blocks,
+                                            self.committer.fence),
+                                           "writer worker", start_method)
             self._load = [0] * max(workers, 1)
         except BaseException:
+            self._kill_workers()
             self._free_memory()
             self.committer.abandon()
             raise
@@ -152,7 +156,9 @@ class DatasetWriter:
 
     @property
     def worker_pids(self) -> list[int]:
-        """The writer processes' pids (empty with workers=0): for monitoring, or a test that kills one."""
+        """The writer processes' pids (empty with workers=0): for monitoring, or a test that kills one. Waits for
+        them to start."""
+        self._take_pool(wait=True)
         return self._pool.pids() if self._pool else []
 
     @property
@@ -322,6 +328,7 @@ class DatasetWriter:
         """Write everything submitted so far and commit it."""
         self._check_open()
         with self._stopping():
+            self._take_pool(wait=True)
             self._flush()
             while self._segments.in_flight:
                 self._collect(timeout=0.1)
@@ -334,6 +341,7 @@ class DatasetWriter:
             return self.committed
         try:
             self.sync()
+            self._take_pool(wait=True)
             if self._pool:
                 self._pool.stop()
             with self._stopping(every_error=False):
@@ -358,8 +366,7 @@ class DatasetWriter:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):  # never closed: stop the workers and free memory, commit nothing
             try:
-                if self._pool:
-                    self._pool.kill()
+                self._kill_workers()
                 self._shutdown()
             except Exception:  # at interpreter exit, modules it needs may be gone already
                 pass
@@ -393,7 +400,8 @@ class DatasetWriter:
             return
         self.committer.check_lease()  # a writer that lost its lease, or was paused past it, writes nothing more
         self.committer.grow(table, seg.end)
-        if self._pool is None:
+        self._take_pool(wait=False)
+        if self._pool is None:  # no workers (yet): written here
             rows = self._segments.rows(seg)
             writes = write_rows(self._arrays[table], seg.start, rows, self._sync, self.committer.check_lease)
             self._shared_chunks += sum(w.shared for w in writes)
@@ -416,8 +424,31 @@ class DatasetWriter:
             self._load[seg.worker] -= 1
         self.committer.stored(seg.table, seg.start, seg.end, writes)
 
+    def _take_pool(self, wait: bool) -> None:
+        """The workers, once started (`wait`: wait for them). If they could not start, the writer stops as if it
+        never had (nothing is committed before they are: the dataset it created is removed) and raises what
+        their start raised (`WorkerError`)."""
+        if self._starting is not None and (wait or self._starting.done()):
+            starting, self._starting = self._starting, None
+            try:
+                self._pool = starting.result()
+            except BaseException:
+                self._closed = True
+                self._free_memory()
+                self.committer.abandon()
+                raise
+
+    def _kill_workers(self) -> None:
+        """Kill the workers, started or still starting."""
+        if self._starting is not None:
+            starting, self._starting = self._starting, None
+            starting.cancel()
+        if self._pool:
+            self._pool.kill()
+
     def _collect(self, timeout: float) -> None:
         """Take finished segments from the workers; commit when it is time. Raises `WorkerError`."""
+        self._take_pool(wait=False)
         if self._pool is not None:
             for reply in self._pool.poll(timeout):
                 if isinstance(reply, Failed):
@@ -438,7 +469,8 @@ class DatasetWriter:
                 raise WorkerError(f"writer worker {seg.worker} has not finished writing {seg.table} rows "
                                   f"[{seg.start}, {seg.end}) in {self.stall_timeout:.0f} s: "
                                   f"{self.location} does not answer")
-        self.committer.commit()
+        if self._starting is None:  # (nothing is committed before the workers are started: see `_take_pool`)
+            self.committer.commit()
 
     def _lost(self, remedy: str = "Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).") -> str:
         """The message for a dead worker: who, and which episodes' rows it held; then `remedy`."""
@@ -502,8 +534,7 @@ class DatasetWriter:
         if remove is None:
             remove = not isinstance(exc, (KeyboardInterrupt, WorkerError)) and not refused
         try:
-            if self._pool:
-                self._pool.kill()
+            self._kill_workers()
             self.committer.fail(exc, remove=remove, said=refused)  # a refusal says what is committed
         finally:
             self._shutdown()

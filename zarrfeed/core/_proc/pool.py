@@ -531,6 +531,63 @@ class WorkerPool:
                 c.close()
 
 
+class PoolStart:
+    """A `WorkerPool` being started in a thread of its own, so that its caller works meanwhile (a writer's first
+    segments, written in its own process): in a fresh process the fork server starts first, a new interpreter
+    importing numpy, numcodecs and the worker modules (about 0.25 s here, a quarter of a gigabyte's ingest).
+    `result()` waits and returns the pool, or raises what its start raised; `cancel()` kills it, now or once
+    it has started. With start method "fork" the pool is started at once, in the caller's thread: a process
+    forked while another of its threads works may inherit a lock held there, and hang."""
+
+    def __init__(self, n: int, setup: Callable[..., Callable[[Any], Any]], args: tuple, name: str,
+                 start_method: str | None = None) -> None:
+        self._pool: WorkerPool | None = None
+        self._error: BaseException | None = None
+        self._cancelled = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._start, args=(n, setup, args, name, start_method), name=f"zarrfeed-{name}-start",
+            daemon=True)
+        if context(start_method).get_start_method() == "fork":
+            self._pool = WorkerPool(n, setup, args, name, start_method)  # (its errors raised here)
+            self._thread = None
+        else:
+            self._thread.start()
+
+    def _start(self, *pool_args: Any) -> None:
+        try:
+            pool = WorkerPool(*pool_args)
+        except BaseException as exc:  # (raised by `result`, in the caller's thread)
+            self._error = exc
+            return
+        with self._lock:
+            if self._cancelled:
+                pool.kill()
+            else:
+                self._pool = pool
+
+    def done(self) -> bool:
+        """Whether the start is over (started or failed)."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def result(self) -> WorkerPool:
+        """The started pool (waiting for it); what its start raised, raised here."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._pool is not None  # (started, and not cancelled: a cancelled start is never asked for)
+        return self._pool
+
+    def cancel(self) -> None:
+        """Kill the pool: now if it is started, else as soon as it is."""
+        with self._lock:
+            self._cancelled = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.kill()
+
+
 def describe_exit(name: str, wid: int, pid: int, code: int | None) -> str:
     if code is not None and code < 0:
         try:
