@@ -2,6 +2,10 @@
 in each worker, against zarr's bulk write of the same rows (the compression every writer pays).
 
     python bench/profile_writer.py [--scenes 100] [--workers 2] [--repeat 3] [--profile parent.prof]
+                                   [--import-late]
+
+DatasetWriter is imported at the top, as a script imports it, and its import starts the process's fork server
+in the background; --import-late imports it just before the open, so that the open waits for the server.
 
 One process per measurement (as bench_writer.py), alternating, medians. CPU is the process's user + system time
 (workers: read from /proc before they exit), so the figures carry over to a busier machine better than wall time.
@@ -33,7 +37,9 @@ def self_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def measure(kind: str, scenes: int, workers: int, out: Path, profile: str | None) -> dict:
+def measure(kind: str, scenes: int, workers: int, out: Path, profile: str | None, import_late: bool) -> dict:
+    if kind == "zarrfeed" and not import_late:  # at the top, as a script imports (this starts the fork server)
+        from zarrfeed.writer.dataset_writer import DatasetWriter
     from zarrfeed.writer import synthetic
     episodes = list(synthetic.episodes(scenes))
     gb = sum(a.nbytes for ep in episodes for a in ep.values()) / 1e9
@@ -47,7 +53,7 @@ def measure(kind: str, scenes: int, workers: int, out: Path, profile: str | None
         for t, arr in tables.items():
             group[t][:] = arr
         return {"gb": gb, "total": time.perf_counter() - t0, "parent_cpu": self_cpu() - c0}
-    from zarrfeed.writer.dataset_writer import DatasetWriter
+    from zarrfeed.writer.dataset_writer import DatasetWriter  # noqa: F811 (with --import-late, first here)
     prof = None
     if profile:
         import cProfile
@@ -75,11 +81,13 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", help="write the parent's cProfile of the last zarrfeed run here")
+    p.add_argument("--import-late", action="store_true",
+                   help="import DatasetWriter just before opening it (its fork server then starts at the open)")
     p.add_argument("--one", choices=["zarrfeed", "bulk"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.scenes, args.workers, args.out, args.profile)))
+        print(json.dumps(measure(args.one, args.scenes, args.workers, args.out, args.profile, args.import_late)))
         return
     scratch = Path(tempfile.mkdtemp(prefix="zarrfeed-profile-"))
     runs: dict[str, list[dict]] = {"zarrfeed": [], "bulk": []}
@@ -88,6 +96,8 @@ def main() -> None:
             for kind in (("zarrfeed", "bulk") if r % 2 == 0 else ("bulk", "zarrfeed")):
                 cmd = [sys.executable, __file__, "--one", kind, "--scenes", str(args.scenes), "--workers",
                        str(args.workers), "--out", str(scratch / f"{kind}.zarr")]
+                if args.import_late:
+                    cmd.append("--import-late")
                 if args.profile and kind == "zarrfeed":
                     cmd += ["--profile", args.profile]
                 runs[kind].append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))

@@ -11,7 +11,10 @@ from .kinds.l5kit_samples import AgentSampleLoader, EgoSampleLoader
 from .kinds.lerobot_windows import LeRobotLoader
 from .kinds.sequences import SequenceLoader
 from .kinds.windows import WindowLoader
+from ..core._proc.pool import start_fork_server_early
 
 __all__ = ["AgentSampleLoader", "Dataset", "EgoSampleLoader", "FormatError", "LeRobotDataset", "LeRobotLoader",
            "Loader", "LoaderError", "LoaderOptions", "LoaderStalledError", "SequenceLoader", "StoreUnreachable",
            "ValidationReport", "WindowLoader", "export_parquet", "from_arrow", "to_arrow"]
+
+start_fork_server_early()  # (see there: the first loader of a process does not wait for it)

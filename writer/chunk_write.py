@@ -28,14 +28,18 @@ class ChunkWrite:
     digest: str
     replaced: str | None = None
     shared: bool = False
+    unsynced: bool = False  # its bytes are not durable yet: the committer syncs them before a commit names it
 
 
 def write_rows(array: Array, start: int, rows: np.ndarray, synchronizer: Any,
-               guard: Callable[[], None] | None = None) -> list[ChunkWrite]:
+               guard: Callable[[], None] | None = None, sync_later: bool = False) -> list[ChunkWrite]:
     """Write `rows` at `start`; `synchronizer[key]` is a lock for a chunk key (zarr's synchronizer protocol).
     Whole chunks are encoded and stored with no lock and no read; a chunk the rows only partly cover is read,
     merged and written back under its lock. `guard()` is called just before each store write and raises to
-    stop it (a writer whose lease may be lost). Returns what was stored, chunk by chunk."""
+    stop it (a writer whose lease may be lost). `sync_later`: whole chunks of an unsharded array are stored
+    without waiting for their bytes to be durable (`ChunkWrite.unsynced`; the caller's committer syncs them:
+    `Committer.stored`); a whole chunk is one no commit names yet, for a writer only appends. Returns what
+    was stored, chunk by chunk."""
     guard = guard or _no_guard
     c = array.chunks[0]
     end = start + len(rows)
@@ -52,9 +56,13 @@ def write_rows(array: Array, start: int, rows: np.ndarray, synchronizer: Any,
     if start < first_whole:
         out.append(_merge(array, synchronizer, start // c, start % c, rows[: first_whole - start], guard))
     whole = {lo // c: array.encode_chunk(rows[lo - start: lo - start + c]) for lo in range(first_whole, last_whole, c)}
+    unsynced: list[str] = []
     if array.sharding is None:
         guard()
-        array.write_chunks(whole, durable_later=True)  # on an object store one concurrent request per chunk
+        if sync_later:
+            unsynced = array.write_new_chunks(whole)
+        else:
+            array.write_chunks(whole, durable_later=True)  # on an object store one concurrent request per chunk
     else:
         by_shard: dict[str, dict[int, bytes]] = {}
         for i, data in whole.items():
@@ -63,7 +71,8 @@ def write_rows(array: Array, start: int, rows: np.ndarray, synchronizer: Any,
             with synchronizer[key]:
                 guard()
                 array.write_chunks(part, durable_later=True)
-    out.extend(ChunkWrite(array.table, i, len(data), digest(data)) for i, data in whole.items())
+    out.extend(ChunkWrite(array.table, i, len(data), digest(data), unsynced=bool(unsynced))
+               for i, data in whole.items())
     if last_whole < end:
         out.append(_merge(array, synchronizer, last_whole // c, 0, rows[last_whole - start:], guard))
     return out

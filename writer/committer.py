@@ -42,6 +42,7 @@ from ..core.location import Location
 from ..core.manifest import MANIFEST_KEY
 from ..core.stores import PARTIAL, Store
 from ..core.zarr_array import Array
+from .chunk_syncs import ChunkSyncs, StoredRows
 from .chunk_write import ChunkWrite
 from .commit_tracking import ChunkDigests, CommitTracker
 from .coordinator import Coordinator, LocalCoordinator
@@ -140,6 +141,7 @@ class Committer:
             self._length = dict(committed)  # the arrays' lengths: only this writer resizes them
             self._coordinator = coordinator or LocalCoordinator(committed)
             self._tracker = CommitTracker(committed)
+            self._syncs = ChunkSyncs(store, str(location))  # chunks stored before their bytes were durable
             self._kept = (self._journal.committed_count(), dict(committed))  # as published (see `published`)
             self._digests = ChunkDigests({t: tab.chunk_rows for t, tab in self.schema.tables.items()})
             self._tails = self._withdraw_tails(committed)  # sealed again at close if no write changed them
@@ -451,10 +453,22 @@ class Committer:
             self._bounded(lambda: dataset_format.set_length(self.arrays[table], n), f"growing {table} to {n:,} rows")
 
     def stored(self, table: str, start: int, end: int, writes: Iterable[ChunkWrite]) -> None:
-        """Rows [start, end) of `table` are stored, as `writes` say (what `chunk_write.write_rows` returned)."""
+        """Rows [start, end) of `table` are stored, as `writes` say (what `chunk_write.write_rows` returned).
+        Chunks stored before their bytes were durable (`ChunkWrite.unsynced`) are synced in the background
+        first: the rows are committed once they are (see `ChunkSyncs`)."""
+        writes = list(writes)
         self._digests.add(writes)
-        if end > start:
+        unsynced = [self.arrays[w.table].chunk_key(w.index) for w in writes if w.unsynced]
+        if unsynced:
+            self._syncs.add(unsynced, StoredRows(table, start, end))
+        elif end > start:
             self._tracker.segment_done(table, start, end)
+
+    def _take_synced(self, wait: bool) -> None:
+        """The rows whose chunks are synced now count as stored (`wait`: wait for every sync)."""
+        for rows in self._syncs.synced(wait, self._store_timeout):
+            if rows.end > rows.start:
+                self._tracker.segment_done(rows.table, rows.start, rows.end)
 
     def written(self, key: Key, writes: Iterable[ChunkWrite] = ()) -> dict[str, int]:
         """The rows reserved under `key` are stored, as `writes` say: they commit with everything placed before,
@@ -471,6 +485,7 @@ class Committer:
         """Publish a commit of every episode now durable (at most every `commit_interval` s unless `force`)."""
         if not force and time.monotonic() - self._last_commit < self.commit_interval:
             return
+        self._take_synced(wait=force)
         for key in self._tracker.advance():
             self._journal.commit(key)
             self._placed.discard(key)
@@ -644,6 +659,12 @@ class Committer:
             return
         self.error = exc
         try:
+            while True:  # what is durable already (a failed sync's rows are not; the others still count)
+                try:
+                    self._take_synced(wait=False)
+                    break
+                except Exception:
+                    continue
             for key in self._tracker.advance():
                 self._journal.commit(key)
             if not self._lease.lost and not within(FAIL_SECONDS, self._write_manifest) and not said:
@@ -680,6 +701,8 @@ class Committer:
     def release(self) -> None:
         """Release the lease (within FAIL_SECONDS after an error). Idempotent, as `Lease.release` is."""
         self.closed = True
+        if hasattr(self, "_syncs"):  # (not made if the dataset could not be opened)
+            self._syncs.close()
         self._lease.release(FAIL_SECONDS if self.error is not None else None)
 
     # ---------------------------------------------------------------- helpers

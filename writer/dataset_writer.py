@@ -27,7 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..core.keywords import count, seconds, spelled_out
-from ..core._proc.pool import Failed, PoolStart, WorkerPool, describe_exit
+from ..core._proc.pool import Failed, PoolStart, WorkerPool, describe_exit, start_fork_server_early
 from ..core.errors import WorkerError, WriteRefused
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
@@ -403,7 +403,8 @@ class DatasetWriter:
         self._take_pool(wait=False)
         if self._pool is None:  # no workers (yet): written here
             rows = self._segments.rows(seg)
-            writes = write_rows(self._arrays[table], seg.start, rows, self._sync, self.committer.check_lease)
+            writes = write_rows(self._arrays[table], seg.start, rows, self._sync, self.committer.check_lease,
+                                sync_later=True)
             self._shared_chunks += sum(w.shared for w in writes)
             del rows
             self._done(seg.id, writes)
@@ -574,3 +575,6 @@ def _cause(exc: BaseException) -> BaseException:
     if isinstance(exc, WorkerError) and exc.remote is not None and exc.remote.exc is not None:
         return exc.remote.exc
     return exc
+
+
+start_fork_server_early()  # (see there: the first writer of a process does not wait for it)

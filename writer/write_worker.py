@@ -55,6 +55,6 @@ def setup(wid: int, location: Location, tables: dict[str, Table], synchronizer: 
             arrays[table] = dataset_format.table_array(store, tables[table])
         rows = np.frombuffer(blocks[msg.block].buf, tables[table].dtype, count=msg.rows)
         return SegmentWritten(wid, msg.segment, write_rows(arrays[table], msg.start, rows, synchronizer,
-                                                           lambda: fence.check(location)))
+                                                           lambda: fence.check(location), sync_later=True))
 
     return handle

@@ -28,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         atexit.register(_teardown_ignores_sigint)
     interrupted = False
     try:
+        from .core import _proc
+
+        _proc.early_fork_server = False  # the commands that make workers start it then
         from .commands import run
 
         code = run(argv)

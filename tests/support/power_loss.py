@@ -95,6 +95,12 @@ class SimulatedDisk(Files):
                 self._op()  # (no real fsync: what it would make durable is recorded instead)
                 self._synced[n] = bytes(data)
 
+    def sync_file(self, path: str) -> None:
+        with self._lock:
+            self._op()
+            n = self._inode[path]
+            self._synced[n] = self._written[n]
+
     def replace(self, source: str, target: str) -> None:
         with self._lock:
             self._op()

@@ -23,6 +23,14 @@ class Files:
                 f.flush()
                 os.fsync(f.fileno())
 
+    def sync_file(self, path: str) -> None:
+        """fsync the file at `path`: its bytes become durable (written earlier, perhaps by another process)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def replace(self, source: str, target: str) -> None:
         os.replace(source, target)
 

@@ -111,6 +111,18 @@ class Store(ABC):
         rather than once per call. Elsewhere, `put_many`."""
         self.put_many(values)
 
+    def put_unsynced(self, values: Mapping[str, bytes]) -> list[str]:
+        """Store objects that no commit names yet, as `put_chunks`, but leave their bytes' durability to
+        `sync_objects`, which the commit that will name them calls first (a writer's workers then compress
+        the next chunks while another thread waits for the disk). The keys that need it: none where a write
+        is durable when it returns (an object store). Never for an object that a commit names already: until it
+        is synced, a power loss can leave its name with none of its bytes."""
+        self.put_chunks(values)
+        return []
+
+    def sync_objects(self, keys: Iterable[str]) -> None:
+        """Make the bytes of objects `put_unsynced` stored durable."""
+
     def sync_names(self, prefixes: Iterable[str]) -> None:
         """Make the names stored under each of `prefixes` (a table's folder) durable: what `put_chunks` left to
         the commit. Nothing to do where a write is durable when it returns (an object store)."""
@@ -233,10 +245,26 @@ class DirectoryStore(Store):
                 self.files.sync_folder(folder)
 
     def put_many(self, values: Mapping[str, bytes]) -> None:
-        self._sync(self._put(values))
+        self._sync(self._put(values, self.durable))
 
     def put_chunks(self, values: Mapping[str, bytes]) -> None:
-        changed = self._put(values)
+        self._put_chunks(values, sync=self.durable)
+
+    def put_unsynced(self, values: Mapping[str, bytes]) -> list[str]:
+        self._put_chunks(values, sync=False)
+        return list(values) if self.durable else []
+
+    def sync_objects(self, keys: Iterable[str]) -> None:
+        if self.durable:
+            for key in keys:
+                path = self.file(key)
+                try:
+                    self.files.sync_file(path)
+                except OSError as exc:  # (os.fsync names no file)
+                    raise OSError(exc.errno, exc.strerror, path) from exc
+
+    def _put_chunks(self, values: Mapping[str, bytes], sync: bool) -> None:
+        changed = self._put(values, sync)
         # a chunk directly in its table's folder (`agents/12`), or a v3 shard in its `c` folder (`agents/c/3`),
         # leaves that folder to the commit's `sync_names`; anything else (a folder made, a chunk deeper down)
         # is synced now
@@ -259,8 +287,8 @@ class DirectoryStore(Store):
                         except FileNotFoundError:
                             pass
 
-    def _put(self, values: Mapping[str, bytes]) -> set[str]:
-        """Write `values`, each to a temporary file (fsynced when durable), then rename them over their keys, in
+    def _put(self, values: Mapping[str, bytes], sync: bool) -> set[str]:
+        """Write `values`, each to a temporary file (fsynced with `sync`), then rename them over their keys, in
         order, one after the other: documents that must change together (a replay buffer's lengths, see
         `Committer`) are seen apart only for the few renames; the folders whose names changed."""
         self._writable()
@@ -272,7 +300,7 @@ class DirectoryStore(Store):
                 self._folder(path, changed)
                 temporary = f"{path}.{uuid.uuid4().hex}{PARTIAL}"
                 written.append((temporary, path))
-                self.files.write(temporary, value, sync=self.durable)
+                self.files.write(temporary, value, sync=sync)
             for temporary, path in written:
                 self.files.replace(temporary, path)
         finally:

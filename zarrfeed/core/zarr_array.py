@@ -295,6 +295,16 @@ class Array:
         key = _join(self.path, self.meta.chunk_name(index))
         return inner_stored(self.store, sharding, [(key, index % sharding.inner_per_shard)], self.table)[0]
 
+    def write_new_chunks(self, chunks: Mapping[int, bytes]) -> list[str]:
+        """Store encoded chunks that no commit names yet, leaving their bytes' durability to the commit that will
+        (`Store.put_unsynced`); the keys it must sync. Not into a sharded array, whose shards other writes
+        share (see `write_chunks`)."""
+        if self.read_only:
+            raise PermissionError(f"'{self.path}': opened read-only")
+        if self.sharding is not None:
+            raise ValueError(f"'{self.path}': a sharded array's chunks are written with write_chunks")
+        return self.store.put_unsynced({self.chunk_key(i): data for i, data in chunks.items()})
+
     def write_chunks(self, chunks: Mapping[int, bytes], durable_later: bool = False) -> None:
         """Store encoded chunks (index -> bytes), each object atomically (`durable_later`: through
         `Store.put_chunks`, whose names the next commit makes durable). Into a sharded array, each shard they

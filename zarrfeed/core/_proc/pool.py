@@ -355,6 +355,36 @@ def start_fork_server(start_method: str | None, setup: Callable) -> None:
         threading.Thread(target=_ensure_fork_server, name="zarrfeed-forkserver", daemon=True).start()
 
 
+def start_fork_server_early() -> None:
+    """Start this process's fork server now, in the background, when a module that makes worker pools is first
+    imported (`DatasetWriter`'s, the loaders'): its new interpreter imports numpy, numcodecs and the worker
+    modules (a quarter to half a second here) while the script goes on (making its data, its model), so that the
+    first pool does not wait for it. Starting it is a fork and exec (safe beside threads), a few milliseconds; the
+    server exits with this process. Only in the user's own process: not in the fork server or a worker (they
+    import these modules too), nor where the default start method is not "forkserver", nor in the command line
+    (see `zarrfeed.core._proc.early_fork_server`)."""
+    from . import early_fork_server
+
+    if not early_fork_server or mp.parent_process() is not None or _in_the_fork_server():
+        return
+    ctx = context(None)
+    if ctx.get_start_method() != "forkserver":
+        return
+    ctx.set_forkserver_preload(sorted(_PRELOAD))
+    _ensure_fork_server()
+
+
+def _in_the_fork_server() -> bool:
+    """Whether this process is a fork server importing its preloaded modules (multiprocess's `forkserver.main`
+    is on the stack): it has no parent process of multiprocessing's to tell it apart otherwise."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "multiprocess.forkserver":
+            return True
+        frame = frame.f_back
+    return False
+
+
 class WorkerPool:
     """`n` processes named `{name}-{i}`, each answering the messages of its own pipe."""
 
