@@ -365,7 +365,8 @@ def start_fork_server_early() -> None:
     (see `zarrfeed.core._proc.early_fork_server`)."""
     from . import early_fork_server
 
-    if not early_fork_server or mp.parent_process() is not None or _in_the_fork_server():
+    if (not early_fork_server or mp.parent_process() is not None or _in_the_fork_server()
+            or getattr(mp.current_process(), "_inheriting", False)):  # (a worker unpickling what it was sent)
         return
     ctx = context(None)
     if ctx.get_start_method() != "forkserver":
@@ -377,7 +378,7 @@ def start_fork_server_early() -> None:
 def _in_the_fork_server() -> bool:
     """Whether this process is a fork server importing its preloaded modules (multiprocess's `forkserver.main`
     is on the stack): it has no parent process of multiprocessing's to tell it apart otherwise."""
-    frame = sys._getframe()
+    frame: Any = sys._getframe()
     while frame is not None:
         if frame.f_globals.get("__name__") == "multiprocess.forkserver":
             return True

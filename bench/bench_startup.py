@@ -1,0 +1,87 @@
+"""A loader's start-up, measured as a training script meets it: a fresh process per measurement.
+
+    python bench/bench_startup.py [--scenes 100] [--repeat 3] [--json startup.json]
+
+On a synthetic L5Kit dataset (100 scenes = 2.1 M agents), a `Loader` over agents, batch 4,096, shuffled,
+2 workers, cache_bytes=0 (every epoch decodes), in a new process that imports zarrfeed at its top (the import
+starts the fork server in the background) and then either makes the loader at once, or first works for a
+second on one core (a script building its model):
+  first batch   from `iter(loader)` to the first batch, and from the loader's construction (opening the
+                dataset included) to it
+  first epoch   rows/s from the construction to the end of the first epoch (start-up included), against the
+                second epoch in the same process (the steady uncached epoch)
+Targets on 2 cores: first batch <= 50 ms after the loop starts; first epoch >= 0.5x the steady epoch.
+One process per measurement, alternating the two cases, medians of --repeat; the ratios are printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import add_json_option, parser, synthetic_dataset, write_json
+
+CASES = {"at once": 0.0, "after 1 s of work": 1.0}
+
+
+def one(path: str, work: float) -> dict:
+    t_import = time.perf_counter()
+    from zarrfeed.loader import Dataset, Loader  # at the top of a script: starts the fork server
+
+    t_imported = time.perf_counter()
+    end = time.perf_counter() + work
+    while time.perf_counter() < end:  # the script's own work (its model), on one core
+        sum(range(1000))
+    t0 = time.perf_counter()
+    ds = Dataset.open(path)
+    with Loader(ds, "agents", batch_size=4096, num_workers=2, seed=0, cache_bytes=0) as loader:
+        t1 = time.perf_counter()
+        it = iter(loader)
+        first = next(it)
+        t2 = time.perf_counter()
+        rows = len(first["yaw"]) + sum(len(b["yaw"]) for b in it)
+        t3 = time.perf_counter()
+        rows2 = sum(len(b["yaw"]) for b in loader)
+        t4 = time.perf_counter()
+    return {"import": t_imported - t_import, "first_after_iter": t2 - t1, "first_after_make": t2 - t0,
+            "epoch1": rows / (t3 - t0), "epoch2": rows2 / (t4 - t3)}
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    add_json_option(p)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], float(args.one[1]))))
+        return
+    runs: dict[str, list[dict]] = {c: [] for c in CASES}
+    with synthetic_dataset(args.scenes) as path:
+        for r in range(args.repeat):
+            for case in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
+                out = subprocess.run([sys.executable, __file__, "--one", str(path), str(CASES[case])],
+                                     check=True, capture_output=True, text=True, cwd=Path(__file__).parent).stdout
+                runs[case].append(json.loads(out.splitlines()[-1]))
+    med = {c: {k: statistics.median(r[k] for r in runs[c]) for k in runs[c][0]} for c in CASES}
+    speeds = {}
+    print(f"Loader over agents ({args.scenes} scenes), batch 4,096, 2 workers, cache_bytes=0, a fresh process each, "
+          f"medians of {args.repeat}\n")
+    for case, m in med.items():
+        print(f"  {case}: import {m['import'] * 1e3:.0f} ms; first batch {m['first_after_iter'] * 1e3:.0f} ms after "
+              f"iter(), {m['first_after_make'] * 1e3:.0f} ms after Dataset.open; first epoch {m['epoch1'] / 1e6:.1f} M "
+              f"rows/s, steady uncached epoch {m['epoch2'] / 1e6:.1f} M rows/s")
+        speeds[f"startup {case}: first batches/s after iter()"] = 1 / m["first_after_iter"]
+        speeds[f"startup {case}: first epoch (rows/s)"] = m["epoch1"]
+        speeds[f"startup {case}: steady uncached epoch (rows/s)"] = m["epoch2"]
+    write_json(args.json, speeds)
+    print("\nratios (first epoch, start-up included / steady uncached epoch; target >= 0.5x):")
+    for case, m in med.items():
+        print(f"  {case}: {m['epoch1'] / m['epoch2']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

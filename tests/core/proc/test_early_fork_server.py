@@ -1,0 +1,76 @@
+"""Importing DatasetWriter or the loaders starts the process's fork server in the background (its new
+interpreter imports numpy and zarrfeed while the script goes on), once: not again in the fork server or a
+worker, which import the same modules, and not in the command line, whose commands mostly make no pool."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SERVER = "multiprocess.forkserver import main"
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """The processes under `pid` (from /proc), with their command lines."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                out.append((p, f.read().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue
+        todo.extend(children.get(p, []))
+    return out
+
+
+def run(code: str, tmp_path) -> str:
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("module", ["zarrfeed.writer.dataset_writer", "zarrfeed.loader"])
+def test_importing_a_module_that_makes_pools_starts_one_fork_server(module, tmp_path):
+    out = run(f"""
+        import os, sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import {module}
+        import multiprocess.forkserver as fs
+        print(fs._forkserver._forkserver_pid is not None)
+        from zarrfeed.writer import DatasetWriter, synthetic
+        with DatasetWriter("d.zarr", workers=2) as w:
+            w.ingest(synthetic.episodes(3, seed=1, frames=10, agents_per_frame=5))
+            from test_early_fork_server import descendants
+            under = [p for p, cmd in descendants(os.getpid()) if "{SERVER}" in cmd]  # (forked workers too)
+            mine = [p for p, cmd in descendants(os.getpid()) if "{SERVER}" in cmd
+                    and int(open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1]) == os.getpid()]
+            print(len(mine), len(under))
+        """, tmp_path)
+    assert out.split() == ["True", "1", "3"]  # one server, and its two workers
+
+
+def test_the_command_line_starts_none_for_a_command_without_workers(tmp_path):
+    run("""
+        from zarrfeed.writer import DatasetWriter, synthetic
+        with DatasetWriter("d.zarr", workers=0) as w:
+            w.ingest(synthetic.episodes(2, seed=1, frames=10, agents_per_frame=5))
+        """, tmp_path)
+    out = run("""
+        from zarrfeed.cli import main
+        assert main(["info", "d.zarr"]) == 0
+        import multiprocess.forkserver as fs
+        print("server", fs._forkserver._forkserver_pid)
+        """, tmp_path)
+    assert out.splitlines()[-1] == "server None"
