@@ -5,7 +5,7 @@
 On a synthetic L5Kit dataset (100 scenes = 2.1 M agents), a `Loader` over agents, batch 4,096, shuffled,
 2 workers, cache_bytes=0 (every epoch decodes), in a new process that imports zarrfeed at its top (the import
 starts the fork server in the background) and then either makes the loader at once, or first works for a
-second on one core (a script building its model):
+second on one core (a script building its model), the last case with 32 MiB shuffle windows:
   first batch   from `iter(loader)` to the first batch, and from the loader's construction (opening the
                 dataset included) to it
   first epoch   rows/s from the construction to the end of the first epoch (start-up included), against the
@@ -25,10 +25,12 @@ from pathlib import Path
 
 from common import add_json_option, parser, synthetic_dataset, write_json
 
-CASES = {"at once": 0.0, "after 1 s of work": 1.0}
+# (seconds of the script's own work before it makes the loader, the loader's shuffle_bytes: None is the default
+# window, the whole table up to 1 GiB, every chunk of which the first batch holds rows of)
+CASES = {"at once": (0.0, None), "after 1 s of work": (1.0, None), "after 1 s, 32 MiB windows": (1.0, 32 << 20)}
 
 
-def one(path: str, work: float) -> dict:
+def one(path: str, work: float, shuffle_bytes: int | None) -> dict:
     t_import = time.perf_counter()
     from zarrfeed.loader import Dataset, Loader  # at the top of a script: starts the fork server
 
@@ -38,7 +40,8 @@ def one(path: str, work: float) -> dict:
         sum(range(1000))
     t0 = time.perf_counter()
     ds = Dataset.open(path)
-    with Loader(ds, "agents", batch_size=4096, num_workers=2, seed=0, cache_bytes=0) as loader:
+    window = {} if shuffle_bytes is None else {"shuffle_bytes": shuffle_bytes}
+    with Loader(ds, "agents", batch_size=4096, num_workers=2, seed=0, cache_bytes=0, **window) as loader:
         t1 = time.perf_counter()
         it = iter(loader)
         first = next(it)
@@ -53,17 +56,19 @@ def one(path: str, work: float) -> dict:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     add_json_option(p)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], float(args.one[1]))))
+        print(json.dumps(one(args.one[0], float(args.one[1]), None if args.one[2] == "-" else int(args.one[2]))))
         return
     runs: dict[str, list[dict]] = {c: [] for c in CASES}
     with synthetic_dataset(args.scenes) as path:
         for r in range(args.repeat):
             for case in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
-                out = subprocess.run([sys.executable, __file__, "--one", str(path), str(CASES[case])],
+                work, window = CASES[case]
+                out = subprocess.run([sys.executable, __file__, "--one", str(path), str(work),
+                                      "-" if window is None else str(window)],
                                      check=True, capture_output=True, text=True, cwd=Path(__file__).parent).stdout
                 runs[case].append(json.loads(out.splitlines()[-1]))
     med = {c: {k: statistics.median(r[k] for r in runs[c]) for k in runs[c][0]} for c in CASES}

@@ -47,6 +47,8 @@ from .segments import SegmentBuffers
 from .lease import TIMEOUT
 
 log = logging.getLogger("zarrfeed.writer")
+_WATCH_SECONDS = 0.05  # how often `_collect` looks for dead or stalled workers: a death is said within this
+
 
 @spelled_out(WriteOptions, Writes)
 class DatasetWriter:
@@ -138,6 +140,7 @@ class DatasetWriter:
                                             self.committer.fence),
                                            "writer worker", start_method)
             self._load = [0] * max(workers, 1)
+            self._next_watch = 0.0  # when `_collect` next looks for dead or stalled workers
         except BaseException:
             self._kill_workers()
             self._free_memory()
@@ -460,18 +463,25 @@ class DatasetWriter:
                         from reply.error.exc
                 self._shared_chunks += sum(w.shared for w in reply.writes)
                 self._done(reply.segment, reply.writes)
-            if self._pool.dead():
-                raise WorkerError(self._lost(), cli=self._lost("Run the same command again with --resume to "
-                                                               "finish."))
-            stalled = [seg for seg in self._segments.in_flight.values()
-                       if time.monotonic() - seg.sent > self.stall_timeout]
-            if stalled:  # alive but stuck: a store that accepts connections and never answers
-                seg = stalled[0]
-                raise WorkerError(f"writer worker {seg.worker} has not finished writing {seg.table} rows "
-                                  f"[{seg.start}, {seg.end}) in {self.stall_timeout:.0f} s: "
-                                  f"{self.location} does not answer")
+            now = time.monotonic()
+            if now >= self._next_watch:  # (not at every call: asking a worker's state is a syscall and a selector)
+                self._next_watch = now + _WATCH_SECONDS
+                self._watch_workers(now)
         if self._starting is None:  # (nothing is committed before the workers are started: see `_take_pool`)
             self.committer.commit()
+
+    def _watch_workers(self, now: float) -> None:
+        """Raise `WorkerError` if a worker died, or has not finished a segment within `stall_timeout`."""
+        assert self._pool is not None
+        if self._pool.dead():
+            raise WorkerError(self._lost(), cli=self._lost("Run the same command again with --resume to "
+                                                           "finish."))
+        stalled = [seg for seg in self._segments.in_flight.values() if now - seg.sent > self.stall_timeout]
+        if stalled:  # alive but stuck: a store that accepts connections and never answers
+            seg = stalled[0]
+            raise WorkerError(f"writer worker {seg.worker} has not finished writing {seg.table} rows "
+                              f"[{seg.start}, {seg.end}) in {self.stall_timeout:.0f} s: "
+                              f"{self.location} does not answer")
 
     def _lost(self, remedy: str = "Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).") -> str:
         """The message for a dead worker: who, and which episodes' rows it held; then `remedy`."""
