@@ -11,7 +11,10 @@ second on one core (a script building its model), the last case with 32 MiB shuf
   first epoch   rows/s from the construction to the end of the first epoch (start-up included), against the
                 second epoch in the same process (the steady uncached epoch)
 Targets on 2 cores: first batch <= 50 ms after the loop starts; first epoch >= 0.5x the steady epoch.
-One process per measurement, alternating the two cases, medians of --repeat; the ratios are printed last.
+One process per measurement, alternating the cases, medians of --repeat; the ratios are printed last. The
+measured process imports only zarrfeed and the standard library, as a minimal training script would: each
+worker runs the script again (the start method's rule), so a script's own heavy imports add to its workers'
+start.
 """
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-from common import add_json_option, parser, synthetic_dataset, write_json
 
 # (seconds of the script's own work before it makes the loader, the loader's shuffle_bytes: None is the default
 # window, the whole table up to 1 GiB, every chunk of which the first batch holds rows of)
@@ -55,6 +57,10 @@ def one(path: str, work: float, shuffle_bytes: int | None) -> dict:
 
 
 def main() -> None:
+    # (imported here, not at the top: each loader worker runs this script again, as a fork server's workers do,
+    # and a training script's own imports are its own; bench/common.py imports zarr)
+    from common import add_json_option, parser, synthetic_dataset, write_json
+
     p = parser(__doc__)
     p.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     add_json_option(p)
