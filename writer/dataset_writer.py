@@ -9,8 +9,6 @@ seconds the parent also sends partly filled segments (so little is ever uncommit
 segment shares with the next one is written under zarr's per-chunk file lock, in a folder outside the
 dataset. When every row of an episode is written, the episode is committed: a new manifest holding the row
 counts and the journal of episode keys is published in one atomic write (docs/architecture.md#commits).
-The workers start in the background (in a fresh process the fork server starts first, about a quarter of a
-second): until they are up the parent writes full segments itself, and commits nothing.
 """
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..core.keywords import count, seconds, spelled_out
-from ..core._proc.pool import Failed, PoolStart, WorkerPool, describe_exit, start_fork_server_early
+from ..core._proc.pool import Failed, WorkerPool, describe_exit, start_fork_server_early
 from ..core.errors import WorkerError, WriteRefused
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
@@ -109,7 +107,6 @@ class DatasetWriter:
         self._buffers: SegmentBuffers | None = None
         self._lock_dir: str | None = None
         self._pool: WorkerPool | None = None
-        self._starting: PoolStart | None = None  # the workers, until they are started
         # the parent's own calls on an object store are bounded like the workers' (see bounded_calls.bounded)
         self.committer = Committer(self.location, schema, mode=mode, overwrite=overwrite, chunks=chunks,
                                    compressor=compressor, coordinator=coordinator, lease_timeout=lease_timeout,
@@ -134,15 +131,14 @@ class DatasetWriter:
             self._buffers = SegmentBuffers(self.schema.tables, len(self.schema.tables) + 2 * max(workers, 1),
                                            max(segment_bytes, 2 * max(chunk_bytes), *shard_bytes), align)
             self._shared_chunks = 0
-            if workers > 0:  # started behind the first episodes, which this process writes meanwhile
-                self._starting = PoolStart(workers, write_worker.setup,
-                                           (self.location, self.schema.tables, self._sync, self._buffers.blocks,
-                                            self.committer.fence),
-                                           "writer worker", start_method)
+            if workers > 0:
+                self._pool = WorkerPool(workers, write_worker.setup,
+                                        (self.location, self.schema.tables, self._sync, self._buffers.blocks,
+                                         self.committer.fence),
+                                        "writer worker", start_method)
             self._load = [0] * max(workers, 1)
             self._next_watch = 0.0  # when `_collect` next looks for dead or stalled workers
         except BaseException:
-            self._kill_workers()
             self._free_memory()
             self.committer.abandon()
             raise
@@ -159,9 +155,7 @@ class DatasetWriter:
 
     @property
     def worker_pids(self) -> list[int]:
-        """The writer processes' pids (empty with workers=0): for monitoring, or a test that kills one. Waits for
-        them to start."""
-        self._take_pool(wait=True)
+        """The writer processes' pids (empty with workers=0): for monitoring, or a test that kills one."""
         return self._pool.pids() if self._pool else []
 
     @property
@@ -331,7 +325,6 @@ class DatasetWriter:
         """Write everything submitted so far and commit it."""
         self._check_open()
         with self._stopping():
-            self._take_pool(wait=True)
             self._flush()
             while self._segments.in_flight:
                 self._collect(timeout=0.1)
@@ -344,7 +337,6 @@ class DatasetWriter:
             return self.committed
         try:
             self.sync()
-            self._take_pool(wait=True)
             if self._pool:
                 self._pool.stop()
             with self._stopping(every_error=False):
@@ -369,7 +361,8 @@ class DatasetWriter:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):  # never closed: stop the workers and free memory, commit nothing
             try:
-                self._kill_workers()
+                if self._pool:
+                    self._pool.kill()
                 self._shutdown()
             except Exception:  # at interpreter exit, modules it needs may be gone already
                 pass
@@ -403,8 +396,7 @@ class DatasetWriter:
             return
         self.committer.check_lease()  # a writer that lost its lease, or was paused past it, writes nothing more
         self.committer.grow(table, seg.end)
-        self._take_pool(wait=False)
-        if self._pool is None:  # no workers (yet): written here
+        if self._pool is None:
             rows = self._segments.rows(seg)
             writes = write_rows(self._arrays[table], seg.start, rows, self._sync, self.committer.check_lease,
                                 sync_later=True)
@@ -428,31 +420,8 @@ class DatasetWriter:
             self._load[seg.worker] -= 1
         self.committer.stored(seg.table, seg.start, seg.end, writes)
 
-    def _take_pool(self, wait: bool) -> None:
-        """The workers, once started (`wait`: wait for them). If they could not start, the writer stops as if it
-        never had (nothing is committed before they are: the dataset it created is removed) and raises what
-        their start raised (`WorkerError`)."""
-        if self._starting is not None and (wait or self._starting.done()):
-            starting, self._starting = self._starting, None
-            try:
-                self._pool = starting.result()
-            except BaseException:
-                self._closed = True
-                self._free_memory()
-                self.committer.abandon()
-                raise
-
-    def _kill_workers(self) -> None:
-        """Kill the workers, started or still starting."""
-        if self._starting is not None:
-            starting, self._starting = self._starting, None
-            starting.cancel()
-        if self._pool:
-            self._pool.kill()
-
     def _collect(self, timeout: float) -> None:
         """Take finished segments from the workers; commit when it is time. Raises `WorkerError`."""
-        self._take_pool(wait=False)
         if self._pool is not None:
             for reply in self._pool.poll(timeout):
                 if isinstance(reply, Failed):
@@ -467,8 +436,7 @@ class DatasetWriter:
             if now >= self._next_watch:  # (not at every call: asking a worker's state is a syscall and a selector)
                 self._next_watch = now + _WATCH_SECONDS
                 self._watch_workers(now)
-        if self._starting is None:  # (nothing is committed before the workers are started: see `_take_pool`)
-            self.committer.commit()
+        self.committer.commit()
 
     def _watch_workers(self, now: float) -> None:
         """Raise `WorkerError` if a worker died, or has not finished a segment within `stall_timeout`."""
@@ -545,7 +513,8 @@ class DatasetWriter:
         if remove is None:
             remove = not isinstance(exc, (KeyboardInterrupt, WorkerError)) and not refused
         try:
-            self._kill_workers()
+            if self._pool:
+                self._pool.kill()
             self.committer.fail(exc, remove=remove, said=refused)  # a refusal says what is committed
         finally:
             self._shutdown()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from ...core._proc.pool import in_the_fork_server
 from . import gather_numpy
 
 gather, gather_runs = gather_numpy.gather, gather_numpy.gather_runs
@@ -19,8 +20,9 @@ if os.environ.get("ZARRFEED_GATHER", "").lower() != "numpy":
 
         gather, gather_runs, KERNEL = _gather.gather, _gather.gather_runs, "c"
     except ImportError:
-        warnings.warn("zarrfeed: the C gather kernel was not built (was there a C compiler at install?); batches "
-                      "are gathered with numpy, about 10 times slower per row (python bench/bench_gather.py). "
-                      "Reinstall with a C compiler (gcc) for full speed.", stacklevel=2)
+        if not in_the_fork_server():  # (the parent of its workers, which imported this too, has said it)
+            warnings.warn("zarrfeed: the C gather kernel was not built (was there a C compiler at install?); "
+                          "batches are gathered with numpy, about 10 times slower per row (python "
+                          "bench/bench_gather.py). Reinstall with a C compiler (gcc) for full speed.", stacklevel=2)
 
 __all__ = ["KERNEL", "gather", "gather_runs"]

@@ -365,7 +365,7 @@ def start_fork_server_early() -> None:
     (see `zarrfeed.core._proc.early_fork_server`)."""
     from . import early_fork_server
 
-    if (not early_fork_server or mp.parent_process() is not None or _in_the_fork_server()
+    if (not early_fork_server or mp.parent_process() is not None or in_the_fork_server()
             or getattr(mp.current_process(), "_inheriting", False)):  # (a worker unpickling what it was sent)
         return
     ctx = context(None)
@@ -375,7 +375,27 @@ def start_fork_server_early() -> None:
     _ensure_fork_server()
 
 
-def _in_the_fork_server() -> bool:
+def _forget_the_fork_server() -> None:
+    """In a child this process forked (os.fork, a torch rank started with "fork"): the fork server is its
+    parent's, not its own, and multiprocess would wait for it as for a child ("ChildProcessError: No child
+    processes" at the child's first pool). The child starts its own when it needs one; its parent's lock, which a
+    thread may have held at the fork, is replaced."""
+    from multiprocess import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        try:  # (the parent's server then exits with the parent alone)
+            os.close(server._forkserver_alive_fd)
+        except OSError:
+            pass
+    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+    server._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_fork_server)
+
+
+def in_the_fork_server() -> bool:
     """Whether this process is a fork server importing its preloaded modules (multiprocess's `forkserver.main`
     is on the stack): it has no parent process of multiprocessing's to tell it apart otherwise."""
     frame: Any = sys._getframe()
@@ -560,63 +580,6 @@ class WorkerPool:
         for c in self.conns:
             if c is not None:
                 c.close()
-
-
-class PoolStart:
-    """A `WorkerPool` being started in a thread of its own, so that its caller works meanwhile (a writer's first
-    segments, written in its own process): in a fresh process the fork server starts first, a new interpreter
-    importing numpy, numcodecs and the worker modules (about 0.25 s here, a quarter of a gigabyte's ingest).
-    `result()` waits and returns the pool, or raises what its start raised; `cancel()` kills it, now or once
-    it has started. With start method "fork" the pool is started at once, in the caller's thread: a process
-    forked while another of its threads works may inherit a lock held there, and hang."""
-
-    def __init__(self, n: int, setup: Callable[..., Callable[[Any], Any]], args: tuple, name: str,
-                 start_method: str | None = None) -> None:
-        self._pool: WorkerPool | None = None
-        self._error: BaseException | None = None
-        self._cancelled = False
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = threading.Thread(
-            target=self._start, args=(n, setup, args, name, start_method), name=f"zarrfeed-{name}-start",
-            daemon=True)
-        if context(start_method).get_start_method() == "fork":
-            self._pool = WorkerPool(n, setup, args, name, start_method)  # (its errors raised here)
-            self._thread = None
-        else:
-            self._thread.start()
-
-    def _start(self, *pool_args: Any) -> None:
-        try:
-            pool = WorkerPool(*pool_args)
-        except BaseException as exc:  # (raised by `result`, in the caller's thread)
-            self._error = exc
-            return
-        with self._lock:
-            if self._cancelled:
-                pool.kill()
-            else:
-                self._pool = pool
-
-    def done(self) -> bool:
-        """Whether the start is over (started or failed)."""
-        return self._thread is None or not self._thread.is_alive()
-
-    def result(self) -> WorkerPool:
-        """The started pool (waiting for it); what its start raised, raised here."""
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._pool is not None  # (started, and not cancelled: a cancelled start is never asked for)
-        return self._pool
-
-    def cancel(self) -> None:
-        """Kill the pool: now if it is started, else as soon as it is."""
-        with self._lock:
-            self._cancelled = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.kill()
 
 
 def describe_exit(name: str, wid: int, pid: int, code: int | None) -> str:
