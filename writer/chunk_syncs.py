@@ -1,7 +1,7 @@
 """`ChunkSyncs`: the fsyncs of chunk files a writer stored without waiting for the disk, done beside the writing.
 
 A writer's workers store each whole chunk (one no commit names yet) and go on compressing the next, instead of
-waiting about a millisecond per file for the disk (a third of their time on this machine's disk). Two threads
+waiting about a millisecond per file for the disk (a fifth of their time on this machine's disk). Two threads
 of the writer's process fsync those files meanwhile, and a segment's rows count as stored, and so can be
 committed, only once all its files are synced: a commit waits for what it publishes, and nothing else.
 Threads, not a process: an fsync waits on the disk with the GIL released.
