@@ -54,11 +54,6 @@ class ChunkSyncs:
             done.append(rows)
         return done
 
-    @property
-    def pending(self) -> int:
-        """How many syncs are not yet taken by `synced`."""
-        return len(self._pending)
-
     def close(self) -> None:
         """Stop the threads once their syncs are done; pending rows are not taken (a writer that failed)."""
         if self._pool is not None:
