@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
-import pyarrow as pa
 
 from ..core import chunk_check, commit_log_reads, dataset_format, manifest_io, not_a_dataset
-from ..core.arrow_records import records_to_arrow
 from ..core.chunk_check import ChunkCheck
 from ..core.chunks import Check, check_chunk, read_coordinates, read_rows
 from ..core.errors import ChunkChanged, ChunkError, FormatError
@@ -21,7 +19,11 @@ from ..core.schema import Schema, field_names
 from ..core.bounded_calls import bounded
 from ..core.location import Location
 from ..core.zarr_array import Array, Group
-from .arrow_bridge import ArrowStream, table_batches
+
+if TYPE_CHECKING:  # (imported where used: pyarrow takes a tenth of a second to import, see `zarrfeed.loader`)
+    import pyarrow as pa
+
+    from .arrow_bridge import ArrowStream
 
 
 STEPS = "steps"  # a replay buffer's step tables read together (see `read_rows`)
@@ -540,6 +542,8 @@ class Dataset:
                 (`{"agents": "agent_index_interval"}`): a list<struct> column of each row's child rows.
             row_index: The name of a column to add holding each row's index in the table (default: none).
         """
+        from .arrow_bridge import table_batches
+
         return table_batches(self, table, batch_size, fields, join, row_index)
 
     def to_arrow(self, table: str, fields: list[str] | str | None = None) -> pa.Table:
@@ -553,6 +557,8 @@ class Dataset:
         agrees while a writer appends."""
         import dask.dataframe as dd
         import pandas as pd
+
+        from ..core.arrow_records import records_to_arrow
 
         if table not in self.tables:
             raise ValueError(f"table: no table {table!r} (tables: {', '.join(self.tables)})")
@@ -629,6 +635,8 @@ class _Partition(NamedTuple):
 def _dask_partition(piece: _Partition) -> Any:
     """A partition's rows as a pandas DataFrame indexed by row number."""
     import pandas as pd
+
+    from ..core.arrow_records import records_to_arrow
 
     ds = Dataset.reopen(piece.location, piece.commit, piece.check)
     rows = ds.read_rows(piece.table, piece.start, piece.end)

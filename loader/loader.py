@@ -20,7 +20,6 @@ from ..core.keywords import spelled_out
 from ..core._proc.pool import start_fork_server
 from ..core._proc.shm import ShmSpaceError, available_memory
 from .engine import probe, read_worker, view_check
-from .arrow_bridge import to_arrow
 from .dataset import Dataset
 from .engine.fetch import FetchOptions
 from .kinds.base import start_worker
@@ -337,6 +336,8 @@ class Loader:
             self._finalizer = weakref.finalize(self, self._run.free)
         sched = Epoch(self._run, plan, first, keep_cache=self.cache_bytes > 0)
         handout = Handout(self.copy, self.check_views)
+        if self.output == "arrow":  # (imported here: see `zarrfeed.loader`)
+            from .arrow_bridge import to_arrow
         finished = False
         self._active = True
         try:

@@ -155,6 +155,22 @@ def test_worker_modules_load_only_what_workers_use():
     assert out.stdout.strip() == "[]"
 
 
+def test_importing_the_api_leaves_out_arrow_and_progress_bars():
+    """A script that writes or loads batches imports neither pyarrow nor tqdm until it uses them (a tenth of a
+    second), and nor does the loaders' fork server, which imports `zarrfeed.loader`; the Arrow functions are
+    there when asked for."""
+    code = ("import sys, zarrfeed.core._proc as p; p.early_fork_server = False; "
+            "import zarrfeed.loader, zarrfeed.writer.dataset_writer; "
+            "print(sorted(m for m in ('pyarrow', 'tqdm') if m in sys.modules)); "
+            "from zarrfeed.loader import to_arrow, from_arrow, export_parquet; print('pyarrow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "True"]
+    import zarrfeed.loader
+
+    assert {"Loader", "to_arrow", "export_parquet"} <= set(dir(zarrfeed.loader))
+
+
 def test_lazy_exports_are_all_there():
     import zarrfeed.writer
 
