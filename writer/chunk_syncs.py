@@ -32,6 +32,7 @@ class ChunkSyncs:
         self._store, self._what = store, what
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[tuple[Future, StoredRows]] = []
+        self._ready: list[StoredRows] = []  # synced, found by a call that then raised: the next call's
 
     def add(self, keys: list[str], rows: StoredRows) -> None:
         """Sync objects `keys`, which hold `rows`."""
@@ -42,15 +43,19 @@ class ChunkSyncs:
     def synced(self, wait: bool, timeout: float | None = None) -> list[StoredRows]:
         """The rows whose objects are now synced (`wait`: all of them, each wait bounded by `timeout` seconds);
         they are no longer pending. A sync that failed (an EIO, a full disk) raises its error here, and its rows
-        are never returned."""
-        done = []
+        are never returned (those synced before it are, by the next call)."""
+        done, self._ready = self._ready, []
         for entry in list(self._pending):
             future, rows = entry
             if not (wait or future.done()):
                 continue
             self._pending.remove(entry)
-            bounded(timeout, future.result, f"{self._what}: syncing rows [{rows.start:,}, {rows.end:,}) of "
-                                            f"{rows.table}")
+            try:
+                bounded(timeout, future.result, f"{self._what}: syncing rows [{rows.start:,}, {rows.end:,}) of "
+                                                f"{rows.table}")
+            except BaseException:
+                self._ready = done
+                raise
             done.append(rows)
         return done
 
@@ -59,4 +64,4 @@ class ChunkSyncs:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-        self._pending = []
+        self._pending, self._ready = [], []

@@ -73,3 +73,26 @@ def test_a_sync_that_fails_stops_the_writer_and_resume_writes_its_rows(tmp_path,
     ds = Dataset.open(path)
     for table, want in expected_tables(episodes).items():
         np.testing.assert_array_equal(ds.read_rows(table, 0, ds.rows[table]), want, err_msg=table)
+
+
+def test_rows_synced_before_a_failed_sync_are_still_taken():
+    """One call finds rows synced and then a sync that failed: it raises, and the next call returns the rows synced
+    before the failure (they are durable: the failure's last commit includes them)."""
+    from zarrfeed.writer.chunk_syncs import ChunkSyncs, StoredRows
+
+    class Store:
+        def sync_objects(self, keys):
+            if keys == ["bad"]:
+                raise OSError(errno.EIO, "Input/output error", "agents/1")
+
+    syncs = ChunkSyncs(Store(), "test")
+    syncs.add(["good"], StoredRows("agents", 0, 100))
+    syncs.add(["bad"], StoredRows("agents", 100, 200))
+    syncs.add(["later"], StoredRows("agents", 200, 300))
+    try:
+        with pytest.raises(OSError, match="Input/output error"):
+            syncs.synced(wait=True)
+        assert syncs.synced(wait=True) == [StoredRows("agents", 0, 100), StoredRows("agents", 200, 300)]
+        assert syncs.synced(wait=True) == []
+    finally:
+        syncs.close()

@@ -74,3 +74,24 @@ def test_the_command_line_starts_none_for_a_command_without_workers(tmp_path):
         print("server", fs._forkserver._forkserver_pid)
         """, tmp_path)
     assert out.splitlines()[-1] == "server None"
+
+
+def test_a_worker_of_the_standard_librarys_pools_starts_none(tmp_path):
+    """A standard library pool's worker that imports zarrfeed (a data-prep task that opens a dataset) makes no pool
+    of ours: it starts no fork server (an interpreter importing numpy, per worker)."""
+    (tmp_path / "task.py").write_text(textwrap.dedent("""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        def task(i):
+            import zarrfeed.loader
+            import multiprocess.forkserver as fs
+            return fs._forkserver._forkserver_pid
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as ex:
+                print(list(ex.map(task, range(2))))
+        """))
+    result = subprocess.run([sys.executable, "task.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "[None, None]"

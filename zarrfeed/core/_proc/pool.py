@@ -360,12 +360,14 @@ def start_fork_server_early() -> None:
     imported (`DatasetWriter`'s, the loaders'): its new interpreter imports numpy, numcodecs and the worker
     modules (a quarter to half a second here) while the script goes on (making its data, its model), so that the
     first pool does not wait for it. Starting it is a fork and exec (safe beside threads), a few milliseconds; the
-    server exits with this process. Only in the user's own process: not in the fork server or a worker (they
-    import these modules too), nor where the default start method is not "forkserver", nor in the command line
-    (see `zarrfeed.core._proc.early_fork_server`)."""
+    server exits with this process. Only in the user's own process: not in the fork server or a worker, ours or
+    one of the standard library's pools (they import these modules too), nor where the default start method is
+    not "forkserver", nor in the command line (see `zarrfeed.core._proc.early_fork_server`)."""
     from . import early_fork_server
 
+    std = sys.modules.get("multiprocessing")  # (a worker of the standard library's pools has imported it)
     if (not early_fork_server or mp.parent_process() is not None or in_the_fork_server()
+            or (std is not None and std.parent_process() is not None)
             or getattr(mp.current_process(), "_inheriting", False)):  # (a worker unpickling what it was sent)
         return
     ctx = context(None)
