@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Mapping, Unpack
 import numpy as np
 
 from ..core.keywords import count, seconds, spelled_out
-from ..core._proc.pool import Failed, WorkerPool, describe_exit, start_fork_server_early
+from ..core._proc.pool import SAY_STALL_AFTER, Failed, WorkerPool, describe_exit, start_fork_server_early
 from ..core.errors import WorkerError, WriteRefused
 from ..core.keys import Key, Position, check_key, fingerprint
 from . import chunk_locks
@@ -137,6 +137,7 @@ class DatasetWriter:
                                         "writer worker", start_method)
             self._load = [0] * max(workers, 1)
             self._next_watch = 0.0  # when `_collect` next looks for dead or stalled workers
+            self._said_stopped: set[int] = set()  # pids of stopped workers said in the log
         except BaseException:
             self._free_memory()
             self.committer.abandon()
@@ -440,17 +441,35 @@ class DatasetWriter:
         self.committer.commit()
 
     def _watch_workers(self, now: float) -> None:
-        """Raise `WorkerError` if a worker died, or has not finished a segment within `stall_timeout`."""
+        """Raise `WorkerError` if a worker died, or has not finished a segment within `stall_timeout`; say in the
+        log, once, a worker that is stopped (SIGSTOP, a debugger) with a segment unwritten for `SAY_STALL_AFTER`
+        seconds: it is not dead, and goes on when continued, so the writer waits for it, but not silently."""
         assert self._pool is not None
         if self._pool.dead():
             raise WorkerError(self._lost(), cli=self._lost("Run the same command again with --resume to "
                                                            "finish."))
-        stalled = [seg for seg in self._segments.in_flight.values() if now - seg.sent > self.stall_timeout]
-        if stalled:  # alive but stuck: a store that accepts connections and never answers
+        late = [seg for seg in self._segments.in_flight.values()
+                if now - seg.sent > min(SAY_STALL_AFTER, self.stall_timeout)]
+        if not late:
+            return
+        stopped = dict(self._pool.stopped())
+        for seg in late:
+            pid = stopped.get(seg.worker)
+            if pid is not None and pid not in self._said_stopped:
+                self._said_stopped.add(pid)
+                log.warning("zarrfeed: writer worker %d (pid %d) is stopped with %s rows [%d, %d) unwritten; the "
+                            "writer waits for it (`kill -CONT %d` resumes it; stall_timeout=%.0f s ends the wait)",
+                            seg.worker, pid, seg.table, seg.start, seg.end, pid, self.stall_timeout)
+        stalled = [seg for seg in late if now - seg.sent > self.stall_timeout]
+        if stalled:
             seg = stalled[0]
-            raise WorkerError(f"writer worker {seg.worker} has not finished writing {seg.table} rows "
-                              f"[{seg.start}, {seg.end}) in {self.stall_timeout:.0f} s: "
-                              f"{self.location} does not answer")
+            pid = stopped.get(seg.worker)
+            why = (f"it is stopped (pid {pid}: SIGSTOP, Ctrl+Z or a debugger)" if pid is not None else
+                   f"{self.location} does not answer")  # alive, running, stuck: a store that never answers
+            said = (f"writer worker {seg.worker} has not finished writing {seg.table} rows [{seg.start}, {seg.end}) "
+                    f"in {self.stall_timeout:.0f} s: {why}; {self._kept()}.")
+            raise WorkerError(f"{said} Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).",
+                              cli=f"{said} Run the same command again with --resume to finish.")
 
     def _lost(self, remedy: str = "Reopen with mode='a' and re-send missing() (or ingest(..., resume=True)).") -> str:
         """The message for a dead worker: who, and which episodes' rows it held; then `remedy`."""

@@ -18,8 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ...core._proc.pool import SAY_STALL_AFTER
+
 log = logging.getLogger("zarrfeed.loader")
-STALL = 10.0  # seconds with nothing moving before the wait is said in the log
+STALL = SAY_STALL_AFTER  # seconds with nothing moving before the wait is said in the log
 _RECHECK = 1.0  # seconds between looks at who holds the wait up, once it is long
 
 

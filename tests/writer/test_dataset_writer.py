@@ -315,3 +315,31 @@ def test_every_argument_after_path_and_schema_is_keyword_only(tmp_path):
     with pytest.raises(TypeError):
         DatasetWriter(tmp_path / "d.zarr", L5KIT_SCHEMA, 0)
     assert not (tmp_path / "d.zarr").exists()
+
+
+def test_a_stopped_worker_is_said_then_named_when_the_wait_ends(tmp_path, monkeypatch, caplog):
+    """A worker stopped (SIGSTOP) with a segment unwritten is not dead: the writer waits for it, says so in the log
+    once the segment has waited a while, and at `stall_timeout` stops with one line naming the stopped worker
+    (not the store)."""
+    import zarrfeed.writer.dataset_writer as dataset_writer
+
+    monkeypatch.setattr(dataset_writer, "SAY_STALL_AFTER", 0.3)
+    episodes = list(synthetic.episodes(40, seed=5, frames=40, agents_per_frame=50))
+    w = DatasetWriter(tmp_path / "d.zarr", workers=2, chunks={"agents": 400, "frames": 40}, segment_bytes=1 << 15,
+                      stall_timeout=2.0)
+    pid = w.worker_pids[0]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.WARNING, logger="zarrfeed.writer"):
+            with pytest.raises(WorkerError, match=rf"writer worker 0 has not finished writing .* in 2 s: it is "
+                                                  rf"stopped \(pid {pid}: SIGSTOP"):
+                with w:
+                    w.ingest(episodes)
+        said = [r.getMessage() for r in caplog.records if "is stopped" in r.getMessage()]
+        assert len(said) == 1 and f"writer worker 0 (pid {pid}) is stopped" in said[0], said
+        assert f"kill -CONT {pid}" in said[0]
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass

@@ -157,6 +157,11 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+# seconds a wait on a process may last with nothing moving before it is said in the log (loaders and writers), so
+# that a wait on a stopped process (SIGSTOP, Ctrl+Z, a debugger), which is right to wait, is never a silent one
+SAY_STALL_AFTER = 10.0
+
+
 def is_stopped(pid: int) -> bool:
     """Whether process `pid` is stopped (SIGSTOP, Ctrl+Z, a debugger or tracer, a frozen cgroup's SIGSTOP): it
     lives, holds what it holds, and does nothing until it gets SIGCONT."""
