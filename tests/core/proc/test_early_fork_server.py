@@ -95,3 +95,46 @@ def test_a_worker_of_the_standard_librarys_pools_starts_none(tmp_path):
     result = subprocess.run([sys.executable, "task.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "[None, None]"
+
+
+def test_workers_get_the_environment_and_umask_set_after_the_import(tmp_path):
+    """The fork server starts when the script imports zarrfeed; what the script sets afterwards (an environment
+    variable such as CUDA_VISIBLE_DEVICES or S3 credentials, a private umask) still reaches the workers of a pool
+    it starts later, as it did when the server started with the first pool."""
+    (tmp_path / "probe_env.py").write_text(textwrap.dedent("""
+        import os
+
+        def setup(wid):
+            def handle(msg):
+                with open("/proc/self/status") as f:
+                    umask = next(line.split()[1] for line in f if line.startswith("Umask:"))
+                return os.environ.get("ZF_SET_AFTER_IMPORT"), umask
+            return handle
+        """))
+    (tmp_path / "script.py").write_text(textwrap.dedent("""
+        import os
+        import zarrfeed.loader  # starts the fork server, with the environment and umask of now
+        import multiprocess.forkserver as fs
+        from zarrfeed.core._proc.pool import WorkerPool
+        import probe_env
+
+        if __name__ == "__main__":
+            assert fs._forkserver._forkserver_pid is not None
+            os.environ["ZF_SET_AFTER_IMPORT"] = "yes"
+            os.umask(0o077)
+            pool = WorkerPool(1, probe_env.setup, (), "probe")
+            try:
+                pool.send(0, "go")
+                replies = []
+                for _ in range(120):
+                    replies += pool.poll(1.0)
+                    if replies:
+                        break
+                print(replies)
+            finally:
+                pool.stop()
+        """))
+    result = subprocess.run([sys.executable, "script.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "ZF_SET_AFTER_IMPORT": "no"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[('yes', '0077')]"

@@ -168,12 +168,43 @@ def is_stopped(pid: int) -> bool:
     return process_state(pid) in ("T", "t")
 
 
+@dataclass(frozen=True)
+class ParentSettings:
+    """What a worker takes from its parent as the pool starts: the environment and the umask. A worker forked from
+    the fork server would otherwise have the server's, from when the server started (at the script's import of
+    zarrfeed): a script that sets `CUDA_VISIBLE_DEVICES`, S3 credentials or a private umask after its imports
+    expects its workers to have them. (What a library the server imported read from the environment as it was
+    imported, numpy's BLAS threads for one, stays as it was then.)"""
+
+    environ: dict[str, str]
+    umask: int | None
+
+    @classmethod
+    def now(cls) -> "ParentSettings":
+        umask = None
+        try:  # (from /proc: setting it to read it, as os.umask does, would race with this process's threads)
+            with open("/proc/self/status") as f:
+                umask = next((int(line.split()[1], 8) for line in f if line.startswith("Umask:")), None)
+        except (OSError, ValueError):
+            pass
+        return cls(dict(os.environ), umask)
+
+    def apply(self) -> None:
+        if os.environ != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        if self.umask is not None:
+            os.umask(self.umask)
+
+
 def _serve(wid: int, conn: Any, parent_pid: int, blosc_threads: int,
-           setup: Callable[..., Callable[[Any], Any]], args: tuple) -> None:
+           setup: Callable[..., Callable[[Any], Any]], args: tuple, parent: ParentSettings | None = None) -> None:
     """A worker's life (see the module docstring). A parent that dies (even SIGKILLed with replies unread,
     which resets the pipe) ends it quietly: the parent's death is the message, not a traceback per worker."""
     import numcodecs.blosc
 
+    if parent is not None:
+        parent.apply()
     args = _unpacked(args)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
@@ -434,7 +465,7 @@ class WorkerPool:
         self.conns[wid] = mine
         self.procs[wid] = self._ctx.Process(
             target=_serve, name=f"{self.name}-{wid}", daemon=True,
-            args=(wid, theirs, os.getpid(), self._threads, self._setup, _packed(self._args)))
+            args=(wid, theirs, os.getpid(), self._threads, self._setup, _packed(self._args), ParentSettings.now()))
         with sigint_held(tracker=self._ctx.get_start_method() != "fork"):  # ours, once the worker started
             try:
                 with script_unnamed_if_unreadable():
