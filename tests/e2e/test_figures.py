@@ -109,12 +109,13 @@ def test_a_marker_in_a_code_block_is_named(tmp_path, monkeypatch, page):
 # zarr-python 2 (the test extra holds zarr 3), so their main() runs with its measurements stubbed, down to the
 # write_json call, whose keys are then the script's own.
 BENCH = ROOT / "bench"
-RUN = {  # the smallest sizes at which each runs (all together about 20 s on 2 shared cores)
+RUN = {  # the smallest sizes at which each runs (all together about 30 s on 2 shared cores)
     "bench_serve.py": ["--scenes", "10", "--repeat", "1"],  # fewer: an ingest of 0 CPU ticks (divides by zero)
     "bench_ranks.py": ["--scenes", "1", "--repeat", "1"],
     "bench_dask.py": ["--scenes", "2", "--sources", "2", "--repeat", "1"],
     "bench_shuffle.py": ["--scenes", "2", "--repeat", "1"],
     "bench_v3.py": ["--scenes", "1", "--repeat", "1"],
+    "bench_startup.py": ["--scenes", "1", "--repeat", "1"],  # (3 processes, 2 of them after 1 s of work)
 }
 
 
