@@ -11,7 +11,7 @@ import polars as pl
 from zarrfeed.loader import Dataset, export_parquet
 from zarrfeed.writer import synthetic, write_dataset
 
-if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
+if __name__ == "__main__":  # workers import this script again (see "Start methods" in docs/guides/loading.md)
     tmp = Path(tempfile.mkdtemp())
     path = sys.argv[1] if len(sys.argv) > 1 else tmp / "scenes.zarr"
     if len(sys.argv) == 1:

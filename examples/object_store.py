@@ -10,7 +10,7 @@ import tempfile
 from zarrfeed.loader import Dataset, Loader
 from zarrfeed.writer import DatasetWriter, synthetic
 
-if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
+if __name__ == "__main__":  # workers import this script again (see "Start methods" in docs/guides/loading.md)
     if len(sys.argv) < 3:
         sys.exit(f"usage: python {sys.argv[0]} s3://BUCKET/PREFIX ENDPOINT_URL")
     url = sys.argv[1].rstrip("/") + "/scenes.zarr"

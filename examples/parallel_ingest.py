@@ -9,7 +9,7 @@ from pathlib import Path
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import DatasetWriter, synthetic
 
-if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
+if __name__ == "__main__":  # workers import this script again (see "Start methods" in docs/guides/loading.md)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()) / "scenes.zarr"
     episodes = list(synthetic.episodes(12, seed=0))
 

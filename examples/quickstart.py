@@ -10,7 +10,7 @@ import numpy as np
 from zarrfeed.loader import Dataset
 from zarrfeed.writer import Schema, synthetic, write_dataset
 
-if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
+if __name__ == "__main__":  # workers import this script again (see "Start methods" in docs/guides/loading.md)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
 
     summary = write_dataset(out / "scenes.zarr", synthetic.episodes(5, seed=0))

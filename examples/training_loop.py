@@ -16,7 +16,7 @@ def features(batch):  # runs in the loader's worker processes; closures and lamb
     return {"xy": batch["centroid"].astype(np.float32), "speed": speed.astype(np.float32)}
 
 
-if __name__ == "__main__":  # workers import this script again (see "Start methods" in the README)
+if __name__ == "__main__":  # workers import this script again (see "Start methods" in docs/guides/loading.md)
     if len(sys.argv) > 1:
         path = sys.argv[1]
     else:

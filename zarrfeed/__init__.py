@@ -38,3 +38,7 @@ def __getattr__(name: str) -> Any:
     if name not in _HOME:
         raise AttributeError(f"module 'zarrfeed' has no attribute {name!r}")
     return getattr(importlib.import_module(_HOME[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # what tab completion offers: the public API, not this module's own imports

@@ -293,7 +293,7 @@ class LeRobotLoader(Loader):
         steps = ds.schema.step_tables()
         if EPISODES not in ds.tables or not steps:
             raise FormatError(f"{ds.location}: LeRobotLoader reads episodes of steps (a LeRobot dataset or a "
-                              f"replay buffer); this is a {ds.schema.name} dataset")
+                              f"replay buffer); this is {ds.schema.described()}")
         if delta_timestamps is not None and not isinstance(delta_timestamps, Mapping):
             raise ValueError(f"delta_timestamps must map keys to lists of seconds, got {type(delta_timestamps)}")
         offsets = delta_offsets(delta_timestamps, _fps(ds, fps), steps)

@@ -227,7 +227,7 @@ class SequenceLoader(Loader):
         steps = ds.schema.step_tables()
         if EPISODES not in ds.tables or not steps:
             raise FormatError(f"{ds.location}: SequenceLoader reads a replay buffer (data/<key> arrays and "
-                              f"meta/episode_ends); this is a {ds.schema.name} dataset")
+                              f"meta/episode_ends); this is {ds.schema.described()}")
         names = field_names(np.dtype([(k, np.uint8) for k in steps]), keys, "keys")
         seqs = SequenceSamples(ds, names, sequence_length, pad_before, pad_after, episodes)
         self.samples, self.sequence_length = seqs, seqs.S

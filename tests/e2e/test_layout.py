@@ -171,6 +171,14 @@ def test_importing_the_api_leaves_out_arrow_and_progress_bars():
     assert {"Loader", "to_arrow", "export_parquet"} <= set(dir(zarrfeed.loader))
 
 
+def test_dir_of_the_package_is_its_public_api():
+    """`dir(zarrfeed)`, what tab completion in a REPL offers, lists the public names, not the module's imports."""
+    import zarrfeed
+
+    assert dir(zarrfeed) == sorted(zarrfeed.__all__)
+    assert {"Loader", "DatasetWriter", "Dataset", "Error"} <= set(dir(zarrfeed))
+
+
 def test_lazy_exports_are_all_there():
     import zarrfeed.writer
 

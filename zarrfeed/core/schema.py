@@ -172,6 +172,12 @@ class Schema:
         self.name = name
         self._check()
 
+    def described(self) -> str:
+        """What a dataset of this schema is, for messages: "an L5Kit dataset", "a replay buffer", ..."""
+        known = {"l5kit": "an L5Kit dataset", "replay_buffer": "a replay buffer (Diffusion Policy's)",
+                 "lerobot": "a LeRobot dataset"}
+        return known.get(self.name, f"a dataset of tables {', '.join(self.tables)}")
+
     def __repr__(self) -> str:
         return f"Schema({self.name!r}, tables={list(self.tables)}, links={[str(x) for x in self.links]})"
 

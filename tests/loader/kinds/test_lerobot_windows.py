@@ -171,7 +171,7 @@ def test_deltas_and_options_refused_in_one_line(lr_buffer, real_scene):
         LeRobotLoader(lr_buffer, DT, fps=FPS, frames="rgb")
     with pytest.raises(ValueError, match="episodes: index 8 is not an episode of the buffer's 8"):
         LeRobotLoader(lr_buffer, DT, fps=FPS, episodes=[8])
-    with pytest.raises(Exception, match="LeRobotLoader reads episodes of steps .* this is a l5kit dataset"):
+    with pytest.raises(Exception, match="LeRobotLoader reads episodes of steps .* this is an L5Kit dataset$"):
         LeRobotLoader(real_scene, fps=FPS)
 
 

@@ -98,7 +98,7 @@ def test_bad_options_are_one_line(dp_buffer, real_scene):
         SequenceLoader(dp_buffer, 4, episodes=np.ones(3, bool))
     with pytest.raises(ValueError, match="episodes: index 40 is not an episode of the buffer's 40"):
         SequenceLoader(dp_buffer, 4, episodes=[0, 40])
-    with pytest.raises(Exception, match="SequenceLoader reads a replay buffer .* this is a l5kit dataset"):
+    with pytest.raises(Exception, match="SequenceLoader reads a replay buffer .* this is an L5Kit dataset$"):
         SequenceLoader(real_scene, 4)
 
 
