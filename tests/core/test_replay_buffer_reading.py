@@ -138,7 +138,7 @@ def test_export_writes_the_episodes_and_the_steps(dp_buffer, tmp_path):
 
     out = zarrfeed("export", dp_buffer, tmp_path / "pq", "-q")
     assert out.returncode == 0, out.stderr
-    assert "exported 40 episodes, 5,913 steps" in out.stderr
+    assert "exported 40 episodes, 5,913 steps" in out.stdout
     steps = pq.read_table(tmp_path / "pq" / "steps")
     assert steps.num_rows == 5913 and steps.column_names == [*KEYS, "_row"]
     z = zarr.open_group(str(dp_buffer), mode="r")

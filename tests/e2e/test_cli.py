@@ -618,3 +618,18 @@ def test_export_refuses_a_folder_inside_its_dataset_and_a_file(small_dataset, tm
         r = zarrfeed("export", path, out, "-q")
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and said in r.stderr, r.stderr
     assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
+
+
+def test_summaries_go_to_stdout_and_progress_bars_only_to_a_terminal(tmp_path):
+    """Every command prints its summary on standard output, and a progress bar only to a terminal: `export`
+    printed its summary on stderr, and `mask` drew its bar into a redirected stderr."""
+    data = tmp_path / "d.zarr"
+    assert zarrfeed("ingest", data, "--synthetic", 3, "--workers", 0, "-q").returncode == 0
+    mask = zarrfeed("mask", data, "--workers", 0)  # no -q: stderr is a pipe, not a terminal
+    assert mask.returncode == 0, mask.stderr
+    assert "agents mask" not in mask.stderr and "agents_mask/0.5" in mask.stdout, (mask.stdout, mask.stderr)
+    export = zarrfeed("export", data, tmp_path / "pq", "--workers", 0)
+    assert export.returncode == 0, export.stderr
+    assert export.stdout.startswith("exported ") and export.stderr == "", (export.stdout, export.stderr)
+    arrow = zarrfeed("export", data, tmp_path / "a.arrows", "--format", "arrow", "--tables", "scenes")
+    assert arrow.returncode == 0 and arrow.stdout.startswith("wrote 3 rows of scenes"), (arrow.stdout, arrow.stderr)

@@ -42,12 +42,14 @@ def run(args: argparse.Namespace) -> int:
                                storage_options=store_options(args))
             rows = rows_text(r["rows"])
             print(f"exported {rows} to {args.out}/<table>/*.parquet: {decimal_size(r['bytes'])} of records in "
-                  f"{r['seconds']:.2f} s ({decimal_size(r['bytes'] / r['seconds'], 'B/s')})", file=sys.stderr)
+                  f"{r['seconds']:.2f} s ({decimal_size(r['bytes'] / r['seconds'], 'B/s')})")
             return 0
         if tables and len(tables) != 1:
             raise ValueError("--format arrow writes one table as one stream; name one with --tables")
         table = tables[0] if tables else ("steps" if ds.schema.step_tables() else "agents")
         stream = ds.to_batches(table)
         n = write_ipc_stream(stream, sys.stdout.buffer if args.out == "-" else args.out)
-        print(f"wrote {n:,} rows of {table} as an Arrow IPC stream to {args.out}", file=sys.stderr)
+        # (the summary on standard output, as every command's, unless the stream itself is there)
+        print(f"wrote {n:,} rows of {table} as an Arrow IPC stream to {args.out}",
+              file=sys.stderr if args.out == "-" else sys.stdout)
     return 0

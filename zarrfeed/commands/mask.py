@@ -6,7 +6,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from .common import Command, count_arg, fraction_arg, open_dataset, plural
+from .common import Command, count_arg, fraction_arg, open_dataset, plural, show_progress
 
 
 def add(command: Command) -> None:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.path}: not an L5Kit dataset (it needs tables scenes, frames and agents)")
         agents_mask.check_writable(ds)  # before the work, not after it
         t0 = time.perf_counter()
-        with tqdm(total=ds.rows["scenes"], unit="scene", desc="agents mask", disable=args.quiet,
+        with tqdm(total=ds.rows["scenes"], unit="scene", desc="agents mask", disable=not show_progress(args),
                   leave=False) as bar:
             mask = agents_mask.compute(ds, args.threshold, workers=args.workers, progress=bar.update)
         where = agents_mask.save(ds, mask, args.threshold)
