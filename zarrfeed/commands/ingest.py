@@ -45,6 +45,9 @@ def add(command: Command) -> None:
 
 
 def print_summary(summary: dict, committed: dict[str, int]) -> None:
+    if not summary["episodes"]:  # (a resumed ingest that was complete: no rate of nothing)
+        print(f"nothing to write: every episode of the input is committed ({rows_text(committed)})")
+        return
     rate = summary["bytes"] / max(summary["seconds"], 1e-9)
     print(f"wrote {plural(summary['episodes'], 'episode')} ({rows_text(summary['rows'])}), "
           f"{decimal_size(summary['bytes'])} in {summary['seconds']:.2f} s ({decimal_size(rate, 'B/s')}); "
@@ -83,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
             summary = w.ingest(episodes, resume=args.resume)
         except KeyboardInterrupt:
             w.abort()
-            print(f"zarrfeed: interrupted; committed {w.committed}. Run again with --resume to finish.",
-                  file=sys.stderr)
+            print(f"zarrfeed: interrupted; committed {rows_text(w.committed)}. Run the same command with --resume "
+                  "to finish.", file=sys.stderr)
             return 130
     print_summary(summary, w.committed)
     return 0
