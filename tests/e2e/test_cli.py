@@ -118,6 +118,9 @@ def test_load_prints_a_summary(real_scene):
     out = zarrfeed("load", real_scene, "--table", "agents", "--batch-size", "1000", "--epochs", "2", "-q")
     assert out.returncode == 0, out.stderr
     assert "loaded 41,604 rows of agents in 42 shuffled batches of 1000 over 2 epochs" in out.stdout
+    # the start-up said apart from the speed after it (on a small dataset it is most of the time)
+    assert re.search(r"the first batch after \d+ ms \(start-up\), then [\d,]+ rows/s, [\d.]+ [kMG]?B/s$",
+                     out.stdout.strip()), out.stdout
     bad = zarrfeed("load", real_scene, "--table", "lidar")
     assert bad.returncode == 2 and "table 'lidar' is not in" in bad.stderr
 

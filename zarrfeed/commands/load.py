@@ -29,7 +29,7 @@ def load_epochs(ds: Dataset, table: str, batch_size: int, workers: int, epochs: 
         itemsize = ds[table].dtype.itemsize
         total = loader.plan(0).per_rank * epochs  # every epoch reads as many rows (one rank, from its start)
         t0 = time.perf_counter()
-        first = None
+        first, first_rows = None, 0
         with tqdm(total=total * itemsize, unit="B", unit_scale=True, desc=f"loading {table}",
                   disable=not progress, smoothing=0.1) as bar:
             rows = 0
@@ -37,11 +37,12 @@ def load_epochs(ds: Dataset, table: str, batch_size: int, workers: int, epochs: 
                 for batch in loader:
                     n = len(next(iter(batch.values())))
                     rows += n
-                    first = first or time.perf_counter() - t0
+                    if first is None:
+                        first, first_rows = time.perf_counter() - t0, n
                     bar.update(n * itemsize)
         seconds = time.perf_counter() - t0
     return {"rows": rows, "bytes": rows * itemsize, "seconds": seconds, "first_batch": first or seconds,
-            "batches": len(loader) * epochs}
+            "first_rows": first_rows, "itemsize": itemsize, "batches": len(loader) * epochs}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,8 +54,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"table {args.table!r} is not in {args.path} (tables: {', '.join(ds.tables)})")
         r = load_epochs(ds, args.table, args.batch_size, args.workers, args.epochs, show_progress(args))
     batches = plural(r['batches'], 'shuffled batch', 'shuffled batches')
+    # the speed after the first batch, and the start-up (workers, first chunks decoded) apart: on a small dataset
+    # the start-up is most of the time, and a rate over both would say neither
+    rest, after = r["rows"] - r["first_rows"], r["seconds"] - r["first_batch"]
+    speed = (f"then {rest / after:,.0f} rows/s, {decimal_size(rest * r['itemsize'] / after, 'B/s')}"
+             if rest and after > 0 else "the only one")
     print(f"loaded {plural(r['rows'], 'row')} of {args.table} in {batches}"
-          f" of {args.batch_size} over {plural(args.epochs, 'epoch')}: {r['seconds']:.2f} s, "
-          f"{r['rows'] / r['seconds']:,.0f} rows/s, {decimal_size(r['bytes'] / r['seconds'], 'B/s')}; "
-          f"first batch after {r['first_batch'] * 1000:.0f} ms")
+          f" of {args.batch_size} over {plural(args.epochs, 'epoch')} in {r['seconds']:.2f} s: the first batch "
+          f"after {r['first_batch'] * 1000:.0f} ms (start-up), {speed}")
     return 0
