@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         print()
         r = load.load_epochs(ds, "agents", 4096, args.workers, 1, progress=show_progress(args))
         print(f"loaded {r['rows']:,} agents in shuffled batches of 4096 with {args.workers} loader workers: "
-              f"{r['rows'] / r['seconds']:,.0f} rows/s, {decimal_size(r['bytes'] / r['seconds'], 'B/s')}")
+              f"{load.speeds(r)}")
         from ..loader.parquet_export import export_parquet
 
         parquet = out.with_name(out.name + ".parquet")

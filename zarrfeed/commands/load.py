@@ -45,6 +45,15 @@ def load_epochs(ds: Dataset, table: str, batch_size: int, workers: int, epochs: 
             "first_rows": first_rows, "itemsize": itemsize, "batches": len(loader) * epochs}
 
 
+def speeds(r: dict) -> str:
+    """The start-up (to the first batch: workers, the first chunks decoded) and the speed after it, said apart:
+    on a small dataset the start-up is most of the time, and one rate over both would say neither."""
+    rest, after = r["rows"] - r["first_rows"], r["seconds"] - r["first_batch"]
+    speed = (f"then {rest / after:,.0f} rows/s, {decimal_size(rest * r['itemsize'] / after, 'B/s')}"
+             if rest and after > 0 else "the only one")
+    return f"the first batch after {r['first_batch'] * 1000:.0f} ms (start-up), {speed}"
+
+
 def run(args: argparse.Namespace) -> int:
     with open_dataset(args) as ds:
         if args.table is None:
@@ -54,12 +63,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"table {args.table!r} is not in {args.path} (tables: {', '.join(ds.tables)})")
         r = load_epochs(ds, args.table, args.batch_size, args.workers, args.epochs, show_progress(args))
     batches = plural(r['batches'], 'shuffled batch', 'shuffled batches')
-    # the speed after the first batch, and the start-up (workers, first chunks decoded) apart: on a small dataset
-    # the start-up is most of the time, and a rate over both would say neither
-    rest, after = r["rows"] - r["first_rows"], r["seconds"] - r["first_batch"]
-    speed = (f"then {rest / after:,.0f} rows/s, {decimal_size(rest * r['itemsize'] / after, 'B/s')}"
-             if rest and after > 0 else "the only one")
     print(f"loaded {plural(r['rows'], 'row')} of {args.table} in {batches}"
-          f" of {args.batch_size} over {plural(args.epochs, 'epoch')} in {r['seconds']:.2f} s: the first batch "
-          f"after {r['first_batch'] * 1000:.0f} ms (start-up), {speed}")
+          f" of {args.batch_size} over {plural(args.epochs, 'epoch')} in {r['seconds']:.2f} s: {speeds(r)}")
     return 0
