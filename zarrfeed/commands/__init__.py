@@ -23,7 +23,8 @@ from ..core.errors import FormatError, LeaseLost, LoaderError, ShmSpaceError, Wo
 from . import convert, demo, export, info, ingest, load, mask, plot, serve, status, validate
 from .common import CommandParser, Help, TopParser, in_cli_words, plural
 
-COMMANDS = (demo, ingest, convert, load, mask, export, info, status, serve, plot, validate)  # in the order --help lists
+# in the order --help lists them, a dataset's life: make it, look at it, read it, serve it
+COMMANDS = (demo, ingest, convert, info, validate, load, export, mask, plot, serve, status)
 
 
 def _check_workers(args: argparse.Namespace) -> None:
