@@ -470,8 +470,8 @@ def test_a_misspelt_flag_is_named_under_the_commands_usage_with_the_close_one(tm
 
 
 @pytest.mark.parametrize("args, said", [
-    (["lod"], "zarrfeed: error: no command 'lod'; did you mean load? (commands: demo, ingest, convert, load, mask, "
-              "export, info, status, serve, plot, validate)"),
+    (["lod"], "zarrfeed: error: no command 'lod'; did you mean load? (commands: demo, ingest, convert, info, "
+              "validate, load, export, mask, plot, serve, status)"),
     (["load", "D", "--batch-size", "0"], "zarrfeed load: error: argument --batch-size: expected a number >= 1, got 0"),
     (["ingest", "D", "--synthetic", "1", "--chunks", "agents=0"],
      "zarrfeed ingest: error: argument --chunks: 'agents=0': expected TABLE=ROWS, ROWS a whole number >= 1"),
