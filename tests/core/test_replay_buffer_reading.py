@@ -145,7 +145,7 @@ def test_export_writes_the_episodes_and_the_steps(dp_buffer, tmp_path):
     assert (from_arrow(steps.sort_by("_row"))["img"] == z["data/img"][:]).all()
     assert (from_arrow(pq.read_table(tmp_path / "pq" / "episodes"))["end"] == z["meta/episode_ends"][:]).all()
     out = zarrfeed("export", dp_buffer, tmp_path / "s.arrows", "--format", "arrow")
-    assert out.returncode == 0 and "5,913 rows of steps" in out.stderr, out.stderr
+    assert out.returncode == 0 and "5,913 rows of steps" in out.stdout, out.stderr
     with ipc.open_stream(tmp_path / "s.arrows") as reader:
         assert (from_arrow(reader.read_all())["state"] == z["data/state"][:]).all()
     out = zarrfeed("export", dp_buffer, tmp_path / "x", "--tables", "stepz")

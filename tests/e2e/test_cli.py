@@ -574,8 +574,8 @@ def test_sizes_are_never_printed_as_zero(small_dataset, tmp_path):
     assert [decimal_size(n) for n in (0, 87, 999, 1000, 12_500, 3.4e8, 2.2e9)] == \
         ["0 B", "87 B", "999 B", "1 kB", "12.5 kB", "340 MB", "2.2 GB"]
     r = zarrfeed("export", small_dataset(1, 3), tmp_path / "out", "--tables", "scenes", "-q")
-    assert r.returncode == 0 and " 0 MB" not in r.stderr and re.search(r": \d+ B of records in .* \(\d", r.stderr), \
-        r.stderr
+    assert r.returncode == 0 and " 0 MB" not in r.stdout and re.search(r": \d+ B of records in .* \(\d", r.stdout), \
+        r.stdout
 
 
 @pytest.mark.parametrize("flags, fsyncs", [([], True), (["--no-fsync"], False)])
