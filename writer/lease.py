@@ -196,14 +196,19 @@ def _refuse(location: Location, holder: Holder | None, timeout: float, locked: b
                      "over as soon as its process exits)")
 
 
+def _s3_code(exc: OSError) -> str | None:
+    """The S3 error code that s3fs keeps as the cause of the error it raises (not read from the message's text)."""
+    cause = exc.__cause__
+    return getattr(cause, "response", {}).get("Error", {}).get("Code") if cause is not None else None
+
+
 def _rejected(exc: OSError) -> bool:
-    """Whether a conditional PUT failed because its condition did not hold (the object changed or is gone),
-    told by the S3 error code that s3fs keeps as the cause, not by the message's text."""
+    """Whether a conditional PUT failed because its condition did not hold (the object changed or is gone)."""
+    if _s3_code(exc) == "NoSuchBucket":  # (s3fs raises FileNotFoundError for it too: not a condition)
+        return False
     if isinstance(exc, FileNotFoundError):  # If-Match on an object that no longer exists
         return True
-    cause = exc.__cause__
-    code = getattr(cause, "response", {}).get("Error", {}).get("Code") if cause is not None else None
-    return code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "NoSuchKey", "404")
+    return _s3_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "NoSuchKey", "404")
 
 
 class Lease:
@@ -429,6 +434,10 @@ class _S3Backend(_Backend):
         except OSError as exc:
             if _rejected(exc):
                 return False
+            if _s3_code(exc) == "NoSuchBucket":  # (it was said as a lease another writer holds)
+                raise FormatError(f"{self.location}: the bucket '{self.bucket}' does not exist on this store; create "
+                                  f"it first (`aws s3 mb s3://{self.bucket}`, or s3fs's `S3FileSystem.mkdir`)"
+                                  ) from None
             raise
 
     def _get(self) -> tuple[Holder | None, str | None]:

@@ -18,6 +18,7 @@ from zarrfeed.writer.lease import LeaseHeld
 
 from zarrfeed.cli import main
 from zarrfeed.core.chunks import ChunkError
+from zarrfeed.core.errors import FormatError
 from zarrfeed.core.location import Location
 
 from repo_paths import SUPPORT
@@ -78,6 +79,19 @@ def test_a_second_writer_on_s3_is_refused(s3):
         w.ingest(small_episodes(1, seed=1))
     with DatasetWriter(url, workers=0, mode="a", storage_options=server.options):  # released at close
         pass
+
+
+def test_a_bucket_that_does_not_exist_is_said_not_a_lease_held(s3):
+    """Writing into a bucket that does not exist said "being written by another writer" (the lease's create-only
+    PUT fails there as on a lease that exists); it names the bucket, in Python and on the command line."""
+    _, server = s3
+    url = f"s3://no-such-bucket-{os.getpid()}/d.zarr"
+    with pytest.raises(FormatError, match=rf"the bucket 'no-such-bucket-{os.getpid()}' does not exist on this store"):
+        DatasetWriter(url, workers=0, storage_options=server.options)
+    r = subprocess.run([sys.executable, "-m", "zarrfeed", "ingest", url, "--synthetic", "1", "--workers", "0", "-q",
+                        "--storage-option", f"endpoint_url={server.endpoint}"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, **server.env})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist on this store" in r.stderr, r.stderr
 
 
 def test_killed_ingest_on_s3_resumes_to_the_same_chunks_as_a_local_ingest(s3, tmp_path):
