@@ -434,7 +434,7 @@ class _S3Backend(_Backend):
         except OSError as exc:
             if _rejected(exc):
                 return False
-            if _s3_code(exc) == "NoSuchBucket":  # (it was said as a lease another writer holds)
+            if _s3_code(exc) == "NoSuchBucket":  # (not a lease another writer holds: no lease can be made)
                 raise FormatError(f"{self.location}: the bucket '{self.bucket}' does not exist on this store; create "
                                   f"it first (`aws s3 mb s3://{self.bucket}`, or s3fs's `S3FileSystem.mkdir`)"
                                   ) from None

@@ -82,8 +82,8 @@ def test_a_second_writer_on_s3_is_refused(s3):
 
 
 def test_a_bucket_that_does_not_exist_is_said_not_a_lease_held(s3):
-    """Writing into a bucket that does not exist said "being written by another writer" (the lease's create-only
-    PUT fails there as on a lease that exists); it names the bucket, in Python and on the command line."""
+    """Writing into a bucket that does not exist is refused naming the bucket, in Python and on the command line,
+    not as a lease another writer holds (the lease's create-only PUT fails there too)."""
     _, server = s3
     url = f"s3://no-such-bucket-{os.getpid()}/d.zarr"
     with pytest.raises(FormatError, match=rf"the bucket 'no-such-bucket-{os.getpid()}' does not exist on this store"):

@@ -625,8 +625,8 @@ def test_export_refuses_a_folder_inside_its_dataset_and_a_file(small_dataset, tm
 
 
 def test_summaries_go_to_stdout_and_progress_bars_only_to_a_terminal(tmp_path):
-    """Every command prints its summary on standard output, and a progress bar only to a terminal: `export`
-    printed its summary on stderr, and `mask` drew its bar into a redirected stderr."""
+    """Every command prints its summary on standard output, and a progress bar only to a terminal (not into a
+    redirected stderr)."""
     data = tmp_path / "d.zarr"
     assert zarrfeed("ingest", data, "--synthetic", 3, "--workers", 0, "-q").returncode == 0
     mask = zarrfeed("mask", data, "--workers", 0)  # no -q: stderr is a pipe, not a terminal
